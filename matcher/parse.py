@@ -1,0 +1,112 @@
+"""Reading model answers: the inferred preference, the decomposer's checklist, the matcher's labels.
+
+Every parser either returns a well-formed value or raises `ParseError` carrying the raw answer, so
+that a bad answer is recorded as a failure with its reason and never scored as a zero.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from matcher.prompts import LABELS
+
+MAX_CHECKLIST_ITEMS = 4
+PREFERENCE_HEADER = "### Most Likely Preference"
+
+
+class ParseError(ValueError):
+    def __init__(self, message: str, raw: str):
+        super().__init__(message)
+        self.message = message
+        self.raw = raw
+
+
+@dataclass(frozen=True)
+class Match:
+    index: int
+    entry: str
+    label: str
+
+
+def preference(answer: str) -> str:
+    """The first non-empty line after the header, as the reference reads it."""
+    if PREFERENCE_HEADER not in answer:
+        raise ParseError(f"no '{PREFERENCE_HEADER}' header in the answer", answer)
+    tail = answer.split(PREFERENCE_HEADER, 1)[1]
+    for line in tail.splitlines():
+        if line.strip():
+            return line.strip()
+    raise ParseError(f"nothing after '{PREFERENCE_HEADER}'", answer)
+
+
+def _json_payload(answer: str) -> Any:
+    """JSON inside a ```json fence if there is one, else the first JSON value in the text.
+
+    Either way, prose before or after the JSON is tolerated.
+    """
+    fenced = re.search(r"```(?:json)?\s*\n?(.*?)```", answer, flags=re.S)
+    candidates = [fenced.group(1)] if fenced else []
+    candidates.append(answer)
+    decoder = json.JSONDecoder()
+    for text in candidates:
+        starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+        if not starts:
+            continue
+        try:
+            value, _ = decoder.raw_decode(text, min(starts))
+            return value
+        except json.JSONDecodeError:
+            continue
+    raise ParseError("no valid JSON in the answer", answer)
+
+
+def checklist(answer: str) -> list[str]:
+    payload = _json_payload(answer)
+    if not isinstance(payload, dict) or not isinstance(payload.get("checklist"), list):
+        raise ParseError('expected a JSON object {"checklist": [...]}', answer)
+    items = payload["checklist"]
+    if not all(isinstance(item, str) and item.strip() for item in items):
+        raise ParseError("checklist items must be non-empty strings", answer)
+    if len(items) > MAX_CHECKLIST_ITEMS:
+        raise ParseError(f"checklist has {len(items)} items, at most {MAX_CHECKLIST_ITEMS} allowed", answer)
+    return [item.strip() for item in items]
+
+
+_LABEL_KEYS = {re.sub(r"\s+", "", label.lower()): label for label in LABELS}
+
+
+def label(text: Any, raw: str) -> str:
+    key = re.sub(r"\s+", "", str(text).lower())
+    if key not in _LABEL_KEYS:
+        raise ParseError(f"label {text!r} is not one of {', '.join(LABELS)}", raw)
+    return _LABEL_KEYS[key]
+
+
+def matches(answer: str, items: Sequence[str]) -> list[Match]:
+    """Labels for `items`, in order, from either dialect: `{"results": [...]}` or a bare list.
+
+    The answer must label every item exactly once; entries are keyed by their 1-based `index`
+    (falling back to position when the model omits it).
+    """
+    payload = _json_payload(answer)
+    if isinstance(payload, dict) and isinstance(payload.get("results"), list):
+        payload = payload["results"]
+    if not isinstance(payload, list) or not all(isinstance(r, dict) for r in payload):
+        raise ParseError('expected a list of {index, entry, label} or {"results": [...]}', answer)
+    if len(payload) != len(items):
+        raise ParseError(f"expected {len(items)} labels, got {len(payload)}", answer)
+    by_index: dict[int, str] = {}
+    for position, result in enumerate(payload, start=1):
+        if "label" not in result:
+            raise ParseError(f"result {position} has no label", answer)
+        try:
+            index = int(result.get("index", position))
+        except (TypeError, ValueError):
+            raise ParseError(f"result {position} has a non-integer index {result.get('index')!r}", answer)
+        if not 1 <= index <= len(items) or index in by_index:
+            raise ParseError(f"result {position} has index {index}: out of range or repeated", answer)
+        by_index[index] = label(result["label"], answer)
+    return [Match(i, items[i - 1], by_index[i]) for i in range(1, len(items) + 1)]

@@ -1,0 +1,212 @@
+"""Batched async chat requests to OpenAI-compatible endpoints, through the request cache.
+
+Callers fire all their requests at once; each endpoint's semaphore bounds what is in flight (vLLM
+batches whatever is in flight), retries back off on 429/5xx/connection errors, identical requests
+in flight at the same time are sent once, and answered requests are read from the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from serving.cache import Cache, Cached
+from serving.endpoints import Endpoint
+
+CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
+
+
+class RequestFailed(Exception):
+    """A request that has no usable answer; `reason` is a short code that summaries count by."""
+
+    def __init__(self, reason: str, detail: str, retryable: bool = False):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        return {"model": self.model, "messages": self.messages, **self.params}
+
+    def key(self) -> str:
+        canonical = json.dumps(self.body(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Answer:
+    content: str
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    latency_s: float | None
+    cached: bool
+
+
+@dataclass
+class Stats:
+    sent: int = 0
+    cached: int = 0
+    failed: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> int:
+        return self.sent + self.cached
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return f"requests: {self.sent} sent, {self.cached} cached, {self.failed} failed, {self.sent / elapsed:.1f}/s"
+
+
+def _classify(response: httpx.Response) -> RequestFailed:
+    text = response.text[:2000]
+    if response.status_code == 429:
+        return RequestFailed("rate_limited", text, retryable=True)
+    if response.status_code >= 500:
+        return RequestFailed(f"http_{response.status_code}", text, retryable=True)
+    if any(marker in text.lower() for marker in CONTEXT_MARKERS):
+        return RequestFailed("context_length_exceeded", text)
+    return RequestFailed(f"http_{response.status_code}", text)
+
+
+class Client:
+    def __init__(
+        self,
+        endpoints: dict[str, Endpoint],
+        cache: Cache | None = None,
+        *,
+        refresh: bool = False,
+        concurrency: int | None = None,
+    ):
+        self.endpoints = endpoints
+        self.cache = cache
+        self.refresh = refresh
+        self.concurrency = concurrency
+        self.stats = Stats()
+        self._http: dict[str, httpx.AsyncClient] = {}
+        self._slots: dict[str, asyncio.Semaphore] = {}
+        self._in_flight: dict[str, asyncio.Future[Answer]] = {}
+
+    def limit(self, name: str) -> int:
+        return self.concurrency or self.endpoints[name].max_concurrency
+
+    def request(self, name: str, messages: list[dict[str, str]], **params: Any) -> ChatRequest:
+        """The request as the endpoint receives it: its model, its answer cap and its extra fields."""
+        endpoint = self.endpoints[name]
+        merged: dict[str, Any] = {"temperature": 0.0}
+        if endpoint.max_tokens is not None:
+            merged["max_tokens"] = endpoint.max_tokens
+        merged.update(endpoint.extra_body)
+        merged.update({k: v for k, v in params.items() if v is not None})
+        return ChatRequest(endpoint.model, messages, merged)
+
+    async def chat(self, name: str, messages: list[dict[str, str]], **params: Any) -> Answer:
+        return await self.send(name, self.request(name, messages, **params))
+
+    async def send(self, name: str, request: ChatRequest) -> Answer:
+        key = request.key()
+        if self.cache is not None and not self.refresh:
+            hit = self.cache.get(key)
+            if hit is not None:
+                self.stats.cached += 1
+                return Answer(hit.content, hit.finish_reason, hit.usage, hit.latency_s, cached=True)
+        if key in self._in_flight:
+            return await asyncio.shield(self._in_flight[key])
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        try:
+            answer = await self._send_with_retries(name, request)
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # mark retrieved: waiters, if any, get it through shield
+            self.stats.failed += 1
+            raise
+        finally:
+            del self._in_flight[key]
+        future.set_result(answer)
+        self.stats.sent += 1
+        if self.cache is not None:
+            self.cache.put(key, request.model, request.body(), Cached(answer.content, answer.finish_reason, answer.usage, answer.latency_s))
+        return answer
+
+    async def _send_with_retries(self, name: str, request: ChatRequest) -> Answer:
+        endpoint = self.endpoints[name]
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(endpoint.max_retries + 1),
+            wait=wait_exponential_jitter(initial=1, max=30),
+            retry=retry_if_exception(lambda e: isinstance(e, RequestFailed) and e.retryable),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._post(name, request)
+        raise AssertionError("unreachable")
+
+    async def _post(self, name: str, request: ChatRequest) -> Answer:
+        http = self._client(name)
+        async with self._slot(name):
+            started = time.perf_counter()
+            try:
+                response = await http.post("/chat/completions", json=request.body())
+            except httpx.TimeoutException as e:
+                raise RequestFailed("timeout", f"{type(e).__name__} after {self.endpoints[name].timeout_s}s", True) from None
+            except httpx.TransportError as e:
+                raise RequestFailed("connection", f"{type(e).__name__}: {e} ({self.endpoints[name].url})", True) from None
+            latency = time.perf_counter() - started
+        if response.status_code != 200:
+            raise _classify(response)
+        try:
+            data = response.json()
+            choice = data["choices"][0]
+            content = choice["message"].get("content") or ""
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise RequestFailed("bad_response", response.text[:2000]) from None
+        return Answer(content, choice.get("finish_reason"), data.get("usage"), latency, cached=False)
+
+    def _slot(self, name: str) -> asyncio.Semaphore:
+        if name not in self._slots:
+            self._slots[name] = asyncio.Semaphore(self.limit(name))
+        return self._slots[name]
+
+    def _client(self, name: str) -> httpx.AsyncClient:
+        if name not in self._http:
+            endpoint = self.endpoints[name]
+            headers = {}
+            if endpoint.api_key_env:
+                key = endpoint.api_key()
+                if not key:
+                    raise RequestFailed("missing_api_key", f"endpoint '{name}' needs ${endpoint.api_key_env}")
+                headers["Authorization"] = f"Bearer {key}"
+            limit = self.limit(name)
+            self._http[name] = httpx.AsyncClient(
+                base_url=endpoint.url,
+                headers=headers,
+                timeout=httpx.Timeout(endpoint.timeout_s, connect=30.0),
+                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+            )
+        return self._http[name]
+
+    async def aclose(self) -> None:
+        for http in self._http.values():
+            await http.aclose()
+        self._http.clear()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,55 @@
+"""Named OpenAI-compatible endpoints (`configs/endpoints.yaml`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+
+from serving.config import ConfigError, read_yaml, validate
+
+
+class Endpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: HttpUrl
+    model: str = Field(min_length=1)
+    api_key_env: str | None = None
+    max_concurrency: int = Field(default=64, ge=1, le=4096)
+    timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=4, ge=0, le=20)
+    max_tokens: int | None = Field(default=None, ge=1, description="cap on answer length for every request")
+    structured_output: bool = Field(
+        default=False, description="send JSON schemas as response_format for decomposer and matcher requests"
+    )
+    matcher_prompt: Literal["prefmatcher", "fewshot"] | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")
+
+    @property
+    def url(self) -> str:
+        return str(self.base_url).rstrip("/")
+
+    def api_key(self) -> str | None:
+        if self.api_key_env is None:
+            return None
+        return os.environ.get(self.api_key_env)
+
+
+def load_endpoints(path: str | Path) -> dict[str, Endpoint]:
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path}: expected a mapping of endpoint name -> {{base_url, model, ...}}")
+    return {name: validate(Endpoint, entry, f"{path}: endpoint '{name}'") for name, entry in data.items()}
+
+
+def require(endpoints: dict[str, Endpoint], name: str, path: str | Path) -> Endpoint:
+    if name not in endpoints:
+        raise ConfigError(f"{path}: no endpoint named '{name}' (known: {', '.join(sorted(endpoints))})")
+    return endpoints[name]
+
+
+def missing_keys(endpoints: dict[str, Endpoint]) -> list[str]:
+    """Environment variables that endpoints need but that are not set."""
+    return sorted({e.api_key_env for e in endpoints.values() if e.api_key_env and not e.api_key()})

@@ -1,0 +1,199 @@
+"""Start, find and stop local model servers, whatever their engine.
+
+Each server runs in its own process group with its log in a file, and leaves a small JSON record in
+the state directory so that `down`, `status`, `logs` and evaluation runs find it by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from serving.engines import ServeError, ServeSpec, get_engine
+
+LIKELY_CAUSES = [
+    (r"out of memory|CUDA error: out of memory|OutOfMemoryError", "out of memory: lower the GPU memory fraction or max model length"),
+    (r"address already in use|Errno 98", "the port is taken"),
+    (r"No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|libcuda", "no usable CUDA device"),
+    (r"Repository Not Found|not a valid model identifier|OSError: .*does not appear to have|No such file or directory", "model not found"),
+]
+
+
+def state_dir() -> Path:
+    """Project-local state (`.cupid/` under the working directory unless CUPID_HOME says otherwise)."""
+    return Path(os.environ.get("CUPID_HOME", ".cupid")).resolve()
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "__", name)
+
+
+def _servers() -> Path:
+    path = state_dir() / "servers"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record_path(name: str) -> Path:
+    return _servers() / f"{_slug(name)}.json"
+
+
+def tail(path: str | Path, lines: int = 40) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def likely_cause(log_text: str) -> str | None:
+    for pattern, cause in LIKELY_CAUSES:
+        if re.search(pattern, log_text, flags=re.I):
+            return cause
+    return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (our own, not yet reaped) counts as dead.
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def records() -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(_servers().glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def find(name: str) -> dict[str, Any] | None:
+    path = record_path(name)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def healthy(base_url: str, paths: tuple[str, ...] = ("/health",), timeout: float = 2.0) -> bool:
+    """Every path (server-absolute, e.g. `/health`, `/v1/models`) answers 200."""
+    root = base_url.removesuffix("/v1")
+    try:
+        return all(httpx.get(root + path, timeout=timeout).status_code == 200 for path in paths)
+    except httpx.HTTPError:
+        return False
+
+
+def up(spec: ServeSpec) -> dict[str, Any]:
+    """Start a server and return its record once it answers; raise ServeError with the log's tail if not."""
+    engine = get_engine(spec.engine)
+    existing = find(spec.name)
+    if existing and alive(existing["pid"]):
+        raise ServeError(f"'{spec.name}' is already served (pid {existing['pid']}, {existing['base_url']})")
+    if not port_free(spec.host, spec.port):
+        owner = next((r["name"] for r in records() if r["port"] == spec.port and alive(r["pid"])), None)
+        raise ServeError(f"port {spec.port} on {spec.host} is taken" + (f" by '{owner}'" if owner else ""))
+    engine.preflight(spec)
+
+    workdir = _servers() / _slug(spec.name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "server.log"
+    command = engine.command(spec, workdir)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command,
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **engine.env(spec, workdir)},
+        )
+    record = {
+        "name": spec.name,
+        "engine": spec.engine,
+        "model": spec.model,
+        "host": spec.host,
+        "port": spec.port,
+        "base_url": spec.base_url,
+        "pid": process.pid,
+        "log": str(log_path),
+        "command": command,
+        "started_at": time.time(),
+    }
+    record_path(spec.name).write_text(json.dumps(record, indent=2))
+
+    deadline = time.monotonic() + spec.startup_timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            record_path(spec.name).unlink(missing_ok=True)
+            raise _startup_failure(spec, log_path, f"server exited with code {process.returncode} during start-up")
+        if healthy(spec.base_url, engine.ready_paths):
+            return record
+        time.sleep(0.5)
+    down(spec.name)
+    raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:.0f}s")
+
+
+def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
+    log_tail = tail(log_path)
+    cause = likely_cause(log_tail)
+    hint = f"\nlikely cause: {cause}" if cause else ""
+    return ServeError(f"'{spec.name}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{log_tail}")
+
+
+def down(name: str, grace_s: float = 20.0) -> bool:
+    """Stop a server's whole process group; False when there was nothing to stop."""
+    record = find(name)
+    if record is None:
+        return False
+    pid = record["pid"]
+    if alive(pid):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace_s
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    record_path(name).unlink(missing_ok=True)
+    return True
+
+
+def status() -> list[dict[str, Any]]:
+    out = []
+    for record in records():
+        running = alive(record["pid"])
+        out.append({**record, "alive": running, "healthy": running and healthy(record["base_url"])})
+    return out

