@@ -1,0 +1,103 @@
+"""An instant-answer OpenAI-compatible server: well-formed CUPID answers with no model behind them.
+
+It exists for what a model cannot give: the client's own overhead (`make bench`), and exact,
+repeatable answers for checking the scoring path over real HTTP (retries, resume, arithmetic).
+Answers depend only on the request: the inference prompt gets a fixed preference, the decomposer
+splits a preference into yes/no questions, the matcher labels items by word overlap.
+
+    python -m serving.instant --port 8099 [--fail-first N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from matcher import prompts
+
+PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
+_WORD = re.compile(r"[a-z]+")
+_STOP = {"the", "a", "an", "and", "or", "be", "is", "are", "does", "do", "with", "should", "must", "to", "of", "in", "for", "use", "clear", "response"}
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 2}
+
+
+def label(item: str, preference: str) -> str:
+    item_words, pref_words = _words(item), _words(preference)
+    overlap = len(item_words & pref_words) / max(len(item_words), 1)
+    return "Fully Covered" if overlap >= 0.5 else "Partially Covered" if overlap > 0 else "Not Covered"
+
+
+def answer(messages: list[dict[str, str]]) -> str:
+    system, user = messages[0]["content"], messages[-1]["content"]
+    if system == prompts.load("inference").system:
+        return f"### Analysis\n\nThe user asked for short updates.\n\n### Most Likely Preference\n\n{PREFERENCE}\n"
+    if system == prompts.load("decomposer").system.format():
+        preference = user.split("**Preferences**", 1)[1].strip()
+        parts = [p.strip(" .") for p in re.split(r",\s*(?:and\s+)?|\s+and\s+", preference) if p.strip(" .")]
+        checklist = [f"Does the response satisfy: {p}?" for p in parts[:4]]
+        return "**Analysis**\n\nSplit on clauses.\n\n**Checklist**\n\n```json\n" + json.dumps({"checklist": checklist}, indent=2) + "\n```"
+    if "#### Checklist" in user:
+        head, checklist = user.split("#### Checklist", 1)
+        preference = head.split("\n\n", 1)[1].strip()
+        items = [re.sub(r"^\d+\.\s*", "", line) for line in checklist.strip().splitlines()]
+        results = [{"index": i, "entry": item, "label": label(item, preference)} for i, item in enumerate(items, 1)]
+        if system == prompts.load("prefmatcher").system:
+            return "```json\n" + json.dumps(results, indent=2) + "\n```"
+        return "```json\n" + json.dumps({"results": results}, indent=2) + "\n```"
+    return "OK"
+
+
+def create_app(fail_first: int = 0) -> FastAPI:
+    """`fail_first`: answer each distinct request with 503 that many times before answering it."""
+    app = FastAPI()
+    seen: Counter[str] = Counter()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "instant", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        key = json.dumps(body["messages"], sort_keys=True)
+        seen[key] += 1
+        if seen[key] <= fail_first:
+            return JSONResponse({"error": {"message": "busy, try again"}}, status_code=503)
+        content = answer(body["messages"])
+        return JSONResponse(
+            {
+                "id": "instant",
+                "object": "chat.completion",
+                "model": body.get("model", "instant"),
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            }
+        )
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8099)
+    parser.add_argument("--fail-first", type=int, default=0)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.fail_first), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
