@@ -70,10 +70,9 @@ def run(
         return
     print_summary(summary)
     problems = summary["n_failed"] + summary["n_invalid_rows"]
-    console.print(
+    print(  # one plain line, never wrapped: scripts read it
         f"{summary['n_failed']} failed, {summary['n_invalid_rows']} invalid rows, "
-        f"{summary['n_scored']} scored of {summary['n_runs']}; results in {cfg.out}",
-        highlight=False,
+        f"{summary['n_scored']} scored of {summary['n_runs']}; results in {cfg.out}"
     )
     if problems and not allow_failures:
         raise typer.Exit(1)

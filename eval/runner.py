@@ -67,6 +67,16 @@ class RunDir:
             latest[(record["key"], record["task"], record["setting"])] = record
         return latest
 
+    def append(self):
+        """The records file opened for appending, after closing any line torn by a crash."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        sink = self.records_file.open("a+", encoding="utf-8")
+        if sink.tell() > 0:
+            sink.seek(sink.tell() - 1)
+            if sink.read(1) != "\n":
+                sink.write("\n")
+        return sink
+
     def check_same_run(self, identity: dict[str, Any]) -> None:
         """Refuse to mix two different runs (other candidate, matcher, data...) in one directory."""
         run_file = self.path / "run.json"
@@ -164,7 +174,7 @@ async def _run_all(task: InferenceTask, todo: list, out: RunDir, console: Consol
         console=console,
         transient=False,
     )
-    with progress, out.records_file.open("a", encoding="utf-8") as sink:
+    with progress, out.append() as sink:
         bar = progress.add_task("inference", total=len(todo) + already, completed=already, stats="")
         for finished in asyncio.as_completed([task.run(i, s) for i, s in todo]):
             record = await finished

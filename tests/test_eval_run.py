@@ -1,0 +1,136 @@
+"""The inference task end to end over real HTTP: the instant server for exact scoring, the real tiny model for real answers."""
+
+import json
+import subprocess
+
+import pytest
+
+from eval.runner import RunConfig, run
+from eval.summary import inference_block
+from matcher.scores import MatchCounts, macro, micro
+from serving.config import ConfigError
+from tests.conftest import REPO, write_endpoints
+
+
+@pytest.fixture
+def endpoints(tmp_path, instant_url, tiny_server):
+    return write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        tiny=tiny_server,
+        tinymatch={**tiny_server, "matcher_prompt": "prefmatcher"},
+        paid={"base_url": instant_url, "model": "paid", "api_key_env": "CUPID_TEST_MISSING_KEY"},
+    )
+
+
+def config(endpoints, tmp_path, **kw) -> RunConfig:
+    values = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm",
+                  out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    values.update(kw)
+    return RunConfig(**values)
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "instances.jsonl").read_text().splitlines()]
+
+
+def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
+    summary = run(config(endpoints, tmp_path, settings=["standard", "oracle"]))
+    assert (summary["n_instances"], summary["n_runs"], summary["n_scored"], summary["n_failed"]) == (12, 24, 24, 0)
+    rows = records(tmp_path / "run")
+    assert len(rows) == 24
+    row = rows[0]
+    assert row["inferred_preference"].startswith("Updates should be brief")
+    assert [m["entry"] for m in row["infer_to_gt"]] == row["inferred_checklist"]
+    assert [m["entry"] for m in row["gt_to_infer"]] == row["gt_checklist"]
+    standard = [r for r in rows if r["setting"] == "standard"]
+    counts = [MatchCounts(**r["counts"]) for r in standard]
+    assert summary["inference"]["micro"] == micro(counts).as_dict()
+    assert summary["inference"]["macro"] == macro(counts).as_dict()
+    assert summary["inference"]["micro"]["f1"] != pytest.approx(summary["inference"]["macro"]["f1"])
+    assert summary["inference"]["by_type"]["changing"]["n_scored"] == 4
+    assert summary["inference"]["settings"]["oracle"] == inference_block([r for r in rows if r["setting"] == "oracle"])
+    assert summary["roles"]["matcher"] == "pm (local-prefmatcher)" and summary["matcher_prompt"] == "prefmatcher"
+    assert (tmp_path / "run" / "summary.md").read_text().count("| standard |") == 4
+
+
+def test_resume_reruns_only_what_is_missing_and_pays_nothing_twice(endpoints, tmp_path, cupid_home):
+    cfg = config(endpoints, tmp_path)
+    first = run(cfg)
+    assert first["requests"]["sent"] > 0
+    path = tmp_path / "run" / "instances.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:5]) + '\n{"key": "torn')  # a crash mid-write
+    again = run(cfg)
+    assert again["n_scored"] == 12
+    assert again["requests"]["sent"] == 0  # every answer came from the cache
+    assert 0 < again["requests"]["cached"] < first["requests"]["sent"]  # only the 7 missing instances asked
+    assert again["inference"] == first["inference"]
+    third = run(cfg)
+    assert third["requests"] == {"sent": 0, "cached": 0, "failed": 0}
+
+
+def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoints, tmp_path, cupid_home):
+    cfg = config(endpoints, tmp_path, candidate="tiny", limit=2)
+    summary = run(cfg)
+    rows = records(tmp_path / "run")
+    assert len(rows) == 2
+    for row in rows:
+        if row["status"] == "failed":  # a 135M model rarely follows the answer format
+            assert row["error"]["stage"] == "parse_preference"
+            assert row["error"]["raw"] == row["candidate_answer"] and row["candidate_answer"]
+    n_failed = sum(r["status"] == "failed" for r in rows)
+    assert summary["n_failed"] == n_failed and summary["n_scored"] == 2 - n_failed
+    assert summary["failures"].get("parse_preference: parse_error", 0) == n_failed
+    assert summary["inference"]["n_scored"] == 2 - n_failed
+    rerun = run(cfg)  # failed instances run again, and their answers come from the cache
+    assert rerun["requests"]["sent"] == 0
+
+
+def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_home):
+    summary = run(config(endpoints, tmp_path, matcher="tinymatch", limit=1))
+    (row,) = records(tmp_path / "run")
+    if row["status"] == "failed":
+        assert row["error"]["stage"] in ("match_infer_to_gt", "match_gt_to_infer")
+        assert row["error"]["reason"] == "parse_error" and row["error"]["raw"] is not None
+        assert summary["inference"]["micro"] is None
+    else:
+        assert summary["inference"]["micro"] is not None
+
+
+def test_cli_exit_code_and_last_line(endpoints, tmp_path, cupid_home):
+    args = [str(REPO / ".venv" / "bin" / "cupid"), "eval", "run", "--endpoints", str(endpoints),
+            "--candidate", "instant", "--decomposer", "instant", "--matcher", "tinymatch", "--limit", "1",
+            "--out", str(tmp_path / "cli"), "--cache", str(tmp_path / "cache.sqlite")]  # fmt: skip
+    strict = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    last = strict.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"{summary['n_failed']} failed, 0 invalid rows, {summary['n_scored']} scored of 1")
+    assert strict.returncode == (1 if summary["n_failed"] else 0)
+    lenient = subprocess.run(args + ["--allow-failures"], capture_output=True, text=True, cwd=REPO)
+    assert lenient.returncode == 0
+
+
+def test_dry_run_writes_batch_requests_and_sends_nothing(tmp_path, cupid_home):
+    endpoints = write_endpoints(tmp_path / "ep.yaml", off={"base_url": "http://127.0.0.1:9/v1", "model": "cand", "max_tokens": 99})
+    out = tmp_path / "batch.jsonl"
+    result = run(config(endpoints, tmp_path, candidate="off", decomposer="off", matcher="off", settings=["oracle"]), dry_run=str(out))
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert result["n_requests"] == len(lines) == 12
+    assert lines[0]["url"] == "/v1/chat/completions" and lines[0]["method"] == "POST"
+    assert lines[0]["body"]["model"] == "cand" and lines[0]["body"]["max_tokens"] == 99
+    assert lines[0]["custom_id"].endswith("/oracle/inference")
+    assert not (tmp_path / "run").exists()
+
+
+def test_refusals_before_sending(endpoints, tmp_path, cupid_home, monkeypatch):
+    monkeypatch.delenv("CUPID_TEST_MISSING_KEY", raising=False)
+    with pytest.raises(ConfigError, match="CUPID_TEST_MISSING_KEY"):
+        run(config(endpoints, tmp_path, matcher="paid"))
+    assert not (tmp_path / "run").exists()
+    run(config(endpoints, tmp_path, limit=1))
+    with pytest.raises(ConfigError, match="holds another run"):
+        run(config(endpoints, tmp_path, candidate="tiny", limit=1))
+    with pytest.raises(ConfigError, match="no endpoint named 'nobody'"):
+        run(config(endpoints, tmp_path, candidate="nobody"))
