@@ -9,7 +9,7 @@ TORCH_CPU := torch==2.13.0
 MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 
-.PHONY: setup setup-dev demo test bench eval tiny-model clean
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -44,3 +44,10 @@ eval: setup
 
 clean:
 	rm -rf runs .cupid/servers
+
+bench: setup-dev
+	$(PY) -m bench.run
+
+# GPU: PrefMatcher-7B under vLLM on :8000, the `prefmatcher` endpoint of configs/endpoints.yaml.
+serve: setup
+	$(CUPID) serve up --engine vllm --model kixlab/prefmatcher-7b --name kixlab/prefmatcher-7b --port 8000

@@ -6,6 +6,7 @@ lifecycle (port check, process group, readiness, records) is shared in `serving.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import ClassVar
@@ -91,7 +92,32 @@ class TransformersEngine(Engine):
         return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
 
 
-ENGINES: dict[str, type[Engine]] = {TransformersEngine.name: TransformersEngine}
+class VllmEngine(Engine):
+    """`vllm serve`: the GPU path. Profiles, LoRA adapters and memory splits build on this."""
+
+    name = "vllm"
+    ready_paths = ("/health", "/v1/models")
+
+    def preflight(self, spec: ServeSpec) -> None:
+        if shutil.which("nvidia-smi") is None:
+            raise ServeError(
+                "no CUDA device here (nvidia-smi not found): vLLM needs a GPU. "
+                "On CPU, serve a local model directory with `cupid serve up --engine transformers`."
+            )
+        if not Path(_bin("vllm")).exists() and shutil.which("vllm") is None:
+            raise ServeError("vLLM is not installed: pip install -e '.[gpu]'")
+
+    def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
+        return [
+            _bin("vllm"), "serve", spec.model,
+            "--served-model-name", spec.name,
+            "--host", spec.host, "--port", str(spec.port),
+            "--generation-config", "vllm",  # the model's generation config must not override request sampling
+            *spec.extra_args,
+        ]  # fmt: skip
+
+
+ENGINES: dict[str, type[Engine]] = {TransformersEngine.name: TransformersEngine, VllmEngine.name: VllmEngine}
 
 
 def get_engine(name: str) -> Engine:

@@ -69,3 +69,17 @@ def test_likely_causes():
     assert lifecycle.likely_cause("torch.OutOfMemoryError: CUDA out of memory") .startswith("out of memory")
     assert lifecycle.likely_cause("OSError: [Errno 98] Address already in use") == "the port is taken"
     assert lifecycle.likely_cause("all good") is None
+
+
+def test_vllm_command_and_refusal_without_cuda(tmp_path, monkeypatch):
+    from serving.engines import get_engine
+
+    engine = get_engine("vllm")
+    spec = ServeSpec(engine="vllm", model="kixlab/prefmatcher-7b", name="kixlab/prefmatcher-7b", port=8000)
+    command = engine.command(spec, tmp_path)
+    assert command[1:3] == ["serve", "kixlab/prefmatcher-7b"]
+    assert command[command.index("--served-model-name") + 1] == "kixlab/prefmatcher-7b"
+    assert command[command.index("--generation-config") + 1] == "vllm"
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ServeError, match="no CUDA device here"):
+        engine.preflight(spec)
