@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Any, Optional
 
 import typer
@@ -14,7 +15,7 @@ from eval.summary import HEADERS, table_rows
 from serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
-console = Console()
+console = Console(width=max(120, shutil.get_terminal_size().columns))  # the table stays readable in logs
 err = Console(stderr=True)
 
 
