@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from serving.cache import Cache, Cached
@@ -72,15 +72,15 @@ class Stats:
         return f"requests: {self.sent} sent, {self.cached} cached, {self.failed} failed, {self.sent / elapsed:.1f}/s"
 
 
-def _classify(response: httpx.Response) -> RequestFailed:
-    text = response.text[:2000]
-    if response.status_code == 429:
+def _classify(status: int, text: str) -> RequestFailed:
+    text = text[:2000]
+    if status == 429:
         return RequestFailed("rate_limited", text, retryable=True)
-    if response.status_code >= 500:
-        return RequestFailed(f"http_{response.status_code}", text, retryable=True)
+    if status >= 500:
+        return RequestFailed(f"http_{status}", text, retryable=True)
     if any(marker in text.lower() for marker in CONTEXT_MARKERS):
         return RequestFailed("context_length_exceeded", text)
-    return RequestFailed(f"http_{response.status_code}", text)
+    return RequestFailed(f"http_{status}", text)
 
 
 class Client:
@@ -97,7 +97,7 @@ class Client:
         self.refresh = refresh
         self.concurrency = concurrency
         self.stats = Stats()
-        self._http: dict[str, httpx.AsyncClient] = {}
+        self._http: dict[str, aiohttp.ClientSession] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._in_flight: dict[str, asyncio.Future[Answer]] = {}
 
@@ -158,23 +158,25 @@ class Client:
 
     async def _post(self, name: str, request: ChatRequest) -> Answer:
         http = self._client(name)
+        endpoint = self.endpoints[name]
         async with self._slot(name):
             started = time.perf_counter()
             try:
-                response = await http.post("/chat/completions", json=request.body())
-            except httpx.TimeoutException as e:
-                raise RequestFailed("timeout", f"{type(e).__name__} after {self.endpoints[name].timeout_s}s", True) from None
-            except httpx.TransportError as e:
-                raise RequestFailed("connection", f"{type(e).__name__}: {e} ({self.endpoints[name].url})", True) from None
+                async with http.post(endpoint.url + "/chat/completions", json=request.body()) as response:
+                    status, text = response.status, await response.text()
+            except asyncio.TimeoutError:
+                raise RequestFailed("timeout", f"no answer after {endpoint.timeout_s}s", True) from None
+            except aiohttp.ClientError as e:
+                raise RequestFailed("connection", f"{type(e).__name__}: {e} ({endpoint.url})", True) from None
             latency = time.perf_counter() - started
-        if response.status_code != 200:
-            raise _classify(response)
+        if status != 200:
+            raise _classify(status, text)
         try:
-            data = response.json()
+            data = json.loads(text)
             choice = data["choices"][0]
             content = choice["message"].get("content") or ""
         except (ValueError, KeyError, IndexError, TypeError):
-            raise RequestFailed("bad_response", response.text[:2000]) from None
+            raise RequestFailed("bad_response", text[:2000]) from None
         return Answer(content, choice.get("finish_reason"), data.get("usage"), latency, cached=False)
 
     def _slot(self, name: str) -> asyncio.Semaphore:
@@ -182,7 +184,8 @@ class Client:
             self._slots[name] = asyncio.Semaphore(self.limit(name))
         return self._slots[name]
 
-    def _client(self, name: str) -> httpx.AsyncClient:
+    def _client(self, name: str) -> aiohttp.ClientSession:
+        """One session per endpoint. aiohttp, because httpx's pool costs grow with the connections open."""
         if name not in self._http:
             endpoint = self.endpoints[name]
             headers = {}
@@ -191,18 +194,16 @@ class Client:
                 if not key:
                     raise RequestFailed("missing_api_key", f"endpoint '{name}' needs ${endpoint.api_key_env}")
                 headers["Authorization"] = f"Bearer {key}"
-            limit = self.limit(name)
-            self._http[name] = httpx.AsyncClient(
-                base_url=endpoint.url,
+            self._http[name] = aiohttp.ClientSession(
                 headers=headers,
-                timeout=httpx.Timeout(endpoint.timeout_s, connect=30.0),
-                limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+                timeout=aiohttp.ClientTimeout(total=endpoint.timeout_s, connect=30.0),
+                connector=aiohttp.TCPConnector(limit=self.limit(name)),
             )
         return self._http[name]
 
     async def aclose(self) -> None:
         for http in self._http.values():
-            await http.aclose()
+            await http.close()
         self._http.clear()
 
     async def __aenter__(self) -> "Client":

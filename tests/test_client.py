@@ -1,6 +1,5 @@
 import asyncio
 
-import httpx
 import pytest
 
 from serving.cache import Cache
@@ -82,5 +81,5 @@ def test_request_carries_endpoint_defaults_and_overrides(instant_url):
     ],
 )
 def test_error_classification(status, text, reason, retryable):
-    failure = _classify(httpx.Response(status, text=text))
+    failure = _classify(status, text)
     assert (failure.reason, failure.retryable) == (reason, retryable)
