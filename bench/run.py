@@ -8,42 +8,22 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import httpx
 
 from eval.runner import RunConfig, run
 from serving import lifecycle, tiny_model
 from serving.client import Client
 from serving.endpoints import Endpoint
 from serving.engines import ServeSpec
+from serving.instant import free_port
+from serving.instant import start as start_instant
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SIZE = 12
 BENCHMARK_SIZE = 756
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_instant() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serving.instant", "--port", str(port)], cwd=ROOT)
-    for _ in range(200):
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health")
-            break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port}/v1"
 
 
 async def fire(endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens: int | None = None) -> tuple[float, float]:

@@ -104,7 +104,7 @@ class VllmEngine(Engine):
                 "no CUDA device here (nvidia-smi not found): vLLM needs a GPU. "
                 "On CPU, serve a local model directory with `cupid serve up --engine transformers`."
             )
-        if not Path(_bin("vllm")).exists() and shutil.which("vllm") is None:
+        if shutil.which(_bin("vllm")) is None:
             raise ServeError("vLLM is not installed: pip install -e '.[gpu]'")
 
     def command(self, spec: ServeSpec, workdir: Path) -> list[str]:

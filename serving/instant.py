@@ -13,8 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 from collections import Counter
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -88,6 +94,27 @@ def create_app(fail_first: int = 0) -> FastAPI:
         )
 
     return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*args: str) -> tuple[subprocess.Popen, str]:
+    """Run this server in a child process on a free port; return it and its base URL once it answers."""
+    port = free_port()
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "serving.instant", "--port", str(port), *args], cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    return proc, url + "/v1"
 
 
 def main() -> None:

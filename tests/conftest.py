@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from serving import lifecycle, tiny_model
 from serving.engines import ServeSpec
+from serving.instant import free_port
+from serving.instant import start as start_instant
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_NAME = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_endpoints(path: Path, **entries: dict) -> Path:
@@ -59,22 +50,9 @@ def tiny_server(tiny_model_dir, session_home):
     mp.undo()
 
 
-def _start_instant(*args: str):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serving.instant", "--port", str(port), *args], cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    return proc, url + "/v1"
-
-
 @pytest.fixture(scope="session")
 def instant_url():
-    proc, url = _start_instant()
+    proc, url = start_instant()
     yield url
     proc.terminate()
     proc.wait()
@@ -83,7 +61,7 @@ def instant_url():
 @pytest.fixture
 def flaky_url():
     """An instant server that answers each distinct request with 503 once before answering it."""
-    proc, url = _start_instant("--fail-first", "1")
+    proc, url = start_instant("--fail-first", "1")
     yield url
     proc.terminate()
     proc.wait()
