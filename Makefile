@@ -8,8 +8,9 @@ TORCH_CPU := torch==2.13.0
 
 MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
+NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -41,6 +42,10 @@ test: setup-dev
 
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))
+
+# The nightly suite: runs/nightly/<date>/ and a leaderboard; non-zero exit on a regression or failures.
+nightly: setup
+	$(CUPID) nightly --config $(NIGHTLY)
 
 clean:
 	rm -rf runs .cupid/servers

@@ -1,0 +1,375 @@
+"""Meta-evaluation of matchers (paper App. A.1, §4.2.1): how far two matchers agree on the same
+checklist-preference pairs, and how far model-wise F1 under one matcher tracks F1 under another.
+
+`cupid meta agree A B`: labels from two run directories (pairs matched by instance key, setting,
+direction and item index; a pair only counts when both sides labelled the same item against the
+same preference), or a run directory against a human-label file. Krippendorff's alpha is ordinal:
+the labels are ordered (No < Partial < Yes) and "Yes" against "No" is a worse disagreement than
+"Yes" against "Partial", which nominal alpha would score alike; the paper's alpha is ordinal/interval
+over {0, 0.5, 1}. With three equally spaced labels ordinal and interval rank the same way; ordinal
+does not assume that Partial sits exactly halfway.
+
+`cupid meta correlate`: Pearson r between model-wise F1 under two matchers, from run directories
+(one column per matcher, the run's own matcher and its reference scoring) or from a CSV table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eval.runner import RunDir
+from matcher.scores import MatchCounts, macro, micro
+from serving.config import ConfigError
+
+LABELS = ("Yes", "Partial", "No")
+LABEL_VALUE = {"Yes": 1.0, "Partial": 0.5, "No": 0.0}
+_ALIASES = {
+    "yes": "Yes", "fully covered": "Yes", "1": "Yes", "1.0": "Yes",
+    "partial": "Partial", "partially covered": "Partial", "0.5": "Partial",
+    "no": "No", "not covered": "No", "0": "No", "0.0": "No",
+}  # fmt: skip
+DIRECTIONS = ("infer_to_gt", "gt_to_infer")
+Level = Literal["ordinal", "nominal", "interval"]
+
+PairKey = tuple[str, str, str, int]  # (instance key, setting, direction, item index)
+
+
+def canonical_label(value: Any) -> str:
+    """Yes/Partial/No from the matcher's own words, the short names, or the scores 1/0.5/0."""
+    label = _ALIASES.get(str(value).strip().lower())
+    if label is None:
+        raise ValueError(f"label {value!r} is none of Yes/Partial/No (or Fully/Partially/Not Covered, 1/0.5/0)")
+    return label
+
+
+@dataclass(frozen=True)
+class Labelled:
+    label: str
+    entry: str | None = None  # the checklist item
+    criterion: str | None = None  # the preference it was matched against
+
+
+# ---------------------------------------------------------------- reading labels
+
+
+def scoring_of(record: dict[str, Any], reference: bool) -> dict[str, Any] | None:
+    """A record's scored fields from the run's own scorer or from its reference re-scoring; None if not scored."""
+    scoring = record.get("reference") if reference else record
+    if not scoring or scoring.get("status") != "scored":
+        return None
+    return scoring
+
+
+def run_labels(run_dir: str | Path, *, reference: bool = False) -> dict[PairKey, Labelled]:
+    """Every labelled pair of a run's scored inference records."""
+    run = RunDir(run_dir)
+    if not run.records_file.exists():
+        raise ConfigError(f"{run.records_file}: no such file (not a run directory?)")
+    pairs: dict[PairKey, Labelled] = {}
+    for (key, task, setting), record in run.records().items():
+        scoring = scoring_of(record, reference)
+        if task != "inference" or scoring is None:
+            continue
+        criteria = {"infer_to_gt": record.get("gt_preference"), "gt_to_infer": record.get("inferred_preference")}
+        for direction in DIRECTIONS:
+            for item in scoring.get(direction) or []:
+                label = canonical_label(item["label"])
+                pairs[(key, setting, direction, int(item["index"]))] = Labelled(label, item.get("entry"), criteria[direction])
+    return pairs
+
+
+LABEL_FILE_COLUMNS = ("key", "direction", "index", "label")
+
+
+def file_labels(path: str | Path) -> dict[PairKey, Labelled]:
+    """Labels from a JSONL or CSV file: columns key, direction, index, label; optional setting
+    (default standard), entry and preference (checked against the run's when present)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = [(f"{path}:{n}", row) for n, row in enumerate(csv.DictReader(f), start=2)]
+    else:
+        rows = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"{path}:{n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{n}: not JSON ({e.msg})") from None
+    pairs: dict[PairKey, Labelled] = {}
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise ConfigError(f"{where}: expected an object with {', '.join(LABEL_FILE_COLUMNS)}")
+        if missing := [c for c in LABEL_FILE_COLUMNS if row.get(c) in (None, "")]:
+            raise ConfigError(f"{where}: missing {', '.join(missing)}")
+        if row["direction"] not in DIRECTIONS:
+            raise ConfigError(f"{where}: direction {row['direction']!r} is neither {' nor '.join(DIRECTIONS)}")
+        try:
+            index = int(row["index"])
+            label = canonical_label(row["label"])
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        pair = (str(row["key"]), str(row.get("setting") or "standard"), row["direction"], index)
+        pairs[pair] = Labelled(label, row.get("entry") or None, row.get("preference") or None)
+    return pairs
+
+
+def labels_from(source: str | Path, *, reference: bool = False) -> dict[PairKey, Labelled]:
+    """A run directory (its matcher's labels, or its reference scoring's) or a label file."""
+    if Path(source).is_dir():
+        return run_labels(source, reference=reference)
+    if reference:
+        raise ConfigError(f"{source}: a reference scoring exists only in a run directory")
+    return file_labels(source)
+
+
+# ---------------------------------------------------------------- agreement
+
+
+def krippendorff_alpha(a: Iterable[str], b: Iterable[str], level: Level = "ordinal") -> float | None:
+    """Alpha between two coders over Yes/Partial/No; None where it is undefined (one label only)."""
+    import krippendorff
+    import numpy as np
+
+    data = np.array([[LABEL_VALUE[x] for x in a], [LABEL_VALUE[x] for x in b]], dtype=float)
+    if data.size == 0 or len(np.unique(data)) < 2:
+        return None
+    return float(krippendorff.alpha(reliability_data=data, value_domain=[0.0, 0.5, 1.0], level_of_measurement=level))
+
+
+@dataclass
+class Agreement:
+    n: int
+    alpha: float | None
+    level: str
+    accuracy: float | None
+    confusion: list[list[int]]  # rows: labels of A, columns: labels of B, both in LABELS order
+    only_a: int = 0  # pairs labelled by A alone
+    only_b: int = 0
+    mismatched: list[PairKey] = field(default_factory=list)  # same position, different item or preference
+
+
+def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level = "ordinal") -> Agreement:
+    shared, mismatched = [], []
+    for pair in sorted(a.keys() & b.keys()):
+        x, y = a[pair], b[pair]
+        if (x.entry and y.entry and x.entry.strip() != y.entry.strip()) or (
+            x.criterion and y.criterion and x.criterion.strip() != y.criterion.strip()
+        ):
+            mismatched.append(pair)
+            continue
+        shared.append((x.label, y.label))
+    confusion = [[0] * len(LABELS) for _ in LABELS]
+    for x, y in shared:
+        confusion[LABELS.index(x)][LABELS.index(y)] += 1
+    return Agreement(
+        n=len(shared),
+        alpha=krippendorff_alpha([x for x, _ in shared], [y for _, y in shared], level),
+        level=level,
+        accuracy=sum(x == y for x, y in shared) / len(shared) if shared else None,
+        confusion=confusion,
+        only_a=len(a.keys() - b.keys()),
+        only_b=len(b.keys() - a.keys()),
+        mismatched=mismatched,
+    )
+
+
+# ---------------------------------------------------------------- model-wise F1 tables
+
+
+def _role(run_dir: Path, role: str) -> str | None:
+    """A role's model: run.json's model id, else summary.json's "name (model)"."""
+    for name in ("run.json", "summary.json"):
+        path = run_dir / name
+        if path.exists():
+            value = json.loads(path.read_text()).get("roles", {}).get(role)
+            if value:
+                return value
+    return None
+
+
+def run_f1(records: Iterable[dict[str, Any]], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
+    """(F1, n_scored, n_failed) of a run's inference records in one setting."""
+    rows = [r for r in records if r.get("task") == "inference" and r.get("setting") == setting]
+    counts = [MatchCounts(**s["counts"]) for s in (scoring_of(r, reference) for r in rows) if s is not None]
+    value = (micro if aggregate == "micro" else macro)(counts)
+    return (value.f1 if value else None), len(counts), len(rows) - len(counts)
+
+
+@dataclass
+class F1Table:
+    values: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> matcher -> F1
+    sources: dict[tuple[str, str], str] = field(default_factory=dict)  # (model, matcher) -> run dir
+    duplicates: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        return sorted({m for row in self.values.values() for m in row})
+
+    def add(self, model: str, matcher: str, f1: float, source: str) -> None:
+        if (model, matcher) in self.sources:
+            self.duplicates.append(f"{model} under {matcher}: {self.sources[model, matcher]} and {source}")
+            return
+        self.values.setdefault(model, {})[matcher] = f1
+        self.sources[model, matcher] = source
+
+
+def f1_table(run_dirs: Iterable[str | Path], setting: str = "standard", aggregate: str = "micro") -> F1Table:
+    """Model-wise F1 from runs: one row per candidate model, one column per matcher (a run with a
+    reference scoring fills two columns). The first run to give a (model, matcher) cell keeps it."""
+    table = F1Table()
+    for run_dir in map(Path, run_dirs):
+        records = list(RunDir(run_dir).records().values())
+        if not records:
+            raise ConfigError(f"{run_dir}: no instance records (instances.jsonl missing or empty)")
+        model = _role(run_dir, "candidate") or run_dir.name
+        scorings = [(_role(run_dir, "matcher") or "matcher", False)]
+        if any("reference" in r for r in records):
+            scorings.append((_role(run_dir, "reference") or "reference", True))
+        for matcher, reference in scorings:
+            value, _, _ = run_f1(records, setting, aggregate, reference)
+            if value is not None:
+                table.add(model, matcher, value, str(run_dir))
+    return table
+
+
+def read_table(path: str | Path) -> F1Table:
+    """A CSV with a `model` column and one numeric column per matcher (empty cells are left out)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file")
+    table = F1Table()
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or "model" not in reader.fieldnames:
+            raise ConfigError(f"{path}: needs a 'model' column (columns: {reader.fieldnames})")
+        for n, row in enumerate(reader, start=2):
+            for column, cell in row.items():
+                if column == "model" or cell is None or not cell.strip():
+                    continue
+                try:
+                    value = float(cell)
+                except ValueError:
+                    raise ConfigError(f"{path}:{n}: column {column!r} holds {cell!r}, not a number") from None
+                table.add(row["model"], column, value, f"{path}:{n}")
+    return table
+
+
+@dataclass
+class Correlation:
+    r: float
+    p: float
+    columns: tuple[str, str]
+    models: list[str]
+    x: list[float]
+    y: list[float]
+    left_out: list[str]  # models without a value in both columns
+
+
+def correlate(table: F1Table, columns: tuple[str, str] | None = None) -> Correlation:
+    """Pearson r between two columns over the models that have both."""
+    from scipy.stats import pearsonr
+
+    available = table.columns
+    if columns is None:
+        if len(available) != 2:
+            raise ConfigError(f"pick two columns with --columns A B (the table has {available})")
+        columns = (available[0], available[1])
+    a, b = columns
+    if unknown := [c for c in columns if c not in available]:
+        raise ConfigError(f"no column {', '.join(map(repr, unknown))} (the table has {available})")
+    models = [m for m, row in table.values.items() if a in row and b in row]
+    left_out = [m for m in table.values if m not in models]
+    if len(models) < 3:
+        raise ConfigError(f"Pearson r needs at least 3 models with both {a} and {b}; found {len(models)}: {models}")
+    x, y = [table.values[m][a] for m in models], [table.values[m][b] for m in models]
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        raise ConfigError(f"one column is constant over {models}: r is undefined")
+    result = pearsonr(x, y)
+    return Correlation(float(result.statistic), float(result.pvalue), (a, b), models, x, y, left_out)
+
+
+# ---------------------------------------------------------------- CLI
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Meta-evaluation: matcher agreement and model-wise correlation.")
+
+
+def _fail(e: Exception) -> None:
+    Console(stderr=True).print(f"[red]error:[/red] {e}")
+    raise typer.Exit(2)
+
+
+@app.command("agree")
+def agree_cmd(
+    a: str = typer.Argument(..., help="run directory (its matcher's labels)"),
+    b: str = typer.Argument(..., help="another run directory, or a label file (.jsonl/.csv: key, direction, index, label[, setting, entry, preference])"),
+    a_reference: bool = typer.Option(False, "--a-reference", help="use A's reference scoring instead of its matcher"),
+    b_reference: bool = typer.Option(False, "--b-reference", help="use B's reference scoring instead of its matcher"),
+    level: str = typer.Option("ordinal", help="Krippendorff level: ordinal (default: the labels are ordered), nominal or interval"),
+) -> None:
+    """Agreement of two matchers (or a matcher and human labels) on the same checklist-preference pairs."""
+    if level not in ("ordinal", "nominal", "interval"):
+        _fail(ConfigError(f"--level {level!r}: choose ordinal, nominal or interval"))
+    try:
+        result = agree(labels_from(a, reference=a_reference), labels_from(b, reference=b_reference), level)  # type: ignore[arg-type]
+    except (ConfigError, ValueError) as e:
+        _fail(e)
+    console = Console()
+    if result.n == 0:
+        _fail(ConfigError(f"no pair is labelled on both sides ({result.only_a} only in A, {result.only_b} only in B, {len(result.mismatched)} on different items)"))
+    table = Table(title="confusion (rows: A, columns: B)")
+    table.add_column("A \\ B")
+    for label in LABELS:
+        table.add_column(label, justify="right")
+    for label, row in zip(LABELS, result.confusion):
+        table.add_row(label, *map(str, row))
+    console.print(table)
+    print(f"pairs={result.n} only_a={result.only_a} only_b={result.only_b} different_items={len(result.mismatched)}")
+    print(f"accuracy={result.accuracy:.3f}")
+    alpha = "nan" if result.alpha is None else f"{result.alpha:.3f}"
+    print(f"krippendorff_alpha={alpha}" + (" (undefined: one label only)" if result.alpha is None else f" ({level})"))
+
+
+@app.command("correlate")
+def correlate_cmd(
+    run_dirs: list[str] = typer.Argument(None, help="run directories: one F1 per (candidate, matcher)"),
+    table: str | None = typer.Option(None, "--table", help="CSV with a `model` column and one F1 column per matcher"),
+    columns: tuple[str, str] | None = typer.Option(None, "--columns", help="the two columns (matchers) to correlate"),
+    setting: str = typer.Option("standard", help="runs: the setting whose F1 is used"),
+    aggregate: str = typer.Option("micro", help="runs: micro (published numbers) or macro F1"),
+) -> None:
+    """Pearson r between model-wise F1 under two matchers; the last line is `pearson_r=<value>`."""
+    try:
+        if bool(table) == bool(run_dirs):
+            raise ConfigError("give either run directories or --table FILE")
+        if aggregate not in ("micro", "macro"):
+            raise ConfigError(f"--aggregate {aggregate!r}: choose micro or macro")
+        f1s = read_table(table) if table else f1_table(run_dirs, setting, aggregate)
+        if f1s.duplicates:
+            raise ConfigError("two runs give the same model under the same matcher: " + "; ".join(f1s.duplicates))
+        result = correlate(f1s, tuple(columns) if columns else None)
+    except ConfigError as e:
+        _fail(e)
+    out = Table(title=f"model-wise F1 ({'table' if table else aggregate + ', ' + setting})")
+    out.add_column("model")
+    out.add_column(result.columns[0], justify="right")
+    out.add_column(result.columns[1], justify="right")
+    for model, x, y in zip(result.models, result.x, result.y):
+        out.add_row(model, f"{x:.4g}", f"{y:.4g}")
+    Console().print(out)
+    if result.left_out:
+        print(f"left out (no value in both columns): {', '.join(result.left_out)}")
+    print(f"n_models={len(result.models)} p_value={result.p:.3g}")
+    print(f"pearson_r={result.r:.3f}")

@@ -1,0 +1,263 @@
+"""`cupid nightly` (`make nightly`): run a suite of candidate models, write a leaderboard with each
+model's change since the previous nightly, and fail loudly on a regression or on failures.
+
+Each night's runs go to `<out>/<date>/<model>/`, through the shared request cache, so an unchanged
+model costs nothing the second night. A metric regresses when tonight's estimate falls below the
+lower end of the previous night's bootstrap 95% interval, i.e. the drop is larger than what
+resampling the same instances would explain. Exit status: 0 clean, 1 failures (failed instances or
+a run or the suite that could not start), 2 a regression, 3 both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import traceback
+from datetime import date as Date
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.console import Console
+
+from eval.meta import scoring_of
+from eval.runner import RunConfig, RunDir
+from eval.runner import run as run_eval
+from eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
+from matcher.scores import MatchCounts
+from serving.config import ConfigError, describe, load_model
+
+EXIT_FAILURES, EXIT_REGRESSION = 1, 2
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class NightlyConfig(BaseModel):
+    """`configs/eval/nightly.yaml`: the models (candidate endpoints) and one run setup shared by all."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[str] = Field(min_length=1, description="candidate endpoint names from the endpoints file")
+    out: str = Field("runs/nightly", description="root of the dated nightly directories")
+    run: dict[str, Any] = Field(default_factory=dict, description="RunConfig fields for every model, except candidate and out")
+    report: bool = Field(True, description="also write the HTML report of the night's runs")
+
+
+def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, RunConfig]:
+    """One validated RunConfig per model, all checked before anything runs."""
+    if clash := sorted({"candidate", "out"} & cfg.run.keys()):
+        raise ConfigError(f"{where}: run.{clash[0]} is set per model by the nightly; remove it")
+    if len(set(cfg.models)) != len(cfg.models):
+        raise ConfigError(f"{where}: models lists a model twice")
+    configs = {}
+    for model in cfg.models:
+        try:
+            configs[model] = RunConfig(**cfg.run, candidate=model, out=str(night_dir / _dir_name(model)))
+        except ValidationError as e:
+            raise ConfigError(describe(e, f"{where}: run (for model {model})")) from None
+    return configs
+
+
+def _dir_name(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+
+
+# ---------------------------------------------------------------- metrics of one run
+
+
+def metrics(records: list[dict[str, Any]]) -> dict[str, Interval]:
+    """`inference/<setting>/micro_f1`, `.../macro_f1` and `generation/<setting>/mean_score`, each with
+    its bootstrap interval over the scored instances; a metric with no scored instance is absent."""
+    result: dict[str, Interval] = {}
+    settings = list(dict.fromkeys((r["task"], r["setting"]) for r in records))
+    for task, setting in settings:
+        scored = [s for s in (scoring_of(r, False) for r in records if (r["task"], r["setting"]) == (task, setting)) if s is not None]
+        if task == "inference" and (iv := prf_intervals([MatchCounts(**s["counts"]) for s in scored])):
+            result[f"inference/{setting}/micro_f1"] = iv["micro"]["f1"]
+            result[f"inference/{setting}/macro_f1"] = iv["macro"]["f1"]
+        elif task == "generation" and (iv := mean_interval([s["score"] for s in scored])):
+            result[f"generation/{setting}/mean_score"] = iv
+    return result
+
+
+def primary_metric(cfg: RunConfig) -> str:
+    """The leaderboard's ranking column: micro F1 (the published aggregate) of the first setting."""
+    task = "inference" if "inference" in cfg.tasks else "generation"
+    setting = cfg.units_of(task)[0]
+    return f"{task}/{setting}/" + ("micro_f1" if task == "inference" else "mean_score")
+
+
+def _setup(identity: dict[str, Any]) -> dict[str, Any]:
+    """What must stay fixed for two nights to compare: data, prompts and every role but the candidate."""
+    roles = {k: v for k, v in identity.get("roles", {}).items() if k != "candidate"}
+    return {"data": identity.get("data"), "prompts": identity.get("prompts"), **{f"roles.{k}": v for k, v in roles.items()}}
+
+
+# ---------------------------------------------------------------- one night
+
+
+def previous_night(root: Path, night: str) -> Path | None:
+    """The latest earlier dated directory that holds a leaderboard."""
+    earlier = [d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night and (d / "leaderboard.json").exists()] if root.exists() else []
+    return max(earlier, key=lambda d: d.name, default=None)
+
+
+def compare(entry: dict[str, Any], before: dict[str, Any] | None) -> None:
+    """Fill an entry's previous values, deltas, regressions and setup changes from last night's entry."""
+    entry.update(previous=None, delta={}, regressions=[], setup_changed=[])
+    if not before:
+        return
+    entry["previous"] = before.get("metrics", {})
+    for name, now in entry["metrics"].items():
+        then = entry["previous"].get(name)
+        if then is None:
+            continue
+        entry["delta"][name] = now["estimate"] - then["estimate"]
+        if now["estimate"] < then["low"]:
+            entry["regressions"].append(name)
+    old, new = _setup(before.get("identity", {})), _setup(entry.get("identity", {}))
+    entry["setup_changed"] = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def run_nightly(config_path: str | Path, night: str | None = None, console: Console | None = None) -> tuple[dict[str, Any], int]:
+    """Run every model of the suite for one night; return the leaderboard and the exit status."""
+    console = console or Console(stderr=True)
+    cfg = load_model(NightlyConfig, config_path)
+    night = night or Date.today().isoformat()
+    if not _DATE.match(night):
+        raise ConfigError(f"--date {night!r}: expected YYYY-MM-DD")
+    root = Path(cfg.out)
+    night_dir = root / night
+    configs = run_configs(cfg, night_dir, str(config_path))
+    prev_dir = previous_night(root, night)
+    previous = {e["model"]: e for e in json.loads((prev_dir / "leaderboard.json").read_text())["models"]} if prev_dir else {}
+
+    entries = []
+    for model, run_cfg in configs.items():
+        console.rule(f"nightly {night}: {model}")
+        entry: dict[str, Any] = {"model": model, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
+        try:
+            summary = run_eval(run_cfg, console=console)
+        except Exception as e:  # one model's broken setup must not cost the others their night
+            entry["error"] = f"{type(e).__name__}: {e}"
+            console.print(f"[red]{model} did not run:[/red] {entry['error']}")
+            if not isinstance(e, ConfigError):
+                console.print(traceback.format_exc(), markup=False, highlight=False)
+            summary = {}
+        records = list(RunDir(run_cfg.out).records().values())
+        identity_file = Path(run_cfg.out) / "run.json"
+        entry.update(
+            identity=json.loads(identity_file.read_text()) if identity_file.exists() else {},
+            metrics={k: v.as_dict() for k, v in metrics(records).items()},
+            n_scored=sum(r["status"] == "scored" for r in records),
+            n_failed=sum(r["status"] == "failed" for r in records),
+            failures=summary.get("failures", {}),
+            requests=summary.get("requests"),
+            wall_s=summary.get("wall_s"),
+        )
+        entry["status"] = "error" if entry["error"] else "failed" if entry["n_failed"] else "ok"
+        compare(entry, previous.get(model))
+        entries.append(entry)
+
+    entries.sort(key=lambda e: -(e["metrics"].get(e["primary"], {}).get("estimate", -1.0)))
+    regressions = [f"{e['model']}: {m}" for e in entries for m in e["regressions"]]
+    with_failures = [e["model"] for e in entries if e["status"] != "ok"]
+    code = (EXIT_FAILURES if with_failures else 0) | (EXIT_REGRESSION if regressions else 0)
+    board = {
+        "date": night,
+        "dir": str(night_dir),
+        "previous": prev_dir.name if prev_dir else None,
+        "config": str(config_path),
+        "n_resamples": N_RESAMPLES,
+        "models": entries,
+        "regressions": regressions,
+        "with_failures": with_failures,
+        "exit_code": code,
+    }
+    night_dir.mkdir(parents=True, exist_ok=True)
+    (night_dir / "leaderboard.json").write_text(json.dumps(board, indent=2))
+    (night_dir / "leaderboard.md").write_text(leaderboard_markdown(board))
+    for name in ("leaderboard.json", "leaderboard.md"):
+        shutil.copyfile(night_dir / name, root / name)  # the latest night, at a fixed path
+    if cfg.report:
+        from eval.report import build
+
+        ran = [c.out for c in configs.values() if (Path(c.out) / "instances.jsonl").exists()]
+        if ran:
+            board["report"] = str(build(ran, night_dir / "report"))
+    return board, code
+
+
+# ---------------------------------------------------------------- leaderboard text
+
+
+def _scale(metric: str) -> float:
+    return 100 if metric.endswith("f1") else 1
+
+
+def _cell(value: dict[str, float] | None, metric: str) -> str:
+    if not value:
+        return "-"
+    fmt = (lambda v: f"{100 * v:.1f}") if _scale(metric) == 100 else (lambda v: f"{v:.2f}")
+    return f"{fmt(value['estimate'])} [{fmt(value['low'])}, {fmt(value['high'])}]"
+
+
+def _change(entry: dict[str, Any], metric: str) -> str:
+    if metric not in entry["metrics"]:
+        return "-"
+    if metric not in entry["delta"]:
+        return "new"
+    return f"{_scale(metric) * entry['delta'][metric]:+.{1 if _scale(metric) == 100 else 2}f}"
+
+
+def _flags(entry: dict[str, Any]) -> str:
+    flags = []
+    if entry["regressions"]:
+        flags.append("**REGRESSION** " + ", ".join(entry["regressions"]))
+    if entry["status"] == "error":
+        flags.append(f"**DID NOT RUN**: {entry['error']}")
+    elif entry["n_failed"]:
+        flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry["failures"].items()))
+    if entry["setup_changed"]:
+        flags.append("setup changed: " + ", ".join(entry["setup_changed"]))
+    return "; ".join(flags) or "ok"
+
+
+def leaderboard_markdown(board: dict[str, Any]) -> str:
+    lines = [
+        f"# CUPID nightly {board['date']}",
+        "",
+        f"Change since {board['previous'] or 'nothing (first night)'}. Bootstrap 95% intervals over scored instances; "
+        "**REGRESSION**: tonight's estimate is below the previous night's interval. F1 in % (micro: the published aggregate).",
+        "",
+        "| # | model | metric | tonight | change | other metrics (change) | scored | failed | flag |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rank, e in enumerate(board["models"], start=1):
+        primary = e["primary"]
+        others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e["metrics"].items() if m != primary)
+        lines.append(
+            f"| {rank} | {e['model']} | {primary} | {_cell(e['metrics'].get(primary), primary)} | {_change(e, primary)} "
+            f"| {others or '-'} | {e['n_scored']} | {e['n_failed']} | {_flags(e)} |"
+        )
+    lines += ["", f"{len(board['regressions'])} regression(s), {len(board['with_failures'])} model(s) with failures; exit {board['exit_code']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main(
+    config: str = typer.Option("configs/eval/nightly.yaml", "--config", help="nightly suite: models and run setup"),
+    date: str | None = typer.Option(None, "--date", help="the night's name, YYYY-MM-DD (default: today)"),
+) -> None:
+    """Run the nightly suite; leaderboard with change since the previous night; exit 1 failures, 2 regression, 3 both."""
+    try:
+        board, code = run_nightly(config, date)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_FAILURES)
+    typer.echo(leaderboard_markdown(board))
+    typer.echo(
+        f"nightly {board['date']}: {len(board['models'])} models, {len(board['regressions'])} regression(s), "
+        f"{len(board['with_failures'])} with failures -> {Path(board['dir']) / 'leaderboard.md'}"
+    )
+    raise typer.Exit(code)

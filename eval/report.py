@@ -1,0 +1,432 @@
+"""`cupid report RUN_DIR...`: one self-contained HTML page (plots embedded as base64 PNGs, also
+written beside it) for one or more runs: paper-style tables with bootstrap 95% intervals, failure
+counts, and the paper's figures where the runs hold what they need (Fig. 3: F1 against the mean
+position of the relevant sessions; Fig. 4: F1 under two matchers; Fig. 5: inference against
+generation per model). Everything is recomputed from `instances.jsonl`, so intervals and tables
+come from the same records; a failed instance is counted, never averaged in.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import typer
+
+from eval.data import INSTANCE_TYPES
+from eval.meta import scoring_of
+from eval.runner import RunDir
+from eval.stats import Interval, mean_interval, prf_intervals
+from matcher.scores import MatchCounts
+from serving.config import ConfigError
+
+SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
+FIGURE_SETTING = "standard"
+
+
+@dataclass
+class Run:
+    path: Path
+    identity: dict[str, Any]  # run.json
+    summary: dict[str, Any]  # summary.json ({} when the run never finished)
+    records: list[dict[str, Any]]
+    label: str = ""
+
+    def role(self, role: str) -> str | None:
+        return self.identity.get("roles", {}).get(role) or self.summary.get("roles", {}).get(role)
+
+    @property
+    def candidate(self) -> str:
+        return self.role("candidate") or self.path.name
+
+    def of(self, task: str, setting: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("task") == task and (setting is None or r.get("setting") == setting)]
+
+    def settings(self, task: str) -> list[str]:
+        present = {r.get("setting") for r in self.of(task)}
+        return [s for s in SETTINGS_ORDER if s in present] + sorted(present - set(SETTINGS_ORDER))
+
+    @property
+    def has_reference(self) -> bool:
+        return any("reference" in r for r in self.records)
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    run_dir = RunDir(path)
+    if not run_dir.records_file.exists():
+        raise ConfigError(f"{run_dir.records_file}: no such file (not a run directory?)")
+    read = lambda name: json.loads((path / name).read_text()) if (path / name).exists() else {}  # noqa: E731
+    return Run(path, read("run.json"), read("summary.json"), list(run_dir.records().values()))
+
+
+def _label_runs(runs: list[Run]) -> None:
+    """Plot labels: the candidate model, plus the matcher where two runs share a candidate."""
+    seen = Counter(r.candidate for r in runs)
+    for run in runs:
+        run.label = run.candidate if seen[run.candidate] == 1 else f"{run.candidate} · {run.role('matcher') or run.path.name}"
+    labels = Counter(r.label for r in runs)
+    for run in runs:
+        if labels[run.label] > 1:
+            run.label = f"{run.label} ({run.path})"
+
+
+# ---------------------------------------------------------------- tables
+
+
+@dataclass
+class Row:
+    setting: str
+    group: str
+    n_scored: int
+    n_failed: int
+    cells: dict[str, Interval | None] = field(default_factory=dict)
+
+
+def _groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    return [("all", records)] + [(t, [r for r in records if r.get("instance_type") == t]) for t in INSTANCE_TYPES]
+
+
+def inference_rows(run: Run, reference: bool = False) -> list[Row]:
+    rows = []
+    for setting in run.settings("inference"):
+        for group, records in _groups(run.of("inference", setting)):
+            counts = [MatchCounts(**s["counts"]) for s in (scoring_of(r, reference) for r in records) if s is not None]
+            intervals = prf_intervals(counts) or {}
+            cells = {f"{name} {agg}": intervals.get(agg, {}).get(name) for agg in ("micro", "macro") for name in ("precision", "recall", "f1")}
+            rows.append(Row(setting, group, len(counts), len(records) - len(counts), cells))
+    return rows
+
+
+def generation_rows(run: Run, reference: bool = False) -> list[Row]:
+    rows = []
+    for setting in run.settings("generation"):
+        for group, records in _groups(run.of("generation", setting)):
+            scores = [s["score"] for s in (scoring_of(r, reference) for r in records) if s is not None]
+            rows.append(Row(setting, group, len(scores), len(records) - len(scores), {"mean score": mean_interval(scores)}))
+    return rows
+
+
+def failure_counts(run: Run) -> list[tuple[str, str, str, int]]:
+    """(scoring, task/setting, "stage: reason", n): the run's own failures, then its reference scoring's."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for r in run.records:
+        where = f"{r.get('task')} / {r.get('setting')}"
+        if r.get("status") == "failed":
+            counts["own", where, f"{r['error']['stage']}: {r['error']['reason']}"] += 1
+        ref = r.get("reference")
+        if ref and ref.get("status") == "failed":
+            counts["reference", where, f"{ref['error']['stage']}: {ref['error']['reason']}"] += 1
+    return [(*k, n) for k, n in sorted(counts.items())]
+
+
+# ---------------------------------------------------------------- figures
+
+
+@dataclass
+class Figure:
+    name: str
+    title: str
+    caption: str
+    png: bytes | None = None  # None: not drawn, caption says why
+
+    @property
+    def data_uri(self) -> str:
+        return "data:image/png;base64," + base64.b64encode(self.png or b"").decode()
+
+
+def _png(draw: Callable[[Any], None], size: tuple[float, float] = (6.4, 4.2)) -> bytes:
+    """Render with matplotlib's object API on the Agg canvas (no pyplot, no global state, no display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    fig = MplFigure(figsize=size, dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    draw(fig.add_subplot())
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _pearson(x: list[float], y: list[float]) -> str:
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return ""
+    from scipy.stats import pearsonr
+
+    return f"Pearson r = {pearsonr(x, y).statistic:.3f} (n = {len(x)})"
+
+
+def _relevant_from_data(source: str) -> dict[str, list[int]]:
+    """key -> relevant session positions, for records written before `relevant_sessions` existed."""
+    from eval import data as cupid_data
+
+    return {
+        i.key: [n for n, s in enumerate(i.prior_interactions) if s.contextual_preference == i.current_contextual_preference]
+        for i in cupid_data.load(source).instances
+    }
+
+
+def figure3(runs: list[Run]) -> Figure:
+    fig = Figure("fig3_f1_vs_position", "Fig. 3: F1 against the mean position of the relevant sessions", "")
+    lines: dict[str, dict[int, list[float]]] = {}
+    notes, no_relevant, width = [], 0, 1
+    for run in runs:
+        records = [r for r in run.of("inference", FIGURE_SETTING) if r.get("status") == "scored"]
+        if not records:
+            continue
+        known: dict[str, list[int]] = {}
+        if any("relevant_sessions" not in r for r in records):
+            source = run.identity.get("data") or run.summary.get("data")
+            try:
+                known = _relevant_from_data(source)
+            except Exception as e:  # the data may be unreachable here: say so, draw the rest
+                notes.append(f"{run.label}: records lack relevant_sessions and data {source!r} could not be loaded ({e})")
+                continue
+        bins: dict[int, list[float]] = {}
+        for r in records:
+            positions = r["relevant_sessions"] if "relevant_sessions" in r else known.get(r["key"], [])
+            if not positions:
+                no_relevant += 1
+                continue
+            x = sum(positions) / len(positions)
+            bins.setdefault(int(math.floor(x / width)), []).append(r["scores"]["f1"])
+        lines[run.label] = bins
+    if not lines:
+        fig.caption = "Not drawn: no scored inference records in the standard setting. " + " ".join(notes)
+        return fig
+    all_bins = sorted({b for bins in lines.values() for b in bins})
+
+    def draw(ax):
+        for label, bins in lines.items():
+            xs = sorted(bins)
+            ax.plot([(b + 0.5) * width for b in xs], [100 * sum(bins[b]) / len(bins[b]) for b in xs], marker="o", alpha=0.6, label=label)
+        if len(lines) > 1:
+            mean = {b: [sum(v) / len(v) for bins in lines.values() if (v := bins.get(b))] for b in all_bins}
+            ax.plot([(b + 0.5) * width for b in all_bins], [100 * sum(m) / len(m) for m in mean.values()], color="black", lw=2.5, marker="s", label="mean across runs")
+        ax.set_xlabel("mean position of relevant sessions (0 = oldest)")
+        ax.set_ylabel("mean per-instance F1 (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+    fig.png = _png(draw)
+    counts = ", ".join(f"[{b * width}, {(b + 1) * width}): {sum(len(bins.get(b, [])) for bins in lines.values())}" for b in all_bins)
+    fig.caption = (
+        f"Standard setting, scored instances; each point is the mean per-instance F1 of the instances whose relevant "
+        f"sessions lie, on average, in that bin. Instances per bin (all runs): {counts}."
+        + (f" {no_relevant} instances with no relevant session left out." if no_relevant else "")
+        + (" " + " ".join(notes) if notes else "")
+    )
+    return fig
+
+
+def model_points(runs: list[Run], setting: str = FIGURE_SETTING) -> tuple[dict[str, dict[str, Interval]], dict[str, Interval]]:
+    """Per candidate model: micro F1 under each matcher (own and reference scorings), and the mean
+    generation score under the run's own judge. The first run to give a value keeps it."""
+    f1: dict[str, dict[str, Interval]] = {}
+    gen: dict[str, Interval] = {}
+    for run in runs:
+        scorings = [(run.role("matcher") or "matcher", False)] + ([(run.role("reference") or "reference", True)] if run.has_reference else [])
+        for matcher, reference in scorings:
+            counts = [MatchCounts(**s["counts"]) for s in (scoring_of(r, reference) for r in run.of("inference", setting)) if s is not None]
+            if (intervals := prf_intervals(counts)) is not None:
+                f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro"]["f1"])
+        scores = [r["score"] for r in run.of("generation", setting) if r.get("status") == "scored"]
+        if (interval := mean_interval(scores)) is not None:
+            gen.setdefault(run.candidate, interval)
+    return f1, gen
+
+
+def _errorbars(ax, xs: list[Interval], ys: list[Interval], labels: list[str], scale_x: float, scale_y: float) -> None:
+    for x, y, label in zip(xs, ys, labels):
+        ax.errorbar(
+            scale_x * x.estimate, scale_y * y.estimate,
+            xerr=[[scale_x * (x.estimate - x.low)], [scale_x * (x.high - x.estimate)]],
+            yerr=[[scale_y * (y.estimate - y.low)], [scale_y * (y.high - y.estimate)]],
+            fmt="o", capsize=3, label=label,
+        )  # fmt: skip
+
+
+def figure4(f1: dict[str, dict[str, Interval]]) -> Figure:
+    fig = Figure("fig4_f1_two_matchers", "Fig. 4: F1 under two matchers", "")
+    pairs: Counter[tuple[str, str]] = Counter()
+    for matchers in f1.values():
+        names = sorted(matchers)
+        pairs.update((a, b) for i, a in enumerate(names) for b in names[i + 1 :])
+    if not pairs:
+        fig.caption = ("Not drawn: no candidate model was scored under two matchers (give runs that share the candidate "
+                       "but differ in matcher, or a run with a reference scoring).")  # fmt: skip
+        return fig
+    (a, b), _ = pairs.most_common(1)[0]
+    models = [m for m, matchers in f1.items() if a in matchers and b in matchers]
+    xs, ys = [f1[m][a] for m in models], [f1[m][b] for m in models]
+
+    def draw(ax):
+        _errorbars(ax, xs, ys, models, 100, 100)
+        lo = min(100 * min(v.low for v in xs + ys), 100) - 2
+        hi = max(100 * max(v.high for v in xs + ys), 0) + 2
+        ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=1)
+        ax.set_xlabel(f"micro F1 (%) under {a}")
+        ax.set_ylabel(f"micro F1 (%) under {b}")
+        ax.set_title(_pearson([v.estimate for v in xs], [v.estimate for v in ys]), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+    fig.png = _png(draw)
+    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: bootstrap 95% intervals; dashed: equal F1."
+    return fig
+
+
+def figure5(f1: dict[str, dict[str, Interval]], gen: dict[str, Interval]) -> Figure:
+    fig = Figure("fig5_inference_vs_generation", "Fig. 5: inference against generation per model", "")
+    matcher_use = Counter(m for model in gen if model in f1 for m in f1[model])
+    if not matcher_use:
+        fig.caption = "Not drawn: no candidate model has both an inference F1 and a generation score in the standard setting."
+        return fig
+    matcher = matcher_use.most_common(1)[0][0]
+    models = [m for m in gen if matcher in f1.get(m, {})]
+    xs, ys = [f1[m][matcher] for m in models], [gen[m] for m in models]
+
+    def draw(ax):
+        _errorbars(ax, xs, ys, models, 100, 1)
+        ax.set_xlabel(f"inference micro F1 (%) under {matcher}")
+        ax.set_ylabel("generation: mean judge score (1-10)")
+        ax.set_title(_pearson([v.estimate for v in xs], [v.estimate for v in ys]), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+    fig.png = _png(draw)
+    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: bootstrap 95% intervals."
+    return fig
+
+
+# ---------------------------------------------------------------- page
+
+TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>CUPID report</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 78em; color: #222; }
+table { border-collapse: collapse; margin: .6em 0 1.4em; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+small { color: #777; } .failed { color: #b00; font-weight: 600; } figure { margin: 1em 0 2em; }
+figcaption { font-size: 13px; color: #444; max-width: 60em; } code { font-size: 12px; }
+</style></head><body>
+<h1>CUPID evaluation report</h1>
+<p>Generated {{ generated }} from {{ runs|length }} run{{ "s" if runs|length != 1 else "" }}. Scores in %, generation scores 1-10.
+Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores (paper text).
+Brackets: bootstrap 95% percentile intervals over scored instances ({{ n_resamples }} resamples, fixed seed).
+Failed instances are counted and never averaged in.</p>
+
+<h2>Runs</h2>
+<table><tr><th class="l">run</th><th class="l">candidate</th><th class="l">roles</th><th class="l">data</th><th>records</th><th>scored</th><th>failed</th><th>invalid data rows</th></tr>
+{% for run in runs %}<tr><td class="l"><code>{{ run.path }}</code></td><td class="l">{{ run.label }}</td>
+<td class="l">{% for role, model in run.roles.items() %}{{ role }}: {{ model }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td>
+<td class="l">{{ run.data }}</td><td>{{ run.n_records }}</td><td>{{ run.n_scored }}</td>
+<td{% if run.n_failed %} class="failed"{% endif %}>{{ run.n_failed }}</td><td>{{ run.n_invalid }}</td></tr>
+{% endfor %}</table>
+
+{% for run in runs %}
+<h2>{{ run.label }}</h2>
+{% for block in run.blocks %}
+<h3>{{ block.title }}</h3>
+<table><tr><th class="l">setting</th><th class="l">instances</th>{% for h in block.headers %}<th>{{ h }}</th>{% endfor %}<th>scored</th><th>failed</th></tr>
+{% for row in block.rows %}<tr><td class="l">{{ row.setting }}</td><td class="l">{{ row.group }}</td>
+{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ fmt(c.estimate, block.scale) }} <small>[{{ fmt(c.low, block.scale) }}, {{ fmt(c.high, block.scale) }}]</small>{% else %}-{% endif %}</td>{% endfor %}
+<td>{{ row.n_scored }}</td><td{% if row.n_failed %} class="failed"{% endif %}>{{ row.n_failed }}</td></tr>
+{% endfor %}</table>
+{% endfor %}
+<h3>Failures</h3>
+{% if run.failures %}<table><tr><th class="l">scoring</th><th class="l">task / setting</th><th class="l">stage: reason</th><th>instances</th></tr>
+{% for scoring, where, what, n in run.failures %}<tr><td class="l">{{ scoring }}</td><td class="l">{{ where }}</td><td class="l">{{ what }}</td><td class="failed">{{ n }}</td></tr>
+{% endfor %}</table>{% else %}<p>No failures: all {{ run.n_records }} records scored.</p>{% endif %}
+{% endfor %}
+
+<h2>Figures</h2>
+{% for fig in figures %}<figure><h3>{{ fig.title }}</h3>
+{% if fig.png %}<img alt="{{ fig.title }}" src="{{ fig.data_uri }}">{% endif %}
+<figcaption>{{ fig.caption }}</figcaption></figure>
+{% endfor %}
+</body></html>
+"""
+
+PRF_HEADERS = [f"{name} {agg}" for agg in ("micro", "macro") for name in ("precision", "recall", "f1")]
+
+
+def _fmt(value: float, scale: float) -> str:
+    return f"{scale * value:.1f}" if scale != 1 else f"{value:.2f}"
+
+
+def _run_view(run: Run) -> dict[str, Any]:
+    blocks = []
+    if rows := inference_rows(run):
+        blocks.append({"title": f"Inference: preference match, matcher {run.role('matcher') or '?'}", "headers": PRF_HEADERS, "rows": rows, "scale": 100})
+    if run.has_reference and (rows := inference_rows(run, reference=True)):
+        blocks.append({"title": f"Inference, reference scoring ({run.role('reference') or 'reference'})", "headers": PRF_HEADERS, "rows": rows, "scale": 100})
+    if rows := generation_rows(run):
+        blocks.append({"title": f"Generation: judge score, judge {run.role('judge') or '?'}", "headers": ["mean score"], "rows": rows, "scale": 1})
+    if run.has_reference and (rows := generation_rows(run, reference=True)):
+        blocks.append({"title": f"Generation, reference scoring ({run.role('reference') or 'reference'})", "headers": ["mean score"], "rows": rows, "scale": 1})
+    n_failed = sum(r.get("status") == "failed" for r in run.records)
+    return {
+        "path": run.path,
+        "label": run.label,
+        "roles": run.identity.get("roles") or run.summary.get("roles", {}),
+        "data": run.identity.get("data") or run.summary.get("data", "?"),
+        "n_records": len(run.records),
+        "n_scored": len(run.records) - n_failed,
+        "n_failed": n_failed,
+        "n_invalid": run.summary.get("n_invalid_rows", "?"),
+        "blocks": blocks,
+        "failures": failure_counts(run),
+    }
+
+
+def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
+    """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
+    import jinja2
+
+    from eval.stats import N_RESAMPLES
+
+    runs = [load_run(p) for p in run_dirs]
+    if not runs:
+        raise ConfigError("give at least one run directory")
+    _label_runs(runs)
+    f1, gen = model_points(runs)
+    figures = [figure3(runs), figure4(f1), figure5(f1, gen)]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for fig in figures:
+        if fig.png:
+            (out / f"{fig.name}.png").write_bytes(fig.png)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    html = env.from_string(TEMPLATE).render(
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        runs=[_run_view(r) for r in runs],
+        figures=figures,
+        fmt=_fmt,
+        n_resamples=N_RESAMPLES,
+    )
+    page = out / "report.html"
+    page.write_text(html, encoding="utf-8")
+    return page
+
+
+def main(
+    run_dirs: list[str] = typer.Argument(..., help="run directories (each with instances.jsonl)"),
+    out: str | None = typer.Option(None, "--out", help="output directory (default: RUN_DIR/report for one run, runs/report for several)"),
+) -> None:
+    """One self-contained HTML report (tables with 95% intervals, failures, Fig. 3-5) plus the PNG plots."""
+    target = out or (str(Path(run_dirs[0]) / "report") if len(run_dirs) == 1 else "runs/report")
+    try:
+        page = build(run_dirs, target)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(page))
