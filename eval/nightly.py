@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import traceback
+from collections import Counter
 from datetime import date as Date
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,12 @@ def metrics(records: list[dict[str, Any]]) -> dict[str, Interval]:
         elif task == "generation" and (iv := mean_interval([s["score"] for s in scored])):
             result[f"generation/{setting}/mean_score"] = iv
     return result
+
+
+def failure_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Failed records by `task/setting stage: reason` (from the records, so a run cut short still counts)."""
+    counts = Counter(f"{r['task']}/{r['setting']} {r['error']['stage']}: {r['error']['reason']}" for r in records if r["status"] == "failed")
+    return dict(sorted(counts.items()))
 
 
 def primary_metric(cfg: RunConfig) -> str:
@@ -152,7 +159,7 @@ def run_nightly(config_path: str | Path, night: str | None = None, console: Cons
             metrics={k: v.as_dict() for k, v in metrics(records).items()},
             n_scored=sum(r["status"] == "scored" for r in records),
             n_failed=sum(r["status"] == "failed" for r in records),
-            failures=summary.get("failures", {}),
+            failures=failure_counts(records),
             requests=summary.get("requests"),
             wall_s=summary.get("wall_s"),
         )

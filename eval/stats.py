@@ -6,8 +6,9 @@ aggregate exactly as the summary does (micro: ratios of sums over instances; mac
 per-instance scores; generation: mean judge score). Only scored instances enter; a failed one is
 counted elsewhere, never resampled as a zero.
 
-Percentile intervals from a fixed seed: the same records always give the same interval, which the
-nightly comparison relies on. A resample is a vector of multinomial counts (how often each instance
+Percentile intervals from a fixed seed, over the instances in a canonical (sorted) order: the same
+instances give the same interval whatever order the run wrote them in, which the nightly comparison
+relies on. A resample is a vector of multinomial counts (how often each instance
 was drawn), so every statistic of a resample is one matrix product.
 """
 
@@ -70,6 +71,7 @@ def prf_intervals(
     """{"micro"|"macro": {"precision"|"recall"|"f1": Interval}} over scored instances; None when there are none."""
     if not counts:
         return None
+    counts = sorted(counts, key=lambda c: (c.predicted_matched, c.n_predicted, c.true_matched, c.n_true))
     n = len(counts)
     w = _weights(n, n_resamples, seed)
 
@@ -95,6 +97,6 @@ def mean_interval(
     """The mean (e.g. of generation judge scores) and its interval; None for no values."""
     if len(values) == 0:
         return None
-    x = np.asarray(values, dtype=float)
+    x = np.sort(np.asarray(values, dtype=float))
     samples = _weights(len(x), n_resamples, seed) @ x / len(x)
     return Interval(float(x.mean()), *_bounds(samples, confidence), len(x))

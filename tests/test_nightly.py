@@ -1,0 +1,126 @@
+"""The nightly suite over the sample on real HTTP: three nights with a model that gets worse, one that
+stays the same (and costs nothing the second night), and one whose server is down."""
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cupid import app
+from eval.nightly import run_nightly
+from serving.config import ConfigError
+from serving.instant import free_port
+from tests.conftest import REPO, write_endpoints
+
+NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
+
+
+@pytest.fixture
+def drifted_url():
+    """An instant server whose candidate now states a preference no instance holds."""
+    port = free_port()
+    code = f"import sys, serving.instant as s; s.PREFERENCE = {NONSENSE!r}; sys.argv = ['instant', '--port', '{port}']; s.main()"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        yield url + "/v1"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def suite(tmp_path, name, endpoints, models, **extra):
+    path = tmp_path / f"{name}.yaml"
+    run = {"data": "sample", "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
+    path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, **extra}))
+    return path
+
+
+def by_model(board):
+    return {e["model"]: e for e in board["models"]}
+
+
+def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path, instant_url, drifted_url, cupid_home):
+    common = {"instant": {"base_url": instant_url, "model": "instant"}, "pm": {"base_url": instant_url, "model": "local-prefmatcher"}}
+    before = write_endpoints(tmp_path / "before.yaml", **common,
+                             steady={"base_url": instant_url, "model": "steady-v1"},
+                             drifting={"base_url": instant_url, "model": "drifting-v1"})  # fmt: skip
+    after = write_endpoints(tmp_path / "after.yaml", **common,
+                            steady={"base_url": instant_url, "model": "steady-v1"},
+                            drifting={"base_url": drifted_url, "model": "drifting-v2"},
+                            down={"base_url": "http://127.0.0.1:9/v1", "model": "down", "max_retries": 0, "timeout_s": 5})  # fmt: skip
+
+    first, code = run_nightly(suite(tmp_path, "n1", before, ["steady", "drifting"]), "2025-03-01")
+    assert code == 0 and first["previous"] is None
+    f1 = "inference/standard/micro_f1"
+    for entry in first["models"]:
+        assert entry["status"] == "ok" and (entry["n_scored"], entry["n_failed"]) == (12, 0)
+        assert entry["delta"] == {} and entry["regressions"] == []
+        assert entry["metrics"][f1]["low"] > 0  # an interval the drop can fall below
+
+    second, code = run_nightly(suite(tmp_path, "n2", after, ["steady", "drifting"]), "2025-03-02")
+    assert code == 2  # a regression, no failures
+    assert second["previous"] == "2025-03-01"
+    steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
+    assert steady["requests"]["sent"] == 0  # everything came from the cache
+    assert steady["delta"][f1] == 0 and steady["regressions"] == []
+    assert drifting["metrics"][f1]["estimate"] == 0.0
+    assert drifting["delta"][f1] == pytest.approx(-by_model(first)["drifting"]["metrics"][f1]["estimate"])
+    assert f1 in drifting["regressions"] and second["regressions"][0] == f"drifting: {f1}"
+    assert [e["model"] for e in second["models"]] == ["steady", "drifting"]  # ranked by F1
+    board = (tmp_path / "nightly" / "2025-03-02" / "leaderboard.md").read_text()
+    drifting_row = next(line for line in board.splitlines() if "| drifting |" in line)
+    assert "**REGRESSION**" in drifting_row and f"{-100 * by_model(first)['drifting']['metrics'][f1]['estimate']:+.1f}" in drifting_row
+    assert (tmp_path / "nightly" / "leaderboard.json").read_text() == (tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()
+
+    # Night 3 through the CLI: drifting holds steady at its new level; a model whose server is down fails.
+    result = CliRunner().invoke(app, ["nightly", "--config", str(suite(tmp_path, "n3", after, ["steady", "drifting", "down"])), "--date", "2025-03-03"])
+    assert result.exit_code == 1, result.output  # failures, no regression
+    third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
+    assert third["previous"] == "2025-03-02" and third["regressions"] == []
+    down = by_model(third)["down"]
+    assert (down["status"], down["n_scored"], down["n_failed"]) == ("failed", 0, 12)
+    assert down["metrics"] == {}  # no score at all, not a zero
+    assert sum(down["failures"].values()) == 12 and list(down["failures"]) == ["inference/standard infer: connection"]
+    assert third["models"][-1]["model"] == "down"
+    assert "**FAILURES**" in next(line for line in result.output.splitlines() if "| down |" in line)
+    assert result.output.strip().splitlines()[-1].startswith("nightly 2025-03-03: 3 models, 0 regression(s), 1 with failures")
+
+
+def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(tmp_path, instant_url, cupid_home):
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
+                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    config = suite(tmp_path, "n", endpoints, ["instant"], report=True)
+    run_nightly(config, "2025-03-01")
+    board, code = run_nightly(config, "2025-03-02")
+    again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
+    assert (code, code_again) == (0, 0) and again["previous"] == "2025-03-01"
+    assert by_model(again)["instant"]["requests"]["sent"] == 0
+    assert (tmp_path / "nightly" / "2025-03-02" / "report" / "report.html").exists()
+
+
+def test_bad_suites_are_refused_before_anything_runs(tmp_path, cupid_home):
+    config, out = tmp_path / "bad.yaml", str(tmp_path / "nightly")
+    config.write_text(yaml.safe_dump({"models": ["a"], "out": out, "run": {"candidate": "x"}}))
+    with pytest.raises(ConfigError, match="run.candidate is set per model"):
+        run_nightly(config, "2025-03-01")
+    config.write_text(yaml.safe_dump({"models": ["a"], "out": out, "run": {"decomposer": "d", "matcher": "m", "settings": ["sideways"]}}))
+    with pytest.raises(ConfigError, match=r"(?s)bad\.yaml: run \(for model a\).*settings"):
+        run_nightly(config, "2025-03-01")
+    config.write_text(yaml.safe_dump({"models": [], "colour": "red"}))
+    with pytest.raises(ConfigError, match="colour"):
+        run_nightly(config, "2025-03-01")
+    assert not (tmp_path / "nightly").exists()
+    result = CliRunner().invoke(app, ["nightly", "--config", str(config)])
+    assert result.exit_code == 1 and "colour" in result.output
