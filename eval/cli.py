@@ -11,7 +11,7 @@ from rich.table import Table
 
 from eval import data as cupid_data
 from eval.runner import RunConfig, run as run_eval
-from eval.summary import HEADERS, table_rows
+from eval.summary import tables
 from serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
@@ -25,10 +25,11 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    table = Table(*HEADERS, title="CUPID inference: preference match (%)")
-    for setting, group, cells in table_rows(summary):
-        table.add_row(setting, group, *cells)
-    console.print(table)
+    for spec in tables(summary):
+        table = Table(*spec.headers, title=spec.title)
+        for row in spec.rows:
+            table.add_row(*row)
+        console.print(table)
     for line in summary["invalid_rows"]:
         console.print(f"[yellow]invalid row:[/yellow] {line}", highlight=False)
     for what, n in summary["failures"].items():
@@ -43,10 +44,15 @@ def run(
     candidate: Optional[str] = typer.Option(None, help="endpoint of the model under evaluation"),
     decomposer: Optional[str] = typer.Option(None, help="endpoint that turns the inferred preference into a checklist"),
     matcher: Optional[str] = typer.Option(None, help="endpoint that labels checklist items against preferences"),
-    setting: Optional[list[str]] = typer.Option(None, help="standard or oracle; repeatable"),
+    judge: Optional[str] = typer.Option(None, help="endpoint that scores generation responses 1-10"),
+    summarizer: Optional[str] = typer.Option(None, help="endpoint that summarizes sessions (summary setting)"),
+    reference: Optional[str] = typer.Option(None, help="endpoint (e.g. gpt-4o) that re-scores the same answers as decomposer, matcher and judge"),
+    task: Optional[str] = typer.Option(None, help="inference, generation or both"),
+    setting: Optional[list[str]] = typer.Option(None, help="standard, oracle, oracle-preference (generation) or summary; repeatable"),
     types: Optional[list[str]] = typer.Option(None, "--type", help="only these instance types; repeatable"),
     limit: Optional[int] = typer.Option(None, help="only the first N instances"),
     concurrency: Optional[int] = typer.Option(None, help="requests in flight per endpoint (overrides the endpoints file)"),
+    executor: Optional[str] = typer.Option(None, help="http (running servers) or vllm-offline (in-process vLLM, no server)"),
     out: Optional[str] = typer.Option(None, help="run directory (resumable)"),
     cache: Optional[str] = typer.Option(None, help="SQLite request cache file"),
     no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write the request cache"),
@@ -54,12 +60,15 @@ def run(
     dry_run: Optional[str] = typer.Option(None, "--dry-run", help="write the candidate requests as an OpenAI batch JSONL to this file and send nothing"),
     allow_failures: bool = typer.Option(False, "--allow-failures", help="exit 0 even when instances failed"),
 ) -> None:
-    """Run the inference task: infer -> decompose -> match both ways -> P/R/F1 (micro and macro)."""
+    """Run CUPID: inference (infer -> decompose -> match both ways -> P/R/F1) and/or generation (respond -> judge 1-10)."""
     values: dict[str, Any] = dict(read_yaml(config) or {}) if config else {}
     options = {
         "data": data, "endpoints": endpoints, "candidate": candidate, "decomposer": decomposer, "matcher": matcher,
-        "settings": setting, "types": types, "limit": limit, "concurrency": concurrency, "out": out, "cache": cache,
+        "judge": judge, "summarizer": summarizer, "reference": reference, "settings": setting, "types": types,
+        "limit": limit, "concurrency": concurrency, "executor": executor, "out": out, "cache": cache,
     }  # fmt: skip
+    if task is not None:
+        options["tasks"] = ["inference", "generation"] if task == "both" else [task]
     values.update({k: v for k, v in options.items() if v})
     values.update({k: True for k, v in {"no_cache": no_cache, "refresh": refresh}.items() if v})
     try:

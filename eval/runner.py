@@ -1,6 +1,6 @@
-"""One evaluation run: every (instance, setting) chain in flight at once, records appended to
+"""One evaluation run: every (instance, task, setting) unit in flight at once, records appended to
 `instances.jsonl` as they finish, and a summary at the end. Re-running into the same directory
-resumes: scored instances are kept, failed and missing ones are run again (through the cache).
+resumes: scored units are kept, failed and missing ones are run again (through the cache).
 """
 
 from __future__ import annotations
@@ -11,22 +11,30 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eval import data as cupid_data
-from eval.inference import InferenceTask, Roles
+from eval.chain import Roles
+from eval.generation import GenerationScorer
+from eval.history import GENERATION_ONLY, History
+from eval.inference import InferenceScorer
 from eval.summary import markdown, summarize
+from eval.tasks import Task
 from matcher import prompts
 from serving.cache import Cache
-from serving.client import Client
 from serving.config import ConfigError
-from serving.endpoints import load_endpoints, missing_keys, require
+from serving.endpoints import Endpoint, load_endpoints, missing_keys, require
 from serving.lifecycle import state_dir
 
-Setting = Literal["standard", "oracle"]
-PROMPTS_USED = ("inference", "decomposer", "prefmatcher", "matcher_fewshot")
+TaskName = Literal["inference", "generation"]
+Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
+PROMPTS_USED = {
+    "inference": ("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
+    "generation": ("generation", "judge", prompts.ORACLE_PREFERENCE),
+    "summary": ("summarizer",),
+}
 
 
 class RunConfig(BaseModel):
@@ -37,16 +45,40 @@ class RunConfig(BaseModel):
     data: str = "sample"
     endpoints: str = "configs/endpoints.yaml"
     candidate: str
-    decomposer: str
-    matcher: str
+    decomposer: str | None = Field(default=None, description="inference: turns the inferred preference into a checklist")
+    matcher: str | None = Field(default=None, description="inference: labels checklist items against preferences")
+    judge: str | None = Field(default=None, description="generation: scores the response 1-10")
+    summarizer: str | None = Field(default=None, description="summary setting: summarizes each prior session")
+    reference: str | None = Field(default=None, description="endpoint that re-scores the same answers (decomposer, matcher, judge)")
+    tasks: list[TaskName] = Field(default_factory=lambda: ["inference"], min_length=1)
     settings: list[Setting] = Field(default_factory=lambda: ["standard"], min_length=1)
     types: list[Literal["consistent", "contrastive", "changing"]] = Field(default_factory=list)
     limit: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1, description="overrides every endpoint's max_concurrency")
+    executor: Literal["http", "vllm-offline"] = "http"
     out: str = "runs/latest"
     cache: str | None = Field(default=None, description="SQLite cache file; default .cupid/cache.sqlite")
     no_cache: bool = False
     refresh: bool = False
+
+    @model_validator(mode="after")
+    def _roles_for_tasks(self) -> "RunConfig":
+        needs = {"decomposer": "inference" in self.tasks, "matcher": "inference" in self.tasks,
+                 "judge": "generation" in self.tasks, "summarizer": "summary" in self.settings}  # fmt: skip
+        if missing := [role for role, needed in needs.items() if needed and getattr(self, role) is None]:
+            raise ValueError(f"this run needs endpoints for {', '.join(missing)} (options --{' --'.join(missing)})")
+        if not self.units_of("inference") and not self.units_of("generation"):
+            raise ValueError(f"no task runs in these settings: {', '.join(GENERATION_ONLY)} is for generation only")
+        return self
+
+    def units_of(self, task: str) -> list[str]:
+        """The settings a task runs in; oracle-preference exists for generation only (spec §1)."""
+        if task not in self.tasks:
+            return []
+        return [s for s in self.settings if task == "generation" or s not in GENERATION_ONLY]
+
+    def roles(self) -> Roles:
+        return Roles(self.candidate, self.decomposer, self.matcher, self.judge, self.summarizer)
 
 
 class RunDir:
@@ -78,53 +110,101 @@ class RunDir:
         return sink
 
     def check_same_run(self, identity: dict[str, Any]) -> None:
-        """Refuse to mix two different runs (other candidate, matcher, data...) in one directory."""
+        """Refuse to mix two runs in one directory: other data, another model in a role both runs
+        bind, or other prompt texts. Binding a new role (adding the generation task) is fine."""
         run_file = self.path / "run.json"
+        merged = identity
         if run_file.exists():
             previous = json.loads(run_file.read_text())
-            if previous != identity:
-                diff = {k: (previous.get(k), identity.get(k)) for k in identity if previous.get(k) != identity.get(k)}
+            diff = {}
+            for part in ("roles", "prompts"):
+                old, new = previous.get(part, {}), identity[part]
+                diff.update({f"{part}.{k}": (old[k], new[k]) for k in old.keys() & new.keys() if old[k] != new[k]})
+            if previous.get("data") != identity["data"]:
+                diff["data"] = (previous.get("data"), identity["data"])
+            if diff:
                 raise ConfigError(f"{self.path} holds another run (differs in {diff}); choose another --out")
+            merged = {**identity, **{p: {**previous.get(p, {}), **identity[p]} for p in ("roles", "prompts")}}
         self.path.mkdir(parents=True, exist_ok=True)
-        run_file.write_text(json.dumps(identity, indent=2))
+        run_file.write_text(json.dumps(merged, indent=2))
 
 
-def _identity(cfg: RunConfig, endpoints: dict, roles: Roles) -> dict[str, Any]:
-    return {
-        "data": cfg.data,
-        "roles": {role: endpoints[name].model for role, name in vars(roles).items()},
-        "prompts": prompts.versions(*PROMPTS_USED),
-    }
+def _prompt_names(cfg: RunConfig) -> list[str]:
+    names = [n for task in cfg.tasks for n in PROMPTS_USED[task]]
+    return names + (list(PROMPTS_USED["summary"]) if "summary" in cfg.settings else [])
 
 
-def write_dry_run(task: InferenceTask, units: list, path: str | Path) -> int:
+def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> dict[str, Any]:
+    roles = {role: endpoints[name].model for role, name in cfg.roles().bound().items()}
+    if cfg.reference:
+        roles["reference"] = endpoints[cfg.reference].model
+    return {"data": cfg.data, "roles": roles, "prompts": prompts.versions(*_prompt_names(cfg))}
+
+
+def _dialect(endpoint: Endpoint) -> prompts.MatcherDialect:
+    return endpoint.matcher_prompt or prompts.matcher_dialect_for(endpoint.model)
+
+
+def build_tasks(cfg: RunConfig, client: Any) -> dict[str, Task]:
+    """The tasks of a run, each with its scorer and, with `reference`, the reference scorer."""
+    endpoints = client.endpoints
+    history = History(client, cfg.summarizer)
+
+    def scorer(task: str, decomposer: str | None, matcher: str | None, judge: str | None):
+        if task == "inference":
+            return InferenceScorer(client, decomposer, matcher, _dialect(endpoints[matcher]))
+        return GenerationScorer(client, judge)
+
+    tasks = {}
+    for name in cfg.tasks:
+        main = scorer(name, cfg.decomposer, cfg.matcher, cfg.judge)
+        reference = scorer(name, cfg.reference, cfg.reference, cfg.reference) if cfg.reference else None
+        tasks[name] = Task(name, client, cfg.candidate, history, main, reference)
+    return tasks
+
+
+def write_dry_run(tasks: dict[str, Task], units: list, path: str | Path) -> int:
     """The candidate requests as an OpenAI batch JSONL (for `vllm run-batch` or the Batch API)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
-        for instance, setting in units:
-            body = task.candidate_request(instance, setting).body()
-            line = {"custom_id": f"{instance.key}/{setting}/inference", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for task, instance, setting in units:
+            body = tasks[task].plain_request(instance, setting).body()
+            line = {"custom_id": f"{instance.key}/{setting}/{task}", "method": "POST", "url": "/v1/chat/completions", "body": body}
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
     return len(units)
+
+
+def _finished(record: dict[str, Any], reference: bool) -> bool:
+    """A unit a resume keeps: scored, and re-scored by the reference when the run has one."""
+    return record["status"] == "scored" and (not reference or record.get("reference", {}).get("status") == "scored")
+
+
+def open_client(cfg: RunConfig, endpoints: dict[str, Endpoint], cache: Cache | None):
+    if cfg.executor == "vllm-offline":
+        from serving.offline import open_client as open_executor  # vLLM only where it is installed
+
+        return open_executor("vllm-offline", endpoints, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
+    from serving.client import Client
+
+    return Client(endpoints, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
 
 
 def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     endpoints = load_endpoints(cfg.endpoints)
-    roles = Roles(cfg.candidate, cfg.decomposer, cfg.matcher)
-    for name in vars(roles).values():
-        require(endpoints, name, cfg.endpoints)
-    used = {name: endpoints[name] for name in vars(roles).values()}
-    matcher_endpoint = endpoints[roles.matcher]
-    dialect = matcher_endpoint.matcher_prompt or prompts.matcher_dialect_for(matcher_endpoint.model)
+    names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
+    used = {name: require(endpoints, name, cfg.endpoints) for name in sorted(names)}
 
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
-    units = [(instance, setting) for setting in cfg.settings for instance in dataset.instances]
+    units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]
 
     if dry_run:
-        task = InferenceTask(Client(used), roles, dialect)
-        n = write_dry_run(task, units, dry_run)
+        if "summary" in cfg.settings:
+            raise ConfigError("--dry-run cannot write summary-setting requests: they are built from summarizer answers")
+        from serving.client import Client
+
+        n = write_dry_run(build_tasks(cfg, Client(used)), units, dry_run)
         console.print(f"wrote {n} candidate requests to {dry_run} (nothing sent)")
         return {"dry_run": dry_run, "n_requests": n}
 
@@ -132,41 +212,46 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
         raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
 
     out = RunDir(cfg.out)
-    out.check_same_run(_identity(cfg, endpoints, roles))
-    done = {k: r for k, r in out.records().items() if r["status"] == "scored"}
-    todo = [(i, s) for i, s in units if (i.key, "inference", s) not in done]
+    out.check_same_run(_identity(cfg, endpoints))
+    done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
+    todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
 
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
-    client = Client(used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
-    task = InferenceTask(client, roles, dialect)
+    client = open_client(cfg, used, cache)
+    tasks = build_tasks(cfg, client)
     started = time.monotonic()
     try:
-        asyncio.run(_run_all(task, todo, out, console, already=len(units) - len(todo)))
+        asyncio.run(_run_all(tasks, todo, out, console, already=len(units) - len(todo)))
     finally:
         if cache is not None:
             cache.close()
 
     latest = out.records()
-    records = [latest[(i.key, "inference", s)] for i, s in units if (i.key, "inference", s) in latest]
+    records = [latest[(i.key, t, s)] for t, i, s in units if (i.key, t, s) in latest]
+    roles = {role: f"{name} ({endpoints[name].model})" for role, name in cfg.roles().bound().items()}
+    if cfg.reference:
+        roles["reference"] = f"{cfg.reference} ({endpoints[cfg.reference].model})"
     meta = {
         "data": dataset.source,
-        "roles": {role: f"{name} ({endpoints[name].model})" for role, name in vars(roles).items()},
-        "matcher_prompt": dialect,
-        "prompts": prompts.versions(*PROMPTS_USED),
+        "roles": roles,
+        "matcher_prompt": _dialect(endpoints[cfg.matcher]) if cfg.matcher else None,
+        "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],
         "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
         "wall_s": round(time.monotonic() - started, 2),
     }
-    summary = summarize(records, list(cfg.settings), len(dataset.instances), meta)
+    plan = {task: cfg.units_of(task) for task in cfg.tasks}
+    summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
     (out.path / "summary.json").write_text(json.dumps(summary, indent=2))
     (out.path / "summary.md").write_text(markdown(summary))
     return summary
 
 
-async def _run_all(task: InferenceTask, todo: list, out: RunDir, console: Console, already: int) -> None:
+async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir, console: Console, already: int) -> None:
+    client = next(iter(tasks.values())).client
     progress = Progress(
-        TextColumn("[bold]inference"),
+        TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -175,10 +260,10 @@ async def _run_all(task: InferenceTask, todo: list, out: RunDir, console: Consol
         transient=False,
     )
     with progress, out.append() as sink:
-        bar = progress.add_task("inference", total=len(todo) + already, completed=already, stats="")
-        for finished in asyncio.as_completed([task.run(i, s) for i, s in todo]):
+        bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
+        for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
             record = await finished
             sink.write(json.dumps(record, ensure_ascii=False) + "\n")
             sink.flush()
-            progress.update(bar, advance=1, stats=f"{task.client.stats.line()}")
-    await task.client.aclose()
+            progress.update(bar, advance=1, stats=client.stats.line())
+    await client.aclose()

@@ -1,51 +1,90 @@
-"""Aggregation of finished instance records into `summary.json` and the table people read.
+"""Aggregation of finished unit records into `summary.json` and the tables people read.
 
-Only scored instances enter the averages; failed ones are counted by stage and reason, and every
-block states how many instances it covers.
+Only scored units enter the averages; failed ones are counted by task, stage and reason, and every
+block states how many units it covers.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from statistics import fmean
+from typing import Any, Iterable, NamedTuple
 
 from eval.data import INSTANCE_TYPES
 from matcher.scores import MatchCounts, PRF, macro, micro
+
+GROUPS = ("all", *INSTANCE_TYPES)
 
 
 def _prf(value: PRF | None) -> dict[str, float] | None:
     return value.as_dict() if value is not None else None
 
 
-def _block(records: list[dict[str, Any]]) -> dict[str, Any]:
-    scored = [r for r in records if r["status"] == "scored"]
-    counts = [MatchCounts(**r["counts"]) for r in scored]
-    return {
-        "micro": _prf(micro(counts)),
-        "macro": _prf(macro(counts)),
-        "n_scored": len(scored),
-        "n_failed": len(records) - len(scored),
-    }
+def _counts(records: list[dict[str, Any]]) -> dict[str, Any]:
+    scored = sum(r["status"] == "scored" for r in records)
+    stages = Counter(r["error"]["stage"] for r in records if r["status"] == "failed")
+    return {"n_scored": scored, "n_failed": len(records) - scored, "failed_by_stage": dict(stages)}
 
 
 def inference_block(records: list[dict[str, Any]]) -> dict[str, Any]:
-    block = _block(records)
-    block["by_type"] = {t: _block([r for r in records if r["instance_type"] == t]) for t in INSTANCE_TYPES}
-    return block
+    counts = [MatchCounts(**r["counts"]) for r in records if r["status"] == "scored"]
+    return {"micro": _prf(micro(counts)), "macro": _prf(macro(counts)), **_counts(records)}
+
+
+def generation_block(records: list[dict[str, Any]]) -> dict[str, Any]:
+    scores = [r["score"] for r in records if r["status"] == "scored"]
+    return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(records)}
+
+
+BLOCKS = {"inference": inference_block, "generation": generation_block}
+
+
+def task_block(task: str, records: list[dict[str, Any]], settings: list[str]) -> dict[str, Any]:
+    """Per setting, overall and by instance type; the top-level figures are the first setting's."""
+    block = BLOCKS[task]
+    by_setting = {}
+    for setting in settings:
+        chosen = [r for r in records if r["setting"] == setting]
+        by_setting[setting] = {
+            **block(chosen),
+            "by_type": {t: block([r for r in chosen if r["instance_type"] == t]) for t in INSTANCE_TYPES},
+        }
+    return {**by_setting[settings[0]], "setting": settings[0], "settings": by_setting}
+
+
+def reference_view(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as the reference scored it; a unit whose candidate failed failed for both scorings."""
+    scored = record.get("reference") or {"status": "failed", "error": record["error"]}
+    return {**{k: record[k] for k in ("key", "instance_type", "task", "setting")}, **scored}
 
 
 def failures(records: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """Failed instances counted by `stage: reason`."""
-    return dict(Counter(f"{r['error']['stage']}: {r['error']['reason']}" for r in records if r["status"] == "failed"))
+    """Failed units counted by `task/stage: reason`."""
+    return dict(
+        Counter(f"{r['task']}/{r['error']['stage']}: {r['error']['reason']}" for r in records if r["status"] == "failed")
+    )
 
 
-def summarize(records: list[dict[str, Any]], settings: list[str], n_instances: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """`inference.{micro,macro,by_type}` are for the first setting; `inference.settings` holds each one."""
-    by_setting = {s: inference_block([r for r in records if r["setting"] == s]) for s in settings}
-    inference = {**by_setting[settings[0]], "setting": settings[0], "settings": by_setting}
-    n_failed = sum(1 for r in records if r["status"] == "failed")
+def summarize(
+    records: list[dict[str, Any]],
+    plan: dict[str, list[str]],
+    n_instances: int,
+    meta: dict[str, Any],
+    reference: bool = False,
+) -> dict[str, Any]:
+    """`plan` maps each task of the run to its settings."""
+    summary: dict[str, Any] = {}
+    for task, settings in plan.items():
+        summary[task] = task_block(task, [r for r in records if r["task"] == task], settings)
+    if reference:
+        views = [reference_view(r) for r in records]
+        summary["reference"] = {
+            task: task_block(task, [r for r in views if r["task"] == task], settings) for task, settings in plan.items()
+        }
+        summary["reference_failures"] = failures(views)
+    n_failed = sum(r["status"] == "failed" for r in records)
     return {
-        "inference": inference,
+        **summary,
         "n_instances": n_instances,
         "n_runs": len(records),
         "n_scored": len(records) - n_failed,
@@ -55,43 +94,86 @@ def summarize(records: list[dict[str, Any]], settings: list[str], n_instances: i
     }
 
 
+class Table(NamedTuple):
+    title: str
+    headers: list[str]
+    rows: list[list[str]]
+
+
 def _pct(value: dict[str, float] | None, name: str) -> str:
     return f"{100 * value[name]:.1f}" if value else "-"
 
 
-def table_rows(summary: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
-    """(setting, group, cells) rows of the inference table: P/R/F1 micro, P/R/F1 macro, scored, failed."""
+def _n(block: dict[str, Any]) -> str:
+    return f"{block['n_scored']}/{block['n_scored'] + block['n_failed']}"
+
+
+def _groups(setting_block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [("all", setting_block)] + [(t, setting_block["by_type"][t]) for t in INSTANCE_TYPES]
+
+
+def _inference_table(title: str, block: dict[str, Any], average: str) -> Table:
+    settings = block["settings"]
+    headers = ["instances"] + [f"{s} {m}" for s in settings for m in ("P", "R", "F1", "n")]
     rows = []
-    for setting, block in summary["inference"]["settings"].items():
-        groups = [("all", block)] + [(t, block["by_type"][t]) for t in INSTANCE_TYPES]
-        for group, b in groups:
-            cells = [_pct(b["micro"], k) for k in ("precision", "recall", "f1")]
-            cells += [_pct(b["macro"], k) for k in ("precision", "recall", "f1")]
-            cells += [str(b["n_scored"]), str(b["n_failed"])]
-            rows.append((setting, group, cells))
-    return rows
+    for i, group in enumerate(GROUPS):
+        cells = [group]
+        for setting_block in settings.values():
+            b = _groups(setting_block)[i][1]
+            cells += [_pct(b[average], k) for k in ("precision", "recall", "f1")] + [_n(b)]
+        rows.append(cells)
+    return Table(f"{title}: preference match, {average} (%)", headers, rows)
 
 
-HEADERS = ["setting", "instances", "P micro", "R micro", "F1 micro", "P macro", "R macro", "F1 macro", "scored", "failed"]
+def _generation_table(title: str, block: dict[str, Any]) -> Table:
+    settings = block["settings"]
+    headers = ["instances"] + [f"{s} {m}" for s in settings for m in ("score", "n")]
+    rows = []
+    for i, group in enumerate(GROUPS):
+        cells = [group]
+        for setting_block in settings.values():
+            b = _groups(setting_block)[i][1]
+            cells += ["-" if b["mean_score"] is None else f"{b['mean_score']:.2f}", _n(b)]
+        rows.append(cells)
+    return Table(f"{title}: preference alignment, judge score 1-10", headers, rows)
+
+
+def tables(summary: dict[str, Any]) -> list[Table]:
+    """The paper's layout: one table per task (and average), settings as column groups.
+    `n` is scored/run: failed units are not in the averages."""
+    out = []
+    scorings = [("CUPID", summary)]
+    if "reference" in summary:
+        scorings.append((f"Reference ({summary.get('roles', {}).get('reference', '?')})", summary["reference"]))
+    for title, scoring in scorings:
+        if "inference" in scoring:
+            out += [_inference_table(f"{title} inference", scoring["inference"], a) for a in ("micro", "macro")]
+        if "generation" in scoring:
+            out.append(_generation_table(f"{title} generation", scoring["generation"]))
+    return out
 
 
 def markdown(summary: dict[str, Any]) -> str:
     roles = summary.get("roles", {})
     lines = [
-        "# CUPID inference task: preference match (%)",
+        "# CUPID results",
         "",
-        f"Candidate: `{roles.get('candidate', '?')}`; decomposer: `{roles.get('decomposer', '?')}`; "
-        f"matcher: `{roles.get('matcher', '?')}` ({summary.get('matcher_prompt', '?')} prompt). "
-        "Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores (paper text).",
-        "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(HEADERS),
+        "Roles: " + "; ".join(f"{role} `{name}`" for role, name in roles.items()) + ".",
     ]
-    for setting, group, cells in table_rows(summary):
-        lines.append("| " + " | ".join([setting, group, *cells]) + " |")
-    lines += ["", f"{summary['n_scored']} scored, {summary['n_failed']} failed of {summary['n_runs']} instance runs."]
+    if summary.get("matcher_prompt"):
+        lines.append(f"Matcher prompt: {summary['matcher_prompt']}.")
+    lines += [
+        "Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores "
+        "(paper text). `n` = scored/run: failed units are counted, never averaged in.",
+    ]
+    for table in tables(summary):
+        lines += ["", f"## {table.title}", "", "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
+        lines += ["| " + " | ".join(row) + " |" for row in table.rows]
+    lines += ["", f"{summary['n_scored']} scored, {summary['n_failed']} failed of {summary['n_runs']} units."]
     if summary.get("n_invalid_rows"):
         lines.append(f"{summary['n_invalid_rows']} data rows were invalid and not run (see summary.json).")
     for what, n in summary["failures"].items():
         lines.append(f"- failed at {what}: {n}")
+    for what, n in summary.get("reference_failures", {}).items():
+        lines.append(f"- reference scoring failed at {what}: {n}")
     return "\n".join(lines) + "\n"

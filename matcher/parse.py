@@ -110,3 +110,41 @@ def matches(answer: str, items: Sequence[str]) -> list[Match]:
             raise ParseError(f"result {position} has index {index}: out of range or repeated", answer)
         by_index[index] = label(result["label"], answer)
     return [Match(i, items[i - 1], by_index[i]) for i in range(1, len(items) + 1)]
+
+
+SCORE_HEADER = "### Evaluation Score"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def score(answer: str) -> float:
+    """The judge's 1-10 score: the first number after the last `### Evaluation Score` header.
+
+    Accepts `8`, `8/10`, `**8**`, `8.0`, `Score: 8`. Anything else, or a value outside 1-10, is a
+    parse failure: the reference turned such answers into a score of 0 and averaged it in.
+    """
+    if SCORE_HEADER not in answer:
+        raise ParseError(f"no '{SCORE_HEADER}' header in the answer", answer)
+    tail = answer.rsplit(SCORE_HEADER, 1)[1]
+    found = _NUMBER.search(tail)
+    if found is None:
+        raise ParseError(f"no number after '{SCORE_HEADER}'", answer)
+    value = float(found.group())
+    if not 1 <= value <= 10:
+        raise ParseError(f"score {found.group()} is outside 1-10", answer)
+    return int(value) if value.is_integer() else value
+
+
+def session_summary(answer: str) -> dict[str, list[str]]:
+    """The summarizer's answer for one session: its `context` and `preferences` bullet lists."""
+    payload = _json_payload(answer)
+    summaries = payload.get("summaries") if isinstance(payload, dict) else None
+    if not isinstance(summaries, list) or not summaries or not isinstance(summaries[0], dict):
+        raise ParseError('expected a JSON object {"summaries": [{...}]}', answer)
+    first = summaries[0]
+    out = {}
+    for field in ("context", "preferences"):
+        items = first.get(field)
+        if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
+            raise ParseError(f"summary field '{field}' must be a non-empty list of strings", answer)
+        out[field] = [i.strip() for i in items]
+    return out

@@ -83,8 +83,49 @@ def fewshot_examples() -> str:
     return block.strip()
 
 
-def inference(sessions: Sequence[dict], request: str) -> Messages:
-    return load("inference").render(interaction_log=format_interaction_log(sessions), curr_request=request)
+def format_summary_log(summaries: Sequence[dict]) -> str:
+    """The summary setting's stand-in for the log: one block per session, laid out like the log itself.
+
+    The spec says only that the summaries replace the log; this layout (`### Session i`, then
+    `#### Context` and `#### Preferences` bullet lists) is this project's choice.
+    """
+    out = []
+    for i, summary in enumerate(summaries, start=1):
+        out.append(f"### Session {i}\n\n")
+        for title, field in (("Context", "context"), ("Preferences", "preferences")):
+            bullets = "\n".join(f"- {item}" for item in summary[field])
+            out.append(f"#### {title}\n\n{bullets}\n\n")
+        out.append("---\n\n")
+    return "".join(out).strip()
+
+
+def bulleted(items: Sequence[str]) -> str:
+    return "\n".join(f"- {item}" for item in items)
+
+
+def inference(interaction_log: str, request: str) -> Messages:
+    return load("inference").render(interaction_log=interaction_log, curr_request=request)
+
+
+def generation(interaction_log: str, request: str) -> Messages:
+    return load("generation").render(interaction_log=interaction_log, curr_request=request)
+
+
+ORACLE_PREFERENCE = "project_generation_oracle_preference"
+
+
+def generation_with_preference(preference: str, request: str) -> Messages:
+    """The oracle-preference setting: this project's variant of `generation` (the paper gives no text)."""
+    return load(ORACLE_PREFERENCE).render(preference=preference, curr_request=request)
+
+
+def summarizer(session: dict) -> Messages:
+    """One session at a time, so each summary is one cached request shared by every instance that shows it."""
+    return load("summarizer").render(interaction_log=format_interaction_log([session]))
+
+
+def judge(preference: str, checklist: Sequence[str], request: str, response: str) -> Messages:
+    return load("judge").render(preference=preference, checklist=bulleted(checklist), user_request=request, ai_response=response)
 
 
 def decomposer(preference: str) -> Messages:

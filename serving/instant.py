@@ -5,7 +5,7 @@ repeatable answers for checking the scoring path over real HTTP (retries, resume
 Answers depend only on the request: the inference prompt gets a fixed preference, the decomposer
 splits a preference into yes/no questions, the matcher labels items by word overlap.
 
-    python -m serving.instant --port 8099 [--fail-first N]
+    python -m serving.instant --port 8099 [--fail-first N] [--context-window TOKENS]
 """
 
 from __future__ import annotations
@@ -51,6 +51,21 @@ def answer(messages: list[dict[str, str]]) -> str:
         parts = [p.strip(" .") for p in re.split(r",\s*(?:and\s+)?|\s+and\s+", preference) if p.strip(" .")]
         checklist = [f"Does the response satisfy: {p}?" for p in parts[:4]]
         return "**Analysis**\n\nSplit on clauses.\n\n**Checklist**\n\n```json\n" + json.dumps({"checklist": checklist}, indent=2) + "\n```"
+    if system == prompts.load("generation").system:
+        return f"Here is a short update. {PREFERENCE}"
+    if system == prompts.load(prompts.ORACLE_PREFERENCE).system:
+        given = user.split("## User's Preference", 1)[1].split("---", 1)[0].strip()
+        return f"Here is a short update. {given}"
+    if system.startswith(prompts.load("judge").system.split("{preference}")[0]):
+        preference = system.split('**Preference**: "', 1)[1].split('"\n', 1)[0]
+        response = user.split("### AI Assistant's Response", 1)[1]
+        overlap = len(_words(preference) & _words(response)) / max(len(_words(preference)), 1)
+        evaluation = "### Evaluation of AI Assistant's Response\n\n1. **Overlap**: words of the preference in the response."
+        return f"{evaluation}\n\n### Evaluation Label\n\nGood\n\n### Evaluation Score\n\n{1 + round(9 * overlap)}"
+    if system == prompts.load("summarizer").system:
+        first = user.split("#### User\n\n", 1)[1].split("\n", 1)[0]
+        summary = {"session_id": 1, "analysis": "First message.", "context": [first[:200]], "preferences": [PREFERENCE]}
+        return "```json\n" + json.dumps({"summaries": [summary]}, indent=2) + "\n```"
     if "#### Checklist" in user:
         head, checklist = user.split("#### Checklist", 1)
         preference = head.split("\n\n", 1)[1].strip()
@@ -62,8 +77,10 @@ def answer(messages: list[dict[str, str]]) -> str:
     return "OK"
 
 
-def create_app(fail_first: int = 0) -> FastAPI:
-    """`fail_first`: answer each distinct request with 503 that many times before answering it."""
+def create_app(fail_first: int = 0, context_window: int = 0) -> FastAPI:
+    """`fail_first`: answer each distinct request with 503 that many times before answering it.
+    `context_window`: refuse prompts longer than this many tokens (about 4 characters each) with
+    the 400 error vLLM gives, as a small-context model's server does."""
     app = FastAPI()
     seen: Counter[str] = Counter()
 
@@ -82,6 +99,14 @@ def create_app(fail_first: int = 0) -> FastAPI:
         seen[key] += 1
         if seen[key] <= fail_first:
             return JSONResponse({"error": {"message": "busy, try again"}}, status_code=503)
+        prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
+        if context_window and prompt_tokens + (body.get("max_tokens") or 0) > context_window:
+            message = (
+                f"This model's maximum context length is {context_window} tokens. However, you requested "
+                f"{prompt_tokens + (body.get('max_tokens') or 0)} tokens ({prompt_tokens} in the messages, "
+                f"{(body.get('max_tokens') or 0)} in the completion). Please reduce the length of the messages or completion."
+            )
+            return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "code": 400}, status_code=400)
         content = answer(body["messages"])
         return JSONResponse(
             {
@@ -122,8 +147,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8099)
     parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--context-window", type=int, default=0)
     args = parser.parse_args()
-    uvicorn.run(create_app(args.fail_first), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.fail_first, args.context_window), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

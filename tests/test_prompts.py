@@ -60,7 +60,7 @@ def test_interaction_log_matches_the_reference_layout():
         "### Session 1\n\n#### User\n\nHi\n\n#### AI Assistant\n\nHello\n\n---\n\n"
         "### Session 2\n\n#### User\n\nAgain\n\n---"
     )
-    messages = prompts.inference(sessions, "Write it.")
+    messages = prompts.inference(prompts.format_interaction_log(sessions), "Write it.")
     assert messages[1]["content"].startswith("## Log of Previous Interaction Sessions\n\n### Session 1")
     assert "### User\n\nWrite it.\n\n---" in messages[1]["content"]
 

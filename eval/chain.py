@@ -1,0 +1,47 @@
+"""What every task chain shares: the roles of a run, and how a stage fails.
+
+A stage that fails ends its chain with an error that names the stage, the reason and the raw
+answer; the instance is then counted as failed and kept out of every average.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from matcher import parse
+from serving.client import Client, RequestFailed
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Endpoint names; a role a run does not need stays None."""
+
+    candidate: str
+    decomposer: str | None = None
+    matcher: str | None = None
+    judge: str | None = None
+    summarizer: str | None = None
+
+    def bound(self) -> dict[str, str]:
+        return {role: name for role, name in vars(self).items() if name is not None}
+
+
+class StageFailed(Exception):
+    def __init__(self, stage: str, reason: str, detail: str, raw: str | None = None):
+        super().__init__(f"{stage}: {reason}: {detail}")
+        self.error = {"stage": stage, "reason": reason, "detail": detail, "raw": raw}
+
+
+async def ask(client: Client, stage: str, endpoint: str, messages: list[dict[str, str]], **params: Any) -> str:
+    try:
+        return (await client.chat(endpoint, messages, **params)).content
+    except RequestFailed as e:
+        raise StageFailed(stage, e.reason, e.detail) from None
+
+
+def parsed(stage: str, parser: Callable[..., Any], answer: str, *args: Any) -> Any:
+    try:
+        return parser(answer, *args)
+    except parse.ParseError as e:
+        raise StageFailed(stage, "parse_error", e.message, e.raw) from None

@@ -1,0 +1,53 @@
+"""What the candidate sees of the user's past in each setting (spec §1).
+
+`standard` shows all prior sessions, `oracle` only those holding the current preference, `summary`
+replaces each session by its summary, and `oracle-preference` shows the ground-truth preference
+instead of any history (generation only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from eval.chain import StageFailed, ask, parsed
+from eval.data import Instance
+from matcher import parse, prompts
+from serving.client import Client
+
+SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
+GENERATION_ONLY = {"oracle-preference"}
+
+
+def relevant_sessions(instance: Instance) -> list[int]:
+    """0-based positions of the prior sessions that hold the current preference (the oracle's sessions)."""
+    return [
+        i for i, s in enumerate(instance.prior_interactions)
+        if s.contextual_preference == instance.current_contextual_preference
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class History:
+    client: Client
+    summarizer: str | None = None
+
+    def plain_log(self, instance: Instance, setting: str) -> str:
+        return prompts.format_interaction_log(instance.sessions(setting))
+
+    async def log(self, instance: Instance, setting: str) -> str:
+        if setting != "summary":
+            return self.plain_log(instance, setting)
+        sessions = instance.sessions(setting)
+        outcomes = await asyncio.gather(*(self.summary(s) for s in sessions), return_exceptions=True)
+        for outcome in outcomes:  # all finished first: the summaries that worked are cached for the resume
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return prompts.format_summary_log(outcomes)
+
+    async def summary(self, session: dict) -> dict[str, list[str]]:
+        """One request per session: identical sessions across instances cost one call (cache, in-flight dedup)."""
+        if self.summarizer is None:
+            raise StageFailed("summarize", "no_summarizer", "the summary setting needs a summarizer endpoint")
+        answer = await ask(self.client, "summarize", self.summarizer, prompts.summarizer(session))
+        return parsed("summarize", parse.session_summary, answer)

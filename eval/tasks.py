@@ -1,0 +1,85 @@
+"""One (instance, task, setting) unit from the candidate's answer to its record.
+
+A task is the candidate's prompt plus a scorer; `--reference` adds a second scorer (other
+decomposer, matcher and judge endpoints) that re-scores the same answer without asking the
+candidate again, so two scorings of one run differ only in their judges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from eval import generation, inference
+from eval.chain import StageFailed
+from eval.data import Instance
+from eval.history import History, relevant_sessions
+from serving.client import ChatRequest, Client, RequestFailed
+
+TASKS = ("inference", "generation")
+CANDIDATE_STAGE = {"inference": "infer", "generation": "generate"}
+PROMPTS = {"inference": inference.candidate_messages, "generation": generation.candidate_messages}
+
+
+class Scorer(Protocol):
+    async def score(self, instance: Instance, answer: str, record: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    client: Client
+    candidate: str
+    history: History
+    scorer: Scorer
+    reference: Scorer | None = None
+
+    @property
+    def _messages(self) -> Callable[..., list[dict[str, str]]]:
+        return PROMPTS[self.name]
+
+    def plain_request(self, instance: Instance, setting: str) -> ChatRequest:
+        """The candidate's request where no model call is needed to build it (every setting but summary)."""
+        return self.client.request(self.candidate, self._messages(self.history.plain_log(instance, setting), instance, setting))
+
+    async def candidate_request(self, instance: Instance, setting: str) -> ChatRequest:
+        log = "" if setting == "oracle-preference" else await self.history.log(instance, setting)
+        return self.client.request(self.candidate, self._messages(log, instance, setting))
+
+    async def run(self, instance: Instance, setting: str) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "key": instance.key,
+            "persona_id": instance.persona_id,
+            "instance_type": instance.instance_type,
+            "task": self.name,
+            "setting": setting,
+            "n_sessions": len(instance.sessions(setting)) if setting != "oracle-preference" else 0,
+            "relevant_sessions": relevant_sessions(instance),
+            "gt_preference": instance.current_contextual_preference,
+            "gt_checklist": list(instance.current_checklist),
+        }
+        answer = None
+        try:
+            request = await self.candidate_request(instance, setting)
+            try:
+                answer = (await self.client.send(self.candidate, request)).content
+            except RequestFailed as e:
+                raise StageFailed(CANDIDATE_STAGE[self.name], e.reason, e.detail) from None
+            record["candidate_answer"] = answer
+            await self.scorer.score(instance, answer, record)
+            record.update(status="scored", error=None)
+        except StageFailed as e:
+            record.update(status="failed", error=e.error)
+        if self.reference is not None and answer is not None:
+            record["reference"] = await _score(self.reference, instance, answer)
+        return record
+
+
+async def _score(scorer: Scorer, instance: Instance, answer: str) -> dict[str, Any]:
+    scored: dict[str, Any] = {}
+    try:
+        await scorer.score(instance, answer, scored)
+        scored.update(status="scored", error=None)
+    except StageFailed as e:
+        scored.update(status="failed", error=e.error)
+    return scored
