@@ -196,7 +196,7 @@ def figure3(runs: list[Run]) -> Figure:
                 no_relevant += 1
                 continue
             x = sum(positions) / len(positions)
-            bins.setdefault(int(math.floor(x / width)), []).append(r["scores"]["f1"])
+            bins.setdefault(int(math.floor(x / width)), []).append(MatchCounts(**r["counts"]).prf().f1)
         lines[run.label] = bins
     if not lines:
         fig.caption = "Not drawn: no scored inference records in the standard setting. " + " ".join(notes)
