@@ -53,6 +53,20 @@ clean:
 bench: setup-dev
 	$(PY) -m bench.run
 
-# GPU: PrefMatcher-7B under vLLM on :8000, the `prefmatcher` endpoint of configs/endpoints.yaml.
-serve: setup
-	$(CUPID) serve up --engine vllm --model kixlab/prefmatcher-7b --name kixlab/prefmatcher-7b --port 8000
+# GPU: vLLM servers from configs/serve/<profile>.yaml; by default PrefMatcher-7B on :8000 (the `prefmatcher`
+# endpoint). `make serve PROFILES="prefmatcher qwen2.5-7b-instruct"` shares one GPU as the profiles say;
+# SERVE_ARGS passes options on, e.g. SERVE_ARGS="--gpu-memory-utilization 0.9" or "--batch-invariant".
+# The CUDA check comes first, so a CPU box is told so before anything is installed.
+PROFILES ?= prefmatcher
+SERVE_ARGS ?=
+serve:
+	@command -v nvidia-smi >/dev/null 2>&1 || { \
+	  echo "make serve: no CUDA device here (nvidia-smi not found): vLLM needs an NVIDIA GPU."; \
+	  echo "On CPU, use the transformers engine: make tiny-model && $(CUPID) serve up --engine transformers --profile tiny  (or: make demo)"; \
+	  exit 1; }
+	@$(MAKE) --no-print-directory $(VENV)/.setup-gpu
+	$(CUPID) serve up --engine vllm $(foreach p,$(PROFILES),--profile $(p)) $(SERVE_ARGS)
+
+$(VENV)/.setup-gpu: $(VENV)/.setup
+	$(PIP) install -q -e ".[gpu]"
+	@touch $@

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from serving import lifecycle, tiny_model
-from serving.engines import ServeError, ServeSpec
+from serving import lifecycle, profiles, tiny_model
+from serving.config import ConfigError, validate
+from serving.engines import ServeError, get_engine
+from serving.profiles import Plan, Profile
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
-console = Console()
+console = Console(soft_wrap=True)  # messages carry paths and commands: never break them
 
 
 def _fail(message: str) -> None:
@@ -18,25 +23,124 @@ def _fail(message: str) -> None:
     raise typer.Exit(1)
 
 
+def _profiles(
+    engine: str | None,
+    names: list[str],
+    model: str | None,
+    name: str | None,
+    host: str | None,
+    port: int | None,
+    timeout: float | None,
+    gpu_memory_utilization: float | None,
+    batch_invariant: bool,
+    directory: Path,
+) -> list[Profile]:
+    """The profiles to act on: named ones from `directory`, or one built from --model/--name; options override."""
+    overrides = {
+        k: v
+        for k, v in dict(
+            host=host, port=port, startup_timeout_s=timeout, gpu_memory_utilization=gpu_memory_utilization
+        ).items()
+        if v is not None
+    }
+    if batch_invariant:
+        overrides["batch_invariant"] = True
+    if names:
+        if model or name:
+            raise ConfigError("give either --profile or --model/--name, not both")
+        if len(names) > 1 and {"host", "port", "gpu_memory_utilization"} & overrides.keys():
+            raise ConfigError("--host, --port and --gpu-memory-utilization apply to one profile; set them in each profile's file")
+        chosen = [profiles.load(n, directory) for n in names]
+        for p in chosen:
+            if engine and p.engine != engine:
+                raise ConfigError(f"profile '{p.name}' is for the {p.engine} engine, not {engine}")
+    else:
+        if not (model and name):
+            raise ConfigError("give --profile NAME (see configs/serve/), or both --model and --name")
+        fields = {"name": name, "engine": engine or "transformers", "model": model, "served_name": name, "port": 8000}
+        chosen = [validate(Profile, fields, "--model/--name")]
+    out = []
+    for p in chosen:
+        data = {**p.model_dump(exclude_unset=True), **overrides, "name": p.name}
+        out.append(validate(Profile, data, f"profile '{p.name}' with the command-line options"))
+    return out
+
+
+ProfileOpt = typer.Option(None, "--profile", "-p", help="serve profile name (configs/serve/NAME.yaml) or YAML path; repeatable")
+DirOpt = typer.Option(profiles.DEFAULT_DIR, "--profiles-dir", help="where profile names are looked up")
+
+
 @app.command()
 def up(
-    engine: str = typer.Option("transformers", help="serving engine"),
-    model: str = typer.Option(..., help="model directory (or Hub id for engines that fetch)"),
-    name: str = typer.Option(..., help="served model name: the `model` field of requests"),
-    host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8000),
-    timeout: float = typer.Option(600.0, help="seconds to wait for the server to answer"),
+    profile: Optional[list[str]] = ProfileOpt,
+    engine: Optional[str] = typer.Option(None, help="vllm | transformers (default: the profile's; transformers without one)"),
+    model: Optional[str] = typer.Option(None, help="without a profile: model directory (or Hub id for vllm)"),
+    name: Optional[str] = typer.Option(None, help="without a profile: served model name, the `model` of requests"),
+    host: Optional[str] = typer.Option(None, help="override the profile's host"),
+    port: Optional[int] = typer.Option(None, help="override the profile's port"),
+    timeout: Optional[float] = typer.Option(None, help="seconds to wait for the server to answer"),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="override the profile's fraction of the GPU"),
+    batch_invariant: bool = typer.Option(False, "--batch-invariant", help="VLLM_BATCH_INVARIANT=1: bit-reproducible at temperature 0"),
+    profiles_dir: Path = DirOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="check the plan and print the commands; start nothing"),
 ) -> None:
-    """Start a server in the background and wait until it answers."""
+    """Start servers in the background and wait until each answers; several profiles share one GPU."""
     try:
-        record = lifecycle.up(ServeSpec(engine=engine, model=model, name=name, host=host, port=port, startup_timeout_s=timeout))
+        chosen = _profiles(engine, profile or [], model, name, host, port, timeout, gpu_memory_utilization, batch_invariant, profiles_dir)
+    except (ConfigError, ValueError) as e:
+        _fail(str(e))
+    running = [r for r in lifecycle.status() if r["alive"]]
+    live = {r["name"]: r for r in running}
+    todo = []
+    for p in chosen:
+        if p.name in live:
+            console.print(f"'{p.name}' is already served at {live[p.name]['base_url']} (pid {live[p.name]['pid']})")
+        else:
+            todo.append(p)
+    if not todo:
+        return
+    if dry_run:
+        _dry_run(todo, running)
+        return
+    specs = []
+    try:
+        for p in todo:  # everything that can be refused is refused before anything starts
+            spec = p.spec()
+            get_engine(spec.engine).preflight(spec)
+            p.check_local_files()
+            specs.append(spec)
+        plan = Plan(todo, running, profiles.gpus() if any(p.engine == "vllm" for p in todo) else [])
+        plan.check()
     except ServeError as e:
         _fail(str(e))
-    console.print(f"serving '{record['name']}' at {record['base_url']} (pid {record['pid']}, log {record['log']})")
+    for line in plan.lines():
+        console.print(line, highlight=False)
+    started: list[str] = []
+    for spec in specs:  # one after the other: vLLM measures free GPU memory while it starts
+        console.print(f"starting '{spec.handle}' ({spec.engine}) ... log: cupid serve logs {spec.handle}", highlight=False)
+        try:
+            record = lifecycle.up(spec)
+        except ServeError as e:
+            still = f"\nstill serving: {', '.join(started)} (`cupid serve down NAME` to stop)" if started else ""
+            _fail(f"{e}{still}")
+        started.append(record["name"])
+        console.print(f"serving '{record['name']}' ({record['served_name']}) at {record['base_url']} (pid {record['pid']})", highlight=False)
+
+
+def _dry_run(chosen: list[Profile], running: list[dict]) -> None:
+    plan = Plan(chosen, running, profiles.gpus())
+    for line in plan.lines():
+        console.print(line, highlight=False)
+    for p in chosen:
+        spec = p.spec()
+        env = "".join(f"{k}={v} " for k, v in spec.env.items())
+        console.print(f"{p.name}: {env}{' '.join(get_engine(spec.engine).command(spec, Path('SERVER_DIR')))}", highlight=False, soft_wrap=True)
+    if problems := plan.problems():
+        _fail("refusing this serve plan:\n  " + "\n  ".join(problems))
 
 
 @app.command()
-def down(name: str = typer.Argument(None, help="served name; all servers when omitted")) -> None:
+def down(name: str = typer.Argument(None, help="server name; all servers when omitted")) -> None:
     """Stop a server (or all of them)."""
     names = [name] if name else [r["name"] for r in lifecycle.records()]
     for n in names:
@@ -52,10 +156,10 @@ def status() -> None:
     if not rows:
         console.print("no servers")
         return
-    table = Table("name", "engine", "url", "pid", "state", "model")
+    table = Table("name", "served as", "engine", "url", "pid", "state", "model")
     for r in rows:
         state = "healthy" if r["healthy"] else ("starting/unhealthy" if r["alive"] else "dead")
-        table.add_row(r["name"], r["engine"], r["base_url"], str(r["pid"]), state, r["model"])
+        table.add_row(r["name"], r.get("served_name", r["name"]), r["engine"], r["base_url"], str(r["pid"]), state, r["model"])
     console.print(table)
 
 
@@ -75,3 +179,4 @@ def prepare_tiny() -> None:
         print(tiny_model.ensure())
     except ServeError as e:
         _fail(str(e))
+

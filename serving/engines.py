@@ -1,11 +1,13 @@
 """Serving engines: how to start an OpenAI-compatible server for a model, one class per engine.
 
 An engine only knows its command line, its environment and what it needs before starting; the
-lifecycle (port check, process group, readiness, records) is shared in `serving.lifecycle`.
+lifecycle (port check, process group, readiness, records) is shared in `serving.lifecycle`, and
+the engine arguments a profile asks for are built in `serving.profiles`.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,33 +15,53 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+CPU_HINT = "On CPU, serve a local model directory with `cupid serve up --engine transformers` (e.g. `--profile tiny`)."
+
 
 class ServeError(RuntimeError):
     pass
 
 
 class ServeSpec(BaseModel):
+    """One server to start. `label` names its record (the profile name); it defaults to the served name."""
+
     model_config = ConfigDict(extra="forbid")
 
     engine: str = "transformers"
     model: str = Field(min_length=1, description="local model directory (or Hub id, for engines that fetch)")
     name: str = Field(min_length=1, description="served model name, the `model` field of requests")
+    label: str | None = Field(default=None, description="the server's name in records, `down` and `logs`")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     startup_timeout_s: float = Field(default=600.0, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment; recorded, so never secrets")
+    api_key_env: str | None = Field(default=None, description="variable holding the API key the server requires")
+    served_models: list[str] = Field(default_factory=list, description="further model names it answers (LoRA adapters)")
+    gpu_memory_utilization: float | None = Field(default=None, description="its share of the GPU, for plans")
+
+    @property
+    def handle(self) -> str:
+        return self.label or self.name
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
 
 class Engine:
     name: ClassVar[str]
-    ready_paths: ClassVar[tuple[str, ...]] = ("/health",)
+    ready_paths: ClassVar[tuple[str, ...]] = ("/health", "/v1/models")
+    lists_served_model: ClassVar[bool] = False  # /v1/models names the served model once it is loaded
 
     def preflight(self, spec: ServeSpec) -> None:
         """Fail before starting anything when the engine cannot run this spec."""
+
+    def prepare(self, spec: ServeSpec, workdir: Path) -> None:
+        """Set up the server's working directory just before it starts."""
 
     def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
         raise NotImplementedError
@@ -58,7 +80,8 @@ class TransformersEngine(Engine):
     """`transformers serve` pinned to one local model: the CPU path, and any box without vLLM.
 
     It serves a model under the name it was started with, so the model directory is linked into the
-    server's working directory under the served name and started by that relative name.
+    server's working directory under the served name and started by that relative name. Its
+    `/v1/models` lists Hub-cache models only (an empty list here), so readiness is both paths answering.
     """
 
     name = "transformers"
@@ -73,12 +96,14 @@ class TransformersEngine(Engine):
         if spec.name.startswith("/") or ".." in Path(spec.name).parts:
             raise ServeError(f"served name {spec.name!r} must be a relative name such as 'org/model'")
 
-    def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
+    def prepare(self, spec: ServeSpec, workdir: Path) -> None:
         link = workdir / spec.name
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(Path(spec.model).resolve(), target_is_directory=True)
+
+    def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
         return [
             _bin("transformers"), "serve", spec.name,
             "--host", spec.host, "--port", str(spec.port),
@@ -88,24 +113,23 @@ class TransformersEngine(Engine):
 
     def env(self, spec: ServeSpec, workdir: Path) -> dict[str, str]:
         cache = workdir / "hf-cache"  # `/v1/models` scans a Hub cache and fails when there is none
-        cache.mkdir(exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
 
 
 class VllmEngine(Engine):
-    """`vllm serve`: the GPU path. Profiles, LoRA adapters and memory splits build on this."""
+    """`vllm serve`: the GPU path. The engine arguments of a profile come in `spec.extra_args`."""
 
     name = "vllm"
-    ready_paths = ("/health", "/v1/models")
+    lists_served_model = True
 
     def preflight(self, spec: ServeSpec) -> None:
+        if spec.api_key_env and not spec.api_key():
+            raise ServeError(f"'{spec.handle}' requires an API key from ${spec.api_key_env}, which is not set")
         if shutil.which("nvidia-smi") is None:
-            raise ServeError(
-                "no CUDA device here (nvidia-smi not found): vLLM needs a GPU. "
-                "On CPU, serve a local model directory with `cupid serve up --engine transformers`."
-            )
+            raise ServeError(f"no CUDA device here (nvidia-smi not found): vLLM needs an NVIDIA GPU. {CPU_HINT}")
         if shutil.which(_bin("vllm")) is None:
-            raise ServeError("vLLM is not installed: pip install -e '.[gpu]'")
+            raise ServeError(f"vLLM is not installed in this environment: pip install -e '.[gpu]'. {CPU_HINT}")
 
     def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
         return [
@@ -115,6 +139,12 @@ class VllmEngine(Engine):
             "--generation-config", "vllm",  # the model's generation config must not override request sampling
             *spec.extra_args,
         ]  # fmt: skip
+
+    def env(self, spec: ServeSpec, workdir: Path) -> dict[str, str]:
+        # vLLM reads the key from VLLM_API_KEY as it would from --api-key; in the environment it stays
+        # off the command line (visible in `ps`), out of the record and out of vLLM's logged arguments.
+        key = spec.api_key()
+        return {"VLLM_API_KEY": key} if key else {}
 
 
 ENGINES: dict[str, type[Engine]] = {TransformersEngine.name: TransformersEngine, VllmEngine.name: VllmEngine}

@@ -18,13 +18,24 @@ from typing import Any
 
 import httpx
 
-from serving.engines import ServeError, ServeSpec, get_engine
+from serving.endpoints import Endpoint
+from serving.engines import Engine, ServeError, ServeSpec, get_engine
 
+# First match wins: the specific vLLM messages come before the generic ones they contain.
 LIKELY_CAUSES = [
+    (r"less than desired GPU memory utilization",
+     "the GPU has less free memory than the profile's gpu_memory_utilization asks for (another process holds some: see nvidia-smi)"),
+    (r"larger than the available KV cache memory|larger than the maximum number of tokens that can be stored in KV cache"
+     r"|No available memory for the cache blocks",
+     "the KV cache does not fit: raise gpu_memory_utilization or lower max_model_len"),
     (r"out of memory|CUDA error: out of memory|OutOfMemoryError", "out of memory: lower the GPU memory fraction or max model length"),
     (r"address already in use|Errno 98", "the port is taken"),
-    (r"No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|libcuda", "no usable CUDA device"),
-    (r"Repository Not Found|not a valid model identifier|OSError: .*does not appear to have|No such file or directory", "model not found"),
+    (r"LoRA rank \d+ (is )?(greater|larger) than|max_lora_rank", "a LoRA adapter's rank is above max_lora_rank"),
+    (r"No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|libcuda|no kernel image is available",
+     "no usable CUDA device"),
+    (r"Repository Not Found|not a valid model identifier|OSError: .*does not appear to have|No such file or directory"
+     r"|is not a local folder|couldn't connect to 'https://huggingface.co'|401 Client Error|no file named \S+\.(safetensors|bin)",
+     "model not found (a Hub id needs network access or a local copy; a local path must exist)"),
 ]
 
 
@@ -101,29 +112,45 @@ def find(name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def healthy(base_url: str, paths: tuple[str, ...] = ("/health",), timeout: float = 2.0) -> bool:
+def healthy(base_url: str, paths: tuple[str, ...] = ("/health",), timeout: float = 2.0, api_key: str | None = None) -> bool:
     """Every path (server-absolute, e.g. `/health`, `/v1/models`) answers 200."""
     root = base_url.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        return all(httpx.get(root + path, timeout=timeout).status_code == 200 for path in paths)
+        return all(httpx.get(root + path, timeout=timeout, headers=headers).status_code == 200 for path in paths)
     except httpx.HTTPError:
+        return False
+
+
+def ready(spec: ServeSpec, engine: Engine, timeout: float = 2.0) -> bool:
+    """The engine's readiness paths answer and, where the engine lists it, the served model is loaded."""
+    if not healthy(spec.base_url, engine.ready_paths, timeout, spec.api_key()):
+        return False
+    if not engine.lists_served_model:
+        return True
+    headers = {"Authorization": f"Bearer {spec.api_key()}"} if spec.api_key() else {}
+    try:
+        listed = httpx.get(spec.base_url + "/models", timeout=timeout, headers=headers).json()
+        return spec.name in {m.get("id") for m in listed.get("data", [])}
+    except (httpx.HTTPError, ValueError, AttributeError):
         return False
 
 
 def up(spec: ServeSpec) -> dict[str, Any]:
     """Start a server and return its record once it answers; raise ServeError with the log's tail if not."""
     engine = get_engine(spec.engine)
-    existing = find(spec.name)
+    existing = find(spec.handle)
     if existing and alive(existing["pid"]):
-        raise ServeError(f"'{spec.name}' is already served (pid {existing['pid']}, {existing['base_url']})")
+        raise ServeError(f"'{spec.handle}' is already served (pid {existing['pid']}, {existing['base_url']})")
     if not port_free(spec.host, spec.port):
         owner = next((r["name"] for r in records() if r["port"] == spec.port and alive(r["pid"])), None)
         raise ServeError(f"port {spec.port} on {spec.host} is taken" + (f" by '{owner}'" if owner else ""))
     engine.preflight(spec)
 
-    workdir = _servers() / _slug(spec.name)
+    workdir = _servers() / _slug(spec.handle)
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "server.log"
+    engine.prepare(spec, workdir)
     command = engine.command(spec, workdir)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -135,37 +162,43 @@ def up(spec: ServeSpec) -> dict[str, Any]:
             start_new_session=True,
             env={**os.environ, **engine.env(spec, workdir)},
         )
+    # What `cupid eval` and `status` need to use the server by name; secrets stay out (the key's variable only).
     record = {
-        "name": spec.name,
+        "name": spec.handle,
+        "served_name": spec.name,
+        "served_models": [spec.name, *spec.served_models],
         "engine": spec.engine,
         "model": spec.model,
         "host": spec.host,
         "port": spec.port,
         "base_url": spec.base_url,
+        "api_key_env": spec.api_key_env,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "env": spec.env,
         "pid": process.pid,
         "log": str(log_path),
         "command": command,
         "started_at": time.time(),
     }
-    record_path(spec.name).write_text(json.dumps(record, indent=2))
+    record_path(spec.handle).write_text(json.dumps(record, indent=2))
 
     deadline = time.monotonic() + spec.startup_timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            record_path(spec.name).unlink(missing_ok=True)
+            record_path(spec.handle).unlink(missing_ok=True)
             raise _startup_failure(spec, log_path, f"server exited with code {process.returncode} during start-up")
-        if healthy(spec.base_url, engine.ready_paths):
+        if ready(spec, engine):
             return record
         time.sleep(0.5)
-    down(spec.name)
-    raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:.0f}s")
+    down(spec.handle)
+    raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:.0f}s (stopped it)")
 
 
 def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
     log_tail = tail(log_path)
     cause = likely_cause(log_tail)
     hint = f"\nlikely cause: {cause}" if cause else ""
-    return ServeError(f"'{spec.name}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{log_tail}")
+    return ServeError(f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{log_tail}")
 
 
 def down(name: str, grace_s: float = 20.0) -> bool:
@@ -196,4 +229,27 @@ def status() -> list[dict[str, Any]]:
     for record in records():
         running = alive(record["pid"])
         out.append({**record, "alive": running, "healthy": running and healthy(record["base_url"])})
+    return out
+
+
+# What a client may send to a live server at once: vLLM batches hundreds, `transformers serve` on CPU a few.
+LIVE_CONCURRENCY = {"vllm": 256, "transformers": 16}
+
+
+def live_endpoints() -> dict[str, Endpoint]:
+    """Endpoints for the servers answering now, by server name (a profile's name) and by each LoRA adapter
+    it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
+    out: dict[str, Endpoint] = {}
+    for record in status():
+        if not record["healthy"]:
+            continue
+        common = {
+            "base_url": record["base_url"],
+            "api_key_env": record.get("api_key_env"),
+            "max_concurrency": LIVE_CONCURRENCY.get(record["engine"], 16),
+        }
+        served = record.get("served_models") or [record.get("served_name", record["name"])]
+        out[record["name"]] = Endpoint(model=served[0], **common)
+        for adapter in served[1:]:
+            out.setdefault(adapter, Endpoint(model=adapter, **common))
     return out
