@@ -191,7 +191,7 @@ def up(spec: ServeSpec) -> dict[str, Any]:
             return record
         time.sleep(0.5)
     down(spec.handle)
-    raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:.0f}s (stopped it)")
+    raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:g}s (stopped it)")
 
 
 def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
