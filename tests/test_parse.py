@@ -92,3 +92,37 @@ def test_matches_errors(answer, message):
     with pytest.raises(ParseError, match=message) as e:
         parse.matches(answer, ITEMS)
     assert e.value.raw == answer
+
+
+@pytest.mark.parametrize(
+    "tail, expected",
+    [("8", 8), ("8/10", 8), ("**8**", 8), ("8.0", 8), ("Score: 8", 8), ("**10/10**", 10), ("1", 1), ("7.5", 7.5)],
+)
+def test_judge_score_forms(tail, expected):
+    answer = f"### Evaluation of AI Assistant's Response\n\n1. **Item**: fine. 3 points.\n\n### Evaluation Score\n\n{tail}\n"
+    assert parse.score(answer) == expected
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ("### Evaluation Score\n\n11", "outside 1-10"),
+        ("### Evaluation Score\n\n0/10", "outside 1-10"),
+        ("### Evaluation Score\n\n-3", "outside 1-10"),
+        ("### Evaluation Score\n\nExcellent", "no number"),
+        ("Score: 8", "no '### Evaluation Score' header"),
+    ],
+)
+def test_judge_score_rejections_are_parse_failures_never_zero(answer, message):
+    with pytest.raises(parse.ParseError, match=message) as e:
+        parse.score(answer)
+    assert e.value.raw == answer
+
+
+def test_session_summary():
+    answer = 'Here:\n```json\n{"summaries": [{"session_id": 1, "analysis": "x", "context": [" a "], "preferences": ["b"]}]}\n```'
+    assert parse.session_summary(answer) == {"context": ["a"], "preferences": ["b"]}
+    with pytest.raises(parse.ParseError, match="'preferences' must be a non-empty list"):
+        parse.session_summary('{"summaries": [{"context": ["a"], "preferences": []}]}')
+    with pytest.raises(parse.ParseError, match="summaries"):
+        parse.session_summary('{"summary": "a"}')
