@@ -52,7 +52,7 @@ def run(
     types: Optional[list[str]] = typer.Option(None, "--type", help="only these instance types; repeatable"),
     limit: Optional[int] = typer.Option(None, help="only the first N instances"),
     concurrency: Optional[int] = typer.Option(None, help="requests in flight per endpoint (overrides the endpoints file)"),
-    executor: Optional[str] = typer.Option(None, help="http (running servers) or vllm-offline (in-process vLLM, no server)"),
+    executor: Optional[str] = typer.Option(None, help="http (running servers), vllm-offline (vLLM in this process, GPU, no server) or transformers-offline (CPU)"),
     out: Optional[str] = typer.Option(None, help="run directory (resumable)"),
     cache: Optional[str] = typer.Option(None, help="SQLite request cache file"),
     no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write the request cache"),

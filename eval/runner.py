@@ -24,9 +24,11 @@ from eval.summary import markdown, summarize
 from eval.tasks import Task
 from matcher import prompts
 from serving.cache import Cache
+from serving.client import Client
 from serving.config import ConfigError
 from serving.endpoints import Endpoint, load_endpoints, missing_keys, require
 from serving.lifecycle import state_dir
+from serving.offline import open_client
 
 TaskName = Literal["inference", "generation"]
 Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
@@ -55,7 +57,9 @@ class RunConfig(BaseModel):
     types: list[Literal["consistent", "contrastive", "changing"]] = Field(default_factory=list)
     limit: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1, description="overrides every endpoint's max_concurrency")
-    executor: Literal["http", "vllm-offline"] = "http"
+    executor: Literal["http", "vllm-offline", "transformers-offline"] = Field(
+        default="http", description="http: running servers; *-offline: the model inside this process (no server)"
+    )
     out: str = "runs/latest"
     cache: str | None = Field(default=None, description="SQLite cache file; default .cupid/cache.sqlite")
     no_cache: bool = False
@@ -180,16 +184,6 @@ def _finished(record: dict[str, Any], reference: bool) -> bool:
     return record["status"] == "scored" and (not reference or record.get("reference", {}).get("status") == "scored")
 
 
-def open_client(cfg: RunConfig, endpoints: dict[str, Endpoint], cache: Cache | None):
-    if cfg.executor == "vllm-offline":
-        from serving.offline import open_client as open_executor  # vLLM only where it is installed
-
-        return open_executor("vllm-offline", endpoints, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
-    from serving.client import Client
-
-    return Client(endpoints, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
-
-
 def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
     endpoints = load_endpoints(cfg.endpoints)
@@ -202,8 +196,6 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
     if dry_run:
         if "summary" in cfg.settings:
             raise ConfigError("--dry-run cannot write summary-setting requests: they are built from summarizer answers")
-        from serving.client import Client
-
         n = write_dry_run(build_tasks(cfg, Client(used)), units, dry_run)
         console.print(f"wrote {n} candidate requests to {dry_run} (nothing sent)")
         return {"dry_run": dry_run, "n_requests": n}
@@ -211,16 +203,15 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
     if missing := missing_keys(used):
         raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
 
-    out = RunDir(cfg.out)
-    out.check_same_run(_identity(cfg, endpoints))
-    done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
-    todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
-
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
-    client = open_client(cfg, used, cache)
-    tasks = build_tasks(cfg, client)
-    started = time.monotonic()
     try:
+        client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
+        out = RunDir(cfg.out)
+        out.check_same_run(_identity(cfg, endpoints))
+        done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
+        todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
+        tasks = build_tasks(cfg, client)
+        started = time.monotonic()
         asyncio.run(_run_all(tasks, todo, out, console, already=len(units) - len(todo)))
     finally:
         if cache is not None:

@@ -143,3 +143,9 @@ def test_run_config_names_the_missing_role():
         RunConfig(candidate="c", judge="j", tasks=["generation"], settings=["summary"])
     with pytest.raises(ValueError, match="generation only"):
         RunConfig(candidate="c", decomposer="d", matcher="m", settings=["oracle-preference"])
+
+
+def test_offline_executor_without_vllm_is_refused_clearly(endpoints, tmp_path, cupid_home):
+    with pytest.raises(ConfigError, match="vllm"):
+        run(config(endpoints, tmp_path, executor="vllm-offline", limit=1))
+    assert not (tmp_path / "run").exists()
