@@ -54,10 +54,13 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, session_home, mon
 def test_port_taken_names_the_owner(tiny_server, session_home, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("CUPID_HOME", str(session_home))
     port = int(tiny_server["base_url"].rsplit(":", 1)[1].split("/")[0])
-    with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is taken by '{TINY_NAME}'"):
-        lifecycle.up(ServeSpec(model=str(tiny_model_dir), name="second", port=port))
-    with pytest.raises(ServeError, match="already served"):
-        lifecycle.up(ServeSpec(model=str(tiny_model_dir), name=TINY_NAME, port=free_port()))
+    try:
+        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is taken by '{TINY_NAME}'"):
+            lifecycle.up(ServeSpec(model=str(tiny_model_dir), name="second", port=port))
+        with pytest.raises(ServeError, match="already served"):
+            lifecycle.up(ServeSpec(model=str(tiny_model_dir), name=TINY_NAME, port=free_port()))
+    finally:
+        lifecycle.down("second")  # should this ever start despite the taken port, it must not outlive the test
 
 
 def test_port_taken_by_another_program(cupid_home, tiny_model_dir, tmp_path):
