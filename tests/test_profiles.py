@@ -213,6 +213,18 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
     assert result.exit_code == 1 and "refusing this serve plan" in result.output and "add up to 1.35" in result.output
 
 
+def test_cli_without_a_profile_builds_one_from_model_and_name(tiny_model_dir):
+    result = runner.invoke(app, ["serve", "up", "--dry-run", "--engine", "vllm", "--model", "org/m-7b", "--name", "m", "--port", "8100"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "vllm serve" in line)
+    assert line.startswith("m: vllm serve org/m-7b --served-model-name m --host 127.0.0.1 --port 8100 --generation-config vllm ")
+    result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", str(tiny_model_dir), "--name", "t", "--port", "8101"])
+    assert result.exit_code == 0 and "t: transformers t on 127.0.0.1:8101" in result.output
+    assert "serve t --host 127.0.0.1 --port 8101 --continuous-batching" in result.output
+    result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", "x"])
+    assert result.exit_code == 1 and "give --profile NAME (see configs/serve/), or both --model and --name" in result.output
+
+
 def test_cli_refusals_name_the_way_out():
     result = runner.invoke(app, ["serve", "up", "--engine", "transformers", "--profile", "prefmatcher"])
     assert result.exit_code == 1 and "profile 'prefmatcher' is for the vllm engine, not transformers" in result.output
