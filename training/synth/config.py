@@ -1,0 +1,70 @@
+"""A synthesis run as a YAML file (`configs/synth/*.yaml`); command-line options override it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["generator", "user_simulator", "assistant_simulator"]
+
+
+class Temperatures(BaseModel):
+    """Defaults are the paper's (App. B): generation 0.7, user simulator 0.3, assistant simulator 0.7."""
+
+    model_config = ConfigDict(extra="forbid")
+    generator: float = Field(default=0.7, ge=0, le=2)
+    user_simulator: float = Field(default=0.3, ge=0, le=2)
+    assistant_simulator: float = Field(default=0.7, ge=0, le=2)
+
+
+class MaxTokens(BaseModel):
+    """Answer caps per step: small ones keep CPU runs short, large ones leave strong models room."""
+
+    model_config = ConfigDict(extra="forbid")
+    persona: int = Field(default=600, ge=1)
+    factor: int = Field(default=300, ge=1)
+    changed_preference: int = Field(default=120, ge=1)
+    checklist: int = Field(default=200, ge=1)
+    request: int = Field(default=400, ge=1)
+    assistant: int = Field(default=400, ge=1)
+    judge: int = Field(default=16, ge=1)
+    message: int = Field(default=150, ge=1)
+
+
+class SynthConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    endpoints: str = "configs/endpoints.yaml"
+    generator: str = Field(description="endpoint that writes personas, factors, preferences, checklists and requests")
+    user_simulator: str = Field(description="endpoint that plays the user: judges checklist items, writes feedback")
+    assistant_simulator: str = Field(description="endpoint that plays the AI assistant in the dialogues")
+    personas: int = Field(default=4, ge=1, description="personas 0..N-1 of this seed; raising N later extends a run")
+    seed: int = 0
+    out: str = "runs/synth"
+    cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
+    no_cache: bool = False
+    parallel_personas: int = Field(default=8, ge=1, description="personas in flight at once")
+    seeds: str | None = Field(default=None, description="seed persona descriptions (YAML list of {occupation, description}); default: the bundled list")
+    persona_prompt: Literal["synth_persona", "project_synth_persona"] = Field(
+        default="synth_persona",
+        description="the paper's persona prompt (Fig. 13, JSON answer) or the project's short one for small models",
+    )
+    persona_in_prompts: Literal["description", "first_sentence"] = Field(
+        default="description",
+        description="what later prompts show of the persona: the whole description, or its first sentence "
+        "(name, age, occupation), which tiny models can still read past",
+    )
+    max_turns: int = Field(default=8, ge=1, description="assistant replies per dialogue at most (the turn cap)")
+    retries: int = Field(default=2, ge=0, le=10, description="extra attempts for an answer that does not parse or validate")
+    reject_example_copies: bool = Field(
+        default=True,
+        description="refuse an answer that copies its prompt's one-shot example (tiny models do little else: "
+        "the CPU check keeps them and counts them instead)",
+    )
+    retry_temperature: float = Field(default=0.7, ge=0, le=2, description="temperature of retries, at least")
+    temperature: Temperatures = Field(default_factory=Temperatures)
+    max_tokens: MaxTokens = Field(default_factory=MaxTokens)
+
+    def endpoint(self, role: Role) -> str:
+        return getattr(self, role)

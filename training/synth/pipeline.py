@@ -1,0 +1,280 @@
+"""A synthesis run: personas in parallel, each one all-or-nothing, resumable, through the cache.
+
+Run directory:
+  run.json                 what makes the run (seed, models, prompt versions, caps); a rerun must match
+  personas/<id>.json       a finished persona: template, random choices, factors, 13 sessions with
+                           dialogues, and every raw model answer; written whole (temp file + rename)
+  failed/<id>.json         a failed persona: the step, the reason and the raw answers so far
+  instances.jsonl          the CUPID rows of every finished persona, checked by `eval.data.load`
+  summary.json             counts, failures by step, requests sent/cached
+
+A rerun skips finished personas (no request at all) and runs failed and missing ones again; their
+earlier steps come back from the request cache, so only what is new costs model time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from eval import data as cupid_data
+from matcher import prompts
+from serving.cache import Cache
+from serving.client import Client
+from serving.config import ConfigError
+from serving.endpoints import load_endpoints, missing_keys, require
+from serving.lifecycle import state_dir
+from training.synth import tables
+from training.synth.ask import Asker, StepFailed, all_of
+from training.synth.config import SynthConfig
+from training.synth.dialogue import simulate
+from training.synth.factors import change_preference, checklist, generate_factors
+from training.synth.parse import sentences
+from training.synth.instances import PersonaRecord, SessionRecord, draw_choices, rows, validated
+from training.synth.personas import expand, template
+from training.synth.sessions import layout, write_requests
+
+ROLES = ("generator", "user_simulator", "assistant_simulator")
+PROMPTS_USED = (
+    "synth_persona", "project_synth_persona", "project_synth_factor", "project_synth_contrastive_factor",
+    "project_synth_changed_preference", "project_synth_checklist", "project_synth_request",
+    "synth_assistant_simulator", "project_synth_judge", "project_synth_feedback", "project_synth_closing",
+)  # fmt: skip
+
+
+def persona_id(seed: int, index: int) -> str:
+    return f"synth-{seed}-{index:04d}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.personas = self.path / "personas"
+        self.failed = self.path / "failed"
+        self.instances_file = self.path / "instances.jsonl"
+
+    def check_same_run(self, identity: dict[str, Any]) -> None:
+        run_file = self.path / "run.json"
+        if run_file.exists():
+            previous = json.loads(run_file.read_text())
+            if previous != identity:
+                diff = sorted(k for k in set(identity) | set(previous) if previous.get(k) != identity.get(k))
+                raise ConfigError(f"{self.path} holds another synthesis run (differs in {', '.join(diff)}); choose another --out")
+        _write_atomic(run_file, json.dumps(identity, indent=2))
+
+    def done_ids(self) -> set[str]:
+        return {p.stem for p in self.personas.glob("*.json")} if self.personas.is_dir() else set()
+
+    def records(self) -> list[PersonaRecord]:
+        return [
+            PersonaRecord.model_validate_json(p.read_text(encoding="utf-8"))
+            for p in sorted(self.personas.glob("*.json"))
+        ]
+
+    def write_done(self, record: PersonaRecord) -> None:
+        _write_atomic(self.personas / f"{record.persona_id}.json", record.model_dump_json(indent=1))
+        (self.failed / f"{record.persona_id}.json").unlink(missing_ok=True)
+
+    def write_failed(self, pid: str, index: int, step: str, reason: str, raw: list[dict[str, Any]]) -> None:
+        failure = {"persona_id": pid, "index": index, "step": step, "reason": reason, "raw": raw}
+        _write_atomic(self.failed / f"{pid}.json", json.dumps(failure, indent=1, ensure_ascii=False))
+
+    def failures(self) -> dict[str, dict[str, Any]]:
+        if not self.failed.is_dir():
+            return {}
+        out = {}
+        for p in sorted(self.failed.glob("*.json")):
+            failure = json.loads(p.read_text(encoding="utf-8"))
+            out[p.stem] = {"step": failure["step"], "reason": failure["reason"]}
+        return out
+
+    def write_instances(self) -> int:
+        """All finished personas' rows, rewritten whole, then read back through the data layer."""
+        lines = [json.dumps(row, ensure_ascii=False) for record in self.records() for row in rows(record)]
+        _write_atomic(self.instances_file, "".join(line + "\n" for line in lines))
+        if lines:
+            dataset = cupid_data.load(self.instances_file)
+            if dataset.bad_rows:
+                raise ValueError("; ".join(str(bad) for bad in dataset.bad_rows))
+        return len(lines)
+
+
+def identity(cfg: SynthConfig, endpoints: dict, seeds: tables.Seeds) -> dict[str, Any]:
+    """What a rerun must share. Not `retries`: raising it gives failed steps more attempts, and the
+    attempts already made come back from the cache unchanged."""
+    return {
+        "seed": cfg.seed,
+        "roles": {role: endpoints[cfg.endpoint(role)].model for role in ROLES},
+        "prompts": prompts.versions(*PROMPTS_USED),
+        "persona_prompt": cfg.persona_prompt,
+        "persona_in_prompts": cfg.persona_in_prompts,
+        "max_turns": cfg.max_turns,
+        "retry_temperature": cfg.retry_temperature,
+        "temperature": cfg.temperature.model_dump(),
+        "max_tokens": cfg.max_tokens.model_dump(),
+        "seed_personas": seeds.digest,
+        "tables": tables.digest(),
+    }
+
+
+async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRecord:
+    """One persona end to end: template -> description -> factors -> sessions -> dialogues -> instances."""
+    cfg, attrs, pid = asker.cfg, tables.attributes(), asker.persona_id
+    tmpl = template(cfg.seed, index, attrs, seeds)
+    choices = draw_choices(cfg.seed, pid, attrs)
+    description = await expand(asker, tmpl)
+    persona = description if cfg.persona_in_prompts == "description" else sentences(description)[0]
+    factors = await generate_factors(asker, persona, choices.slots)
+    current = factors[choices.current_factor]
+    changed = await change_preference(asker, current, factors)
+    preferences = [f.preference for f in factors] + [changed]
+    slots = layout(choices.positions, choices.current_factor, choices.contrastive_factor)
+    checklists, requests = await all_of(
+        all_of(*(checklist(asker, f"checklist[{i}]", p) for i, p in enumerate(preferences))),
+        write_requests(asker, persona, slots, factors, choices.task_types, preferences),
+    )
+    for factor, items in zip(factors, checklists):
+        factor.checklist = items
+    changed_checklist = checklists[-1]
+
+    def preference_of(role: str, factor_index: int) -> tuple[str | None, list[str]]:
+        if role == "final":
+            return None, []
+        if role == "current_changed":
+            return changed, changed_checklist
+        return factors[factor_index].preference, factors[factor_index].checklist
+
+    prior = [s for s in slots if s.role != "final"]
+    dialogues = await all_of(
+        *(
+            simulate(asker, persona, s.position, factors[s.factor_index].factor, requests[s.position], preference_of(s.role, s.factor_index)[1])
+            for s in prior
+        )
+    )
+    by_position = {s.position: d for s, d in zip(prior, dialogues)}
+    sessions = []
+    for s in slots:
+        preference, items = preference_of(s.role, s.factor_index)
+        dialogue, turns, ended = by_position.get(s.position, ([], [], None))
+        sessions.append(
+            SessionRecord(
+                position=s.position,
+                role=s.role,
+                factor_index=s.factor_index,
+                context_factor=factors[s.factor_index].factor,
+                contextual_preference=preference,
+                checklist=items,
+                task_type=choices.task_types[s.position],
+                request=requests[s.position],
+                dialogue=dialogue,
+                turns=turns,
+                ended=ended,
+            )
+        )
+    record = PersonaRecord(
+        persona_id=pid,
+        index=index,
+        seed=cfg.seed,
+        template=tmpl,
+        description=description,
+        choices=choices,
+        factors=factors,
+        changed_preference=changed,
+        changed_checklist=changed_checklist,
+        sessions=sessions,
+        example_copies=sorted(asker.copies),
+        raw=sorted(asker.raw, key=lambda r: (r["step"], r["attempt"])),
+    )
+    validated(record)
+    return record
+
+
+async def _run_all(cfg: SynthConfig, client: Client, out: RunDir, todo: list[int], seeds: tables.Seeds, console: Console) -> None:
+    slots = asyncio.Semaphore(cfg.parallel_personas)
+    columns = (TextColumn("synth"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("personas", total=len(todo), failed=0)
+        failed = 0
+
+        async def one(index: int) -> None:
+            nonlocal failed
+            pid = persona_id(cfg.seed, index)
+            asker = Asker(client, cfg, pid)
+            async with slots:
+                try:
+                    out.write_done(await synthesize(asker, index, seeds))
+                except StepFailed as e:
+                    failed += 1
+                    out.write_failed(pid, index, e.step, e.reason, asker.raw)
+                except ValueError as e:  # a record or instance that the schema refuses
+                    failed += 1
+                    out.write_failed(pid, index, "instances", f"invalid record: {e}"[:2000], asker.raw)
+            progress.update(bar, advance=1, failed=failed)
+
+        try:
+            await asyncio.gather(*(one(i) for i in todo))
+        finally:
+            await client.aclose()
+
+
+def _step_kind(step: str) -> str:
+    """`dialogue[3].turn[1].judge[0]` -> `dialogue.judge`: what summaries count failures by."""
+    parts = [re.sub(r"\[.*?\]", "", part) for part in step.split(".")]
+    return ".".join(p for p in (parts[0], parts[-1] if len(parts) > 1 else "") if p)
+
+
+def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    endpoints = load_endpoints(cfg.endpoints)
+    used = {}
+    for role in ROLES:
+        used[cfg.endpoint(role)] = require(endpoints, cfg.endpoint(role), cfg.endpoints)
+    if missing := missing_keys(used):
+        raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
+    seeds = tables.load_seeds(cfg.seeds)
+    out = RunDir(cfg.out)
+    out.check_same_run(identity(cfg, endpoints, seeds))
+    done = out.done_ids()
+    todo = [i for i in range(cfg.personas) if persona_id(cfg.seed, i) not in done]
+
+    cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
+    client = Client(used, cache)
+    started = time.monotonic()
+    try:
+        asyncio.run(_run_all(cfg, client, out, todo, seeds, console))
+    finally:
+        if cache is not None:
+            cache.close()
+    n_rows = out.write_instances()
+    failures = out.failures()
+    wanted = {persona_id(cfg.seed, i) for i in range(cfg.personas)}
+    summary = {
+        "personas": cfg.personas,
+        "done": len(wanted & out.done_ids()),
+        "failed": len(wanted & set(failures)),
+        "skipped_as_done": cfg.personas - len(todo),
+        "failures": {pid: f for pid, f in failures.items() if pid in wanted},
+        "failed_by_step": dict(Counter(_step_kind(f["step"]) for pid, f in failures.items() if pid in wanted)),
+        "instances": n_rows,
+        "instances_file": str(out.instances_file),
+        "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    _write_atomic(out.path / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
+    return summary
