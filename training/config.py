@@ -1,0 +1,154 @@
+"""A training run as one YAML file (`configs/train/*.yaml`): synthesis, fine-tune, export, check.
+
+Every section forbids unknown keys, so a misspelt hyperparameter fails before anything runs
+instead of silently taking its default. Paths are kept as written and resolved when used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving.config import ConfigError, read_yaml, validate
+from serving.endpoints import Endpoint
+
+TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Synthesis(_Section):
+    """Match-data synthesis: candidates run the inference task, the teacher labels both directions."""
+
+    data: str = Field(default="sample", description="'sample', a local CUPID-format file/dir, or a Hub id")
+    split: str = Field(default="train", description="Hub split (local files have none)")
+    endpoints: str | dict[str, Endpoint] = Field(
+        default="configs/endpoints.yaml", description="an endpoints YAML file, or the endpoints written inline"
+    )
+    instant_server: bool = Field(
+        default=False,
+        description="start serving/instant.py and add an endpoint named `instant`: canned, well-formed CUPID answers "
+        "that stand in for candidate/decomposer/teacher where no model here can play them (the CPU chain)",
+    )
+    candidates: list[str] = Field(min_length=1, description="endpoints whose inferred preferences get labelled")
+    decomposer: str
+    teacher: str = Field(description="the matcher endpoint whose labels become the training targets")
+    settings: list[Literal["standard", "oracle"]] = Field(default_factory=lambda: ["standard"], min_length=1)
+    limit: int | None = Field(default=None, ge=1, description="only the first N instances")
+    concurrency: int | None = Field(default=None, ge=1)
+    cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
+    validation_fraction: float = Field(default=0.1, gt=0, lt=1, description="share of personas held out")
+    seed: int = 0
+    allow_test_split: bool = Field(default=False, description="allow kixlab/CUPID (the benchmark) as input")
+
+
+class Quantization(_Section):
+    """bitsandbytes loading of the frozen base: 4-bit NF4 is QLoRA; `load_in_4bit: false` is plain LoRA."""
+
+    load_in_4bit: bool = True
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = Field(default=True, description="quantize the block scales too (torchao NF4 does the same)")
+
+
+class Lora(_Section):
+    r: int = Field(default=64, ge=1)
+    alpha: int = Field(default=128, ge=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
+    )
+
+
+class Sft(_Section):
+    """Table 4 of the paper by default; field names follow transformers' TrainingArguments where they map 1:1."""
+
+    num_train_epochs: float = Field(default=1, gt=0)
+    max_steps: int | None = Field(default=None, ge=1, description="overrides epochs when set")
+    per_device_train_batch_size: int = Field(default=4, ge=1)
+    gradient_accumulation_steps: int = Field(default=8, ge=1)
+    learning_rate: float = Field(default=3e-4, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    optim: Literal["adamw_torch", "adamw_torch_fused", "paged_adamw_8bit", "adamw_8bit"] = "adamw_torch"
+    lr_scheduler_type: Literal["cosine", "linear", "constant_with_warmup"] = "cosine"
+    warmup_steps: int = Field(default=100, ge=0, description="optimizer steps; an integer, never a ratio")
+    max_grad_norm: float | None = Field(default=None, gt=0, description="null: no gradient clipping (the recipe's)")
+    max_length: int = Field(default=1024, ge=16, description="tokens per example; longer ones are counted and cut")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="auto: bf16 on a GPU that supports it, else fp32"
+    )
+    gradient_checkpointing: bool = True
+    logging_steps: int = Field(default=1, ge=1)
+    save_steps: int = Field(default=50, ge=1)
+    save_total_limit: int | None = Field(default=2, ge=1)
+    resume: bool = Field(default=True, description="continue from the newest checkpoint in the run directory")
+    seed: int = 0
+
+
+class Export(_Section):
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class Agreement(_Section):
+    """After training: serve base and export, run each as the matcher on the validation split."""
+
+    enabled: bool = True
+    baseline: bool = Field(default=True, description="also measure the base model before training")
+    engine: Literal["transformers", "vllm"] = "transformers"
+    extra_args: list[str] = Field(default_factory=list, description="extra server arguments (e.g. vLLM --max-model-len)")
+    max_tokens: int = Field(default=512, ge=1)
+    concurrency: int = Field(default=64, ge=1)
+    timeout_s: float = Field(default=900.0, gt=0)
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    limit: int | None = Field(default=None, ge=1, description="only the first N validation examples")
+
+
+class TrainConfig(_Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="also the served name of the export")
+    out: str = Field(description="run directory: match data, checkpoints, adapter, export, reports")
+    base_model: str = Field(min_length=1, description="local model directory, Hub id, or `tiny` (SmolLM2-135M)")
+    match_data: str | None = Field(
+        default=None, description="an existing match-data directory (train.jsonl, validation.jsonl): skips synthesis"
+    )
+    synthesis: Synthesis | None = None
+    quantization: Quantization = Field(default_factory=Quantization)
+    lora: Lora = Field(default_factory=Lora)
+    sft: Sft = Field(default_factory=Sft)
+    export: Export = Field(default_factory=Export)
+    agreement: Agreement = Field(default_factory=Agreement)
+    source: str = Field(default="(inline)", exclude=True, description="the file this config came from")
+
+    @model_validator(mode="after")
+    def _data_source(self) -> "TrainConfig":
+        if (self.synthesis is None) == (self.match_data is None):
+            raise ValueError("give exactly one of `synthesis` (build match data) or `match_data` (use existing)")
+        return self
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+
+def is_test_split(data: str) -> bool:
+    return data.strip().rstrip("/").lower() in TEST_SPLIT_IDS
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """The config at `path`, with dotted `overrides` (`{"synthesis.allow_test_split": True}`) applied first."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of training settings")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise ConfigError(f"{path}: cannot set {dotted}: section '{part}' is not in this config")
+            node = node[part]
+        node[leaf] = value
+    cfg = validate(TrainConfig, data, str(path))
+    cfg.source = str(path)
+    return cfg

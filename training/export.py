@@ -1,0 +1,154 @@
+"""Export the fine-tuned matcher as one self-contained model directory.
+
+Merge method: dequantize-then-merge. The base is loaded exactly as in training (same NF4
+quantization, which is deterministic), dequantized, and the adapter is merged into it:
+W = dequant(NF4(W0)) + BA, saved in `export.dtype` (bf16 by default). Why this and not W0 + BA on
+the bf16 base: the adapter was trained to correct the *quantized* weights, so this export computes
+the function that was trained and validated (up to bf16 rounding), and it is what the original
+recipe (torchtune's QLoRA) saved for kixlab/prefmatcher-7b. The price is that the quantization
+error of the base stays in the export. The other form remains available: the adapter directory
+is kept, and `vllm serve <base> --enable-lora` puts it on the bf16 base (W0 + BA).
+
+The directory holds weights, tokenizer, chat template and a generation config whose EOS includes
+the chat template's end-of-turn token, so `transformers serve` and vLLM stop at the end of the
+answer instead of running to max_tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from serving.config import ConfigError
+from training.config import TrainConfig
+from training.sft import load_base, resolve_base
+
+PROBE = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "MARKER-7d1f"}]
+
+
+def end_of_turn_token(tokenizer) -> str:
+    """The special token the chat template puts right after an assistant message."""
+    text = tokenizer.apply_chat_template(PROBE, tokenize=False)
+    if "MARKER-7d1f" not in text:
+        raise ConfigError("the chat template does not render assistant messages")
+    tail = text.split("MARKER-7d1f", 1)[1]
+    specials = sorted({*tokenizer.all_special_tokens, *(t.content for t in tokenizer.added_tokens_decoder.values())}, key=len, reverse=True)
+    for token in specials:
+        if token and tail.startswith(token):
+            return token
+    if tokenizer.eos_token and tokenizer.eos_token in tail:
+        return tokenizer.eos_token
+    raise ConfigError(f"cannot find the end-of-turn token after an assistant message in the chat template (it renders {tail!r})")
+
+
+def adapter_dir(cfg: TrainConfig) -> Path:
+    return cfg.out_dir / "adapter"
+
+
+def export_dir(cfg: TrainConfig) -> Path:
+    return cfg.out_dir / "export"
+
+
+def _logits(model, tokenizer, messages) -> Any:
+    import torch
+
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        return model(input_ids=ids.to(model.device)).logits.float().cpu()
+
+
+def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+    """Merge and save to `<out>/export`; write `<out>/export_report.json`."""
+    console = console or Console(stderr=True)
+    import torch
+    from peft import PeftModel
+    from transformers import AutoTokenizer, GenerationConfig
+
+    adapter = adapter_dir(cfg)
+    if not (adapter / "adapter_config.json").is_file():
+        raise ConfigError(f"{adapter}: no trained adapter here; run `cupid train sft --config {cfg.source}` first")
+    base = resolve_base(cfg)
+    dtype = getattr(torch, cfg.export.dtype)
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(adapter)
+    eot = end_of_turn_token(tokenizer)
+
+    probe = None
+    check = {}
+    from training.matchdata import data_dir, read_examples
+
+    val = data_dir(cfg) / "validation.jsonl"
+    if val.is_file():
+        probe = [m.model_dump() for m in read_examples(val)[0].prompt]
+        # The function that was trained: adapter on the quantized base, as in training.
+        trained = PeftModel.from_pretrained(load_base(base, cfg, dtype), adapter)
+        trained.eval()
+        reference = _logits(trained, tokenizer, probe)
+        del trained
+
+    model = load_base(base, cfg, dtype)
+    method = "merge into the unquantized base"
+    if cfg.quantization.load_in_4bit:
+        model = model.dequantize(dtype=dtype)  # W' = dequant(NF4(W0)), in place of every Linear4bit
+        method = "dequantize-then-merge: dequant(NF4(W0)) + BA"
+    model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    model = model.to(dtype)
+    model.eval()
+    if probe is not None:
+        merged = _logits(model, tokenizer, probe)
+        check = {
+            "max_abs_logit_diff": round(float((merged - reference).abs().max()), 5),
+            "same_next_token": bool((merged[0, -1].argmax() == reference[0, -1].argmax()).item()),
+        }
+
+    generation = model.generation_config or GenerationConfig()
+    try:
+        generation = GenerationConfig.from_pretrained(base)
+    except OSError:
+        pass
+    eos = generation.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    eot_id = tokenizer.convert_tokens_to_ids(eot)
+    generation.eos_token_id = [eot_id, *[i for i in eos_ids if i != eot_id]]
+    if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
+        generation.pad_token_id = tokenizer.pad_token_id
+    model.generation_config = generation
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+    out = export_dir(cfg)
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)  # a half-written export never carries the final name
+    if not tokenizer.chat_template or not ((out / "chat_template.jinja").is_file() or "chat_template" in (out / "tokenizer_config.json").read_text()):
+        raise RuntimeError(f"{out}: the chat template was not saved")
+
+    report = {
+        "export": str(out),
+        "adapter": str(adapter),
+        "base_model": base,
+        "method": method,
+        "dtype": cfg.export.dtype,
+        "end_of_turn_token": eot,
+        "eos_token_id": generation.eos_token_id,
+        "merge_check": check,
+        "size_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        "serve": {
+            "merged": f"vllm serve {out} --served-model-name {cfg.name}",
+            "adapter": f"vllm serve {base} --enable-lora --max-lora-rank {cfg.lora.r} --lora-modules {cfg.name}={adapter}",
+        },
+        "wall_s": round(time.monotonic() - started, 2),
+    }
+    (cfg.out_dir / "export_report.json").write_text(json.dumps(report, indent=2))
+    console.print(f"[bold]export[/bold]: {method} -> {out} ({cfg.export.dtype}, eos {generation.eos_token_id} = {eot})", highlight=False)
+    return report

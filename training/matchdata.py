@@ -1,0 +1,360 @@
+"""Match data for PrefMatcher: candidates' inferred preferences, labelled by a teacher matcher.
+
+The eval runner does the work (candidate -> decompose -> teacher matches both directions, with the
+request cache and failure accounting); this module turns its scored records into chat examples:
+`prompt` = the `prefmatcher` system + user messages, `completion` = the teacher's labels as a
+fenced JSON list of {index, entry, label} in checklist order, which is the shape a drop-in
+PrefMatcher must answer (spec §4). Each example keeps the teacher's raw answer and where it came
+from. Examples are deduplicated by prompt and split by persona, so that no persona's preferences
+are seen in training and then used to measure agreement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+import httpx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from rich.console import Console
+
+from eval import data as cupid_data
+from eval.runner import RunConfig, RunDir, run as run_eval
+from matcher import prompts, schemas
+from matcher.prompts import LABELS
+from serving.cache import Cache
+from serving.client import Client
+from serving.config import ConfigError
+from serving.endpoints import load_endpoints, require
+from serving.lifecycle import state_dir
+from training.config import Synthesis, TrainConfig, is_test_split
+
+Direction = Literal["infer_to_gt", "gt_to_infer"]
+SPLITS = ("train", "validation")
+
+
+class SynthesisError(RuntimeError):
+    pass
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Match(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    index: int = Field(ge=1)
+    entry: str
+    label: Literal[LABELS]  # type: ignore[valid-type]
+
+
+class MatchExample(BaseModel):
+    """One line of `train.jsonl` / `validation.jsonl`: TRL's conversational prompt-completion format
+    plus provenance. `prompt` and `completion` are all the trainer reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    prompt: list[ChatMessage] = Field(min_length=2, max_length=2)
+    completion: list[ChatMessage] = Field(min_length=1, max_length=1)
+    preference: str
+    items: list[str] = Field(min_length=1)
+    teacher_labels: list[Match] = Field(min_length=1)
+    direction: Direction
+    persona_id: str
+    instance_key: str
+    instance_type: str
+    setting: str
+    candidate: str
+    teacher: str
+    teacher_prompt: Literal["prefmatcher", "fewshot"]
+    teacher_raw: str | None = Field(description="the teacher's answer as sent back (from the request cache)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "MatchExample":
+        roles = [m.role for m in self.prompt] + [m.role for m in self.completion]
+        if roles != ["system", "user", "assistant"]:
+            raise ValueError(f"messages must be system, user | assistant, got {roles}")
+        if [m.entry for m in self.teacher_labels] != self.items:
+            raise ValueError("teacher_labels must label `items` in order")
+        return self
+
+
+def completion_text(labels: list[dict[str, Any]]) -> str:
+    """What the fine-tuned matcher learns to answer: the prefmatcher dialect's fenced JSON list, one
+    object per line (indenting every key would add about a third more tokens to learn and to generate)."""
+    rows = [json.dumps({"index": m["index"], "entry": m["entry"], "label": m["label"]}, ensure_ascii=False) for m in labels]
+    return "```json\n[\n" + ",\n".join(rows) + "\n]\n```"
+
+
+def prompt_key(messages: list[dict[str, str]]) -> str:
+    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def examples_from_record(record: dict[str, Any], candidate: str, teacher: str, teacher_prompt: str, raw_of) -> list[dict[str, Any]]:
+    """The (up to) two examples of one scored inference record; `raw_of(preference, items)` finds the
+    teacher's raw answer. An empty inferred checklist gives no `infer_to_gt` example: nothing was asked."""
+    directions = (
+        ("infer_to_gt", record["gt_preference"], record.get("inferred_checklist") or []),
+        ("gt_to_infer", record["inferred_preference"], record["gt_checklist"]),
+    )
+    out = []
+    for direction, preference, items in directions:
+        labels = record.get(direction) or []
+        if not items or not labels:
+            continue
+        if [m["entry"] for m in labels] != list(items):
+            raise SynthesisError(f"{record['key']}: {direction} labels do not follow the checklist order")
+        prompt = prompts.matcher(preference, items, "prefmatcher")
+        out.append(
+            {
+                "id": prompt_key(prompt),
+                "prompt": prompt,
+                "completion": [{"role": "assistant", "content": completion_text(labels)}],
+                "preference": preference,
+                "items": list(items),
+                "teacher_labels": [{"index": m["index"], "entry": m["entry"], "label": m["label"]} for m in labels],
+                "direction": direction,
+                "persona_id": record["persona_id"],
+                "instance_key": record["key"],
+                "instance_type": record["instance_type"],
+                "setting": record["setting"],
+                "candidate": candidate,
+                "teacher": teacher,
+                "teacher_prompt": teacher_prompt,
+                "teacher_raw": raw_of(preference, items),
+            }
+        )
+    return out
+
+
+def deduplicate(examples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int, int]:
+    """Keep the first example of each prompt. Returns (kept, duplicates, conflicts): a conflict is a
+    repeated prompt whose teacher labels differ (kept out too; the first answer stands)."""
+    first: dict[str, dict[str, Any]] = {}
+    duplicates = conflicts = 0
+    for example in examples:
+        seen = first.get(example["id"])
+        if seen is None:
+            first[example["id"]] = example
+            continue
+        duplicates += 1
+        if seen["teacher_labels"] != example["teacher_labels"]:
+            conflicts += 1
+    return list(first.values()), duplicates, conflicts
+
+
+def split_by_persona(examples: list[dict[str, Any]], fraction: float, seed: int) -> dict[str, list[dict[str, Any]]]:
+    personas = sorted({e["persona_id"] for e in examples})
+    if len(personas) < 2:
+        raise SynthesisError(f"match data covers {len(personas)} persona(s): at least 2 are needed to split by persona")
+    random.Random(seed).shuffle(personas)
+    n_val = min(max(1, round(fraction * len(personas))), len(personas) - 1)
+    held_out = set(personas[:n_val])
+    return {
+        "train": [e for e in examples if e["persona_id"] not in held_out],
+        "validation": [e for e in examples if e["persona_id"] in held_out],
+    }
+
+
+def label_balance(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    counts = Counter(m["label"] for e in examples for m in e["teacher_labels"])
+    total = sum(counts.values())
+    return {
+        "n_examples": len(examples),
+        "n_items": total,
+        "n_personas": len({e["persona_id"] for e in examples}),
+        "labels": {label: counts.get(label, 0) for label in LABELS},
+        "label_shares": {label: round(counts.get(label, 0) / total, 4) if total else None for label in LABELS},
+        "by_direction": dict(Counter(e["direction"] for e in examples)),
+    }
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def read_examples(path: str | Path) -> list[MatchExample]:
+    """Every line validated; a bad line fails with its file, line number and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: match-data file not found")
+    examples, problems = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            examples.append(MatchExample.model_validate_json(line))
+        except ValidationError as e:
+            fields = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'line'}: {err['msg']}" for err in e.errors())
+            problems.append(f"{path}:{number}: {fields}")
+    if problems:
+        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise ConfigError(f"{path}: {len(problems)} invalid match-data line(s)\n  {shown}")
+    if not examples:
+        raise ConfigError(f"{path}: no match-data examples")
+    return examples
+
+
+def data_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.match_data) if cfg.match_data else cfg.out_dir / "data"
+
+
+# --- synthesis -------------------------------------------------------------------------------
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+@contextlib.contextmanager
+def _endpoints_file(syn: Synthesis, work: Path) -> Iterator[Path]:
+    """The endpoints the runs use, as a file: the configured file or inline mapping, plus the
+    instant-answer server (started here, stopped on exit) when the config asks for it."""
+    if isinstance(syn.endpoints, dict):
+        entries = {name: e.model_dump(mode="json", exclude_none=True) for name, e in syn.endpoints.items()}
+    else:
+        entries = {name: e.model_dump(mode="json", exclude_none=True) for name, e in load_endpoints(syn.endpoints).items()}
+    proc = None
+    try:
+        if syn.instant_server:
+            from serving.instant import start
+
+            proc, url = start()
+            entries["instant"] = {"base_url": url, "model": "instant", "max_retries": 0, "timeout_s": 60}
+        path = work / "endpoints.yaml"
+        path.write_text(yaml.safe_dump(entries, sort_keys=False))
+        yield path
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+
+
+def _reachable(name: str, url: str) -> str | None:
+    """None if something answers HTTP at the endpoint (any status: a 401 is still a server)."""
+    try:
+        httpx.get(url.rstrip("/") + "/models", timeout=10.0)
+        return None
+    except httpx.HTTPError as e:
+        return f"endpoint '{name}' ({url}) cannot be reached: {type(e).__name__}: {e}"
+
+
+def _input_file(syn: Synthesis, work: Path) -> tuple[Path, int]:
+    """The CUPID instances to run, validated and written locally (the runner then needs no split)."""
+    dataset = cupid_data.load(syn.data, split=syn.split)
+    if dataset.bad_rows:
+        listed = "\n  ".join(str(b) for b in dataset.bad_rows[:20])
+        raise cupid_data.DataError(f"{dataset.source}: {len(dataset.bad_rows)} invalid row(s), fix or remove them:\n  {listed}")
+    instances = dataset.filter(None, syn.limit).instances
+    if not instances:
+        raise cupid_data.DataError(f"{dataset.source}: no instances")
+    path = work / "input.jsonl"
+    write_jsonl(path, [i.model_dump() for i in instances])
+    return path, len(instances)
+
+
+def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+    """Run every candidate on the inference task with the teacher as matcher; write the match data.
+
+    Resumable: the runner keeps scored instances and the cache answers every request already made.
+    """
+    console = console or Console(stderr=True)
+    syn = cfg.synthesis
+    if syn is None:
+        raise ConfigError(f"{cfg.source}: no `synthesis` section (this config uses match_data: {cfg.match_data})")
+    if is_test_split(syn.data) and not syn.allow_test_split:
+        raise ConfigError(
+            f"{cfg.source}: synthesis.data is {syn.data}, the CUPID benchmark itself: training on it contaminates "
+            "every later evaluation. Use kixlab/CUPID-Unverified or your own data, or force it with "
+            "`allow_test_split: true` / `--force`."
+        )
+    work = cfg.out_dir / "synth"
+    work.mkdir(parents=True, exist_ok=True)
+    input_path, n_instances = _input_file(syn, work)
+    cache_path = Path(syn.cache) if syn.cache else state_dir() / "cache.sqlite"
+
+    with _endpoints_file(syn, work) as endpoints_path:
+        endpoints = load_endpoints(endpoints_path)
+        roles = {*syn.candidates, syn.decomposer, syn.teacher}
+        for name in sorted(roles):
+            require(endpoints, name, endpoints_path)
+        if unreachable := [p for name in sorted(roles) if (p := _reachable(name, endpoints[name].url))]:
+            raise SynthesisError("nothing was run:\n  " + "\n  ".join(unreachable))
+        teacher = endpoints[syn.teacher]
+        dialect = teacher.matcher_prompt or prompts.matcher_dialect_for(teacher.model)
+
+        runs: dict[str, dict[str, Any]] = {}
+        for candidate in syn.candidates:
+            out = work / _slug(candidate)
+            console.print(f"[bold]synthesis[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}")
+            summary = run_eval(
+                RunConfig(
+                    data=str(input_path), endpoints=str(endpoints_path), candidate=candidate,
+                    decomposer=syn.decomposer, matcher=syn.teacher, settings=list(syn.settings),
+                    concurrency=syn.concurrency, out=str(out), cache=str(cache_path),
+                ),  # fmt: skip
+                console=console,
+            )
+            runs[candidate] = {"dir": str(out), "n_scored": summary["n_scored"], "n_failed": summary["n_failed"], "failures": summary["failures"]}
+
+    cache = Cache(cache_path)
+    try:
+        client = Client({syn.teacher: teacher}, cache)
+
+        def raw_of(preference: str, items: list[str]) -> str | None:
+            fmt = schemas.matcher(dialect, len(items)) if teacher.structured_output else None
+            request = client.request(syn.teacher, prompts.matcher(preference, items, dialect), response_format=fmt)
+            hit = cache.get(request.key())
+            return hit.content if hit else None
+
+        examples = []
+        for candidate in syn.candidates:
+            records = RunDir(runs[candidate]["dir"]).records()
+            for (_, task, _), record in sorted(records.items()):
+                if task == "inference" and record["status"] == "scored":
+                    examples += examples_from_record(record, candidate, syn.teacher, dialect, raw_of)
+    finally:
+        cache.close()
+
+    report: dict[str, Any] = {"data": syn.data, "n_instances": n_instances, "teacher": f"{syn.teacher} ({teacher.model})",
+                              "teacher_prompt": dialect, "runs": runs, "n_examples_raw": len(examples)}  # fmt: skip
+    out_dir = cfg.out_dir / "data"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not examples:
+        failures = Counter()
+        for r in runs.values():
+            failures.update(r["failures"])
+        report["error"] = "no scored instance: no match data"
+        (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+        listed = "\n  ".join(f"{what}: {n}" for what, n in failures.most_common()) or "(none recorded)"
+        raise SynthesisError(
+            f"no match data: none of the {n_instances} instance(s) x {len(syn.candidates)} candidate(s) was scored, so the "
+            f"teacher labelled nothing. Failures by stage:\n  {listed}\nrecords with the raw answers: {work}/*/instances.jsonl"
+        )
+    examples.sort(key=lambda e: (e["persona_id"], e["instance_key"], e["setting"], e["candidate"], e["direction"]))
+    kept, duplicates, conflicts = deduplicate(examples)
+    splits = split_by_persona(kept, syn.validation_fraction, syn.seed)
+    for split in SPLITS:
+        write_jsonl(out_dir / f"{split}.jsonl", splits[split])
+    report.update(
+        n_duplicates=duplicates,
+        n_conflicting_duplicates=conflicts,
+        n_missing_teacher_raw=sum(e["teacher_raw"] is None for e in kept),
+        splits={split: label_balance(splits[split]) for split in SPLITS},
+    )
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report

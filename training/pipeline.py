@@ -1,0 +1,38 @@
+"""The whole chain from one config: synthesize -> fine-tune -> export -> agreement check.
+
+Every stage writes its own report into the run directory and can be run alone (`cupid train synth`,
+`sft`, `export`, `check`); the chain is those stages in order, timed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+
+from training import agreement, export, matchdata, sft
+from training.config import TrainConfig
+
+STAGES = ("synth", "sft", "export", "check")
+
+
+def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    steps = {
+        "synth": lambda: matchdata.synthesize(cfg, console) if cfg.synthesis is not None else None,
+        "sft": lambda: sft.train(cfg, console),
+        "export": lambda: export.export(cfg, console),
+        "check": lambda: agreement.check(cfg, console) if cfg.agreement.enabled else None,
+    }
+    reports: dict[str, Any] = {}
+    wall: dict[str, float] = {}
+    for stage in stages:
+        started = time.monotonic()
+        reports[stage] = steps[stage]()
+        wall[stage] = round(time.monotonic() - started, 2)
+    reports["wall_s"] = {**wall, "total": round(sum(wall.values()), 2)}
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.out_dir / "chain.json").write_text(json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": reports["wall_s"]}, indent=2))
+    return reports

@@ -1,0 +1,276 @@
+"""The QLoRA fine-tune: TRL's SFTTrainer on the match data, PEFT LoRA on a bitsandbytes 4-bit base.
+
+Decisions, each following the recipe (spec §5) unless the config says otherwise:
+- The data is TRL's conversational prompt-completion format, so the loss is on the assistant turn
+  only (its end-of-turn token included) with the model's own chat template, unpatched.
+- Gradient clipping is off unless `max_grad_norm` is set (torchtune's `clip_grad_norm: null`);
+  warmup is an integer number of optimizer steps (transformers reads a value below 1 as a ratio).
+- The loss is normalized by the number of completion tokens over the accumulation window
+  (transformers passes `num_items_in_batch`; torchtune does the same).
+- Examples longer than `max_length` are counted in the report: TRL cuts them, and drops those
+  left with no completion token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from serving.config import ConfigError
+from training.config import TrainConfig
+from training.matchdata import data_dir, read_examples
+
+
+def resolve_base(cfg: TrainConfig) -> str:
+    """A local model directory, `tiny` (the bundled CPU model), or a Hub id; a path that does not exist
+    fails here, naming the config field, instead of deep inside from_pretrained."""
+    value = cfg.base_model
+    if value == "tiny":
+        from serving import tiny_model
+
+        return str(tiny_model.ensure())
+    path = Path(value).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{cfg.source}: base_model: {path} has no config.json (not a model directory)")
+        return str(path)
+    looks_like_hub_id = value.count("/") == 1 and not value.startswith((".", "/", "~")) and "\\" not in value
+    if not looks_like_hub_id:
+        raise ConfigError(f"{cfg.source}: base_model: directory {path} does not exist")
+    return value
+
+
+def precision(cfg: TrainConfig) -> str:
+    import torch
+
+    if cfg.sft.precision != "auto":
+        return cfg.sft.precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def load_base(base: str, cfg: TrainConfig, dtype):
+    """The frozen base, 4-bit NF4 when configured. A GGUF origin note in config.json (the tiny model's)
+    is dropped: the directory holds plain weights. Any other pre-quantized base is refused."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+
+    try:
+        config = AutoConfig.from_pretrained(base)
+    except OSError as e:
+        raise ConfigError(f"{cfg.source}: base_model: cannot load {base}: {e}") from None
+    existing = getattr(config, "quantization_config", None)
+    if existing is not None:
+        method = existing.get("quant_method") if isinstance(existing, dict) else getattr(existing, "quant_method", None)
+        if method != "gguf":
+            raise ConfigError(f"{cfg.source}: base_model: {base} is already quantized ({method}); give the full-precision model")
+        del config.quantization_config
+    q = cfg.quantization
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
+    if q.load_in_4bit:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=q.quant_type,
+            bnb_4bit_use_double_quant=q.double_quant,
+            bnb_4bit_compute_dtype=dtype,
+        )
+    if torch.cuda.is_available():
+        kwargs["device_map"] = {"": 0}
+    model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
+    if q.load_in_4bit:
+        keep_cpu_weights_unpacked(model)
+    return model
+
+
+def keep_cpu_weights_unpacked(model) -> int:
+    """Stop bitsandbytes (0.50) from repacking 4-bit weights in place for its CPU kernel.
+
+    On a CPU with AVX512-BF16, the first forward of a Linear4bit in eval mode without gradients
+    rewrites its weight into a CPU-only layout. From then on, (1) training forwards go through an op
+    with no autograd, so no gradient flows back through the frozen layers (torch only warns), and
+    (2) transformers' `dequantize()` reads the repacked bytes as the standard layout and returns
+    wrong weights. Both happened here after a loss evaluation; with the repacking off, train, eval
+    and dequantize all use the standard layout (on GPU the flag is never consulted).
+    """
+    import bitsandbytes as bnb
+
+    modules = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+    for module in modules:
+        module.support_avx512bf16_for_cpu = False
+    return len(modules)
+
+
+def _throughput_callback(console: Console):
+    from transformers import TrainerCallback
+
+    class Throughput(TrainerCallback):
+        """One line per log: step, loss, learning rate and tokens/s since the previous log."""
+
+        def __init__(self):
+            self.rows: list[dict[str, Any]] = []
+            self._last: tuple[float, float] | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._last = None
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            now, tokens = time.monotonic(), float(logs.get("num_tokens", 0))
+            rate = None
+            if self._last is not None and now > self._last[0]:
+                rate = (tokens - self._last[1]) / (now - self._last[0])
+            self._last = (now, tokens)
+            row = {"step": state.global_step, "loss": logs["loss"], "learning_rate": logs.get("learning_rate"),
+                   "num_tokens": tokens, "tokens_per_s": round(rate, 1) if rate else None}  # fmt: skip
+            self.rows.append(row)
+            rate_text = f"{rate:,.0f} tokens/s" if rate else "tokens/s from the next log"
+            console.print(f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
+                          f"lr {logs.get('learning_rate', 0):.2e}  {rate_text}", highlight=False)  # fmt: skip
+
+    return Throughput()
+
+
+def _too_long(tokenizer, examples, max_length: int) -> int:
+    n = 0
+    for e in examples:
+        messages = [m.model_dump() for m in e.prompt + e.completion]
+        n += len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]) > max_length
+    return n
+
+
+def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+    """Fine-tune, save the adapter to `<out>/adapter`, write `<out>/train_report.json`; return the report."""
+    console = console or Console(stderr=True)
+    import datasets
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+    from trl import SFTConfig, SFTTrainer
+
+    base = resolve_base(cfg)
+    ddir = data_dir(cfg)
+    train_examples = read_examples(ddir / "train.jsonl")
+    val_path = ddir / "validation.jsonl"
+    val_examples = read_examples(val_path) if val_path.is_file() else []
+    files = {"train": str(ddir / "train.jsonl")} | ({"validation": str(val_path)} if val_examples else {})
+    # Only the two columns the trainer reads: provenance columns differ in type across rows (raw: null).
+    data = datasets.load_dataset("json", data_files=files).select_columns(["prompt", "completion"])
+
+    prec = precision(cfg)
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = load_base(base, cfg, dtype)
+    s, lora = cfg.sft, cfg.lora
+    out = cfg.out_dir
+    checkpoints = out / "checkpoints"
+    args = SFTConfig(
+        output_dir=str(checkpoints),
+        num_train_epochs=s.num_train_epochs,
+        max_steps=s.max_steps or -1,
+        per_device_train_batch_size=s.per_device_train_batch_size,
+        per_device_eval_batch_size=s.per_device_train_batch_size,
+        gradient_accumulation_steps=s.gradient_accumulation_steps,
+        learning_rate=s.learning_rate,
+        weight_decay=s.weight_decay,
+        optim=s.optim,
+        lr_scheduler_type=s.lr_scheduler_type,
+        warmup_steps=s.warmup_steps,
+        max_grad_norm=s.max_grad_norm or 0.0,  # 0 turns clipping off in transformers' Trainer
+        max_length=s.max_length,
+        completion_only_loss=True,
+        packing=False,
+        bf16=prec == "bf16",
+        fp16=False,
+        gradient_checkpointing=s.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        logging_steps=s.logging_steps,
+        save_strategy="steps",
+        save_steps=s.save_steps,
+        save_total_limit=s.save_total_limit,
+        eval_strategy="no",
+        report_to="none",
+        seed=s.seed,
+        data_seed=s.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+    )
+    peft_config = LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+    )  # fmt: skip
+    throughput = _throughput_callback(console)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"] if val_examples else None,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[throughput],
+    )
+    n_trainable, n_total = trainer.model.get_nb_trainable_parameters()
+    n_long = _too_long(tokenizer, train_examples, s.max_length)
+    n_kept = len(trainer.train_dataset)
+    train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
+    completion_tokens = sum(sum(label != -100 for label in labels) for labels in trainer.train_dataset["labels"])
+    console.print(
+        f"[bold]sft[/bold]: {base}, {'4-bit ' + cfg.quantization.quant_type if cfg.quantization.load_in_4bit else 'unquantized'} "
+        f"base, LoRA r={lora.r}: {n_trainable:,} trainable of {n_total:,} parameters; {n_kept} examples "
+        f"({train_tokens:,} tokens, {completion_tokens:,} in completions), {n_long} over max_length {s.max_length}; {prec}",
+        highlight=False,
+    )
+
+    def loss_on(split: str) -> float | None:
+        dataset = trainer.train_dataset if split == "train" else trainer.eval_dataset
+        if dataset is None:
+            return None
+        return round(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=split)[f"{split}_loss"], 5)
+
+    last = get_last_checkpoint(str(checkpoints)) if s.resume and checkpoints.is_dir() else None
+    before = {split: loss_on(split) for split in ("train", "validation")}
+    started = time.monotonic()
+    result = trainer.train(resume_from_checkpoint=last)
+    wall = time.monotonic() - started
+    after = {split: loss_on(split) for split in ("train", "validation")}
+
+    adapter_dir = out / "adapter"
+    trainer.save_model(str(adapter_dir))
+    tokenizer.save_pretrained(str(adapter_dir))
+    steps = [row for row in trainer.state.log_history if "loss" in row]
+    rates = [row["tokens_per_s"] for row in throughput.rows if row["tokens_per_s"]]
+    report = {
+        "base_model": base,
+        "adapter": str(adapter_dir),
+        "resumed_from": last,
+        "precision": prec,
+        "quantization": cfg.quantization.model_dump() if cfg.quantization.load_in_4bit else None,
+        "lora": lora.model_dump(),
+        "trainable_parameters": n_trainable,
+        "total_parameters": n_total,
+        "n_train_examples": len(train_examples),
+        "n_validation_examples": len(val_examples),
+        "n_over_max_length": n_long,
+        "n_dropped_no_completion_left": len(train_examples) - n_kept,
+        "train_tokens_per_epoch": train_tokens,
+        "completion_tokens_per_epoch": completion_tokens,
+        "optimizer_steps": trainer.state.global_step,
+        "max_steps": trainer.state.max_steps,
+        "loss_before": before,
+        "loss_after": after,
+        "logged_losses": [{"step": r["step"], "loss": r["loss"]} for r in steps],
+        "throughput": throughput.rows,
+        "mean_tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+        "train_runtime_s": round(result.metrics.get("train_runtime", wall), 2),
+        "wall_s": round(wall, 2),
+        "hyperparameters": s.model_dump(),
+    }
+    (out / "train_report.json").write_text(json.dumps(report, indent=2))
+    if any(v is not None and not math.isfinite(v) for v in after.values()):
+        raise RuntimeError(f"training diverged: loss after training is {after}; see {out / 'train_report.json'}")
+    return report
