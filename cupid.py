@@ -8,12 +8,14 @@ from eval.nightly import main as nightly_main
 from eval.report import main as report_main
 from serving.cli import app as serve_app
 from training.synth.cli import app as synth_app
+from training.cli import app as train_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Local, cost-free evaluation for the CUPID benchmark.")
 app.add_typer(serve_app, name="serve")
 app.add_typer(eval_app, name="eval")
 app.add_typer(meta_app, name="meta")
 app.add_typer(synth_app, name="synth")
+app.add_typer(train_app, name="train")
 app.command("report")(report_main)
 app.command("nightly")(nightly_main)
 

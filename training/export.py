@@ -26,6 +26,7 @@ from rich.console import Console
 
 from serving.config import ConfigError
 from training.config import TrainConfig
+from training.matchdata import data_dir, read_examples
 from training.sft import load_base, resolve_base
 
 PROBE = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "MARKER-7d1f"}]
@@ -78,20 +79,16 @@ def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(adapter)
     eot = end_of_turn_token(tokenizer)
 
-    probe = None
-    check = {}
-    from training.matchdata import data_dir, read_examples
-
-    val = data_dir(cfg) / "validation.jsonl"
-    if val.is_file():
-        probe = [m.model_dump() for m in read_examples(val)[0].prompt]
-        # The function that was trained: adapter on the quantized base, as in training.
-        trained = PeftModel.from_pretrained(load_base(base, cfg, dtype), adapter)
-        trained.eval()
-        reference = _logits(trained, tokenizer, probe)
-        del trained
-
     model = load_base(base, cfg, dtype)
+    check: dict[str, Any] = {}
+    val = data_dir(cfg) / "validation.jsonl"
+    probe = [m.model_dump() for m in read_examples(val)[0].prompt] if val.is_file() else None
+    if probe is not None:
+        # The function that was trained: the adapter on the (quantized) base, exactly as in training.
+        with_adapter = PeftModel.from_pretrained(model, adapter)
+        with_adapter.eval()
+        reference = _logits(with_adapter, tokenizer, probe)
+        model = with_adapter.unload()  # the untouched base again
     method = "merge into the unquantized base"
     if cfg.quantization.load_in_4bit:
         model = model.dequantize(dtype=dtype)  # W' = dequant(NF4(W0)), in place of every Linear4bit

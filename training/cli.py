@@ -1,0 +1,140 @@
+"""`cupid train ...`: rebuild PrefMatcher from one config (configs/train/*.yaml).
+
+`run` does the whole chain; `synth`, `sft`, `export` and `check` run one stage each, reading what
+the stages before them left in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eval.data import DataError
+from serving.config import ConfigError
+from serving.engines import ServeError
+from training import agreement, config, pipeline
+from training.matchdata import SynthesisError
+
+app = typer.Typer(no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement.")
+console = Console()
+err = Console(stderr=True)
+
+ConfigOption = typer.Option(..., "--config", "-c", help="training config YAML (configs/train/*.yaml)")
+ForceOption = typer.Option(False, "--force", help="allow kixlab/CUPID (the benchmark's test split) as synthesis input")
+OutOption = typer.Option(None, "--out", help="run directory (overrides the config's `out`)")
+
+
+def _load(path: str, force: bool = False, out: str | None = None) -> config.TrainConfig:
+    overrides: dict[str, Any] = {}
+    if force:
+        overrides["synthesis.allow_test_split"] = True
+    if out:
+        overrides["out"] = out
+    return config.load(path, overrides)
+
+
+def _guarded(action: Callable[[], Any]) -> Any:
+    try:
+        return action()
+    except (ConfigError, DataError, SynthesisError, ServeError) as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(2)
+
+
+def _print_synthesis(report: dict[str, Any] | None) -> None:
+    if not report:
+        return
+    table = Table("split", "examples", "personas", "items", *agreement_labels(), title="match data (label balance)")
+    for split, block in report["splits"].items():
+        shares = [f"{block['labels'][k]} ({(block['label_shares'][k] or 0):.0%})" for k in agreement_labels()]
+        table.add_row(split, str(block["n_examples"]), str(block["n_personas"]), str(block["n_items"]), *shares)
+    console.print(table)
+    console.print(f"{report['n_examples_raw']} labelled pairs, {report['n_duplicates']} duplicates dropped "
+                  f"({report['n_conflicting_duplicates']} with conflicting labels)", highlight=False)  # fmt: skip
+
+
+def agreement_labels() -> tuple[str, ...]:
+    from matcher.prompts import LABELS
+
+    return LABELS
+
+
+def _print_sft(report: dict[str, Any] | None) -> None:
+    if report:
+        console.print(
+            f"sft: {report['optimizer_steps']} steps; loss on the training set {report['loss_before']['train']} -> "
+            f"{report['loss_after']['train']}, validation {report['loss_before']['validation']} -> "
+            f"{report['loss_after']['validation']}; {report['mean_tokens_per_s']} tokens/s; {report['train_runtime_s']}s; "
+            f"adapter in {report['adapter']}",
+            highlight=False,
+        )
+
+
+def _print_check(report: dict[str, Any] | None) -> None:
+    if not report:
+        return
+    table = Table("model", "parsed", "accuracy", "alpha (interval)", "alpha (ordinal)", "failed", title="agreement with the teacher (validation)")
+    for row in agreement.table(report):
+        table.add_row(*row)
+    console.print(table)
+    for which in ("base", "trained"):
+        for what, n in (report.get(which) or {}).get("failures", {}).items():
+            console.print(f"[yellow]{which} failed:[/yellow] {n} x {what}", highlight=False)
+
+
+@app.command()
+def run(
+    config_path: str = ConfigOption,
+    force: bool = ForceOption,
+    out: Optional[str] = OutOption,
+    skip_check: bool = typer.Option(False, "--skip-check", help="stop after the export"),
+) -> None:
+    """The whole chain: synthesize -> fine-tune -> export -> agreement check."""
+    cfg = _guarded(lambda: _load(config_path, force, out))
+    stages = pipeline.STAGES[:-1] if skip_check else pipeline.STAGES
+    reports = _guarded(lambda: pipeline.run(cfg, err, stages))
+    _print_synthesis(reports.get("synth"))
+    _print_sft(reports.get("sft"))
+    if reports.get("export"):
+        console.print(f"export: {reports['export']['export']} ({reports['export']['method']})", highlight=False)
+    _print_check(reports.get("check"))
+    print(f"wall time: {json.dumps(reports['wall_s'])}; results in {cfg.out}")
+
+
+@app.command()
+def synth(config_path: str = ConfigOption, force: bool = ForceOption, out: Optional[str] = OutOption) -> None:
+    """Match data only: candidates -> decomposer -> teacher labels -> train/validation JSONL."""
+    cfg = _guarded(lambda: _load(config_path, force, out))
+    from training import matchdata
+
+    _print_synthesis(_guarded(lambda: matchdata.synthesize(cfg, err)))
+
+
+@app.command()
+def sft(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
+    """The QLoRA fine-tune on the run directory's match data (resumes from the newest checkpoint)."""
+    cfg = _guarded(lambda: _load(config_path, out=out))
+    from training import sft as sft_stage
+
+    _print_sft(_guarded(lambda: sft_stage.train(cfg, err)))
+
+
+@app.command()
+def export(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
+    """Merge the adapter into the base and save a directory vLLM and `transformers serve` load as is."""
+    cfg = _guarded(lambda: _load(config_path, out=out))
+    from training import export as export_stage
+
+    report = _guarded(lambda: export_stage.export(cfg, err))
+    console.print(json.dumps(report, indent=2))
+
+
+@app.command()
+def check(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
+    """Serve base and export, run each as the matcher on the validation split, compare with the teacher."""
+    cfg = _guarded(lambda: _load(config_path, out=out))
+    _print_check(_guarded(lambda: agreement.check(cfg, err)))
