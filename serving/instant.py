@@ -5,7 +5,7 @@ repeatable answers for checking the scoring path over real HTTP (retries, resume
 Answers depend only on the request: the inference prompt gets a fixed preference, the decomposer
 splits a preference into yes/no questions, the matcher labels items by word overlap.
 
-    python -m serving.instant --port 8099 [--fail-first N] [--context-window TOKENS]
+    python -m serving.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
 """
 
 from __future__ import annotations
@@ -42,17 +42,18 @@ def label(item: str, preference: str) -> str:
     return "Fully Covered" if overlap >= 0.5 else "Partially Covered" if overlap > 0 else "Not Covered"
 
 
-def answer(messages: list[dict[str, str]]) -> str:
+def answer(messages: list[dict[str, str]], preference: str = PREFERENCE) -> str:
+    """`preference`: what the candidate infers (and writes its responses by), the same for every instance."""
     system, user = messages[0]["content"], messages[-1]["content"]
     if system == prompts.load("inference").system:
-        return f"### Analysis\n\nThe user asked for short updates.\n\n### Most Likely Preference\n\n{PREFERENCE}\n"
+        return f"### Analysis\n\nThe user asked for short updates.\n\n### Most Likely Preference\n\n{preference}\n"
     if system == prompts.load("decomposer").system.format():
         preference = user.split("**Preferences**", 1)[1].strip()
         parts = [p.strip(" .") for p in re.split(r",\s*(?:and\s+)?|\s+and\s+", preference) if p.strip(" .")]
         checklist = [f"Does the response satisfy: {p}?" for p in parts[:4]]
         return "**Analysis**\n\nSplit on clauses.\n\n**Checklist**\n\n```json\n" + json.dumps({"checklist": checklist}, indent=2) + "\n```"
     if system == prompts.load("generation").system:
-        return f"Here is a short update. {PREFERENCE}"
+        return f"Here is a short update. {preference}"
     if system == prompts.load(prompts.ORACLE_PREFERENCE).system:
         given = user.split("## User's Preference", 1)[1].split("---", 1)[0].strip()
         return f"Here is a short update. {given}"
@@ -77,7 +78,7 @@ def answer(messages: list[dict[str, str]]) -> str:
     return "OK"
 
 
-def create_app(fail_first: int = 0, context_window: int = 0) -> FastAPI:
+def create_app(fail_first: int = 0, context_window: int = 0, preference: str = PREFERENCE) -> FastAPI:
     """`fail_first`: answer each distinct request with 503 that many times before answering it.
     `context_window`: refuse prompts longer than this many tokens (about 4 characters each) with
     the 400 error vLLM gives, as a small-context model's server does."""
@@ -107,7 +108,7 @@ def create_app(fail_first: int = 0, context_window: int = 0) -> FastAPI:
                 f"{(body.get('max_tokens') or 0)} in the completion). Please reduce the length of the messages or completion."
             )
             return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "code": 400}, status_code=400)
-        content = answer(body["messages"])
+        content = answer(body["messages"], preference)
         return JSONResponse(
             {
                 "id": "instant",
@@ -148,8 +149,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8099)
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--context-window", type=int, default=0)
+    parser.add_argument("--preference", default=PREFERENCE, help="the preference the candidate infers for every instance")
     args = parser.parse_args()
-    uvicorn.run(create_app(args.fail_first, args.context_window), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_app(args.fail_first, args.context_window, args.preference), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

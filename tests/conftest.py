@@ -65,3 +65,17 @@ def flaky_url():
     yield url
     proc.terminate()
     proc.wait()
+
+
+@pytest.fixture
+def endpoints(tmp_path, instant_url, tiny_server):
+    """Run endpoints: the instant server under several names, the real tiny model as is and as a
+    prefmatcher-format matcher, and a paid-style endpoint whose key variable is unset."""
+    return write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        tiny=tiny_server,
+        tinymatch={**tiny_server, "matcher_prompt": "prefmatcher"},
+        paid={"base_url": instant_url, "model": "paid-4o", "api_key_env": "CUPID_TEST_MISSING_KEY"},
+    )

@@ -12,18 +12,6 @@ from serving.config import ConfigError
 from tests.conftest import REPO, write_endpoints
 
 
-@pytest.fixture
-def endpoints(tmp_path, instant_url, tiny_server):
-    return write_endpoints(
-        tmp_path / "endpoints.yaml",
-        instant={"base_url": instant_url, "model": "instant"},
-        pm={"base_url": instant_url, "model": "local-prefmatcher"},
-        tiny=tiny_server,
-        tinymatch={**tiny_server, "matcher_prompt": "prefmatcher"},
-        paid={"base_url": instant_url, "model": "paid", "api_key_env": "CUPID_TEST_MISSING_KEY"},
-    )
-
-
 def config(endpoints, tmp_path, **kw) -> RunConfig:
     values = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm",
                   out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite"))  # fmt: skip

@@ -2,11 +2,7 @@
 stays the same (and costs nothing the second night), and one whose server is down."""
 
 import json
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -14,7 +10,7 @@ from typer.testing import CliRunner
 from cupid import app
 from eval.nightly import run_nightly
 from serving.config import ConfigError
-from serving.instant import free_port
+from serving.instant import start as start_instant
 from tests.conftest import REPO, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
@@ -23,21 +19,10 @@ NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample 
 @pytest.fixture
 def drifted_url():
     """An instant server whose candidate now states a preference no instance holds."""
-    port = free_port()
-    code = f"import sys, serving.instant as s; s.PREFERENCE = {NONSENSE!r}; sys.argv = ['instant', '--port', '{port}']; s.main()"
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        yield url + "/v1"
-    finally:
-        proc.terminate()
-        proc.wait()
+    proc, url = start_instant("--preference", NONSENSE)
+    yield url
+    proc.terminate()
+    proc.wait()
 
 
 def suite(tmp_path, name, endpoints, models, **extra):

@@ -17,17 +17,6 @@ from tests.conftest import write_endpoints
 SETTINGS = ["standard", "oracle", "oracle-preference", "summary"]
 
 
-@pytest.fixture
-def endpoints(tmp_path, instant_url, tiny_server):
-    return write_endpoints(
-        tmp_path / "endpoints.yaml",
-        instant={"base_url": instant_url, "model": "instant"},
-        pm={"base_url": instant_url, "model": "local-prefmatcher"},
-        tiny=tiny_server,
-        paid={"base_url": instant_url, "model": "paid-4o", "api_key_env": "CUPID_TEST_REFERENCE_KEY"},
-    )
-
-
 def config(endpoints, tmp_path, **kw) -> RunConfig:
     values = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", judge="instant",
                   summarizer="instant", tasks=["inference", "generation"], out=str(tmp_path / "run"),
@@ -97,12 +86,12 @@ def test_candidate_prompts_per_setting_and_summaries_cached_per_session(endpoint
 
 
 def test_reference_rescoring_side_by_side_without_asking_the_candidate_again(endpoints, tmp_path, cupid_home, monkeypatch):
-    monkeypatch.delenv("CUPID_TEST_REFERENCE_KEY", raising=False)
-    with pytest.raises(ConfigError, match="CUPID_TEST_REFERENCE_KEY"):
+    monkeypatch.delenv("CUPID_TEST_MISSING_KEY", raising=False)
+    with pytest.raises(ConfigError, match="CUPID_TEST_MISSING_KEY"):
         run(config(endpoints, tmp_path, reference="paid"))
     assert not (tmp_path / "run").exists()  # stopped before sending anything
 
-    monkeypatch.setenv("CUPID_TEST_REFERENCE_KEY", "sk-test")
+    monkeypatch.setenv("CUPID_TEST_MISSING_KEY", "sk-test")
     summary = run(config(endpoints, tmp_path, reference="paid", limit=3))
     rows = records(tmp_path)
     assert all(r["reference"]["status"] == "scored" for r in rows)
