@@ -10,7 +10,7 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -46,6 +46,14 @@ eval: setup
 # The nightly suite: runs/nightly/<date>/ and a leaderboard; non-zero exit on a regression or failures.
 nightly: setup
 	$(CUPID) nightly --config $(NIGHTLY)
+
+# New CUPID-style instances from personas (resumable): configs/synth/default.yaml on a GPU box,
+# SYNTH_CONFIG=configs/synth/tiny.yaml on CPU (needs the tiny server on :8011, as `make demo` starts it).
+SYNTH_CONFIG ?= configs/synth/default.yaml
+PERSONAS ?= 64
+SYNTH_ARGS ?=
+synth: setup
+	$(CUPID) synth --config $(SYNTH_CONFIG) --personas $(PERSONAS) $(SYNTH_ARGS)
 
 clean:
 	rm -rf runs .cupid/servers

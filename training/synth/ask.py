@@ -1,7 +1,8 @@
 """One model step of a persona: send, read, check, retry; every raw answer is kept.
 
 A retry is a different request, so the cache sends it instead of replaying the bad answer: its
-last message starts with the reason the previous answer was refused, prompts with a one-shot
+last message gets the reason the previous answer was refused, just before its last line (the
+instruction the model answers), prompts with a one-shot
 example show another example (both move even a greedy server to another answer; small models heed
 a note inside the instruction far more than a further chat turn), and it carries a new seed and a
 temperature of at least `retry_temperature` (which moves a sampling server). When no attempt is usable, the step raises `StepFailed` and the persona fails
@@ -74,8 +75,10 @@ class Asker:
         for attempt in range(1, attempts + 1):
             base = build(attempt)
             sent = base
-            if note:
-                sent = base[:-1] + [{"role": base[-1]["role"], "content": f"{note}\n\n{base[-1]['content']}"}]
+            if note:  # just before the last line, which is the instruction the model answers
+                head, _, tail = base[-1]["content"].rpartition("\n")
+                content = f"{head}\n\n{note}\n{tail}" if head else f"{note}\n\n{tail}"
+                sent = base[:-1] + [{"role": base[-1]["role"], "content": content}]
             temperature = self.cfg.temperature.model_dump()[role]
             if attempt > 1:
                 temperature = max(temperature, self.cfg.retry_temperature)

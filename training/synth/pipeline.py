@@ -272,6 +272,7 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
         "failures": {pid: f for pid, f in failures.items() if pid in wanted},
         "failed_by_step": dict(Counter(_step_kind(f["step"]) for pid, f in failures.items() if pid in wanted)),
         "instances": n_rows,
+        "example_copies": sum(len(r.example_copies) for r in out.records() if r.persona_id in wanted),
         "instances_file": str(out.instances_file),
         "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
         "seconds": round(time.monotonic() - started, 1),
