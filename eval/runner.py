@@ -27,7 +27,7 @@ from serving.cache import Cache
 from serving.client import Client
 from serving.config import ConfigError
 from serving.endpoints import Endpoint, load_endpoints, missing_keys, require
-from serving.lifecycle import state_dir
+from serving.lifecycle import live_endpoints, state_dir
 from serving.offline import open_client
 
 TaskName = Literal["inference", "generation"]
@@ -188,6 +188,8 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
     console = console or Console(stderr=True)
     endpoints = load_endpoints(cfg.endpoints)
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
+    if names - endpoints.keys():  # a running server (`cupid serve up --profile NAME`) answers to its name
+        endpoints = {**live_endpoints(), **endpoints}
     used = {name: require(endpoints, name, cfg.endpoints) for name in sorted(names)}
 
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)

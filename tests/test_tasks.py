@@ -12,7 +12,7 @@ from eval.runner import RunConfig, run
 from matcher import prompts
 from serving.config import ConfigError
 from serving.instant import start as start_instant
-from tests.conftest import write_endpoints
+from tests.conftest import TINY_NAME, write_endpoints
 
 SETTINGS = ["standard", "oracle", "oracle-preference", "summary"]
 
@@ -138,3 +138,13 @@ def test_offline_executor_without_vllm_is_refused_clearly(endpoints, tmp_path, c
     with pytest.raises(ConfigError, match="vllm"):
         run(config(endpoints, tmp_path, executor="vllm-offline", limit=1))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_running_server_is_an_endpoint_by_its_name(endpoints, tmp_path, tiny_server, session_home, monkeypatch):
+    monkeypatch.setenv("CUPID_HOME", str(session_home))  # where the session's tiny server is recorded
+    out = tmp_path / "batch.jsonl"
+    run(config(endpoints, tmp_path, candidate=TINY_NAME, tasks=["generation"], limit=2), dry_run=str(out))
+    bodies = [json.loads(line)["body"] for line in out.read_text().splitlines()]
+    assert [b["model"] for b in bodies] == [TINY_NAME, TINY_NAME]
+    with pytest.raises(ConfigError, match="no endpoint named 'nobody'"):
+        run(config(endpoints, tmp_path, candidate="nobody", tasks=["generation"]), dry_run=str(out))
