@@ -33,7 +33,7 @@ from training.synth.config import SynthConfig
 from training.synth.dialogue import Message, Turn, pick_unmet, score
 from training.synth.factors import PAIR, Factor
 from training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
-from training.synth.personas import Template, template
+from training.synth.personas import template
 from training.synth.pipeline import RunDir, persona_id, run
 from training.synth.sessions import FINAL, layout
 
@@ -393,8 +393,10 @@ def test_tiny_model_end_to_end_then_resume(tmp_path, tiny_server):
     raw answers and nothing else written. The rerun must send nothing new and end the same way.
     """
     endpoints = write_endpoints(tmp_path / "e.yaml", tiny={**tiny_server, "max_concurrency": 16})
+    # no retry (the config has 5): a failing persona stays short on a busy CPU, where a request takes ~30 s
     args = ["synth", "--config", "configs/synth/tiny.yaml", "--endpoints", str(endpoints), "--personas", "1",
-            "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "c.sqlite"), "--allow-failures"]  # fmt: skip
+            "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "c.sqlite"), "--allow-failures",
+            "--retries", "0"]  # fmt: skip
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     out = RunDir(tmp_path / "run")

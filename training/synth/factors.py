@@ -68,12 +68,14 @@ def draw_slots(rng: random.Random, attrs: Attributes) -> list[Slot]:
     return slots + [slots[PAIR[0]]]
 
 
-def _check_new(fields: dict[str, str], factors: list[Factor]) -> None:
+def _check_new(fields: dict[str, str], slot: Slot, factors: list[Factor]) -> None:
     name, preference = fields["Factor"].rstrip("."), fields["Preference"]
     if len(words(name)) > MAX_NAME_WORDS:
         raise Unusable(f"the factor name has more than {MAX_NAME_WORDS} words; give a short specific name")
     if not [w for w in words(name) if w not in STOPWORDS]:
         raise Unusable("the factor name is empty")
+    if normalized(name) in {normalized(t) for t in [slot.factor_type, slot.preference_type, *slot.task_types]}:
+        raise Unusable(f"'{name}' names a type, not a factor; give the specific name of one {slot.factor_type}")
     if len(words(preference)) < MIN_PREFERENCE_WORDS:
         raise Unusable(f"the preference needs at least {MIN_PREFERENCE_WORDS} words")
     for other in factors:
@@ -106,7 +108,7 @@ def _read_factor(asker: Asker, step: str, index: int, slot: Slot, factors: list[
         if first and not _LABELLED_START.match(first):  # the prompt ends in "Factor:", so the name may come bare
             answer = "Factor: " + answer.lstrip()
         fields = require_fields(answer, ("Factor", "Background", "Preference"))
-        _check_new(fields, factors)
+        _check_new(fields, slot, factors)
         preference = " ".join(sentences(fields["Preference"])[:1]) or fields["Preference"]
         example = shown["example"]
         asker.check_copy(step, f"{fields['Factor']} {preference}", f"{example['factor']} {example['preference']}")
