@@ -41,7 +41,7 @@ def _guarded(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except (ConfigError, DataError, SynthesisError, ServeError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)  # whole lines: paths stay greppable
         raise typer.Exit(2)
 
 
@@ -66,10 +66,9 @@ def agreement_labels() -> tuple[str, ...]:
 def _print_sft(report: dict[str, Any] | None) -> None:
     if report:
         console.print(
-            f"sft: {report['optimizer_steps']} steps; loss on the training set {report['loss_before']['train']} -> "
-            f"{report['loss_after']['train']}, validation {report['loss_before']['validation']} -> "
-            f"{report['loss_after']['validation']}; {report['mean_tokens_per_s']} tokens/s; {report['train_runtime_s']}s; "
-            f"adapter in {report['adapter']}",
+            f"sft: {report['optimizer_steps']} steps; mean loss "
+            + ", ".join(f"{split} {before} -> {report['loss_after'][split]}" for split, before in report["loss_before"].items())
+            + f"; {report['mean_tokens_per_s']} tokens/s; {report['train_runtime_s']}s; adapter in {report['adapter']}",
             highlight=False,
         )
 

@@ -26,8 +26,9 @@ class Synthesis(_Section):
 
     data: str = Field(default="sample", description="'sample', a local CUPID-format file/dir, or a Hub id")
     split: str = Field(default="train", description="Hub split (local files have none)")
-    endpoints: str | dict[str, Endpoint] = Field(
-        default="configs/endpoints.yaml", description="an endpoints YAML file, or the endpoints written inline"
+    endpoints: str | None = Field(default="configs/endpoints.yaml", description="endpoints YAML file")
+    add_endpoints: dict[str, Endpoint] = Field(
+        default_factory=dict, description="more endpoints written inline (e.g. the candidates), on top of the file's"
     )
     instant_server: bool = Field(
         default=False,
@@ -85,6 +86,9 @@ class Sft(_Section):
     save_steps: int = Field(default=50, ge=1)
     save_total_limit: int | None = Field(default=2, ge=1)
     resume: bool = Field(default=True, description="continue from the newest checkpoint in the run directory")
+    measure_loss_on: list[Literal["train", "validation"]] = Field(
+        default_factory=lambda: ["train", "validation"], description="splits whose mean loss is reported before and after"
+    )
     seed: int = 0
 
 

@@ -222,12 +222,10 @@ def _slug(name: str) -> str:
 
 @contextlib.contextmanager
 def _endpoints_file(syn: Synthesis, work: Path) -> Iterator[Path]:
-    """The endpoints the runs use, as a file: the configured file or inline mapping, plus the
-    instant-answer server (started here, stopped on exit) when the config asks for it."""
-    if isinstance(syn.endpoints, dict):
-        entries = {name: e.model_dump(mode="json", exclude_none=True) for name, e in syn.endpoints.items()}
-    else:
-        entries = {name: e.model_dump(mode="json", exclude_none=True) for name, e in load_endpoints(syn.endpoints).items()}
+    """The endpoints the runs use, as one file in the run directory: the configured file, the inline
+    ones, and the instant-answer server (started here, stopped on exit) when the config asks for it."""
+    found = load_endpoints(syn.endpoints) if syn.endpoints else {}
+    entries = {name: e.model_dump(mode="json", exclude_none=True) for name, e in {**found, **syn.add_endpoints}.items()}
     proc = None
     try:
         if syn.instant_server:

@@ -32,7 +32,20 @@ def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...
         started = time.monotonic()
         reports[stage] = steps[stage]()
         wall[stage] = round(time.monotonic() - started, 2)
+        _release_memory()
     reports["wall_s"] = {**wall, "total": round(sum(wall.values()), 2)}
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     (cfg.out_dir / "chain.json").write_text(json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": reports["wall_s"]}, indent=2))
     return reports
+
+
+def _release_memory() -> None:
+    """Stages return reports, never models: collect what they held so that the next stage (or the
+    vLLM server the check starts, a separate process) finds the GPU memory free."""
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()

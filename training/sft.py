@@ -146,6 +146,13 @@ def _too_long(tokenizer, examples, max_length: int) -> int:
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     """Fine-tune, save the adapter to `<out>/adapter`, write `<out>/train_report.json`; return the report."""
     console = console or Console(stderr=True)
+    # Inputs first: a bad path or data line fails in a second, before the heavy imports and the model.
+    base = resolve_base(cfg)
+    ddir = data_dir(cfg)
+    train_examples = read_examples(ddir / "train.jsonl")
+    val_path = ddir / "validation.jsonl"
+    val_examples = read_examples(val_path) if val_path.is_file() else []
+
     import datasets
     import torch
     from peft import LoraConfig
@@ -153,11 +160,6 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTConfig, SFTTrainer
 
-    base = resolve_base(cfg)
-    ddir = data_dir(cfg)
-    train_examples = read_examples(ddir / "train.jsonl")
-    val_path = ddir / "validation.jsonl"
-    val_examples = read_examples(val_path) if val_path.is_file() else []
     files = {"train": str(ddir / "train.jsonl")} | ({"validation": str(val_path)} if val_examples else {})
     # Only the two columns the trainer reads: provenance columns differ in type across rows (raw: null).
     data = datasets.load_dataset("json", data_files=files).select_columns(["prompt", "completion"])
@@ -226,18 +228,22 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         highlight=False,
     )
 
-    def loss_on(split: str) -> float | None:
-        dataset = trainer.train_dataset if split == "train" else trainer.eval_dataset
-        if dataset is None:
-            return None
-        return round(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=split)[f"{split}_loss"], 5)
+    def losses() -> dict[str, float]:
+        """Mean completion-token loss over whole splits: the same examples before and after, so the
+        two numbers compare (the logged per-step losses are over different batches)."""
+        out = {}
+        for split in s.measure_loss_on:
+            dataset = trainer.train_dataset if split == "train" else trainer.eval_dataset
+            if dataset is not None:
+                out[split] = round(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=split)[f"{split}_loss"], 5)
+        return out
 
     last = get_last_checkpoint(str(checkpoints)) if s.resume and checkpoints.is_dir() else None
-    before = {split: loss_on(split) for split in ("train", "validation")}
+    before = losses()
     started = time.monotonic()
     result = trainer.train(resume_from_checkpoint=last)
     wall = time.monotonic() - started
-    after = {split: loss_on(split) for split in ("train", "validation")}
+    after = losses()
 
     adapter_dir = out / "adapter"
     trainer.save_model(str(adapter_dir))

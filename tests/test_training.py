@@ -1,0 +1,309 @@
+"""Rebuilding PrefMatcher on CPU: the whole chain once (module fixture), then bad inputs.
+
+The chain is real end to end: the eval runner over HTTP synthesizes match data from the bundled
+sample (the instant-answer server plays candidate, decomposer and teacher: SmolLM2-135M cannot
+answer in CUPID's formats, see test_tiny_model_as_candidate_gives_no_match_data), TRL trains a
+LoRA on the real tiny model loaded in bitsandbytes 4-bit NF4, the adapter is merged and saved,
+and the export is served with the real `transformers serve` and asked the validation prompts.
+Trained 10 steps on 4 examples, the 135M model learns PrefMatcher's answer format (its answers
+parse; the base model's do not), not good labels: the check is asserted on what it records
+(parsed answers scored, failures counted with reasons), never on agreement values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cupid
+from rich.console import Console
+from typer.testing import CliRunner
+
+from eval.data import DataError
+from matcher import parse, prompts
+from serving.config import ConfigError
+from serving.instant import free_port
+from tests.conftest import REPO, write_endpoints
+from training import agreement, config, matchdata, pipeline, sft
+from training.matchdata import SynthesisError
+
+TINY = REPO / "configs" / "train" / "tiny.yaml"
+
+
+def _load(path: Path, **overrides) -> config.TrainConfig:
+    return config.load(path, {k.replace("__", "."): v for k, v in overrides.items()})
+
+
+@pytest.fixture(scope="module")
+def chain(tiny_model_dir, tmp_path_factory):
+    """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory."""
+    work = tmp_path_factory.mktemp("train")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUPID_HOME", str(work / "home"))
+    cfg = _load(TINY, out=str(work / "run"), base_model=str(tiny_model_dir), synthesis__cache=str(work / "cache.sqlite"))
+    reports = pipeline.run(cfg, Console(stderr=True))
+    print(f"tiny chain wall time (s): {reports['wall_s']}")
+    yield cfg, reports
+    mp.undo()
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
+    cfg, reports = chain
+    report = reports["synth"]
+    assert report["runs"]["instant"]["n_scored"] == 6 and report["runs"]["instant"]["n_failed"] == 0
+    # 6 instances x 2 directions; consistent and contrastive share the ground truth, so 4 prompts repeat.
+    assert (report["n_examples_raw"], report["n_duplicates"], report["n_conflicting_duplicates"]) == (12, 4, 0)
+    splits = {s: _rows(cfg.out_dir / "data" / f"{s}.jsonl") for s in ("train", "validation")}
+    assert [len(splits["train"]), len(splits["validation"])] == [4, 4]
+    personas = {s: {e["persona_id"] for e in rows} for s, rows in splits.items()}
+    assert personas["train"].isdisjoint(personas["validation"])
+    examples = splits["train"] + splits["validation"]
+    assert len({e["id"] for e in examples}) == 8
+    for e in examples:
+        assert e["prompt"] == prompts.matcher(e["preference"], e["items"], "prefmatcher")
+        teacher = [m["label"] for m in e["teacher_labels"]]
+        assert [m.label for m in parse.matches(e["completion"][0]["content"], e["items"])] == teacher
+        assert e["completion"][0]["content"].startswith("```json\n[")  # the prefmatcher dialect: a bare list
+        assert e["teacher_prompt"] == "fewshot" and '"results"' in e["teacher_raw"]  # the teacher's own dialect, kept raw
+        assert [m.label for m in parse.matches(e["teacher_raw"], e["items"])] == teacher
+        assert e["candidate"] == "instant" and e["instance_key"].startswith(e["persona_id"] + "/")
+    assert Counter(e["direction"] for e in examples) == {"infer_to_gt": 4, "gt_to_infer": 4}
+    for split, rows in splits.items():
+        counted = Counter(m["label"] for e in rows for m in e["teacher_labels"])
+        assert report["splits"][split]["labels"] == {label: counted.get(label, 0) for label in prompts.LABELS}
+    import datasets
+
+    loaded = datasets.load_dataset("json", data_files=str(cfg.out_dir / "data" / "train.jsonl"), split="train")
+    assert loaded.num_rows == 4 and {"prompt", "completion"} <= set(loaded.column_names)
+
+
+def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, tiny_model_dir):
+    cfg, reports = chain
+    report = reports["sft"]
+    assert report["loss_after"]["train"] < report["loss_before"]["train"]
+    steps = cfg.sft.max_steps
+    assert [r["step"] for r in report["logged_losses"]] == list(range(1, steps + 1)) and report["optimizer_steps"] == steps
+    assert all(math.isfinite(r["loss"]) for r in report["logged_losses"])
+    assert report["quantization"] == {"load_in_4bit": True, "quant_type": "nf4", "double_quant": True}
+    # LoRA r=8 on q,v,o (576->576, 576->192, 576->576) and the MLP (576<->1536) of 30 layers.
+    per_layer = 8 * ((576 + 576) + (576 + 192) + (576 + 576) + 3 * (576 + 1536))
+    assert report["trainable_parameters"] == 30 * per_layer
+    # The loss covers exactly the assistant turn: prompt+completion tokens minus the prompt's (with its generation prompt).
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    expected = 0
+    for e in _rows(cfg.out_dir / "data" / "train.jsonl"):
+        full = tok.apply_chat_template(e["prompt"] + e["completion"], return_dict=True)["input_ids"]
+        prompt = tok.apply_chat_template(e["prompt"], add_generation_prompt=True, return_dict=True)["input_ids"]
+        assert full[: len(prompt)] == prompt
+        expected += len(full) - len(prompt)
+    assert report["completion_tokens_per_epoch"] == expected
+    adapter = json.loads((cfg.out_dir / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
+    assert set(adapter["target_modules"]) == set(cfg.lora.target_modules)
+    import torch
+
+    args = torch.load(cfg.out_dir / "checkpoints" / f"checkpoint-{steps}" / "training_args.bin", weights_only=False)
+    assert args.max_grad_norm == 0.0 and args.warmup_steps == 0 and args.max_length == 512  # no clipping
+
+
+def test_export_is_a_self_contained_servable_directory(chain, tiny_model_dir):
+    cfg, reports = chain
+    report = reports["export"]
+    out = Path(report["export"])
+    assert report["method"].startswith("dequantize-then-merge")
+    assert report["merge_check"]["max_abs_logit_diff"] < 1e-3 and report["merge_check"]["same_next_token"]
+    model_config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in model_config
+    from transformers import AutoTokenizer
+
+    eot = AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|im_end|>")
+    assert report["end_of_turn_token"] == "<|im_end|>"
+    assert eot in json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert (out / "chat_template.jinja").read_text() == (Path(tiny_model_dir) / "chat_template.jinja").read_text()
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert (cfg.out_dir / "adapter" / "adapter_model.safetensors").is_file()  # kept for --enable-lora serving
+
+
+def test_check_serves_base_and_export_and_counts_unparsed_answers_as_failures(chain):
+    cfg, reports = chain
+    report = reports["check"]
+    answers = _rows(cfg.out_dir / "agreement_answers.jsonl")
+    assert Counter(r["model"] for r in answers) == {"base": 4, "trained": 4}
+    for which in ("base", "trained"):
+        block = report[which]
+        rows = [r for r in answers if r["model"] == which]
+        assert block["n_examples"] == 4 and block["n_parsed"] + block["n_failed"] == 4
+        assert sum(block["failures"].values()) == block["n_failed"]
+        for row in rows:
+            assert isinstance(row["raw"], str)  # the served model answered; parsing is what may fail
+            if row["error"] is None:
+                assert len(row["labels"]) == len(row["teacher"])
+            else:
+                assert row["labels"] is None and row["error"]["reason"] == "parse_error"
+        if block["n_parsed"] == 0:
+            assert block["accuracy"] is None and block["alpha_interval"] is None and block["n_items_compared"] == 0
+        else:
+            assert 0.0 <= block["accuracy"] <= 1.0
+            assert block["n_items_compared"] == sum(len(r["teacher"]) for r in rows if r["error"] is None)
+    # The fine-tune taught the format (train loss ~1.0 -> ~0.02): the served export's answers parse.
+    assert report["trained"]["n_parsed"] >= 1
+    print(f"agreement: base {report['base']['n_parsed']}/4 parsed, trained {report['trained']['n_parsed']}/4 parsed, "
+          f"accuracy {report['trained']['accuracy']}, alpha {report['trained']['alpha_interval']}")  # fmt: skip
+
+
+def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
+    cfg, _ = chain
+    copy = tmp_path / "run"
+    for part in ("data", "checkpoints"):
+        shutil.copytree(cfg.out_dir / part, copy / part)
+    steps = cfg.sft.max_steps
+    more = _load(TINY, out=str(copy), base_model=cfg.base_model, sft__max_steps=steps + 1, sft__measure_loss_on=[])
+    report = sft.train(more, Console(stderr=True))
+    assert report["resumed_from"].endswith(f"checkpoint-{steps}")
+    assert report["optimizer_steps"] == steps + 1 and report["logged_losses"][-1]["step"] == steps + 1
+    assert (copy / "checkpoints" / f"checkpoint-{steps + 1}").is_dir()
+
+
+# --- agreement arithmetic ------------------------------------------------------------------------------
+
+
+def test_agreement_is_computed_on_parsed_answers_only():
+    rows = [
+        {"teacher": ["Fully Covered", "Not Covered"], "labels": ["Fully Covered", "Not Covered"], "error": None},
+        {"teacher": ["Partially Covered"], "labels": ["Not Covered"], "error": None},
+        {"teacher": ["Not Covered", "Not Covered"], "labels": None, "error": {"reason": "parse_error", "detail": "no valid JSON in the answer"}},
+    ]
+    result = agreement.agreement(rows)
+    assert (result["n_parsed"], result["n_failed"], result["n_items_compared"]) == (2, 1, 3)
+    assert result["accuracy"] == round(2 / 3, 4)
+    assert result["failures"] == {"parse_error: no valid JSON in the answer": 1}
+    import krippendorff
+
+    expected = krippendorff.alpha(reliability_data=[[1.0, 0.0, 0.5], [1.0, 0.0, 0.0]], level_of_measurement="interval", value_domain=[0.0, 0.5, 1.0])
+    assert result["alpha_interval"] == round(float(expected), 4)
+    assert agreement.agreement([rows[2]])["accuracy"] is None
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+
+def _write_config(path: Path, **sections) -> Path:
+    base = yaml.safe_load(TINY.read_text())
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key].update(value)
+        else:
+            base[key] = value
+    path.write_text(yaml.safe_dump(base))
+    return path
+
+
+def test_config_with_an_unknown_key_names_file_and_field(tmp_path):
+    path = _write_config(tmp_path / "bad.yaml", sft={"learning_rte": 0.1})
+    with pytest.raises(ConfigError) as e:
+        config.load(path)
+    assert str(path) in str(e.value) and "sft.learning_rte" in str(e.value)
+    result = CliRunner().invoke(cupid.app, ["train", "run", "-c", str(path)])
+    assert result.exit_code == 2 and "sft.learning_rte" in result.output
+
+
+def test_fractional_warmup_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="sft.warmup_steps"):
+        config.load(_write_config(tmp_path / "bad.yaml", sft={"warmup_steps": 0.1}))
+
+
+def test_missing_base_model_directory_fails_before_loading_anything(tmp_path):
+    path = _write_config(tmp_path / "c.yaml", base_model=str(tmp_path / "no-such-model"), out=str(tmp_path / "run"),
+                         synthesis=None, match_data=str(tmp_path / "data"))  # fmt: skip
+    cfg = config.load(path)
+    with pytest.raises(ConfigError, match=r"base_model: directory .*no-such-model does not exist"):
+        sft.train(cfg)
+    result = CliRunner().invoke(cupid.app, ["train", "sft", "-c", str(path)])
+    assert result.exit_code == 2 and "no-such-model does not exist" in result.output
+
+
+def test_match_data_with_missing_fields_names_line_and_field(tmp_path, tiny_model_dir):
+    good = {
+        "id": "x", "preference": "Be brief.", "items": ["Is it brief?"],
+        "prompt": prompts.matcher("Be brief.", ["Is it brief?"], "prefmatcher"),
+        "completion": [{"role": "assistant", "content": "[]"}],
+        "teacher_labels": [{"index": 1, "entry": "Is it brief?", "label": "Fully Covered"}],
+        "direction": "gt_to_infer", "persona_id": "p", "instance_key": "p/consistent", "instance_type": "consistent",
+        "setting": "standard", "candidate": "c", "teacher": "t", "teacher_prompt": "fewshot", "teacher_raw": None,
+    }  # fmt: skip
+    broken = {k: v for k, v in good.items() if k != "completion"}
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(broken) + "\n")
+    path = _write_config(tmp_path / "c.yaml", base_model=str(tiny_model_dir), out=str(tmp_path / "run"), synthesis=None, match_data=str(data))
+    with pytest.raises(ConfigError) as e:
+        sft.train(config.load(path))
+    assert f"{data / 'train.jsonl'}:2: completion: Field required" in str(e.value)
+
+
+def test_cupid_rows_with_missing_fields_stop_synthesis_before_anything_is_sent(tmp_path):
+    rows = [json.loads(line) for line in (REPO / "eval" / "sample" / "cupid_sample.jsonl").read_text().splitlines()[:3]]
+    del rows[1]["current_checklist"]
+    source = tmp_path / "cupid.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _load(TINY, out=str(tmp_path / "run"), synthesis__data=str(source), synthesis__instant_server=False)
+    with pytest.raises(DataError) as e:
+        matchdata.synthesize(cfg)
+    assert f"{source}:2" in str(e.value) and "current_checklist: Field required" in str(e.value)
+    assert not (tmp_path / "run" / "synth" / "instant").exists()
+
+
+def test_unreachable_teacher_fails_clearly_and_runs_nothing(tmp_path, instant_url):
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        closed={"base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "gpt-4o", "max_retries": 0},
+    )
+    cfg = _load(TINY, out=str(tmp_path / "run"), synthesis__endpoints=str(endpoints), synthesis__instant_server=False,
+                synthesis__candidates=["instant"], synthesis__decomposer="instant", synthesis__teacher="closed")  # fmt: skip
+    with pytest.raises(SynthesisError, match=r"endpoint 'closed' \(http://127\.0\.0\.1:\d+/v1\) cannot be reached"):
+        matchdata.synthesize(cfg)
+    assert not (tmp_path / "run" / "synth" / "instant").exists()
+
+
+def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
+    """`kixlab/CUPID` is refused by name; here it names a local copy (the Hub is out of reach), so the forced run is real."""
+    local = tmp_path / "kixlab" / "CUPID"
+    local.mkdir(parents=True)
+    shutil.copy(REPO / "eval" / "sample" / "cupid_sample.jsonl", local / "test.jsonl")
+    monkeypatch.chdir(tmp_path)
+    path = _write_config(tmp_path / "c.yaml", out=str(tmp_path / "run"), synthesis={"data": "kixlab/CUPID", "cache": str(tmp_path / "c.sqlite")})
+    refused = CliRunner().invoke(cupid.app, ["train", "synth", "-c", str(path)])
+    assert refused.exit_code == 2 and "allow_test_split" in refused.output and "--force" in refused.output
+    assert not (tmp_path / "run" / "synth").exists()
+    forced = CliRunner().invoke(cupid.app, ["train", "synth", "-c", str(path), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert len(_rows(tmp_path / "run" / "data" / "train.jsonl")) == 4
+
+
+def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, instant_url):
+    """SmolLM2-135M as candidate: its answer has no `### Most Likely Preference`, the runner records the
+    failure, nothing reaches the teacher, and synthesis says why instead of writing an empty data set."""
+    endpoints = write_endpoints(tmp_path / "endpoints.yaml", tiny=tiny_server, instant={"base_url": instant_url, "model": "instant"})
+    cfg = _load(TINY, out=str(tmp_path / "run"), synthesis__endpoints=str(endpoints), synthesis__instant_server=False,
+                synthesis__candidates=["tiny"], synthesis__limit=1, synthesis__settings=["oracle"],
+                synthesis__cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    with pytest.raises(SynthesisError) as e:
+        matchdata.synthesize(cfg)
+    assert "no match data" in str(e.value) and "parse_preference: parse_error: 1" in str(e.value)
+    record = _rows(tmp_path / "run" / "synth" / "tiny" / "instances.jsonl")[0]
+    assert record["status"] == "failed" and record["error"]["raw"]  # the raw answer is kept
+    assert json.loads((tmp_path / "run" / "data" / "report.json").read_text())["error"].startswith("no scored instance")
+    assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
