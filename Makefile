@@ -10,7 +10,7 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -54,6 +54,14 @@ PERSONAS ?= 64
 SYNTH_ARGS ?=
 synth: setup
 	$(CUPID) synth --config $(SYNTH_CONFIG) --personas $(PERSONAS) $(SYNTH_ARGS)
+
+# Rebuild PrefMatcher from one config: match data -> QLoRA fine-tune -> export -> agreement check. By default
+# the paper's 7B recipe (GPU; its check serves with vLLM); CONFIG=configs/train/tiny.yaml runs the whole chain
+# on CPU in about a minute. (`train: CONFIG = ...` is this target's default; `make eval` keeps its own.)
+train: CONFIG = configs/train/prefmatcher-qwen2.5-7b.yaml
+train: setup-dev
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(MAKE) --no-print-directory $(VENV)/.setup-gpu; fi
+	$(CUPID) train run --config $(CONFIG)
 
 clean:
 	rm -rf runs .cupid/servers
