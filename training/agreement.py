@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from matcher import parse
-from matcher.scores import LABEL_SCORES
+from eval.meta import canonical_label, krippendorff_alpha
 from serving import lifecycle
 from serving.client import Client, RequestFailed
 from serving.endpoints import Endpoint
@@ -54,7 +54,6 @@ async def _answers(endpoint: Endpoint, examples: list[MatchExample]) -> list[dic
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy and Krippendorff's alpha over the items of parsed answers; failures counted by reason."""
-    import krippendorff
 
     parsed = [r for r in rows if r["labels"] is not None]
     pairs = [(t, m) for r in parsed for t, m in zip(r["teacher"], r["labels"])]
@@ -68,17 +67,12 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "accuracy": round(sum(t == m for t, m in pairs) / len(pairs), 4) if pairs else None,
         "confusion": dict(Counter(f"{t} -> {m}" for t, m in pairs)),
     }
+    teacher, model = [canonical_label(t) for t, _ in pairs], [canonical_label(m) for _, m in pairs]
     for level in ("interval", "ordinal"):
-        key = f"alpha_{level}"
-        if not pairs:
-            out[key] = None
-            continue
-        data = [[LABEL_SCORES[t] for t, _ in pairs], [LABEL_SCORES[m] for _, m in pairs]]
-        try:
-            out[key] = round(float(krippendorff.alpha(reliability_data=data, level_of_measurement=level, value_domain=[0.0, 0.5, 1.0])), 4)
-        except ValueError as e:  # e.g. every label the same: alpha is undefined
-            out[key] = None
-            out["alpha_undefined"] = str(e)
+        alpha = krippendorff_alpha(teacher, model, level) if pairs else None
+        out[f"alpha_{level}"] = None if alpha is None else round(alpha, 4)
+        if pairs and alpha is None:
+            out["alpha_undefined"] = "a single label value throughout: alpha is undefined"
     return out
 
 
