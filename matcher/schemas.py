@@ -1,44 +1,152 @@
-"""JSON schemas for structured output (`response_format`), for endpoints that enforce them.
+"""Answer-format constraints (structured outputs) for endpoints whose engine enforces them (vLLM).
 
-They describe the shapes the parsers read, so a constrained answer always parses; they are only
-sent to endpoints configured with `structured_output: true`.
+Each constraint is a regular expression, sent as vLLM's `structured_outputs: {"regex": ...}`, that
+admits exactly the form the model was prompted or trained to write, so a constrained answer always
+parses and the model keeps its own way of answering:
+- the PrefMatcher matcher: its fenced JSON list of `{index, entry, label}`, one per checklist item in
+  order (the entries are the items themselves), a JSON Schema could not keep the fence;
+- the few-shot matcher: the fenced `{"results": [...]}` its prompt shows (a `reasoning` field allowed);
+- the decomposer: its `**Analysis**`, then the fenced `{"checklist": [...]}` of at most 4 entries;
+- the summarizer: the fenced `{"summaries": [{session_id, analysis, context, preferences}]}`;
+- the judge: its evaluation, a rubric label, and the score that label stands for (1-10);
+- the candidate, only where an endpoint asks for it (`constrain_candidate`): inference answers as
+  the prompt's `### Analysis` / `### Most Likely Preference` with one line; generation stays free.
+
+Every pattern has a finite longest match, so a constrained answer ends by construction. Where an
+endpoint caps answers (`max_tokens`), the free text gets what the cap leaves after the format's fixed
+parts (a token is at least one character), and a request whose format alone is longer than the cap
+asks for that length instead: a constrained answer is never cut off mid-format. Where an endpoint
+sets no cap, free text is bounded generously. A regex over JSON is written out here rather than
+sent as a JSON Schema because the prompted forms wrap their JSON in a fence and prose, which
+`response_format` cannot express.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import re
+import re._parser as sre  # the stdlib's regex parser: the longest match of a pattern
+from typing import Any, Callable, Sequence
 
-from matcher.parse import MAX_CHECKLIST_ITEMS
+from matcher.parse import MAX_CHECKLIST_ITEMS, PREFERENCE_HEADER, SCORE_HEADER
 from matcher.prompts import LABELS, MatcherDialect
 
-_MATCH = {
-    "type": "object",
-    "properties": {
-        "index": {"type": "integer"},
-        "entry": {"type": "string"},
-        "label": {"type": "string", "enum": list(LABELS)},
-    },
-    "required": ["index", "entry", "label"],
-}
+WS = r"[ \t\n]{0,12}"  # JSON whitespace, bounded: indentation of the nested forms the prompts show
+BREAK = r"\n{1,2}"
+UNBOUNDED_CHARS = 6000  # free text where the endpoint sets no max_tokens
+
+# The judge's rubric (judge prompt): each label stands for one score.
+RUBRIC = {
+    10: "Exceptional", 9: "Excellent", 8: "Very Good", 7: "Good", 6: "Above Average",
+    5: "Acceptable", 4: "Below Average", 3: "Poor", 2: "Very Poor", 1: "Unacceptable",
+}  # fmt: skip
 
 
-def _format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+def width(pattern: str) -> int:
+    """The longest answer `pattern` admits, in characters."""
+    return sre.parse(pattern).getwidth()[1]
 
 
-def decomposer() -> dict[str, Any]:
-    return _format(
-        "checklist",
-        {
-            "type": "object",
-            "properties": {"checklist": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_CHECKLIST_ITEMS}},
-            "required": ["checklist"],
-        },
+def constrained(build: Callable[[int], str], max_tokens: int | None, default: int = UNBOUNDED_CHARS) -> dict[str, Any]:
+    """The request fields for the pattern `build(chars)`, `chars` being the free text it may hold."""
+    if max_tokens is None:
+        return {"structured_outputs": {"regex": build(default)}}
+    pattern = build(max(16, min(default, max_tokens - width(build(0)))))
+    fields: dict[str, Any] = {"structured_outputs": {"regex": pattern}}
+    if width(pattern) > max_tokens:
+        fields["max_tokens"] = width(pattern)
+    return fields
+
+
+def lit(text: str) -> str:
+    return re.escape(text)
+
+
+def free(max_chars: int, forbid: str = "#") -> str:
+    """Prose of 1..max_chars characters; `forbid` holds characters that would start the next part."""
+    return f"[^{re.escape(forbid)}]{{1,{max(1, max_chars)}}}"
+
+
+def jstring(max_chars: int) -> str:
+    return r'"([^"\\\n]|\\["\\/nt])' + f"{{1,{max(1, max_chars)}}}" + '"'
+
+
+def jlist(items: Sequence[str] | str, lo: int = 1, hi: int = 1) -> str:
+    """A JSON list: of the given item patterns in order, or of lo..hi items of one pattern."""
+    if isinstance(items, str):
+        body = f"{items}({WS},{WS}{items}){{0,{hi - 1}}}"
+        body = f"({body})?" if lo == 0 else body
+    else:
+        body = f"{WS},{WS}".join(items)
+    return rf"\[{WS}{body}{WS}\]"
+
+
+def jobject(fields: Sequence[tuple[str, str]], optional: Sequence[tuple[str, str]] = ()) -> str:
+    """A JSON object with `fields` in this order; each of `optional` may come after the first field."""
+    parts = [f"{lit(json.dumps(key))}{WS}:{WS}{value}" for key, value in fields]
+    extra = "".join(f"({WS},{WS}{lit(json.dumps(key))}{WS}:{WS}{value})?" for key, value in optional)
+    body = parts[0] + extra + "".join(f"{WS},{WS}{p}" for p in parts[1:])
+    return rf"\{{{WS}{body}{WS}\}}"
+
+
+def fenced(json_pattern: str) -> str:
+    return rf"```json{WS}{json_pattern}{WS}```"
+
+
+def _label() -> str:
+    return "(" + "|".join(lit(json.dumps(label)) for label in LABELS) + ")"
+
+
+def _labelled(i: int, item: str) -> list[tuple[str, str]]:
+    return [("index", str(i)), ("entry", lit(json.dumps(item, ensure_ascii=False))), ("label", _label())]
+
+
+def matcher(dialect: MatcherDialect, items: Sequence[str], max_tokens: int | None = None) -> dict[str, Any]:
+    """One label per checklist item, in order, with the item's own index and text."""
+    if dialect == "prefmatcher":
+        rows = [jobject(_labelled(i, item)) for i, item in enumerate(items, start=1)]
+        return constrained(lambda chars: fenced(jlist(rows)), max_tokens)
+
+    def fewshot(chars: int) -> str:
+        reasoning = [("reasoning", jstring(min(1500, chars // max(1, len(items)))))]
+        rows = [jobject(_labelled(i, item), optional=reasoning) for i, item in enumerate(items, start=1)]
+        return fenced(jobject([("results", jlist(rows))]))
+
+    return constrained(fewshot, max_tokens)
+
+
+def decomposer(max_tokens: int | None) -> dict[str, Any]:
+    def build(chars: int) -> str:  # a third for the analysis, the rest for the entries
+        entry = jstring(min(300, chars * 2 // 3 // MAX_CHECKLIST_ITEMS))
+        checklist = jobject([("checklist", jlist(entry, 0, MAX_CHECKLIST_ITEMS))])
+        return rf"\*\*Analysis\*\*{BREAK}{free(chars // 3, forbid='*#`')}{BREAK}\*\*Checklist\*\*{BREAK}{fenced(checklist)}"
+
+    return constrained(build, max_tokens, default=4200)
+
+
+def summarizer(max_tokens: int | None) -> dict[str, Any]:
+    def build(chars: int) -> str:  # a third each: analysis, context, preferences (up to 6 entries each)
+        entries = jlist(jstring(min(500, chars // 3 // 6)), 1, 6)
+        fields = [("session_id", r"[0-9]{1,3}"), ("analysis", jstring(chars // 3)), ("context", entries), ("preferences", entries)]
+        return fenced(jobject([("summaries", jlist([jobject(fields)]))]))
+
+    return constrained(build, max_tokens)
+
+
+def judge(max_tokens: int | None) -> dict[str, Any]:
+    verdicts = "|".join(f"{lit(label)}{BREAK}{lit(SCORE_HEADER)}{BREAK}{score}" for score, label in RUBRIC.items())
+    return constrained(
+        lambda chars: rf"### Evaluation of AI Assistant's Response{BREAK}{free(chars)}{BREAK}### Evaluation Label{BREAK}({verdicts})",
+        max_tokens,
     )
 
 
-def matcher(dialect: MatcherDialect, n_items: int) -> dict[str, Any]:
-    items = {"type": "array", "items": _MATCH, "minItems": n_items, "maxItems": n_items}
-    if dialect == "prefmatcher":
-        return _format("matches", items)
-    return _format("matches", {"type": "object", "properties": {"results": items}, "required": ["results"]})
+def inference_answer(max_tokens: int | None) -> dict[str, Any]:
+    """The candidate's inference answer: its analysis, then the header and one line (30 words, ~300 characters)."""
+    return constrained(
+        lambda chars: rf"### Analysis{BREAK}{free(chars * 2 // 3)}{BREAK}{lit(PREFERENCE_HEADER)}{BREAK}[^#\n]{{1,{max(1, min(300, chars // 3))}}}",
+        max_tokens,
+    )
+
+
+CANDIDATE = {"inference": inference_answer}  # generation answers are free text: nothing to constrain

