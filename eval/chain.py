@@ -33,6 +33,12 @@ class StageFailed(Exception):
         self.error = {"stage": stage, "reason": reason, "detail": detail, "raw": raw}
 
 
+def constraint(client: Client, endpoint: str, build: Callable[[int | None], dict[str, Any]]) -> dict[str, Any]:
+    """A judge role's answer-format constraint (`matcher.schemas`), where the endpoint's engine enforces one."""
+    settings = client.endpoints[endpoint]
+    return build(settings.max_tokens) if settings.structured_output else {}
+
+
 async def ask(client: Client, stage: str, endpoint: str, messages: list[dict[str, str]], **params: Any) -> str:
     try:
         return (await client.chat(endpoint, messages, **params)).content

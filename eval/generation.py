@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eval.chain import ask, parsed
+from eval.chain import ask, constraint, parsed
 from eval.data import Instance
-from matcher import parse, prompts
+from matcher import parse, prompts, schemas
 from serving.client import Client
 
 TASK = "generation"
@@ -30,6 +30,6 @@ class GenerationScorer:
         messages = prompts.judge(
             instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer
         )
-        judged = await ask(self.client, "judge", self.judge, messages)
+        judged = await ask(self.client, "judge", self.judge, messages, **constraint(self.client, self.judge, schemas.judge))
         record["judge_answer"] = judged
         record["score"] = parsed("judge", parse.score, judged)

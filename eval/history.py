@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from eval.chain import StageFailed, ask, parsed
+from eval.chain import StageFailed, ask, constraint, parsed
 from eval.data import Instance
-from matcher import parse, prompts
+from matcher import parse, prompts, schemas
 from serving.client import Client
 
 SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
@@ -49,5 +49,6 @@ class History:
         """One request per session: identical sessions across instances cost one call (cache, in-flight dedup)."""
         if self.summarizer is None:
             raise StageFailed("summarize", "no_summarizer", "the summary setting needs a summarizer endpoint")
-        answer = await ask(self.client, "summarize", self.summarizer, prompts.summarizer(session))
+        fmt = constraint(self.client, self.summarizer, schemas.summarizer)
+        answer = await ask(self.client, "summarize", self.summarizer, prompts.summarizer(session), **fmt)
         return parsed("summarize", parse.session_summary, answer)

@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from eval.chain import ask, parsed
+from eval.chain import ask, constraint, parsed
 from eval.data import Instance
 from matcher import parse, prompts, schemas
 from matcher.prompts import MatcherDialect
@@ -29,18 +29,15 @@ class InferenceScorer:
     matcher: str
     matcher_dialect: MatcherDialect
 
-    def _structured(self, endpoint: str) -> bool:
-        return self.client.endpoints[endpoint].structured_output
-
     async def decompose(self, preference: str) -> list[str]:
-        fmt = schemas.decomposer() if self._structured(self.decomposer) else None
-        answer = await ask(self.client, "decompose", self.decomposer, prompts.decomposer(preference), response_format=fmt)
+        fmt = constraint(self.client, self.decomposer, schemas.decomposer)
+        answer = await ask(self.client, "decompose", self.decomposer, prompts.decomposer(preference), **fmt)
         return parsed("decompose", parse.checklist, answer)
 
     async def match(self, stage: str, preference: str, items: list[str]) -> list[parse.Match]:
-        fmt = schemas.matcher(self.matcher_dialect, len(items)) if self._structured(self.matcher) else None
+        fmt = constraint(self.client, self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap))
         messages = prompts.matcher(preference, items, self.matcher_dialect)
-        answer = await ask(self.client, stage, self.matcher, messages, response_format=fmt)
+        answer = await ask(self.client, stage, self.matcher, messages, **fmt)
         return parsed(stage, parse.matches, answer, items)
 
     async def score(self, instance: Instance, answer: str, record: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from eval.history import GENERATION_ONLY, History
 from eval.inference import InferenceScorer
 from eval.summary import markdown, summarize
 from eval.tasks import Task
-from matcher import prompts
+from matcher import prompts, schemas
 from serving.cache import Cache
 from serving.client import Client
 from serving.config import ConfigError
@@ -138,8 +138,15 @@ def _prompt_names(cfg: RunConfig) -> list[str]:
     return names + (list(PROMPTS_USED["summary"]) if "summary" in cfg.settings else [])
 
 
+def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[str]:
+    """The tasks whose candidate answers are held to the task's format: never mistaken for free answers."""
+    return [t for t in cfg.tasks if endpoints[cfg.candidate].constrain_candidate and t in schemas.CANDIDATE]
+
+
 def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> dict[str, Any]:
     roles = {role: endpoints[name].model for role, name in cfg.roles().bound().items()}
+    if constrained := _constrained_tasks(cfg, endpoints):  # a constrained run is another run
+        roles["candidate"] += f" [answer format constrained: {', '.join(constrained)}]"
     if cfg.reference:
         roles["reference"] = endpoints[cfg.reference].model
     return {"data": cfg.data, "roles": roles, "prompts": prompts.versions(*_prompt_names(cfg))}
@@ -228,6 +235,7 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
         "data": dataset.source,
         "roles": roles,
         "matcher_prompt": _dialect(endpoints[cfg.matcher]) if cfg.matcher else None,
+        "candidate_constrained": _constrained_tasks(cfg, endpoints),
         "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],

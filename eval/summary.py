@@ -145,11 +145,16 @@ def tables(summary: dict[str, Any]) -> list[Table]:
     scorings = [("CUPID", summary)]
     if "reference" in summary:
         scorings.append((f"Reference ({summary.get('roles', {}).get('reference', '?')})", summary["reference"]))
+    constrained = set(summary.get("candidate_constrained", []))
+
+    def name(title: str, task: str) -> str:
+        return f"{title} {task}" + (" (candidate answers constrained to the task's format)" if task in constrained else "")
+
     for title, scoring in scorings:
         if "inference" in scoring:
-            out += [_inference_table(f"{title} inference", scoring["inference"], a) for a in ("micro", "macro")]
+            out += [_inference_table(name(title, "inference"), scoring["inference"], a) for a in ("micro", "macro")]
         if "generation" in scoring:
-            out.append(_generation_table(f"{title} generation", scoring["generation"]))
+            out.append(_generation_table(name(title, "generation"), scoring["generation"]))
     return out
 
 
@@ -162,6 +167,11 @@ def markdown(summary: dict[str, Any]) -> str:
     ]
     if summary.get("matcher_prompt"):
         lines.append(f"Matcher prompt: {summary['matcher_prompt']}.")
+    if summary.get("candidate_constrained"):
+        lines.append(
+            f"The candidate's answers were constrained to the task's answer format ({', '.join(summary['candidate_constrained'])}): "
+            "not comparable with free answers, where following the format is part of what CUPID measures."
+        )
     lines += [
         "Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores "
         "(paper text). `n` = scored/run: failed units are counted, never averaged in.",

@@ -14,6 +14,7 @@ from eval import generation, inference
 from eval.chain import StageFailed
 from eval.data import Instance
 from eval.history import History, relevant_sessions
+from matcher import schemas
 from serving.client import ChatRequest, Client, RequestFailed
 
 TASKS = ("inference", "generation")
@@ -38,13 +39,22 @@ class Task:
     def _messages(self) -> Callable[..., list[dict[str, str]]]:
         return PROMPTS[self.name]
 
+    @property
+    def constrained(self) -> bool:
+        """The candidate's answers are held to the task's format (`constrain_candidate`): recorded with the run."""
+        return self.client.endpoints[self.candidate].constrain_candidate and self.name in schemas.CANDIDATE
+
+    def _request(self, log: str, instance: Instance, setting: str) -> ChatRequest:
+        fmt = schemas.CANDIDATE[self.name](self.client.endpoints[self.candidate].max_tokens) if self.constrained else {}
+        return self.client.request(self.candidate, self._messages(log, instance, setting), **fmt)
+
     def plain_request(self, instance: Instance, setting: str) -> ChatRequest:
         """The candidate's request where no model call is needed to build it (every setting but summary)."""
-        return self.client.request(self.candidate, self._messages(self.history.plain_log(instance, setting), instance, setting))
+        return self._request(self.history.plain_log(instance, setting), instance, setting)
 
     async def candidate_request(self, instance: Instance, setting: str) -> ChatRequest:
         log = "" if setting == "oracle-preference" else await self.history.log(instance, setting)
-        return self.client.request(self.candidate, self._messages(log, instance, setting))
+        return self._request(log, instance, setting)
 
     async def run(self, instance: Instance, setting: str) -> dict[str, Any]:
         record: dict[str, Any] = {

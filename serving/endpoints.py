@@ -22,7 +22,12 @@ class Endpoint(BaseModel):
     max_retries: int = Field(default=4, ge=0, le=20)
     max_tokens: int | None = Field(default=None, ge=1, description="cap on answer length for every request")
     structured_output: bool = Field(
-        default=False, description="send JSON schemas as response_format for decomposer and matcher requests"
+        default=False,
+        description="the server enforces answer formats (vLLM's structured_outputs): judge roles then always get one",
+    )
+    constrain_candidate: bool = Field(
+        default=False,
+        description="as candidate, its answers are constrained to the task's answer format (recorded with the run)",
     )
     matcher_prompt: Literal["prefmatcher", "fewshot"] | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")

@@ -248,6 +248,7 @@ def live_endpoints() -> dict[str, Endpoint]:
             "base_url": record["base_url"],
             "api_key_env": record.get("api_key_env"),
             "max_concurrency": LIVE_CONCURRENCY.get(record["engine"], 16),
+            "structured_output": record["engine"] == "vllm",  # vLLM enforces answer formats; transformers ignores them
         }
         served = record.get("served_models") or [record.get("served_name", record["name"])]
         out[record["name"]] = Endpoint(model=served[0], **common)

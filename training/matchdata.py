@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rich.console import Console
 
 from eval import data as cupid_data
+from eval.chain import constraint
 from eval.runner import RunConfig, RunDir, run as run_eval
 from matcher import prompts, schemas
 from matcher.prompts import LABELS
@@ -314,8 +315,8 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
         client = Client({syn.teacher: teacher}, cache)
 
         def raw_of(preference: str, items: list[str]) -> str | None:
-            fmt = schemas.matcher(dialect, len(items)) if teacher.structured_output else None
-            request = client.request(syn.teacher, prompts.matcher(preference, items, dialect), response_format=fmt)
+            fmt = constraint(client, syn.teacher, lambda cap: schemas.matcher(dialect, items, cap))  # as the run asked
+            request = client.request(syn.teacher, prompts.matcher(preference, items, dialect), **fmt)
             hit = cache.get(request.key())
             return hit.content if hit else None
 
