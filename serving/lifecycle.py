@@ -6,12 +6,14 @@ the state directory so that `down`, `status`, `logs` and evaluation runs find it
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -136,8 +138,21 @@ def ready(spec: ServeSpec, engine: Engine, timeout: float = 2.0) -> bool:
         return False
 
 
-def up(spec: ServeSpec) -> dict[str, Any]:
-    """Start a server and return its record once it answers; raise ServeError with the log's tail if not."""
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends SIGTERM when the process that started it ends, however
+    it ends (SIGKILL included); vLLM's server then stops its engine processes as on `down`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
+    """Start a server and return its record once it answers; raise ServeError with the log's tail if not.
+
+    `tied`: the server lives only as long as this process (tests, runs that start their own servers);
+    otherwise it outlives the command that started it (`cupid serve up`) until `down`."""
     engine = get_engine(spec.engine)
     existing = find(spec.handle)
     if existing and alive(existing["pid"]):
@@ -160,6 +175,7 @@ def up(spec: ServeSpec) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent if tied and sys.platform == "linux" else None,
             env={**os.environ, **spec.env, **engine.env(spec, workdir)},
         )
     # What `cupid eval` and `status` need to use the server by name; secrets stay out (the key's variable only).
@@ -177,6 +193,7 @@ def up(spec: ServeSpec) -> dict[str, Any]:
         "device": spec.device if spec.engine == "vllm" else "cpu",
         "env": spec.env,
         "pid": process.pid,
+        "tied_to": os.getpid() if tied else None,
         "log": str(log_path),
         "command": command,
         "started_at": time.time(),

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real tiny model server, the instant-answer server, a private state directory."""
+"""Shared fixtures: the real tiny model under vLLM on CPU, the instant-answer server, a private state directory."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving import lifecycle, tiny_model
-from serving.engines import ServeSpec
+from serving import lifecycle, profiles, tiny_model
 from serving.instant import free_port
 from serving.instant import start as start_instant
 
@@ -39,14 +38,21 @@ def cupid_home(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_server(tiny_model_dir, session_home):
-    """The real tiny model behind the real `transformers serve`, once for the whole session."""
+def tiny_profile(tiny_model_dir):
+    """The shipped `tiny` profile (vLLM's CPU build, eager), on the test model directory and a free port."""
+    shipped = profiles.load("tiny", REPO / "configs" / "serve")
+    return shipped.model_copy(update={"model": str(tiny_model_dir), "port": free_port()})
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_profile, session_home):
+    """The real tiny model behind real vLLM on CPU, started once for the whole session from the shipped
+    profile, and tied to this process: a killed test run leaves no server behind."""
     mp = pytest.MonkeyPatch()
     mp.setenv("CUPID_HOME", str(session_home))
-    spec = ServeSpec(model=str(tiny_model_dir), name=TINY_NAME, port=free_port(), startup_timeout_s=300)
-    record = lifecycle.up(spec)
-    yield {"base_url": record["base_url"], "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 8, "timeout_s": 900}
-    lifecycle.down(TINY_NAME)
+    record = lifecycle.up(tiny_profile.spec(), tied=True)
+    yield {"base_url": record["base_url"], "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}
+    lifecycle.down(tiny_profile.name)
     mp.undo()
 
 
@@ -69,13 +75,15 @@ def flaky_url():
 
 @pytest.fixture
 def endpoints(tmp_path, instant_url, tiny_server):
-    """Run endpoints: the instant server under several names, the real tiny model as is and as a
-    prefmatcher-format matcher, and a paid-style endpoint whose key variable is unset."""
+    """Run endpoints: the instant server under several names, the real tiny model as is (free answers), as a
+    prefmatcher-format matcher, and with answer formats enforced (`tinyformat`), and a paid-style endpoint
+    whose key variable is unset."""
     return write_endpoints(
         tmp_path / "endpoints.yaml",
         instant={"base_url": instant_url, "model": "instant"},
         pm={"base_url": instant_url, "model": "local-prefmatcher"},
         tiny=tiny_server,
         tinymatch={**tiny_server, "matcher_prompt": "prefmatcher"},
+        tinyformat={**tiny_server, "structured_output": True},
         paid={"base_url": instant_url, "model": "paid-4o", "api_key_env": "CUPID_TEST_MISSING_KEY"},
     )
