@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""GPU smoke test for a CUDA box: serve a profile, ask one matcher question with the spec's prompt, check
+"""Smoke test for a served matcher: serve a profile, ask one matcher question with the spec's prompt, check
 that the answer parses, print throughput at 1 / 32 / 256 requests in flight, shut the server down.
 
-    .venv/bin/python scripts/gpu_smoke.py                         # vLLM, profile prefmatcher
-    .venv/bin/python scripts/gpu_smoke.py --engine transformers --profile tiny --max-tokens 24   # the same on CPU
+    .venv/bin/python scripts/gpu_smoke.py                         # GPU: profile prefmatcher
+    .venv/bin/python scripts/gpu_smoke.py --profile tiny --in-flight 1 8 --max-tokens 200   # vLLM on CPU
 
 The question is the first few-shot example of the matcher spec (a preference and its checklist, with
-human labels), sent in the `prefmatcher` prompt format. A server already running under the profile's
-name is used as is and left running. Exit status: 0 when the answer parses, 1 when it does not
-(throughput is measured anyway), 2 when the server cannot be started.
+human labels), sent in the `prefmatcher` prompt format and, as evaluation runs send it to vLLM, with
+the prefmatcher answer format enforced (`--free` asks without it, to see what the model writes on its
+own). A server already running under the profile's name is used as is and left running; one this
+script starts dies with it. Exit status: 0 when the answer parses, 1 when it does not (throughput is
+measured anyway), 2 when the server cannot be started.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from matcher import parse, prompts  # noqa: E402
+from matcher import parse, prompts, schemas  # noqa: E402
 from serving import lifecycle, profiles  # noqa: E402
 from serving.client import Client, RequestFailed  # noqa: E402
 from serving.config import ConfigError  # noqa: E402
@@ -35,7 +37,7 @@ def examples() -> list[dict]:
     return json.loads((resources.files("matcher") / "prompts" / "matcher_fewshot.examples.json").read_text(encoding="utf-8"))
 
 
-def start(profile: profiles.Profile) -> tuple[dict, bool]:
+def start(profile: profiles.Profile, keep: bool) -> tuple[dict, bool]:
     """The profile's live record, starting the server when it is not running; and whether we started it."""
     record = lifecycle.find(profile.name)
     if record and lifecycle.alive(record["pid"]) and lifecycle.healthy(record["base_url"]):
@@ -47,15 +49,22 @@ def start(profile: profiles.Profile) -> tuple[dict, bool]:
     profiles.Plan([profile], [r for r in lifecycle.status() if r["alive"]], profiles.gpus()).check()
     print(f"starting '{profile.name}' ({profile.engine}, {profile.served}) ...", flush=True)
     started = time.monotonic()
-    record = lifecycle.up(spec)
+    record = lifecycle.up(spec, tied=not keep)
     print(f"serving at {record['base_url']} after {time.monotonic() - started:.0f}s")
     return record, True
 
 
-async def check_answer(client: Client, example: dict, max_tokens: int) -> bool:
+def question(example: dict, max_tokens: int, free: bool) -> tuple[list[dict], dict]:
+    """The matcher's messages and request fields, with the answer format unless `free`."""
     items = [item["entry"] for item in example["checklist"]]
-    messages = prompts.matcher(example["preference"], items, "prefmatcher")
-    answer = await client.chat("smoke", messages, max_tokens=max_tokens)
+    fields = {"max_tokens": max_tokens, **({} if free else schemas.matcher("prefmatcher", items, max_tokens))}
+    return prompts.matcher(example["preference"], items, "prefmatcher"), fields
+
+
+async def check_answer(client: Client, example: dict, max_tokens: int, free: bool) -> bool:
+    items = [item["entry"] for item in example["checklist"]]
+    messages, fields = question(example, max_tokens, free)
+    answer = await client.chat("smoke", messages, **fields)
     print(f"\nmatcher answer ({answer.usage.get('completion_tokens') if answer.usage else '?'} tokens, {answer.finish_reason}):")
     print(answer.content)
     try:
@@ -68,16 +77,15 @@ async def check_answer(client: Client, example: dict, max_tokens: int) -> bool:
     return True
 
 
-async def throughput(endpoint: Endpoint, in_flight: int, n_requests: int, max_tokens: int) -> str:
+async def throughput(endpoint: Endpoint, in_flight: int, n_requests: int, max_tokens: int, free: bool) -> str:
     """`n_requests` matcher requests with `in_flight` of them open at a time. Each carries its own `seed`: at
     temperature 0 it changes nothing in the answer, but keeps the requests distinct (no deduplication)."""
     pool = examples()
     async with Client({"smoke": endpoint}, concurrency=in_flight) as client:
         jobs = []
         for i in range(n_requests):
-            example = pool[i % len(pool)]
-            messages = prompts.matcher(example["preference"], [c["entry"] for c in example["checklist"]], "prefmatcher")
-            jobs.append(client.chat("smoke", messages, max_tokens=max_tokens, seed=i))
+            messages, fields = question(pool[i % len(pool)], max_tokens, free)
+            jobs.append(client.chat("smoke", messages, **fields, seed=i))
         started = time.perf_counter()
         answers = await asyncio.gather(*jobs, return_exceptions=True)
         wall = time.perf_counter() - started
@@ -95,29 +103,28 @@ async def measure(record: dict, profile: profiles.Profile, args: argparse.Namesp
         max_concurrency=max(args.in_flight), timeout_s=args.request_timeout, max_retries=0,
     )  # fmt: skip
     async with Client({"smoke": endpoint}) as client:
-        parsed = await check_answer(client, examples()[0], args.max_tokens)
-    print(f"\nthroughput ({profile.served}, max_tokens {args.max_tokens}, temperature 0):")
+        parsed = await check_answer(client, examples()[0], args.max_tokens, args.free)
+    shape = "free answers" if args.free else "answer format enforced"
+    print(f"\nthroughput ({profile.served}, max_tokens {args.max_tokens}, temperature 0, {shape}):")
     for n in args.in_flight:
-        print(await throughput(endpoint, n, max(n, args.min_requests), args.max_tokens), flush=True)
+        print(await throughput(endpoint, n, max(n, args.min_requests), args.max_tokens, args.free), flush=True)
     return parsed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
     parser.add_argument("--profile", default="prefmatcher", help="name in configs/serve/ or a YAML path")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--min-requests", type=int, default=8, help="requests per level at least (1 in flight is noisy)")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--request-timeout", type=float, default=1800.0)
     parser.add_argument("--keep", action="store_true", help="leave a server this script started running")
+    parser.add_argument("--free", action="store_true", help="ask without the answer format (see what the model writes)")
     args = parser.parse_args()
 
     try:
         profile = profiles.load(args.profile)
-        if profile.engine != args.engine:
-            raise ConfigError(f"profile '{profile.name}' is for the {profile.engine} engine, not {args.engine}")
-        record, started = start(profile)
+        record, started = start(profile, args.keep)
     except (ConfigError, ServeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

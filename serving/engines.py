@@ -163,6 +163,8 @@ class VllmEngine(Engine):
     def preflight(self, spec: ServeSpec) -> None:
         if spec.api_key_env and not spec.api_key():
             raise ServeError(f"'{spec.handle}' requires an API key from ${spec.api_key_env}, which is not set")
+        if spec.device == "cuda" and shutil.which("nvidia-smi") is None:
+            raise ServeError(f"no CUDA device here (nvidia-smi not found): '{spec.handle}' needs an NVIDIA GPU. {CPU_HINT}")
         build = vllm_build()
         if build is None:
             raise ServeError(
@@ -174,8 +176,6 @@ class VllmEngine(Engine):
                 f"'{spec.handle}' is a {spec.device} profile, but this environment has vLLM's {build} build "
                 f"({VLLM_BUILDS[build]}); the {spec.device} build comes with {VLLM_INSTALL[spec.device]}"
             )
-        if spec.device == "cuda" and shutil.which("nvidia-smi") is None:
-            raise ServeError(f"no CUDA device here (nvidia-smi not found): '{spec.handle}' needs an NVIDIA GPU. {CPU_HINT}")
 
     def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
         return [

@@ -25,6 +25,10 @@ from serving.engines import Engine, ServeError, ServeSpec, get_engine
 
 # First match wins: the specific vLLM messages come before the generic ones they contain.
 LIKELY_CAUSES = [
+    (r"less than desired CPU memory utilization",
+     "vLLM's CPU build reserves a fraction of RAM unless the KV cache is sized: set cpu_kvcache_space_gib in the profile"),
+    (r"Unknown quantization method",
+     "the model's config.json names a quantization vLLM does not know (a GGUF conversion? `cupid serve prepare-tiny` writes a plain one)"),
     (r"less than desired GPU memory utilization",
      "the GPU has less free memory than the profile's gpu_memory_utilization asks for (another process holds some: see nvidia-smi)"),
     (r"larger than the available KV cache memory|larger than the maximum number of tokens that can be stored in KV cache"
@@ -36,7 +40,8 @@ LIKELY_CAUSES = [
     (r"No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|libcuda|no kernel image is available",
      "no usable CUDA device"),
     (r"Repository Not Found|not a valid model identifier|OSError: .*does not appear to have|No such file or directory"
-     r"|is not a local folder|couldn't connect to 'https://huggingface.co'|401 Client Error|no file named \S+\.(safetensors|bin)",
+     r"|is not a local folder|couldn't connect to 'https://huggingface.co'|401 Client Error|no file named \S+\.(safetensors|bin)"
+     r"|Cannot find any model weights",
      "model not found (a Hub id needs network access or a local copy; a local path must exist)"),
 ]
 
@@ -140,6 +145,9 @@ def ready(spec: ServeSpec, engine: Engine, timeout: float = 2.0) -> bool:
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
+# A process whose servers must never outlive it sets this (the test suite does): every `up` is then `tied`.
+tie_servers = False
+
 
 def _die_with_parent() -> None:
     """In the child before exec: the kernel sends SIGTERM when the process that started it ends, however
@@ -153,6 +161,7 @@ def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
 
     `tied`: the server lives only as long as this process (tests, runs that start their own servers);
     otherwise it outlives the command that started it (`cupid serve up`) until `down`."""
+    tied = tied or tie_servers
     engine = get_engine(spec.engine)
     existing = find(spec.handle)
     if existing and alive(existing["pid"]):
@@ -212,11 +221,32 @@ def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
     raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:g}s (stopped it)")
 
 
+# An exception's own line, as a traceback or a logged error ends: `SomeError: message`, after vLLM's log prefix.
+_RAISED = re.compile(r"^(?:\(.*?\) ERROR .*?\] )?\s*([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+_WRAPPERS = ("See root cause above", "Engine core initialization failed")
+
+
+def root_cause(log_text: str) -> str | None:
+    """The first exception a log reports, past the wrappers that only point back at it: vLLM's engine
+    processes log the real error long before the server's final traceback."""
+    for line in log_text.splitlines():
+        found = _RAISED.match(line)
+        if found and not any(w in line for w in _WRAPPERS):
+            return f"{found.group(1)}: {found.group(2).strip()}"
+    return None
+
+
 def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
-    log_tail = tail(log_path)
-    cause = likely_cause(log_tail)
-    hint = f"\nlikely cause: {cause}" if cause else ""
-    return ServeError(f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{log_tail}")
+    try:
+        log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        log_text = ""
+    hint = ""
+    if first := root_cause(log_text):
+        hint += f"\nroot cause: {first}"
+    if cause := likely_cause(log_text):
+        hint += f"\nlikely cause: {cause}"
+    return ServeError(f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{tail(log_path)}")
 
 
 def down(name: str, grace_s: float = 20.0) -> bool:

