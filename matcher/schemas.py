@@ -82,10 +82,11 @@ def jlist(items: Sequence[str] | str, lo: int = 1, hi: int = 1) -> str:
 
 
 def jobject(fields: Sequence[tuple[str, str]], optional: Sequence[tuple[str, str]] = ()) -> str:
-    """A JSON object with `fields` in this order; each of `optional` may come after the first field."""
+    """A JSON object with `fields` in this order; each of `optional` may come before the last field (the
+    few-shot matcher's `reasoning`, between the entry and its label)."""
     parts = [f"{lit(json.dumps(key))}{WS}:{WS}{value}" for key, value in fields]
     extra = "".join(f"({WS},{WS}{lit(json.dumps(key))}{WS}:{WS}{value})?" for key, value in optional)
-    body = parts[0] + extra + "".join(f"{WS},{WS}{p}" for p in parts[1:])
+    body = f"{WS},{WS}".join(parts[:-1]) + extra + (f"{WS},{WS}" if len(parts) > 1 else "") + parts[-1]
     return rf"\{{{WS}{body}{WS}\}}"
 
 

@@ -285,8 +285,8 @@ LIVE_CONCURRENCY = {"vllm": 256, "transformers": 16}
 
 
 def live_endpoints() -> dict[str, Endpoint]:
-    """Endpoints for the servers answering now, by server name (a profile's name) and by each LoRA adapter
-    it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
+    """Endpoints for the servers answering now, by server name (a profile's name), by served name and by
+    each LoRA adapter it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
     out: dict[str, Endpoint] = {}
     for record in status():
         if not record["healthy"]:
@@ -299,6 +299,6 @@ def live_endpoints() -> dict[str, Endpoint]:
         }
         served = record.get("served_models") or [record.get("served_name", record["name"])]
         out[record["name"]] = Endpoint(model=served[0], **common)
-        for adapter in served[1:]:
-            out.setdefault(adapter, Endpoint(model=adapter, **common))
+        for name in served:  # the served name answers too, and each adapter as itself
+            out.setdefault(name, Endpoint(model=name, **common))
     return out
