@@ -1,29 +1,52 @@
-"""`make bench`: the client's overhead, what concurrency buys on a real server, and a cached re-run.
+"""`make bench`: the client's overhead, what concurrency buys on a real server, a cached re-run, and two
+side-by-side comparisons, each measured in one run on this machine:
+
+1. vLLM's CPU build against `transformers serve` on the demo workload (configs/eval/tiny.yaml: every role
+   the tiny model, its instances, both tasks), the same run config against each server in turn (never
+   both at once), each with a fresh cache and its own run directory; wall time, units scored and failed,
+   and each server's start-up time. `transformers serve` rejects vLLM's `structured_outputs` field (HTTP 422),
+   so every request that carries an answer-format constraint fails there: those failures are counted, not hidden.
+2. This project's client (32 in flight) against the reference implementation's pattern (a pool of 4 workers,
+   each sending one blocking request at a time) on the same vLLM server with the same distinct requests.
+
+    python -m bench.run [--compiled]   # --compiled: also start the tiny profile without enforce-eager (slow start)
 
 Prints the figures and writes them to bench/results.json. Timing lives here, never in tests.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from eval.runner import RunConfig, run
-from serving import lifecycle, tiny_model
-from serving.client import Client
-from serving.endpoints import Endpoint
-from serving.engines import ServeSpec
+import httpx
+
+from eval.runner import RunConfig, RunDir, run
+from serving import lifecycle, profiles, tiny_model
+from serving.client import ChatRequest, Client
+from serving.config import read_yaml
+from serving.endpoints import Endpoint, load_endpoints
+from serving.engines import ServeError, ServeSpec
 from serving.instant import free_port
 from serving.instant import start as start_instant
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SIZE = 12
 BENCHMARK_SIZE = 756
+DEMO_CONFIG = "configs/eval/tiny.yaml"
+TINY_PROFILE = "tiny"
+REFERENCE_WORKERS = 4
+OURS_IN_FLIGHT = 32
 
 
 async def fire(endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens: int | None = None) -> tuple[float, float]:
@@ -41,19 +64,12 @@ def client_overhead(url: str, n: int = 5000, in_flight: int = 256) -> dict:
     return {"requests": n, "in_flight": in_flight, "client_cpu_ms_per_request": round(1000 * cpu / n, 3), "requests_per_s": round(n / wall, 1)}
 
 
-def concurrency_on_tiny(levels=(1, 4, 32), n: int = 32) -> dict:
-    model_dir = tiny_model.ensure()
-    spec = ServeSpec(model=str(model_dir), name="bench-tiny", port=free_port(), startup_timeout_s=600)
-    record = lifecycle.up(spec)
-    try:
-        endpoint = Endpoint(base_url=record["base_url"], model="bench-tiny", timeout_s=1800)
-        out = {}
-        for level in levels:
-            wall, _ = asyncio.run(fire(endpoint, n + 1, level, f"level{level}", max_tokens=16))
-            out[str(level)] = {"requests": n, "requests_per_s": round(n / wall, 2)}
-        return out
-    finally:
-        lifecycle.down("bench-tiny")
+def concurrency_levels(endpoint: Endpoint, levels=(1, 4, 32), n: int = 32) -> dict:
+    out = {}
+    for level in levels:
+        wall, _ = asyncio.run(fire(endpoint, n + 1, level, f"level{level}", max_tokens=16))
+        out[str(level)] = {"requests": n, "requests_per_s": round(n / wall, 2)}
+    return out
 
 
 def cached_rerun(url: str) -> dict:
@@ -74,20 +90,314 @@ def cached_rerun(url: str) -> dict:
     }
 
 
-def main() -> None:
+# --- servers -------------------------------------------------------------------------------------------
+
+
+def start(spec: ServeSpec) -> tuple[dict[str, Any], dict[str, float]]:
+    """Start a server tied to this process; return its record and its start-up: seconds until it reported
+    ready, and seconds until it answered a first one-token request (a server that loads its model lazily,
+    as `transformers serve` does, pays for the load there)."""
+    started = time.perf_counter()
+    record = lifecycle.up(spec, tied=True)
+    ready = time.perf_counter() - started
+    body = {"model": spec.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
+    httpx.post(record["base_url"] + "/chat/completions", json=body, timeout=600).raise_for_status()
+    return record, {"ready_s": round(ready, 1), "first_answer_s": round(time.perf_counter() - started, 1)}
+
+
+def vllm_spec(model_dir: Path, label: str, *, eager: bool = True) -> ServeSpec:
+    """The shipped tiny profile on a free port under its own name (a demo server on :8011 is left alone)."""
+    profile = profiles.load(TINY_PROFILE)
+    if not eager:
+        profile = profile.model_copy(update={"enforce_eager": False})
+    return profile.spec(model=str(model_dir), label=label, port=free_port())
+
+
+def transformers_spec(model_dir: Path, label: str) -> ServeSpec:
+    """`transformers serve` on the same model directory, under the same served name as the tiny profile."""
+    served = profiles.load(TINY_PROFILE).served
+    return ServeSpec(engine="transformers", model=str(model_dir), name=served, label=label, port=free_port(), startup_timeout_s=600)
+
+
+# --- 1. the demo workload against one server -------------------------------------------------------------
+
+
+def demo_workload(base_url: str, workdir: Path) -> dict[str, Any]:
+    """configs/eval/tiny.yaml as `make demo` runs it, its endpoints pointed at `base_url`, with a fresh
+    cache and run directory under `workdir`."""
+    cfg = dict(read_yaml(ROOT / DEMO_CONFIG))
+    shipped = load_endpoints(ROOT / cfg.get("endpoints", "configs/endpoints.yaml"))
+    roles = RunConfig(**cfg).roles().bound()
+    endpoints = {name: {**shipped[name].model_dump(mode="json"), "base_url": base_url} for name in set(roles.values())}
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "endpoints.yaml").write_text(json.dumps(endpoints, indent=2))
+    cfg.update(endpoints=str(workdir / "endpoints.yaml"), out=str(workdir / "run"), cache=str(workdir / "cache.sqlite"), no_cache=False)
+    started = time.perf_counter()
+    summary = run(RunConfig(**cfg))
+    wall = time.perf_counter() - started
+    # One example of each failure reason, as the run recorded it.
+    examples: dict[str, str] = {}
+    for record in RunDir(workdir / "run").records().values():
+        if record["status"] == "failed":
+            error = record["error"]
+            key = f"{record['task']}/{error['stage']}: {error['reason']}"
+            examples.setdefault(key, str(error.get("detail") or error.get("raw") or "")[:300])
+    return {
+        "wall_s": round(wall, 1),
+        "units": summary["n_runs"],
+        "scored": summary["n_scored"],
+        "failed": summary["n_failed"],
+        "by_task": {t: {"scored": summary[t]["n_scored"], "failed": summary[t]["n_failed"]} for t in cfg["tasks"]},
+        "failures": summary["failures"],
+        "failure_examples": examples,
+        "requests": summary["requests"],
+    }
+
+
+# --- 2. this client against the reference implementation's pattern ---------------------------------------
+
+
+def short_requests(model: str, n: int, max_tokens: int, tag: str) -> list[ChatRequest]:
+    """n distinct short chat requests, exactly as this project's client sends them (temperature 0)."""
+    client = Client({"e": Endpoint(base_url="http://127.0.0.1:1/v1", model=model)})
+    return [client.request("e", [{"role": "user", "content": f"{tag} {i}: name a colour and say why."}], max_tokens=max_tokens) for i in range(n)]
+
+
+def ours(endpoint: Endpoint, requests: list[ChatRequest], warm: ChatRequest, in_flight: int) -> dict[str, Any]:
+    async def go() -> tuple[float, list]:
+        async with Client({"e": endpoint}, concurrency=in_flight) as client:  # no cache
+            await client.send("e", warm)
+            started = time.perf_counter()
+            answers = await asyncio.gather(*[client.send("e", r) for r in requests], return_exceptions=True)
+            return time.perf_counter() - started, answers
+
+    wall, answers = asyncio.run(go())
+    ok = [a for a in answers if not isinstance(a, BaseException)]
+    tokens = sum((a.usage or {}).get("completion_tokens", 0) for a in ok)
+    return _throughput(len(requests), len(ok), tokens, wall, in_flight=in_flight)
+
+
+def reference_pattern(endpoint: Endpoint, requests: list[ChatRequest], warm: ChatRequest, workers: int) -> dict[str, Any]:
+    """The reference's shape: a pool of `workers` threads, each with a blocking HTTP client, one request at a time."""
+    local = threading.local()
+    opened: list[httpx.Client] = []
+    url = endpoint.url + "/chat/completions"
+
+    def send(request: ChatRequest) -> dict[str, Any]:
+        http = getattr(local, "http", None)
+        if http is None:
+            http = local.http = httpx.Client(timeout=endpoint.timeout_s)
+            opened.append(http)
+        response = http.post(url, json=request.body())
+        response.raise_for_status()
+        return response.json()
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pool.submit(send, warm).result()
+            started = time.perf_counter()
+            futures = [pool.submit(send, r) for r in requests]
+            results = []
+            for future in futures:
+                try:
+                    results.append(future.result())
+                except (httpx.HTTPError, ValueError):
+                    pass
+            wall = time.perf_counter() - started
+    finally:
+        for http in opened:
+            http.close()
+    tokens = sum(r.get("usage", {}).get("completion_tokens", 0) for r in results)
+    return _throughput(len(requests), len(results), tokens, wall, workers=workers)
+
+
+def _throughput(n: int, ok: int, tokens: int, wall: float, **shape: int) -> dict[str, Any]:
+    return {**shape, "requests": n, "answered": ok, "completion_tokens": tokens, "wall_s": round(wall, 2),
+            "requests_per_s": round(n / wall, 2), "completion_tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
+
+
+def client_vs_reference(endpoint: Endpoint, n: int = 64, max_tokens: int = 32) -> dict[str, Any]:
+    """Ours first, then the reference: should the server's prefix cache help a repeat, it helps the reference."""
+    requests = short_requests(endpoint.model, n, max_tokens, "compare")
+    warm = short_requests(endpoint.model, 1, max_tokens, "warm-up")[0]
+    mine = ours(endpoint, requests, warm, OURS_IN_FLIGHT)
+    reference = reference_pattern(endpoint, requests, warm, REFERENCE_WORKERS)
+    return {
+        "requests": n,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        f"ours_{OURS_IN_FLIGHT}_in_flight": mine,
+        f"reference_{REFERENCE_WORKERS}_workers": reference,
+        "ratio_requests_per_s": round(mine["requests_per_s"] / reference["requests_per_s"], 2),
+    }
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+
+def loadavg(before: tuple[float, float, float]) -> dict[str, list[float]]:
+    """Load averages (1, 5, 15 min) before and after a phase: the machine is shared, other work shows here."""
+    return {"before": [round(x, 2) for x in before], "after": [round(x, 2) for x in os.getloadavg()]}
+
+
+def vllm_part(model_dir: Path, workdir: Path) -> dict[str, Any]:
+    spec = vllm_spec(model_dir, "bench-vllm")
+    before = os.getloadavg()
+    try:
+        record, startup = start(spec)
+        endpoint = Endpoint(base_url=record["base_url"], model=spec.name, timeout_s=1800)
+        print(f"vLLM (CPU, eager) up: {startup}; demo workload ...", file=sys.stderr)
+        demo = demo_workload(record["base_url"], workdir / "vllm")
+        print("client against the reference pattern ...", file=sys.stderr)
+        compare = client_vs_reference(endpoint)
+        print("requests/s at 1/4/32 in flight ...", file=sys.stderr)
+        levels = concurrency_levels(endpoint)
+    finally:
+        lifecycle.down(spec.handle)
+    return {"startup_s": startup, "demo": demo, "client_vs_reference": compare, "concurrency": levels, "loadavg": loadavg(before)}
+
+
+def transformers_part(model_dir: Path, workdir: Path) -> dict[str, Any]:
+    spec = transformers_spec(model_dir, "bench-transformers")
+    before = os.getloadavg()
+    try:
+        try:
+            record, startup = start(spec)
+        except (ServeError, httpx.HTTPError) as e:
+            return {"error": f"{type(e).__name__}: {e}"[:2000]}
+        print(f"transformers serve up: {startup}; demo workload ...", file=sys.stderr)
+        demo = demo_workload(record["base_url"], workdir / "transformers")
+    finally:
+        lifecycle.down(spec.handle)
+    return {"startup_s": startup, "demo": demo, "loadavg": loadavg(before)}
+
+
+def compiled_part(model_dir: Path) -> dict[str, Any]:
+    """The tiny profile without enforce-eager: its start-up, and requests/s at 32 in flight to set against eager's."""
+    spec = vllm_spec(model_dir, "bench-vllm-compiled", eager=False)
+    try:
+        try:
+            record, startup = start(spec)
+        except (ServeError, httpx.HTTPError) as e:
+            return {"error": f"{type(e).__name__}: {e}"[:2000]}
+        endpoint = Endpoint(base_url=record["base_url"], model=spec.name, timeout_s=1800)
+        levels = concurrency_levels(endpoint, levels=(32,))
+    finally:
+        lifecycle.down(spec.handle)
+    return {"startup_s": startup, "concurrency": levels}
+
+
+def answered(cache: Path) -> dict[str, dict[str, Any]]:
+    """What a run's cache holds: every answered request by its key."""
+    if not cache.is_file():
+        return {}
+    with sqlite3.connect(f"file:{cache}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT key, content, usage, latency_s FROM responses").fetchall()
+    return {key: {"content": content, "usage": json.loads(usage) if usage else {}, "latency_s": latency} for key, content, usage, latency in rows}
+
+
+def shared_requests(vllm_cache: Path, transformers_cache: Path) -> dict[str, Any]:
+    """The identical requests both servers answered (same body, so same key): the one like-for-like slice of the
+    two demo runs. Latencies are per request as each run saw them, under that run's own concurrency."""
+    a, b = answered(vllm_cache), answered(transformers_cache)
+    both = sorted(a.keys() & b.keys())
+
+    def side(answers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        latencies = [answers[k]["latency_s"] or 0.0 for k in both]
+        return {
+            "completion_tokens": sum(answers[k]["usage"].get("completion_tokens", 0) for k in both),
+            "prompt_tokens": sum(answers[k]["usage"].get("prompt_tokens", 0) for k in both),
+            "mean_latency_s": round(sum(latencies) / len(both), 2) if both else None,
+        }
+
+    return {
+        "requests": len(both),
+        "vllm_cpu": side(a),
+        "transformers_serve": side(b),
+        "identical_answers": sum(a[k]["content"] == b[k]["content"] for k in both),
+    }
+
+
+def engine_comparison(vllm: dict[str, Any], transformers: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"workload": DEMO_CONFIG, "vllm_cpu": vllm["demo"], "transformers_serve": transformers.get("demo", transformers)}
+    out["startup_s"] = {"vllm_cpu_eager": vllm["startup_s"], "transformers_serve": transformers.get("startup_s")}
+    out["loadavg_during"] = {"vllm_cpu_phase": vllm["loadavg"], "transformers_serve_phase": transformers.get("loadavg")}
+    if "demo" in transformers:
+        v, t = vllm["demo"], transformers["demo"]
+        out["ratio_wall_transformers_over_vllm"] = round(t["wall_s"] / v["wall_s"], 2)
+        out["ratio_startup_vllm_over_transformers"] = round(vllm["startup_s"]["first_answer_s"] / transformers["startup_s"]["first_answer_s"], 2)
+        out["note"] = (
+            f"same units ({v['units']}) against each server; scored/failed: vLLM {v['scored']}/{v['failed']}, "
+            f"transformers {t['scored']}/{t['failed']}. Units that fail early do less work, so the wall ratio "
+            "compares the runs as they ran, not equal work: see requests and failures."
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compiled", action="store_true", help="also time a compiled (non-eager) vLLM start-up (70-175 s more)")
+    args = parser.parse_args(argv)
+    os.chdir(ROOT)
     os.environ.setdefault("CUPID_HOME", str(ROOT / ".cupid"))
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+
     proc, url = start_instant()
     try:
-        results = {"client_overhead": client_overhead(url), "cached_rerun": cached_rerun(url)}
+        results: dict[str, Any] = {"client_overhead": client_overhead(url), "cached_rerun": cached_rerun(url)}
     finally:
         proc.terminate()
-    results["concurrency_tiny_cpu"] = concurrency_on_tiny()
-    results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+
+    model_dir = tiny_model.ensure()
+    with tempfile.TemporaryDirectory(prefix="cupid-bench-") as tmp:
+        vllm = vllm_part(model_dir, Path(tmp))
+        transformers = transformers_part(model_dir, Path(tmp))
+        shared = shared_requests(Path(tmp) / "vllm" / "cache.sqlite", Path(tmp) / "transformers" / "cache.sqlite")
+        compiled = compiled_part(model_dir) if args.compiled else None
+    results["concurrency_tiny_vllm_cpu"] = vllm["concurrency"]
+    results["client_vs_reference"] = vllm["client_vs_reference"]
+    results["vllm_vs_transformers_serve"] = {**engine_comparison(vllm, transformers), "shared_requests": shared}
+    results["vllm_startup_s"] = {"eager": vllm["startup_s"], "compiled": compiled.get("startup_s") if compiled else None}
+    if compiled:
+        results["vllm_compiled"] = compiled
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "loadavg": loadavg(load_before),
+        "bench_wall_s": round(time.perf_counter() - started, 1),
+    }
     path = ROOT / "bench" / "results.json"
     path.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
+    print(headline(results))
     print(f"written to {path}")
 
+
+def headline(results: dict[str, Any]) -> str:
+    def up(s: dict[str, float] | None) -> str:
+        return f"ready {s['ready_s']} s, first answer {s['first_answer_s']} s" if s else "-"
+
+    cmp = results["vllm_vs_transformers_serve"]
+    v, t = cmp["vllm_cpu"], cmp["transformers_serve"]
+    lines = [f"demo workload ({cmp['workload']}, {v['units']} units), vLLM CPU: {v['wall_s']} s, {v['scored']} scored / {v['failed']} failed; start-up: {up(cmp['startup_s']['vllm_cpu_eager'])}"]
+    if "wall_s" in t:
+        lines.append(f"demo workload, transformers serve: {t['wall_s']} s, {t['scored']} scored / {t['failed']} failed; start-up: {up(cmp['startup_s']['transformers_serve'])}")
+        lines.append(f"  wall transformers/vLLM: {cmp['ratio_wall_transformers_over_vllm']}x; transformers failures: {t['failures']}")
+    else:
+        lines.append(f"transformers serve: {t.get('error', '?')[:300]}")
+    c = results["client_vs_reference"]
+    mine, ref = c[f"ours_{OURS_IN_FLIGHT}_in_flight"], c[f"reference_{REFERENCE_WORKERS}_workers"]
+    lines.append(f"{c['requests']} short requests on vLLM CPU: this client ({OURS_IN_FLIGHT} in flight) {mine['requests_per_s']}/s, "
+                 f"reference pattern ({REFERENCE_WORKERS} workers) {ref['requests_per_s']}/s: {c['ratio_requests_per_s']}x")  # fmt: skip
+    levels = results["concurrency_tiny_vllm_cpu"]
+    lines.append("requests/s on vLLM CPU by in flight: " + ", ".join(f"{k}: {x['requests_per_s']}" for k, x in levels.items()))
+    if compiled := results.get("vllm_compiled"):
+        if "error" in compiled:
+            lines.append(f"vLLM compiled: {compiled['error'][:300]}")
+        else:
+            lines.append(f"vLLM compiled start-up: {up(compiled['startup_s'])}; requests/s at 32 in flight: {compiled['concurrency']['32']['requests_per_s']}")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
