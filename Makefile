@@ -79,8 +79,11 @@ train: setup-dev
 clean:
 	rm -rf runs .cupid/servers
 
+# Figures only, never pass/fail: ~15 min on 2 cores (most of it `transformers serve`); BENCH_ARGS=--compiled also
+# times a compiled (non-eager) vLLM start.
+BENCH_ARGS ?=
 bench: setup-dev
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 # GPU: vLLM servers from configs/serve/<profile>.yaml; by default PrefMatcher-7B on :8000 (the `prefmatcher`
 # endpoint). `make serve PROFILES="prefmatcher qwen2.5-7b-instruct"` shares one GPU as the profiles say;
