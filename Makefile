@@ -71,7 +71,8 @@ synth: setup
 
 # Rebuild PrefMatcher from one config: match data -> QLoRA fine-tune -> export -> agreement check. By default
 # the paper's 7B recipe (GPU; its check serves with vLLM); CONFIG=configs/train/tiny.yaml runs the whole chain
-# on CPU in about a minute. (`train: CONFIG = ...` is this target's default; `make eval` keeps its own.)
+# on CPU in about 4 minutes, most of it the check's two vLLM CPU starts and its LoRA answers. (`train: CONFIG = ...`
+# is this target's default; `make eval` keeps its own.)
 train: CONFIG = configs/train/prefmatcher-qwen2.5-7b.yaml
 train: setup-dev
 	$(CUPID) train run --config $(CONFIG)

@@ -3,17 +3,20 @@
 The chain is real end to end: the eval runner over HTTP synthesizes match data from the bundled
 sample (the instant-answer server plays candidate, decomposer and teacher: SmolLM2-135M cannot
 answer in CUPID's formats, see test_tiny_model_as_candidate_gives_no_match_data), TRL trains a
-LoRA on the real tiny model loaded in bitsandbytes 4-bit NF4, the adapter is merged and saved,
-and the export is served with the real `transformers serve` and asked the validation prompts.
-Trained 10 steps on 4 examples, the 135M model learns PrefMatcher's answer format (its answers
-parse; the base model's do not), not good labels: the check is asserted on what it records
-(parsed answers scored, failures counted with reasons), never on agreement values.
+LoRA on the real tiny model loaded in bitsandbytes 4-bit NF4, the adapter is merged and saved, and
+the check serves with real vLLM on CPU: the base with the trained adapter as a LoRA module (one
+server start), then the merged export (a second). Those are this file's only vLLM starts; the
+session's `tiny_server` (tests/conftest.py) is shared with other files.
+Trained 10 steps on 4 examples, the 135M model learns PrefMatcher's answer format (the adapter's
+and the export's answers parse; the base model's do not), not good labels: the check is asserted on
+what it records (parsed answers scored, failures counted with reasons), never on agreement values.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -27,10 +30,12 @@ from typer.testing import CliRunner
 
 from eval.data import DataError
 from matcher import parse, prompts
+from serving import lifecycle
 from serving.config import ConfigError
+from serving.engines import ServeError
 from serving.instant import free_port
 from tests.conftest import REPO, write_endpoints
-from training import agreement, config, matchdata, pipeline, sft
+from training import agreement, config, export, matchdata, pipeline, sft
 from training.matchdata import SynthesisError
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
@@ -44,13 +49,18 @@ def _load(path: Path, **overrides) -> config.TrainConfig:
 def chain(tiny_model_dir, tmp_path_factory):
     """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory."""
     work = tmp_path_factory.mktemp("train")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("CUPID_HOME", str(work / "home"))
     cfg = _load(TINY, out=str(work / "run"), base_model=str(tiny_model_dir), synthesis__cache=str(work / "cache.sqlite"))
-    reports = pipeline.run(cfg, Console(stderr=True))
+    # The chain's own state directory, only while it runs: a module-long setting would be undone after the
+    # session's `tiny_server` set its own, and that server's teardown would then look for it in the wrong place.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUPID_HOME", str(_home(cfg)))
+        reports = pipeline.run(cfg, Console(stderr=True))
     print(f"tiny chain wall time (s): {reports['wall_s']}")
-    yield cfg, reports
-    mp.undo()
+    return cfg, reports
+
+
+def _home(cfg: config.TrainConfig) -> Path:
+    return cfg.out_dir.parent / "home"
 
 
 def _rows(path: Path) -> list[dict]:
@@ -136,12 +146,13 @@ def test_export_is_a_self_contained_servable_directory(chain, tiny_model_dir):
     assert (cfg.out_dir / "adapter" / "adapter_model.safetensors").is_file()  # kept for --enable-lora serving
 
 
-def test_check_serves_base_and_export_and_counts_unparsed_answers_as_failures(chain):
+def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_failures(chain):
     cfg, reports = chain
     report = reports["check"]
     answers = _rows(cfg.out_dir / "agreement_answers.jsonl")
-    assert Counter(r["model"] for r in answers) == {"base": 4, "trained": 4}
-    for which in ("base", "trained"):
+    assert Counter(r["model"] for r in answers) == {"base": 4, "adapter": 4, "trained": 4}
+    assert [row[0] for row in agreement.table(report)] == ["base", "adapter", "trained"]
+    for which in ("base", "adapter", "trained"):
         block = report[which]
         rows = [r for r in answers if r["model"] == which]
         assert block["n_examples"] == 4 and block["n_parsed"] + block["n_failed"] == 4
@@ -157,10 +168,78 @@ def test_check_serves_base_and_export_and_counts_unparsed_answers_as_failures(ch
         else:
             assert 0.0 <= block["accuracy"] <= 1.0
             assert block["n_items_compared"] == sum(len(r["teacher"]) for r in rows if r["error"] is None)
-    # The fine-tune taught the format (train loss ~1.0 -> ~0.02): the served export's answers parse.
-    assert report["trained"]["n_parsed"] >= 1
-    print(f"agreement: base {report['base']['n_parsed']}/4 parsed, trained {report['trained']['n_parsed']}/4 parsed, "
-          f"accuracy {report['trained']['accuracy']}, alpha {report['trained']['alpha_interval']}")  # fmt: skip
+    # The fine-tune taught the format (train loss ~1.0 -> ~0.02): served by vLLM, the adapter's answers on the
+    # bf16 base and the merged export's parse as PrefMatcher answers.
+    assert report["adapter"]["n_parsed"] >= 1 and report["trained"]["n_parsed"] >= 1
+    for row in answers:  # and every answer of theirs is in PrefMatcher's dialect, a fenced JSON list
+        assert row["model"] == "base" or row["raw"].startswith("```json\n["), row
+    assert report["adapter"]["model"] == str((cfg.out_dir / "adapter").resolve())
+    assert report["trained"]["model"] == str((cfg.out_dir / "export").resolve())
+    print("agreement: " + ", ".join(f"{w} {report[w]['n_parsed']}/4 parsed, accuracy {report[w]['accuracy']}, "
+                                    f"alpha {report[w]['alpha_interval']}" for w in ("base", "adapter", "trained")))  # fmt: skip
+
+
+def _running_in_group(pgid: int) -> list[int]:
+    """Processes of a process group that still run (psutil, independent of the check's own bookkeeping)."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def test_check_serves_the_adapter_beside_its_base_from_one_vllm_cpu_server_and_leaves_nothing_running(chain, monkeypatch):
+    cfg, reports = chain
+    monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's servers had their records
+    names = agreement.served_names(cfg)
+    lora, merged = reports["check"]["servers"]  # two vLLM starts, in this order
+    adapter = str((cfg.out_dir / "adapter").resolve())
+    # What /v1/models of the LoRA server listed while it ran: the base under its name, the adapter beside it.
+    assert [m["id"] for m in lora["listed"]] == [names["base"], names["adapter"]]
+    assert lora["listed"][1] == {"id": names["adapter"], "root": adapter, "parent": names["base"]}
+    assert lora["asked"] == {"base": names["base"], "adapter": names["adapter"]}
+    assert [m["id"] for m in merged["listed"]] == [names["trained"]] and merged["asked"] == {"trained": names["trained"]}
+    assert merged["model"] == str((cfg.out_dir / "export").resolve())
+    command = lora["command"]
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--max-lora-rank") + 1] == "64" and "--enable-lora" in command
+    assert command[command.index("--lora-modules") + 1] == f"{names['adapter']}={adapter}"
+    for server in (lora, merged):  # vLLM's CPU build, eager, bf16, a 1 GiB KV cache (tiny.yaml's agreement.serve)
+        assert (server["engine"], server["device"], server["env"]) == ("vllm", "cpu", {"VLLM_CPU_KVCACHE_SPACE": "1"})
+        assert "--enforce-eager" in server["command"] and server["command"][server["command"].index("--dtype") + 1] == "bfloat16"
+        # Tied to the process that ran the check (a killed `cupid train` takes them along), and stopped with
+        # their whole process group (engine core, workers) before the check returned.
+        assert server["tied_to"] == os.getpid() and server["left_running"] == []
+        assert _running_in_group(server["pid"]) == [] and not lifecycle.alive(server["pid"])
+        assert lifecycle.find(server["name"]) is None
+
+
+def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_dir):
+    """vLLM's LoRA on CPU is the adapter as trained: its greedy answers are PEFT's on the same (unquantized) base.
+
+    (The export answers differently, and parses more often: it merges the adapter into the NF4-dequantized base
+    the adapter was trained on, while `--enable-lora` puts it on the bf16 base.)"""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg, _ = chain
+    served = [r["raw"] for r in _rows(cfg.out_dir / "agreement_answers.jsonl") if r["model"] == "adapter"]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, cfg.out_dir / "adapter").eval()
+    same = 0
+    for example, answer in zip(_rows(cfg.out_dir / "data" / "validation.jsonl"), served, strict=True):
+        ids = tok.apply_chat_template(example["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=cfg.agreement.max_tokens, do_sample=False)
+        same += tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip() == answer.strip()
+    assert same >= 3  # all 4 when measured; greedy decoding in two implementations may break one near-tie differently
 
 
 def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
@@ -217,6 +296,36 @@ def test_config_with_an_unknown_key_names_file_and_field(tmp_path):
     assert str(path) in str(e.value) and "sft.learning_rte" in str(e.value)
     result = CliRunner().invoke(cupid.app, ["train", "run", "-c", str(path)])
     assert result.exit_code == 2 and "sft.learning_rte" in result.output
+
+
+def test_check_server_settings_that_cannot_work_are_refused_when_the_config_loads(tmp_path):
+    with pytest.raises(ConfigError, match=r"agreement: .*serve\.port: set by the check"):
+        config.load(_write_config(tmp_path / "a.yaml", agreement={"serve": {"device": "cpu", "port": 8000}}))
+    with pytest.raises(ConfigError, match=r"serve: gpu_memory_utilization: GPU only"):
+        config.load(_write_config(tmp_path / "b.yaml", agreement={"serve": {"device": "cpu", "gpu_memory_utilization": 0.5}}))
+    with pytest.raises(ConfigError, match=r"max_lora_rank 12 is not one vLLM accepts"):
+        config.load(_write_config(tmp_path / "c.yaml", agreement={"max_lora_rank": 12}))
+    with pytest.raises(ConfigError, match=r"agreement.max_lora_rank 8 is below lora.r 16"):
+        config.load(_write_config(tmp_path / "d.yaml", lora={"r": 16}, agreement={"max_lora_rank": 8}))
+    with pytest.raises(ConfigError, match=r"adapter: serving the LoRA adapter needs the vllm engine"):
+        config.load(_write_config(tmp_path / "e.yaml", agreement={"serve": {"engine": "transformers"}}))
+    with pytest.raises(ConfigError, match=r"agreement.engine: Extra inputs"):  # the old form, before `serve`
+        config.load(_write_config(tmp_path / "f.yaml", agreement={"engine": "vllm"}))
+    plain = config.load(_write_config(tmp_path / "g.yaml", agreement={"serve": {"engine": "transformers"}, "adapter": False}))
+    assert [(s.asks.keys(), s.profile.engine) for s in agreement.plan(plain)] == [({"base"}, "transformers"), ({"trained"}, "transformers")]
+
+
+def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, tiny_model_dir, monkeypatch):
+    cfg, _ = chain
+    monkeypatch.setenv("CUPID_HOME", str(tmp_path / "home"))
+    copy = tmp_path / "run"
+    shutil.copytree(cfg.out_dir / "data", copy / "data")
+    (copy / "export").symlink_to(cfg.out_dir / "export", target_is_directory=True)  # the export, but no adapter/
+    moved = _load(TINY, out=str(copy), base_model=str(tiny_model_dir))
+    assert not export.adapter_dir(moved).exists()
+    with pytest.raises(ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"):
+        agreement.check(moved, Console(stderr=True))
+    assert lifecycle.records() == [] and not (copy / "agreement.json").exists()  # refused before any start
 
 
 def test_fractional_warmup_is_refused(tmp_path):

@@ -1,20 +1,31 @@
 """After training: how well does a served matcher agree with the teacher on held-out personas?
 
-Each model (the base before training, the export after) is started with the project's serving
-lifecycle, asked every validation prompt exactly as PrefMatcher is asked, and its answer parsed
-with the same parser the benchmark uses. An answer that does not parse is a failure with its
-reason, never a label: agreement (accuracy, Krippendorff's alpha over the label scores 0/0.5/1)
-is computed on the answers that parsed, and the report says how many those were.
+Three matchers are asked every validation prompt exactly as PrefMatcher is asked, each answer parsed
+with the same parser the benchmark uses: the base before training, the trained LoRA adapter on that
+base, and the merged export (what PrefMatcher users serve). They come from two server starts of the
+project's serving lifecycle: the base with the adapter as a LoRA module (vLLM `--enable-lora`: the
+base answers under its name, the adapter under its own), then the export. The servers are serve
+profiles built from the config's `agreement.serve`, started tied to this process (a killed
+`cupid train` leaves none behind) and stopped, their whole process group, before the check returns.
+
+An answer that does not parse is a failure with its reason, never a label: agreement (accuracy,
+Krippendorff's alpha over the label scores 0/0.5/1) is computed on the answers that parsed, and the
+report says how many those were.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
 from matcher import parse
@@ -22,11 +33,13 @@ from eval.meta import canonical_label, krippendorff_alpha
 from serving import lifecycle
 from serving.client import Client, RequestFailed
 from serving.endpoints import Endpoint
-from serving.engines import ServeSpec
-from serving.instant import free_port
+from serving.engines import ServeError, get_engine
+from serving.profiles import Profile
 from training.config import TrainConfig
-from training.export import export_dir
+from training.export import adapter_dir, export_dir
 from training.matchdata import MatchExample, data_dir, read_examples
+
+MODELS = ("base", "adapter", "trained")  # the report's blocks, in the order of the table
 
 
 async def _answers(endpoint: Endpoint, examples: list[MatchExample]) -> list[dict[str, Any]]:
@@ -50,6 +63,12 @@ async def _answers(endpoint: Endpoint, examples: list[MatchExample]) -> list[dic
         return await asyncio.gather(*(one(e) for e in examples))
     finally:
         await client.aclose()
+
+
+async def _ask_all(endpoints: dict[str, Endpoint], examples: list[MatchExample]) -> dict[str, list[dict[str, Any]]]:
+    """Every model of one server at once: the server batches base and adapter requests together."""
+    results = await asyncio.gather(*(_answers(e, examples) for e in endpoints.values()))
+    return dict(zip(endpoints, results))
 
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -76,45 +95,139 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(model_dir: str, served_name: str, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Serve `model_dir`, ask every example, stop the server (also on failure)."""
+@dataclass
+class Server:
+    """One server the check starts, and which of its served models answer as which report block."""
+
+    profile: Profile
+    asks: dict[str, str]  # report block ("base", "adapter", "trained") -> served model name
+
+
+def plan(cfg: TrainConfig) -> list[Server]:
+    """The check's servers: the base with the adapter as a LoRA module (if either is measured), then the export."""
+    from training.sft import resolve_base
+
     a = cfg.agreement
-    spec = ServeSpec(engine=a.engine, model=model_dir, name=served_name, port=free_port(),
-                     startup_timeout_s=a.startup_timeout_s, extra_args=list(a.extra_args))  # fmt: skip
-    console.print(f"[bold]check[/bold]: serving {model_dir} as '{served_name}' ({a.engine}) for {len(examples)} validation prompts", highlight=False)
-    record = lifecycle.up(spec)
+    names = served_names(cfg)
+    out = []
+    on_base = {k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)}
+    if on_base:
+        adapters = {names["adapter"]: str(adapter_dir(cfg))} if a.adapter else None
+        out.append(Server(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
+    out.append(Server(a.profile(names["trained"], str(export_dir(cfg)), names["trained"]), {"trained": names["trained"]}))
+    return out
+
+
+def served_names(cfg: TrainConfig) -> dict[str, str]:
+    return {"base": f"train-{cfg.name}-base", "adapter": f"train-{cfg.name}-adapter", "trained": f"train-{cfg.name}"}
+
+
+def _listed(base_url: str, api_key: str | None) -> list[dict[str, Any]]:
+    """What the server's /v1/models lists (vLLM: the base, then each LoRA module with its path and parent)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    data = httpx.get(base_url + "/models", headers=headers, timeout=30).json().get("data", [])
+    return [{"id": m.get("id"), "root": m.get("root"), "parent": m.get("parent")} for m in data]
+
+
+def group_left(pgid: int) -> list[int]:
+    """Processes of a server's process group that still run (zombies waiting to be reaped do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # no procfs: the group exists or it does not
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    left = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            left.append(int(entry.name))
+    return sorted(left)
+
+
+def stop(handle: str, pgid: int, grace_s: float = 30.0) -> list[int]:
+    """`lifecycle.down`, then wait until the server's whole process group is gone (vLLM's engine core and
+    workers stop after the API process); what still runs after `grace_s` is killed. Returns what was left."""
+    lifecycle.down(handle)
+    deadline = time.monotonic() + grace_s
+    while (left := group_left(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    if left:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        time.sleep(1.0)
+    return left
+
+
+def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Start one server (tied to this process), ask every example of each of its models at once, stop it (also on failure)."""
+    a, profile = cfg.agreement, server.profile
+    spec = profile.spec()
+    adapters = profile.adapter_paths()
+    what = ", ".join(f"'{name}' ({which})" for which, name in server.asks.items())
+    device = f" {profile.device}" if profile.engine == "vllm" else ""
+    console.print(f"[bold]check[/bold]: serving {spec.model}" + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
+                  + f" ({profile.engine}{device}): {what}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
+    started = time.monotonic()
+    record = lifecycle.up(spec, tied=True)
+    info: dict[str, Any] = {
+        "name": spec.handle, "engine": spec.engine, "device": record["device"], "model": spec.model, "adapters": adapters,
+        "asked": server.asks, "pid": record["pid"], "tied_to": record["tied_to"], "command": record["command"],
+        "env": record["env"], "start_s": round(time.monotonic() - started, 2),
+    }  # fmt: skip
     try:
-        endpoint = Endpoint(base_url=record["base_url"], model=served_name, max_tokens=a.max_tokens,
-                            max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)  # fmt: skip
-        rows = asyncio.run(_answers(endpoint, examples))
+        info["listed"] = _listed(record["base_url"], spec.api_key())
+        missing = sorted(set(server.asks.values()) - {m["id"] for m in info["listed"]})
+        if missing and get_engine(spec.engine).lists_served_model:
+            raise ServeError(f"'{spec.handle}' started but /v1/models does not list {', '.join(missing)} (it lists {[m['id'] for m in info['listed']]})")
+        endpoints = {
+            which: Endpoint(base_url=record["base_url"], model=name, api_key_env=spec.api_key_env, max_tokens=a.max_tokens,
+                            max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)
+            for which, name in server.asks.items()
+        }  # fmt: skip
+        asked = time.monotonic()
+        rows = asyncio.run(_ask_all(endpoints, examples))
+        info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        lifecycle.down(served_name)
-    return agreement(rows), rows
+        info["left_running"] = stop(spec.handle, record["pid"])
+    return info, rows
 
 
 def check(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
-    """Agreement of the base (before) and the export (after) with the teacher; `<out>/agreement.json`."""
-    from training.sft import resolve_base
+    """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`."""
+    from serving.config import ConfigError
 
     console = console or Console(stderr=True)
     examples = read_examples(data_dir(cfg) / "validation.jsonl")
     if cfg.agreement.limit:
         examples = examples[: cfg.agreement.limit]
-    exported = export_dir(cfg)
-    if not (exported / "config.json").is_file():
-        from serving.config import ConfigError
-
-        raise ConfigError(f"{exported}: no exported model here; run `cupid train export --config {cfg.source}` first")
-    models = {"trained": (str(exported), f"train-{cfg.name}")}
-    if cfg.agreement.baseline:
-        models = {"base": (resolve_base(cfg), f"train-{cfg.name}-base"), **models}
-    report: dict[str, Any] = {"validation": str(data_dir(cfg) / "validation.jsonl"), "teacher_prompt": examples[0].teacher_prompt}
-    answers_path = cfg.out_dir / "agreement_answers.jsonl"
-    with answers_path.open("w", encoding="utf-8") as sink:
-        for which, (model_dir, name) in models.items():
-            report[which], rows = measure(model_dir, name, examples, cfg, console)
-            report[which]["model"] = model_dir
-            for row in rows:
+    if not (export_dir(cfg) / "config.json").is_file():
+        raise ConfigError(f"{export_dir(cfg)}: no exported model here; run `cupid train export --config {cfg.source}` first")
+    servers = plan(cfg)
+    for server in servers:  # missing adapter, rank above max_lora_rank: refused before a server starts
+        server.profile.check_local_files(f"{cfg.source}: agreement")
+    report: dict[str, Any] = {"validation": str(data_dir(cfg) / "validation.jsonl"), "teacher_prompt": examples[0].teacher_prompt, "servers": []}
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for server in servers:
+        info, rows = measure(server, examples, cfg, console)
+        report["servers"].append(info)
+        for which, served in server.asks.items():
+            answers[which] = rows[which]
+            report[which] = {**agreement(rows[which]), "model": info["adapters"].get(served, info["model"]), "served_as": served, "server": info["name"]}
+    with (cfg.out_dir / "agreement_answers.jsonl").open("w", encoding="utf-8") as sink:
+        for which in MODELS:
+            for row in answers.get(which, []):
                 sink.write(json.dumps({"model": which, **row}, ensure_ascii=False) + "\n")
     (cfg.out_dir / "agreement.json").write_text(json.dumps(report, indent=2))
     return report
@@ -122,7 +235,7 @@ def check(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> list[tuple[str, ...]]:
     rows = []
-    for which in ("base", "trained"):
+    for which in MODELS:
         if which in report:
             r = report[which]
             fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731

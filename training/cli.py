@@ -80,9 +80,13 @@ def _print_check(report: dict[str, Any] | None) -> None:
     for row in agreement.table(report):
         table.add_row(*row)
     console.print(table)
-    for which in ("base", "trained"):
+    for which in agreement.MODELS:
         for what, n in (report.get(which) or {}).get("failures", {}).items():
             console.print(f"[yellow]{which} failed:[/yellow] {n} x {what}", highlight=False)
+    for server in report.get("servers", []):
+        listed = ", ".join(m["id"] for m in server.get("listed", []))
+        console.print(f"server {server['name']} ({server['engine']} {server['device']}): served {listed}; "
+                      f"started in {server['start_s']}s, answered in {server.get('ask_s', '-')}s", highlight=False)  # fmt: skip
 
 
 @app.command()

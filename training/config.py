@@ -96,18 +96,62 @@ class Export(_Section):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
 
 
+# What the check sets itself in the servers it starts; a config's `agreement.serve` leaves them out.
+CHECK_OWNED = ("name", "model", "served_name", "host", "port", "lora_adapters", "max_lora_rank")
+
+
 class Agreement(_Section):
-    """After training: serve base and export, run each as the matcher on the validation split."""
+    """After training: serve the base (the trained LoRA adapter on it) and the export, run each as the matcher
+    on the validation split. The servers are serve profiles (`configs/serve/*.yaml`): `serve` holds a profile's
+    fields without model, names, port and adapters, which the check sets."""
 
     enabled: bool = True
     baseline: bool = Field(default=True, description="also measure the base model before training")
-    engine: Literal["transformers", "vllm"] = "transformers"
-    extra_args: list[str] = Field(default_factory=list, description="extra server arguments (e.g. vLLM --max-model-len)")
+    adapter: bool = Field(
+        default=True,
+        description="also measure the trained LoRA adapter, served on the base by vLLM (--enable-lora): base and "
+        "adapter answer from one server; the merged export is served after it",
+    )
+    max_lora_rank: int = Field(default=64, description="vLLM's --max-lora-rank for the adapter: at least lora.r")
+    serve: dict[str, Any] = Field(
+        default_factory=dict,
+        description="serve-profile fields for the check's servers (engine, device, dtype, max_model_len, enforce_eager, "
+        "cpu_kvcache_space_gib, gpu_memory_utilization, engine_args, startup_timeout_s, ...); default: vLLM on CUDA",
+    )
     max_tokens: int = Field(default=512, ge=1)
     concurrency: int = Field(default=64, ge=1)
     timeout_s: float = Field(default=900.0, gt=0)
-    startup_timeout_s: float = Field(default=900.0, gt=0)
     limit: int | None = Field(default=None, ge=1, description="only the first N validation examples")
+
+    @model_validator(mode="after")
+    def _servable(self) -> "Agreement":
+        from serving.profiles import LORA_RANKS
+
+        owned = sorted(set(CHECK_OWNED) & set(self.serve))
+        if owned:
+            raise ValueError(f"serve.{owned[0]}: set by the check (it serves the base, the adapter and the export on free ports)")
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank {self.max_lora_rank} is not one vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
+        if self.adapter and self.serve.get("engine", "vllm") != "vllm":
+            raise ValueError(f"adapter: serving the LoRA adapter needs the vllm engine (serve.engine is {self.serve['engine']}); set adapter: false")
+        self.profile("check", "model", "model", {"adapter": "adapter"} if self.adapter else None, port=8000)
+        return self
+
+    def profile(self, name: str, model: str, served_name: str, adapters: dict[str, str] | None = None, port: int | None = None):
+        """The serve profile of one of the check's servers (`serving.profiles.Profile`), on a free port by default."""
+        from pydantic import ValidationError
+
+        from serving.instant import free_port
+        from serving.profiles import Profile
+
+        fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
+        if adapters:
+            fields.update(lora_adapters=adapters, max_lora_rank=self.max_lora_rank)
+        try:
+            return Profile.model_validate(fields)
+        except ValidationError as e:
+            problems = [(".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")) for err in e.errors()]
+            raise ValueError("; ".join(f"serve.{loc}: {msg}" if loc else f"serve: {msg}" for loc, msg in problems)) from None
 
 
 class TrainConfig(_Section):
@@ -129,6 +173,11 @@ class TrainConfig(_Section):
     def _data_source(self) -> "TrainConfig":
         if (self.synthesis is None) == (self.match_data is None):
             raise ValueError("give exactly one of `synthesis` (build match data) or `match_data` (use existing)")
+        if self.agreement.enabled and self.agreement.adapter and self.lora.r > self.agreement.max_lora_rank:
+            raise ValueError(
+                f"agreement.max_lora_rank {self.agreement.max_lora_rank} is below lora.r {self.lora.r}: vLLM would refuse "
+                "the adapter (raise agreement.max_lora_rank, or set agreement.adapter: false)"
+            )
         return self
 
     @property

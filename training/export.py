@@ -47,6 +47,15 @@ def end_of_turn_token(tokenizer) -> str:
     raise ConfigError(f"cannot find the end-of-turn token after an assistant message in the chat template (it renders {tail!r})")
 
 
+def _lora_rank(cfg: TrainConfig) -> int:
+    """--max-lora-rank for serving the adapter: the check's, or the smallest rank vLLM accepts that fits."""
+    from serving.profiles import LORA_RANKS
+
+    if cfg.agreement.max_lora_rank >= cfg.lora.r:
+        return cfg.agreement.max_lora_rank
+    return min((r for r in LORA_RANKS if r >= cfg.lora.r), default=cfg.lora.r)
+
+
 def adapter_dir(cfg: TrainConfig) -> Path:
     return cfg.out_dir / "adapter"
 
@@ -142,7 +151,7 @@ def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         "size_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
         "serve": {
             "merged": f"vllm serve {out} --served-model-name {cfg.name}",
-            "adapter": f"vllm serve {base} --enable-lora --max-lora-rank {cfg.lora.r} --lora-modules {cfg.name}={adapter}",
+            "adapter": f"vllm serve {base} --enable-lora --max-lora-rank {_lora_rank(cfg)} --lora-modules {cfg.name}={adapter}",
         },
         "wall_s": round(time.monotonic() - started, 2),
     }
