@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -64,10 +65,15 @@ def ensure(dest: Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    tmp = dest.with_name(dest.name + ".partial")
+    tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")  # several processes may convert at once (test workers)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    tmp.rename(dest)  # only a complete directory ever appears under the final name
+    if dest.exists() and not is_converted(dest):
+        shutil.rmtree(dest, ignore_errors=True)  # an older layout
+    try:
+        tmp.rename(dest)  # only a complete directory ever appears under the final name
+    except OSError:
+        if not is_converted(dest):
+            raise
+        shutil.rmtree(tmp)  # another process finished first
     return dest
