@@ -52,7 +52,7 @@ demo: setup
 	scripts/demo.sh
 
 test: setup-dev
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup
 
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))

@@ -16,7 +16,7 @@ from serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
 console = Console(width=max(120, shutil.get_terminal_size().columns))  # the table stays readable in logs
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never wrapped
 
 
 def _fail(message: str, code: int = 2) -> None:

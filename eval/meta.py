@@ -306,7 +306,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Meta-evaluat
 
 
 def _fail(e: Exception) -> None:
-    Console(stderr=True).print(f"[red]error:[/red] {e}")
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)  # paths and rows never wrapped
     raise typer.Exit(2)
 
 

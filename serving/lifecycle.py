@@ -249,25 +249,38 @@ def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
     return ServeError(f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{tail(log_path)}")
 
 
+def _group_alive(pgid: int) -> bool:
+    """Any process of a server's group still running (vLLM's engine processes outlive its API server by a moment)."""
+    if alive(pgid):  # also reaps the leader if it is our own zombie
+        return True
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def down(name: str, grace_s: float = 20.0) -> bool:
-    """Stop a server's whole process group; False when there was nothing to stop."""
+    """Stop a server's whole process group and wait until none of it runs; False when there was nothing to stop."""
     record = find(name)
     if record is None:
         return False
-    pid = record["pid"]
-    if alive(pid):
+    pgid = record["pid"]  # started in its own session: its pid is its group's id
+    if _group_alive(pgid):
         try:
-            os.killpg(pid, signal.SIGTERM)
+            os.killpg(pgid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + grace_s
-        while alive(pid) and time.monotonic() < deadline:
+        while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if alive(pid):
+        if _group_alive(pgid):
             try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            while _group_alive(pgid) and time.monotonic() < deadline + 10:
+                time.sleep(0.2)
     record_path(name).unlink(missing_ok=True)
     return True
 

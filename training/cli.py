@@ -21,7 +21,7 @@ from training.matchdata import SynthesisError
 
 app = typer.Typer(no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement.")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never wrapped
 
 ConfigOption = typer.Option(..., "--config", "-c", help="training config YAML (configs/train/*.yaml)")
 ForceOption = typer.Option(False, "--force", help="allow kixlab/CUPID (the benchmark's test split) as synthesis input")
