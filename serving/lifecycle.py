@@ -6,7 +6,6 @@ the state directory so that `down`, `status`, `logs` and evaluation runs find it
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -143,24 +142,45 @@ def ready(spec: ServeSpec, engine: Engine, timeout: float = 2.0) -> bool:
         return False
 
 
-PR_SET_PDEATHSIG = 1  # prctl(2)
-
 # A process whose servers must never outlive it sets this (the test suite does): every `up` is then `tied`.
 tie_servers = False
 
+# Watches a tied server: reads its stdin, a pipe whose other end only the starting process holds, so EOF
+# means that process is gone, however it ended (SIGKILL included). Then it stops the server's whole process
+# group: vLLM's engine runs in child processes, and a server still starting may not heed SIGTERM at once.
+WATCHDOG = """
+import os, signal, sys, time
+pgid = int(sys.argv[1])
+sys.stdin.buffer.read()
+for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        break
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            sys.exit(0)
+        time.sleep(0.2)
+"""
+_lifelines: dict[int, Any] = {}  # server pid -> the write end of its watchdog's pipe, open while this process lives
 
-def _die_with_parent() -> None:
-    """In the child before exec: the kernel sends SIGTERM when the process that started it ends, however
-    it ends (SIGKILL included); vLLM's server then stops its engine processes as on `down`."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+def _tie(pid: int) -> None:
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    _lifelines[pid] = watchdog.stdin
 
 
 def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
     """Start a server and return its record once it answers; raise ServeError with the log's tail if not.
 
-    `tied`: the server lives only as long as this process (tests, runs that start their own servers);
-    otherwise it outlives the command that started it (`cupid serve up`) until `down`."""
+    `tied`: the server lives only as long as this process (tests, runs that start their own servers), however
+    this process ends; otherwise it outlives the command that started it (`cupid serve up`) until `down`."""
     tied = tied or tie_servers
     engine = get_engine(spec.engine)
     existing = find(spec.handle)
@@ -184,9 +204,10 @@ def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent if tied and sys.platform == "linux" else None,
             env={**os.environ, **spec.env, **engine.env(spec, workdir)},
         )
+    if tied:
+        _tie(process.pid)
     # What `cupid eval` and `status` need to use the server by name; secrets stay out (the key's variable only).
     record = {
         "name": spec.handle,
@@ -281,6 +302,8 @@ def down(name: str, grace_s: float = 20.0) -> bool:
                 pass
             while _group_alive(pgid) and time.monotonic() < deadline + 10:
                 time.sleep(0.2)
+    if lifeline := _lifelines.pop(pgid, None):
+        lifeline.close()  # its watchdog finds the group gone and ends
     record_path(name).unlink(missing_ok=True)
     return True
 

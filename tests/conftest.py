@@ -16,6 +16,7 @@ lifecycle.tie_servers = True  # every server a test starts dies with this proces
 TINY_NAME = "smollm2-135m-instruct"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items):
     """Under `pytest -n 2 --dist loadgroup` (`make test`): every test of the shared tiny vLLM server on one
     worker, so the session starts that server once; the training chain (CPU-heavy, its own two vLLM
