@@ -16,18 +16,6 @@ lifecycle.tie_servers = True  # every server a test starts dies with this proces
 TINY_NAME = "smollm2-135m-instruct"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """Under `pytest -n 2 --dist loadgroup` (`make test`): every test of the shared tiny vLLM server on one
-    worker, so the session starts that server once; the training chain (CPU-heavy, its own two vLLM
-    starts) as a whole on one worker; everything else wherever there is room."""
-    for item in items:
-        if "tiny_server" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("tiny-server"))
-        elif item.path.name == "test_training.py":
-            item.add_marker(pytest.mark.xdist_group("training"))
-
-
 def write_endpoints(path: Path, **entries: dict) -> Path:
     path.write_text(yaml.safe_dump(entries))
     return path
