@@ -21,8 +21,8 @@ from eval.generation import GenerationScorer
 from eval.history import GENERATION_ONLY, History
 from eval.inference import InferenceScorer
 from eval.summary import markdown, summarize
-from eval.tasks import Task
-from matcher import prompts, schemas
+from eval.tasks import Task, candidate_constrained
+from matcher import prompts
 from serving.cache import Cache
 from serving.client import Client
 from serving.config import ConfigError
@@ -140,7 +140,7 @@ def _prompt_names(cfg: RunConfig) -> list[str]:
 
 def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[str]:
     """The tasks whose candidate answers are held to the task's format: never mistaken for free answers."""
-    return [t for t in cfg.tasks if endpoints[cfg.candidate].constrain_candidate and t in schemas.CANDIDATE]
+    return [t for t in cfg.tasks if candidate_constrained(endpoints[cfg.candidate], t)]
 
 
 def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> dict[str, Any]:

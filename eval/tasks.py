@@ -16,10 +16,16 @@ from eval.data import Instance
 from eval.history import History, relevant_sessions
 from matcher import schemas
 from serving.client import ChatRequest, Client, RequestFailed
+from serving.endpoints import Endpoint
 
 TASKS = ("inference", "generation")
 CANDIDATE_STAGE = {"inference": "infer", "generation": "generate"}
 PROMPTS = {"inference": inference.candidate_messages, "generation": generation.candidate_messages}
+
+
+def candidate_constrained(candidate: Endpoint, task: str) -> bool:
+    """The candidate's answers are held to the task's format (`constrain_candidate`): recorded with the run."""
+    return candidate.constrain_candidate and task in schemas.CANDIDATE
 
 
 class Scorer(Protocol):
@@ -41,8 +47,7 @@ class Task:
 
     @property
     def constrained(self) -> bool:
-        """The candidate's answers are held to the task's format (`constrain_candidate`): recorded with the run."""
-        return self.client.endpoints[self.candidate].constrain_candidate and self.name in schemas.CANDIDATE
+        return candidate_constrained(self.client.endpoints[self.candidate], self.name)
 
     def _request(self, log: str, instance: Instance, setting: str) -> ChatRequest:
         fmt = schemas.CANDIDATE[self.name](self.client.endpoints[self.candidate].max_tokens) if self.constrained else {}

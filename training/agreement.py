@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -154,22 +153,6 @@ def group_left(pgid: int) -> list[int]:
     return sorted(left)
 
 
-def stop(handle: str, pgid: int, grace_s: float = 30.0) -> list[int]:
-    """`lifecycle.down`, then wait until the server's whole process group is gone (vLLM's engine core and
-    workers stop after the API process); what still runs after `grace_s` is killed. Returns what was left."""
-    lifecycle.down(handle)
-    deadline = time.monotonic() + grace_s
-    while (left := group_left(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.25)
-    if left:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        time.sleep(1.0)
-    return left
-
-
 def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Start one server (tied to this process), ask every example of each of its models at once, stop it (also on failure)."""
     a, profile = cfg.agreement, server.profile
@@ -200,7 +183,8 @@ def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, cons
         rows = asyncio.run(_ask_all(endpoints, examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        info["left_running"] = stop(spec.handle, record["pid"])
+        lifecycle.down(spec.handle)  # waits for the whole process group, killing what outstays its grace
+        info["left_running"] = group_left(record["pid"])
     return info, rows
 
 
