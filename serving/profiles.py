@@ -7,6 +7,12 @@ into `vllm.LLM(...)` arguments, so a served run and an offline run load the mode
 Several vLLM servers share a GPU by each taking a fraction of its memory (`gpu_memory_utilization`
 is a fraction of the whole GPU, weights and KV cache included); a plan refuses fractions that add up
 to more than the GPU, counting the vLLM servers already running.
+
+Scale-out is vLLM's own, asked for by profile fields that become its flags: tensor and pipeline
+parallelism split one copy of a model over GPUs (the largest model that fits), data parallelism runs
+several copies behind one API server that balances requests between them (requests/s), across nodes
+with a head and headless worker nodes; one copy larger than a node runs on a Ray cluster
+(`distributed_executor_backend: ray`) or over `nnodes` with vLLM's own multiprocessing.
 """
 
 from __future__ import annotations
@@ -33,18 +39,27 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.
 RUNTIME_OVERHEAD_GIB = 1.5
 
+# vLLM's parallelism, in the spelling of its flags (`--data-parallel-size` ...); emitted when not the default.
+PARALLEL = (
+    "pipeline_parallel_size", "data_parallel_size", "data_parallel_size_local", "data_parallel_start_rank",
+    "data_parallel_address", "data_parallel_rpc_port", "headless", "nnodes", "node_rank", "master_addr", "master_port",
+    "distributed_executor_backend",
+)  # fmt: skip
 VLLM_ONLY = (
     "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
     "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
-    "cpu_kvcache_space_gib",
+    "cpu_kvcache_space_gib", *PARALLEL,
 )  # fmt: skip
-GPU_ONLY = ("gpu_memory_utilization", "tensor_parallel_size", "weights_gib", "batch_invariant")
+GPU_ONLY = (
+    "gpu_memory_utilization", "tensor_parallel_size", "weights_gib", "batch_invariant",
+    *(k for k in PARALLEL if k != "distributed_executor_backend"),  # `uni` saves the CPU profile a process
+)  # fmt: skip
 
 # Engine arguments a profile sets through its own fields; `engine_args` may not set them again.
 MANAGED = {
     "model", "served_model_name", "host", "port", "generation_config", "api_key", "dtype", "max_model_len",
     "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed", "enable_lora",
-    "lora_modules", "max_lora_rank", "max_loras", "enforce_eager",
+    "lora_modules", "max_lora_rank", "max_loras", "enforce_eager", *PARALLEL,
 }  # fmt: skip
 
 
@@ -61,7 +76,21 @@ class Profile(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: int | None = Field(default=None, ge=16)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="fraction of the whole GPU")
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one copy of the model is split over")
+    pipeline_parallel_size: int = Field(default=1, ge=1, description="stages of layers one copy is cut into")
+    data_parallel_size: int = Field(default=1, ge=1, description="copies of the model behind one API server")
+    data_parallel_size_local: int | None = Field(default=None, ge=1, description="the copies on this node (multi-node)")
+    data_parallel_start_rank: int | None = Field(default=None, ge=1, description="a headless node's first copy")
+    data_parallel_address: str | None = Field(default=None, min_length=1, description="the head node's address")
+    data_parallel_rpc_port: int | None = Field(default=None, ge=1, le=65535, description="the head's RPC port")
+    headless: bool = Field(default=False, description="a worker node: engines only, no API server")
+    nnodes: int = Field(default=1, ge=1, description="nodes one copy spans, without Ray")
+    node_rank: int = Field(default=0, ge=0, description="this node's index among nnodes")
+    master_addr: str | None = Field(default=None, min_length=1, description="node 0's address (nnodes > 1)")
+    master_port: int | None = Field(default=None, ge=1, le=65535, description="node 0's port (nnodes > 1)")
+    distributed_executor_backend: Literal["mp", "ray", "uni"] | None = Field(
+        default=None, description="mp: processes on this node; ray: a Ray cluster; uni: inside the engine process"
+    )
     enable_prefix_caching: bool = True
     seed: int = 0
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
@@ -97,7 +126,61 @@ class Profile(BaseModel):
         clashes = sorted(k for k in self.engine_args if k.replace("-", "_") in MANAGED)
         if clashes:
             raise ValueError(f"engine_args may not set {', '.join(clashes)}: use the profile's own field")
+        if problem := self._parallel_problem():
+            raise ValueError(problem)
         return self
+
+    def _parallel_problem(self) -> str | None:
+        """What vLLM would refuse, or start in a shape this project does not run, in the parallelism fields.
+
+        One way per shape: data parallel across nodes is a head (`data_parallel_size_local` of the copies,
+        the API server) and headless nodes (`data_parallel_start_rank`); `nnodes` spreads one copy (tensor x
+        pipeline parallel) over nodes. vLLM's other spellings are refused here: a start rank without
+        `headless` turns on its hybrid balancing (an API server per node, balanced by something else), and
+        `nnodes` with data parallel infers the ranks the fields here state."""
+        dp, local, start = self.data_parallel_size, self.data_parallel_size_local, self.data_parallel_start_rank
+        width = self.tensor_parallel_size * self.pipeline_parallel_size
+        multi_dp = local is not None and local < dp
+        if local is not None and local > dp:
+            return f"data_parallel_size_local {local} is more than data_parallel_size {dp}"
+        if multi_dp and self.data_parallel_address is None:
+            return (f"data_parallel_size_local {local} of data_parallel_size {dp} puts the other copies on other nodes: "
+                    "set data_parallel_address to the head node's address (the same on every node)")
+        for name in ("data_parallel_address", "data_parallel_rpc_port", "data_parallel_start_rank"):
+            if getattr(self, name) is not None and not multi_dp:
+                return f"{name}: only for data parallel across nodes (data_parallel_size_local below data_parallel_size)"
+        if start is not None and not self.headless:
+            return ("data_parallel_start_rank is for a headless node (set headless: true); without it vLLM runs an "
+                    "API server per node that something else must balance")
+        if start is not None and start + local > dp:
+            return f"data_parallel_start_rank {start} + data_parallel_size_local {local} is more than data_parallel_size {dp}"
+        if self.nnodes > 1:
+            if dp > 1:
+                return ("nnodes spreads one copy of the model over nodes; for data parallel across nodes use "
+                        "data_parallel_size_local, data_parallel_start_rank and data_parallel_address")
+            if self.distributed_executor_backend in ("ray", "uni"):
+                return (f"nnodes is vLLM's multiprocessing across nodes, not distributed_executor_backend "
+                        f"{self.distributed_executor_backend} (Ray places a copy over its cluster by itself)")
+            if width % self.nnodes:
+                return f"tensor_parallel_size x pipeline_parallel_size ({width}) does not split evenly over nnodes {self.nnodes}"
+            if self.master_addr is None:
+                return "nnodes > 1 needs master_addr, node 0's address (the same on every node)"
+            if self.node_rank >= self.nnodes:
+                return f"node_rank {self.node_rank} is not below nnodes {self.nnodes}"
+            if (self.node_rank > 0) != self.headless:
+                return (f"node_rank {self.node_rank}: node 0 runs the API server, every other node is headless "
+                        f"(headless: {str(self.node_rank > 0).lower()})")
+        else:
+            for name in ("node_rank", "master_addr", "master_port"):
+                if getattr(self, name) != Profile.model_fields[name].default:
+                    return f"{name}: only with nnodes > 1"
+            if self.headless and start is None:
+                return ("headless: a worker node needs data_parallel_size_local, data_parallel_start_rank and "
+                        "data_parallel_address (data parallel across nodes), or nnodes > 1 (one copy over nodes)")
+        if self.distributed_executor_backend == "uni" and width > 1:
+            return (f"distributed_executor_backend uni runs one worker: tensor_parallel_size x pipeline_parallel_size "
+                    f"is {width}; use mp (one node) or ray (a cluster)")
+        return None
 
     @property
     def on_gpu(self) -> bool:
@@ -106,6 +189,16 @@ class Profile(BaseModel):
     @property
     def served(self) -> str:
         return self.served_name or self.model
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs this server occupies on the node it starts on: one copy's (tensor x pipeline parallel) times the
+        copies on this node, a share of them when one copy spans `nnodes`; 0 off the GPU. With Ray it is the
+        whole server's: Ray, not this node, finds them (plans do not hold it against this node's GPUs)."""
+        if not self.on_gpu:
+            return 0
+        copies = self.data_parallel_size_local or self.data_parallel_size
+        return self.tensor_parallel_size * self.pipeline_parallel_size * copies // self.nnodes
 
     def adapter_paths(self) -> dict[str, str]:
         """Adapter paths as the server must see them: local ones absolute (servers run in their own directory)."""
@@ -129,6 +222,7 @@ class Profile(BaseModel):
             served_models=list(self.lora_adapters),
             gpu_memory_utilization=self.gpu_memory_utilization if self.on_gpu else None,
             device=self.device,
+            headless=self.headless,
         )
         fields.update(overrides)
         return ServeSpec(**fields)
@@ -188,6 +282,10 @@ def engine_args(profile: Profile) -> list[str]:
         if profile.on_gpu:
             args += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
             args += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
+        for key in PARALLEL:
+            value = getattr(profile, key)
+            if value != Profile.model_fields[key].default:
+                args += flag(key, value)
         args += flag("max_model_len", profile.max_model_len)
         args += flag("enforce_eager", profile.enforce_eager or None)
         args += flag("enable_prefix_caching", profile.enable_prefix_caching)
@@ -212,7 +310,10 @@ def engine_env(profile: Profile) -> dict[str, str]:
 
 
 def llm_kwargs(profile: Profile) -> dict[str, Any]:
-    """The same profile as keyword arguments of `vllm.LLM` (the offline executor)."""
+    """The same profile as keyword arguments of `vllm.LLM` (the offline executor).
+
+    Data parallel and multi-node fields are a server's: `vllm.LLM` runs one copy in this process (it refuses
+    data_parallel_size > 1 for a dense model), so they are left out; `for_model` does not pick such profiles."""
     kwargs: dict[str, Any] = {
         "model": profile.model_path(),
         "dtype": profile.dtype,
@@ -223,6 +324,10 @@ def llm_kwargs(profile: Profile) -> dict[str, Any]:
     }
     if profile.on_gpu:
         kwargs.update(gpu_memory_utilization=profile.gpu_memory_utilization, tensor_parallel_size=profile.tensor_parallel_size)
+        if profile.pipeline_parallel_size > 1:
+            kwargs["pipeline_parallel_size"] = profile.pipeline_parallel_size
+    if profile.distributed_executor_backend is not None:
+        kwargs["distributed_executor_backend"] = profile.distributed_executor_backend
     if profile.max_model_len is not None:
         kwargs["max_model_len"] = profile.max_model_len
     if profile.lora_adapters:
@@ -254,9 +359,10 @@ def load_all(directory: str | Path = DEFAULT_DIR) -> dict[str, Profile]:
 def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile, str | None]:
     """The profile that serves a request's `model` (its served name, or one of its adapters), and the adapter.
 
-    A model no profile names is loaded as a plain Hub id or directory with the profile defaults."""
+    A model no profile names is loaded as a plain Hub id or directory with the profile defaults. Profiles only
+    a server runs (data parallel, or spread over nodes) are passed over: `vllm.LLM` runs one copy here."""
     for profile in load_all(directory).values() if Path(directory).is_dir() else []:
-        if profile.engine != "vllm":
+        if profile.engine != "vllm" or profile.data_parallel_size > 1 or profile.headless or profile.nnodes > 1:
             continue
         if profile.served == model:
             return profile, None
@@ -300,6 +406,14 @@ def gpus() -> list[Gpu]:
     return parse_nvidia_smi(out)
 
 
+def _shape(p: Profile) -> str:
+    """How a profile's GPUs on one node come about, e.g. `tensor_parallel_size 2 x data_parallel_size 8`."""
+    dp = ("data_parallel_size_local", p.data_parallel_size_local) if p.data_parallel_size_local else ("data_parallel_size", p.data_parallel_size)
+    factors = [("tensor_parallel_size", p.tensor_parallel_size), ("pipeline_parallel_size", p.pipeline_parallel_size), dp]
+    text = " x ".join(f"{k} {v}" for k, v in factors if v > 1) or "tensor_parallel_size 1"
+    return text + (f" / nnodes {p.nnodes}" if p.nnodes > 1 else "")
+
+
 @dataclass
 class Plan:
     """Profiles to start together, checked against each other, the servers already running and the GPU.
@@ -340,13 +454,13 @@ class Plan:
             for p in self.profiles:
                 if not p.on_gpu:
                     continue
-                if p.tensor_parallel_size > len(self.gpus):
-                    out.append(f"'{p.name}': tensor_parallel_size {p.tensor_parallel_size}, but {len(self.gpus)} GPU(s) visible")
+                if p.gpus_per_node > len(self.gpus) and p.distributed_executor_backend != "ray":
+                    out.append(f"'{p.name}': {p.gpus_per_node} GPUs on this node ({_shape(p)}), but {len(self.gpus)} GPU(s) visible")
                     continue
                 if p.weights_gib is None:
                     continue
                 share = p.gpu_memory_utilization * smallest
-                need = p.weights_gib / p.tensor_parallel_size + RUNTIME_OVERHEAD_GIB
+                need = p.weights_gib / (p.tensor_parallel_size * p.pipeline_parallel_size) + RUNTIME_OVERHEAD_GIB
                 if share < need:
                     out.append(
                         f"'{p.name}': {p.gpu_memory_utilization:g} of {smallest:.1f} GiB is {share:.1f} GiB, less than the "

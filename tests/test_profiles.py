@@ -2,6 +2,7 @@
 clear messages where there is no CUDA or no vLLM. Nothing here starts a server."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,8 +51,11 @@ def test_every_shipped_vllm_profile_builds_its_command(shipped):
         if profile.engine != "vllm":
             continue
         cmd = command(profile)
-        assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], name
-        assert value(cmd, "--model") == profile.model_path(), name
+        if profile.headless:  # engines only: `vllm serve`, which honours --headless (the api_server module does not)
+            assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", profile.model_path()], name
+        else:
+            assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], name
+            assert value(cmd, "--model") == profile.model_path(), name
         assert value(cmd, "--generation-config") == "vllm", name
         assert value(cmd, "--served-model-name") == profile.served
         assert value(cmd, "--port") == str(profile.port) and value(cmd, "--host") == "127.0.0.1"
@@ -114,14 +118,29 @@ def vllm_parser():
     return parser, validate_parsed_serve_args
 
 
+def vllm_args(cmd: list[str]):
+    """A command line as vLLM reads it, after its checks: through the api_server module's parser, or `vllm serve`'s
+    (vLLM's CLI: its `serve` subcommand) for a headless node; the model where `vllm serve` puts it."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser, validate = vllm_parser()
+    if cmd[1:3] == ["-m", "vllm.entrypoints.cli.main"]:
+        parser = FlexibleArgumentParser(prog="vllm")
+        ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
+        args = parser.parse_args(cmd[3:])
+        args.model = args.model_tag  # as `vllm serve` does before it starts
+    else:
+        args = parser.parse_args(cmd[3:])
+    validate(args)
+    return args
+
+
 def test_vllm_own_parser_accepts_every_shipped_profile(shipped):
     """Every command line a shipped profile builds (the GPU ones included) goes through vLLM's argument parser
     and its checks, so a misspelt or removed flag fails here instead of on a GPU box."""
-    parser, validate = vllm_parser()
     for name, profile in shipped.items():
-        cmd = command(profile)
-        args = parser.parse_args(cmd[3:])
-        validate(args)
+        args = vllm_args(command(profile))
         assert args.model == profile.model_path() and args.served_model_name == [profile.served], name
         assert args.port == profile.port and args.generation_config == "vllm" and args.dtype == profile.dtype, name
         assert args.enforce_eager == profile.enforce_eager, name
@@ -130,6 +149,10 @@ def test_vllm_own_parser_accepts_every_shipped_profile(shipped):
         if profile.lora_adapters:
             assert args.enable_lora and args.max_lora_rank == profile.max_lora_rank, name
             assert {m.name: m.path for m in args.lora_modules} == profile.adapter_paths(), name
+        assert args.tensor_parallel_size == profile.tensor_parallel_size, name
+        for key in profiles.PARALLEL:  # every one a profile sets reaches vLLM as is
+            if getattr(profile, key) != Profile.model_fields[key].default:
+                assert getattr(args, key) == getattr(profile, key), (name, key)
 
 
 def test_vllm_own_parser_refuses_what_vllm_would_refuse(tmp_path):
@@ -166,6 +189,7 @@ def test_bad_profiles_are_refused_with_file_and_field(tmp_path):
         "clash": ({"model": "m", "port": 8000, "engine_args": {"port": 9000}}, "engine_args may not set port"),
         "toomuch": ({"model": "m", "port": 8000, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         "named": ({"name": "x", "model": "m", "port": 8000}, "'name' comes from the file name"),
+        "twice": ({"model": "m", "port": 8000, "engine_args": {"data-parallel-size": 2}}, "engine_args may not set data-parallel-size"),
     }
     for name, (fields, message) in cases.items():
         path = write(tmp_path, name, **fields)
@@ -199,7 +223,159 @@ def test_plan_refuses_a_fraction_too_small_for_the_weights(shipped):
     alone = shipped["prefmatcher"].model_copy(update={"gpu_memory_utilization": 0.9})
     assert Plan([alone], gpus=RTX).problems() == []
     wide = shipped["prefmatcher"].model_copy(update={"tensor_parallel_size": 2})
-    assert Plan([wide], gpus=H100).problems() == ["'prefmatcher': tensor_parallel_size 2, but 1 GPU(s) visible"]
+    assert Plan([wide], gpus=H100).problems() == ["'prefmatcher': 2 GPUs on this node (tensor_parallel_size 2), but 1 GPU(s) visible"]
+
+
+# Every parallelism shape a profile can ask for: its fields, and (a node of a multi-node server) nothing else.
+PARALLEL_SHAPES = {
+    "tp4": {"tensor_parallel_size": 4},
+    "tp4-pp2": {"tensor_parallel_size": 4, "pipeline_parallel_size": 2, "distributed_executor_backend": "mp"},
+    "dp8": {"data_parallel_size": 8},
+    "tp2-dp4": {"tensor_parallel_size": 2, "data_parallel_size": 4},
+    "dp-head": {"data_parallel_size": 16, "data_parallel_size_local": 8, "data_parallel_address": "10.0.0.1",
+                "data_parallel_rpc_port": 13345},
+    "dp-worker": {"data_parallel_size": 16, "data_parallel_size_local": 8, "data_parallel_start_rank": 8,
+                  "data_parallel_address": "10.0.0.1", "data_parallel_rpc_port": 13345, "headless": True},
+    "nodes-head": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "nnodes": 2, "master_addr": "10.0.0.1",
+                   "master_port": 29501},
+    "nodes-worker": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "nnodes": 2, "node_rank": 1,
+                     "master_addr": "10.0.0.1", "headless": True},
+    "ray": {"tensor_parallel_size": 8, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"},
+}  # fmt: skip
+
+
+def test_every_parallelism_option_is_accepted_by_vllm_and_lands_in_its_namespace(tmp_path):
+    for name, fields in PARALLEL_SHAPES.items():
+        profile = profiles.load(str(write(tmp_path, name, model="org/m-7b", port=8000, **fields)))
+        args = vllm_args(command(profile))
+        for key, want in fields.items():
+            assert getattr(args, key) == want, (name, key)
+        assert args.headless is fields.get("headless", False), name
+        assert (args.subparser == "serve") if profile.headless else not hasattr(args, "subparser"), name
+    dp8 = vllm_args(command(profiles.load(str(tmp_path / "dp8.yaml"))))
+    assert dp8.data_parallel_size == 8 and dp8.data_parallel_size_local is None and dp8.data_parallel_start_rank is None
+    assert vllm_args(command(profiles.load(str(tmp_path / "ray.yaml")))).distributed_executor_backend == "ray"
+
+
+def test_vllm_engine_config_runs_the_two_node_pair_as_head_and_headless_worker(shipped, tiny_model_dir):
+    """vLLM's own engine configuration from the shipped pair's command lines (on the tiny model's directory,
+    as the Hub is out of reach): one balancer on the head over ranks 0-7 here and 8-15 on the worker, neither
+    vLLM's hybrid nor external balancing (which would each want a balancer of their own in front)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    parallel = {}
+    for name in ("prefmatcher-dp8", "prefmatcher-2node-head", "prefmatcher-2node-worker"):
+        profile = shipped[name].model_copy(update={"model": str(tiny_model_dir)})
+        args = vllm_args(command(profile))
+        config = AsyncEngineArgs.from_cli_args(args).create_engine_config(headless=args.headless)
+        parallel[name] = config.parallel_config
+    shape = {n: (c.data_parallel_size, c.data_parallel_size_local, c.data_parallel_rank) for n, c in parallel.items()}
+    assert shape == {"prefmatcher-dp8": (8, 8, 0), "prefmatcher-2node-head": (16, 8, 0), "prefmatcher-2node-worker": (16, 8, 8)}
+    assert not any(c.data_parallel_hybrid_lb or c.data_parallel_external_lb for c in parallel.values())
+    pair = [parallel["prefmatcher-2node-head"], parallel["prefmatcher-2node-worker"]]
+    assert {(c.data_parallel_master_ip, c.data_parallel_rpc_port) for c in pair} == {("10.0.0.1", 13345)}
+
+
+def test_parallel_combinations_vllm_would_refuse_or_misplace_are_refused(tmp_path):
+    head = {"data_parallel_size": 16, "data_parallel_size_local": 8, "data_parallel_address": "10.0.0.1"}
+    nodes = {"pipeline_parallel_size": 2, "nnodes": 2, "master_addr": "10.0.0.1"}
+    cases = {
+        "local-above": ({"data_parallel_size": 4, "data_parallel_size_local": 8}, "data_parallel_size_local 8 is more than data_parallel_size 4"),
+        "no-address": ({"data_parallel_size": 16, "data_parallel_size_local": 8}, "set data_parallel_address to the head node's address"),
+        "address-alone": ({"data_parallel_size": 8, "data_parallel_address": "10.0.0.1"}, "data_parallel_address: only for data parallel across nodes"),
+        "port-alone": ({"data_parallel_rpc_port": 13345}, "data_parallel_rpc_port: only for data parallel across nodes"),
+        "rank-not-headless": ({**head, "data_parallel_start_rank": 8}, "data_parallel_start_rank is for a headless node"),
+        "rank-past-end": ({**head, "data_parallel_start_rank": 12, "headless": True}, r"start_rank 12 \+ data_parallel_size_local 8 is more than data_parallel_size 16"),
+        "headless-no-rank": ({**head, "headless": True}, "headless: a worker node needs data_parallel_size_local, data_parallel_start_rank"),
+        "headless-alone": ({"headless": True}, "headless: a worker node needs"),
+        "nodes-dp": ({**nodes, "data_parallel_size": 2}, "nnodes spreads one copy of the model over nodes"),
+        "nodes-ray": ({**nodes, "distributed_executor_backend": "ray"}, "not distributed_executor_backend ray"),
+        "nodes-uneven": ({**nodes, "pipeline_parallel_size": 3}, r"\(3\) does not split evenly over nnodes 2"),
+        "nodes-no-addr": ({"pipeline_parallel_size": 2, "nnodes": 2}, "nnodes > 1 needs master_addr"),
+        "nodes-rank": ({**nodes, "node_rank": 2, "headless": True}, "node_rank 2 is not below nnodes 2"),
+        "nodes-worker-api": ({**nodes, "node_rank": 1}, "every other node is headless"),
+        "nodes-head-headless": ({**nodes, "headless": True}, "node 0 runs the API server"),
+        "rank-alone": ({"node_rank": 1}, "node_rank: only with nnodes > 1"),
+        "uni-wide": ({"tensor_parallel_size": 2, "distributed_executor_backend": "uni"}, "uni runs one worker"),
+        "backend-typo": ({"distributed_executor_backend": "multiprocessing"}, "distributed_executor_backend"),
+        "dp-zero": ({"data_parallel_size": 0}, "data_parallel_size"),
+        "cpu-dp": ({"device": "cpu", "data_parallel_size": 2}, "data_parallel_size: GPU only"),
+        "cpu-headless": ({"device": "cpu", "headless": True}, "headless: GPU only"),
+        "transformers-pp": ({"engine": "transformers", "pipeline_parallel_size": 2}, "pipeline_parallel_size: vllm engine only"),
+    }  # fmt: skip
+    for name, (fields, message) in cases.items():
+        path = write(tmp_path, name, model="org/m-7b", port=8000, **fields)
+        with pytest.raises(ConfigError, match=message):
+            profiles.load(str(path))
+    # the CPU profile keeps its one-process executor
+    assert profiles.load(str(write(tmp_path, "cpu-uni", model="d", port=8011, device="cpu", distributed_executor_backend="uni")))
+
+
+def test_gpus_per_node(tmp_path, shipped):
+    def gpus(**fields) -> int:
+        return profiles.load(str(write(tmp_path, "p", model="org/m-7b", port=8000, **fields))).gpus_per_node
+
+    per_node = {n: p.gpus_per_node for n, p in shipped.items()}
+    assert per_node == {"prefmatcher": 1, "qwen2.5-7b-instruct": 1, "prefmatcher-lora": 1, "tiny": 0, "prefmatcher-dp8": 8,
+                        "prefmatcher-2node-head": 8, "prefmatcher-2node-worker": 8, "llama3.1-405b-ray": 16}  # fmt: skip
+    assert [gpus(**PARALLEL_SHAPES[n]) for n in ("tp4", "tp4-pp2", "dp8", "tp2-dp4", "nodes-head", "nodes-worker")] == [4, 8, 8, 8, 8, 8]
+    assert gpus(engine="transformers") == 0 and gpus(device="cpu") == 0
+
+
+def test_plan_counts_every_gpu_a_server_takes_on_this_node(shipped, tmp_path):
+    h100s = [Gpu(i, "NVIDIA H100 80GB HBM3", 81559, 0) for i in range(8)]
+    assert Plan([shipped["prefmatcher-dp8"]], gpus=H100).problems() == [
+        "'prefmatcher-dp8': 8 GPUs on this node (data_parallel_size 8), but 1 GPU(s) visible"
+    ]
+    assert Plan([shipped["prefmatcher-2node-head"]], gpus=h100s[:4]).problems() == [
+        "'prefmatcher-2node-head': 8 GPUs on this node (data_parallel_size_local 8), but 4 GPU(s) visible"
+    ]
+    for name in ("prefmatcher-dp8", "prefmatcher-2node-head", "prefmatcher-2node-worker", "llama3.1-405b-ray"):
+        assert Plan([shipped[name]], gpus=h100s).problems() == [], name  # Ray finds the other node's 8 itself
+    # weights per GPU: split over tensor x pipeline parallel, not over data parallel copies
+    big = profiles.load(str(write(tmp_path, "big", model="org/m-200b", port=8000, weights_gib=200, gpu_memory_utilization=0.45,
+                                  tensor_parallel_size=2, pipeline_parallel_size=2)))  # fmt: skip
+    assert "less than the ~51.5 GiB its weights and runtime need" in Plan([big], gpus=h100s).problems()[0]
+    assert Plan([big.model_copy(update={"gpu_memory_utilization": 0.9})], gpus=h100s).problems() == []
+
+
+def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profile(tmp_path, shipped):
+    kwargs = profiles.llm_kwargs(profiles.load(str(write(tmp_path, "tp-pp", model="org/m", port=8000, **PARALLEL_SHAPES["tp4-pp2"]))))
+    assert (kwargs["tensor_parallel_size"], kwargs["pipeline_parallel_size"], kwargs["distributed_executor_backend"]) == (4, 2, "mp")
+    assert not {k for k in profiles.llm_kwargs(shipped["prefmatcher-2node-head"]) if k.startswith("data_parallel")}
+    assert profiles.llm_kwargs(shipped["tiny"])["distributed_executor_backend"] == "uni"
+    # prefmatcher-2node-head, -2node-worker and -dp8 serve kixlab/prefmatcher-7b too, and sort before it
+    assert profiles.for_model("kixlab/prefmatcher-7b", SERVE_DIR)[0].name == "prefmatcher"
+
+
+def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
+    """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
+    from serving import lifecycle
+    from serving.engines import Engine, ServeSpec
+    from serving.instant import free_port
+
+    class Sleeper(Engine):
+        name = "sleeper"
+
+        def command(self, spec, workdir):  # sleeps for `model` seconds, then fails
+            return [sys.executable, "-c", f"import sys, time; time.sleep({spec.model}); sys.exit(3)"]
+
+    monkeypatch.setattr(lifecycle, "get_engine", lambda name: Sleeper())
+    monkeypatch.setattr(lifecycle, "HEADLESS_SETTLE_S", 2.0)
+    worker = ServeSpec(engine="sleeper", model="60", name="m", label="worker", port=free_port(), headless=True, startup_timeout_s=30)
+    with pytest.raises(ServeError, match="exited with code 3 during start-up"):  # no HTTP to wait for, but it must live
+        lifecycle.up(worker.model_copy(update={"model": "0.5", "label": "failing"}))
+    record = lifecycle.up(worker)
+    try:
+        assert record["headless"] is True and [(r["name"], r["healthy"]) for r in lifecycle.status()] == [("worker", True)]
+        monkeypatch.setattr(lifecycle, "healthy", lambda *a, **k: True)  # as if every record answered
+        head = {**record, "name": "head", "headless": False, "served_models": ["m"], "pid": os.getpid()}
+        lifecycle.record_path("head").write_text(json.dumps(head))
+        live = lifecycle.live_endpoints()
+        assert "head" in live and "worker" not in live and str(live["m"].base_url) == record["base_url"]
+    finally:
+        lifecycle.record_path("head").unlink(missing_ok=True)
+        assert lifecycle.down("worker")
 
 
 def test_duplicate_ports_within_a_plan(tmp_path, shipped):
