@@ -57,8 +57,17 @@ test: setup-dev
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))
 
-# The nightly suite: runs/nightly/<date>/ and a leaderboard; non-zero exit on a regression or failures.
+# The nightly suite: it serves its judges and candidates itself (`cupid nightly --dry-run` prints the plan), writes
+# runs/nightly/<date>/ and a leaderboard; non-zero exit on a regression or failures. NIGHTLY=configs/eval/nightly-tiny.yaml
+# is the CPU nightly: its candidates are the tiny model trained by `make train CONFIG=configs/train/tiny.yaml`,
+# trained first when missing.
+TINY_NIGHTLY := configs/eval/nightly-tiny.yaml
 nightly: setup
+ifeq ($(NIGHTLY),$(TINY_NIGHTLY))
+	@test -f runs/train/tiny/adapter/adapter_config.json -a -f runs/train/tiny/export/config.json \
+	  || $(MAKE) --no-print-directory train CONFIG=configs/train/tiny.yaml
+	$(CUPID) serve prepare-tiny
+endif
 	$(CUPID) nightly --config $(NIGHTLY)
 
 # New CUPID-style instances from personas (resumable): configs/synth/default.yaml on a GPU box,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import threading
 import traceback
 from collections import Counter
 from datetime import date as Date
@@ -25,38 +27,51 @@ from rich.console import Console
 
 from eval.meta import scoring_of
 from eval.runner import RunConfig, RunDir
+from eval.servers import Brought, bring
 from eval.runner import run as run_eval
 from eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
 from matcher.scores import MatchCounts
 from serving.config import ConfigError, describe, load_model
+from serving.engines import ServeError
+from serving.fleet import ServedModel, failure_line
+from serving.profiles import Gpu
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 class NightlyConfig(BaseModel):
-    """`configs/eval/nightly.yaml`: the models (candidate endpoints) and one run setup shared by all."""
+    """`configs/eval/nightly.yaml`: the candidates (endpoints, or models the night serves) and one run setup."""
 
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(min_length=1, description="candidate endpoint names from the endpoints file")
+    models: list[str | ServedModel] = Field(
+        min_length=1, description="candidates: endpoint names, or models to serve ({name, model, profile, adapter, ...})"
+    )
     out: str = Field("runs/nightly", description="root of the dated nightly directories")
-    run: dict[str, Any] = Field(default_factory=dict, description="RunConfig fields for every model, except candidate and out")
+    run: dict[str, Any] = Field(
+        default_factory=dict, description="RunConfig fields for every model, except candidate and out; its `serve:` judges are served once a night"
+    )
     report: bool = Field(True, description="also write the HTML report of the night's runs")
+    candidate_port: int = Field(8100, ge=1, le=65535, description="served candidates listen from this port up, one port per slot")
+
+    def names(self) -> list[str]:
+        return [m.name if isinstance(m, ServedModel) else m for m in self.models]
 
 
 def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, RunConfig]:
     """One validated RunConfig per model, all checked before anything runs."""
     if clash := sorted({"candidate", "out"} & cfg.run.keys()):
         raise ConfigError(f"{where}: run.{clash[0]} is set per model by the nightly; remove it")
-    if len(set(cfg.models)) != len(cfg.models):
-        raise ConfigError(f"{where}: models lists a model twice")
+    names = cfg.names()
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ConfigError(f"{where}: models lists '{twice[0]}' twice")
     configs = {}
-    for model in cfg.models:
+    for name, model in zip(names, cfg.models):
         try:
-            configs[model] = RunConfig(**cfg.run, candidate=model, out=str(night_dir / _dir_name(model)))
+            configs[name] = RunConfig(**cfg.run, candidate=model, out=str(night_dir / _dir_name(name)))
         except ValidationError as e:
-            raise ConfigError(describe(e, f"{where}: run (for model {model})")) from None
+            raise ConfigError(describe(e, f"{where}: run (for model {name})")) from None
     return configs
 
 
@@ -127,9 +142,81 @@ def compare(entry: dict[str, Any], before: dict[str, Any] | None) -> None:
     entry["setup_changed"] = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def run_nightly(config_path: str | Path, night: str | None = None, console: Console | None = None) -> tuple[dict[str, Any], int]:
-    """Run every model of the suite for one night; return the leaderboard and the exit status."""
-    console = console or Console(stderr=True)
+def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None) -> Brought:
+    """The night's servers: its judges (`run.serve`) once, its served candidates in slots; checked, not started."""
+    first = next(iter(configs.values()))
+    served = [m for m in cfg.models if isinstance(m, ServedModel)]
+    say = (lambda message: console.print(f"nightly: {message}", highlight=False)) if console else None
+    return bring(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
+
+
+def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str, Any] | None, console: Console) -> dict[str, Any]:
+    """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after."""
+    console.rule(f"nightly: {name}")
+    entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
+    server = brought.candidate_servers.get(name)
+    if server is not None:
+        entry["served"] = next(p.line() for p in brought.placement.candidates() if p.profile.name == name)
+    try:
+        summary = run_eval(run_cfg, console=console, brought=brought)
+    except Exception as e:  # one model's broken setup must not cost the others their night
+        entry["error"] = f"{type(e).__name__}: {e}"
+        console.print(f"[red]{name} did not run:[/red] {entry['error']}", highlight=False)
+        if not isinstance(e, ConfigError):
+            console.print(traceback.format_exc(), markup=False, highlight=False)
+        summary = {}
+    finally:
+        if server is not None:
+            server.stop()
+    if server is not None and server.error is not None:  # every unit failed for this reason: say it once
+        entry["error"] = f"server did not start: {failure_line(server.error)}"
+        console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
+    records = list(RunDir(run_cfg.out).records().values())
+    identity_file = Path(run_cfg.out) / "run.json"
+    entry.update(
+        identity=json.loads(identity_file.read_text()) if identity_file.exists() else {},
+        metrics={k: v.as_dict() for k, v in metrics(records).items()},
+        n_scored=sum(r["status"] == "scored" for r in records),
+        n_failed=sum(r["status"] == "failed" for r in records),
+        failures=failure_counts(records),
+        requests=summary.get("requests"),
+        wall_s=summary.get("wall_s"),
+    )
+    entry["status"] = "error" if entry["error"] else "failed" if entry["n_failed"] else "ok"
+    compare(entry, previous)
+    return entry
+
+
+def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[dict[str, Any]]:
+    """Slots side by side, each in its own thread with its console in `<night>/<slot>.log`; a slot's
+    candidates one after another. Daemon threads, joined in short waits: Ctrl-C still reaches this thread."""
+    entries: list[dict[str, Any]] = []
+    if len(slots) <= 1:
+        return [run(name, console) for slot in slots for name in slot]
+
+    def work(number: int, names: list[str]) -> None:
+        night_dir.mkdir(parents=True, exist_ok=True)
+        with open(night_dir / f"slot-{number}.log", "w", encoding="utf-8") as log:
+            slot_console = Console(file=log, width=120, soft_wrap=True)
+            for name in names:
+                entries.append(run(name, slot_console))
+                console.print(f"nightly: {name} done (slot {number})", highlight=False)
+
+    threads = [threading.Thread(target=work, args=(n, names), daemon=True) for n, names in enumerate(slots, start=1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)
+    return entries
+
+
+def run_nightly(
+    config_path: str | Path, night: str | None = None, console: Console | None = None, dry_run: bool = False, gpus: list[Gpu] | None = None
+) -> tuple[dict[str, Any], int]:
+    """Run every model of the suite for one night; return the leaderboard and the exit status. `dry_run`:
+    print and check the plan only (on `gpus`, when given, instead of the visible ones)."""
+    console = console or Console(stderr=True, soft_wrap=True)  # plan lines and errors name paths: never wrapped
     cfg = load_model(NightlyConfig, config_path)
     night = night or Date.today().isoformat()
     if not _DATE.match(night):
@@ -137,35 +224,25 @@ def run_nightly(config_path: str | Path, night: str | None = None, console: Cons
     root = Path(cfg.out)
     night_dir = root / night
     configs = run_configs(cfg, night_dir, str(config_path))
+    try:
+        brought = plan_night(cfg, configs, gpus, console)
+    except ServeError as e:
+        raise ConfigError(f"{config_path}: {e}") from None
+    for line in brought.placement.lines():
+        console.print(line, highlight=False)
+    if dry_run:
+        return {"date": night, "plan": brought.placement.lines()}, 0
     prev_dir = previous_night(root, night)
     previous = {e["model"]: e for e in json.loads((prev_dir / "leaderboard.json").read_text())["models"]} if prev_dir else {}
 
-    entries = []
-    for model, run_cfg in configs.items():
-        console.rule(f"nightly {night}: {model}")
-        entry: dict[str, Any] = {"model": model, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
-        try:
-            summary = run_eval(run_cfg, console=console)
-        except Exception as e:  # one model's broken setup must not cost the others their night
-            entry["error"] = f"{type(e).__name__}: {e}"
-            console.print(f"[red]{model} did not run:[/red] {entry['error']}")
-            if not isinstance(e, ConfigError):
-                console.print(traceback.format_exc(), markup=False, highlight=False)
-            summary = {}
-        records = list(RunDir(run_cfg.out).records().values())
-        identity_file = Path(run_cfg.out) / "run.json"
-        entry.update(
-            identity=json.loads(identity_file.read_text()) if identity_file.exists() else {},
-            metrics={k: v.as_dict() for k, v in metrics(records).items()},
-            n_scored=sum(r["status"] == "scored" for r in records),
-            n_failed=sum(r["status"] == "failed" for r in records),
-            failures=failure_counts(records),
-            requests=summary.get("requests"),
-            wall_s=summary.get("wall_s"),
-        )
-        entry["status"] = "error" if entry["error"] else "failed" if entry["n_failed"] else "ok"
-        compare(entry, previous.get(model))
-        entries.append(entry)
+    def run(name: str, out: Console) -> dict[str, Any]:
+        return run_one(name, configs[name], brought, previous.get(name), out)
+
+    try:  # endpoints first (they need only the judges), then the served candidates slot by slot
+        entries = [run(name, console) for name in configs if name not in brought.candidate_servers]
+        entries += _run_slots(brought.slots, run, night_dir, console)
+    finally:  # also on Ctrl-C and errors: nothing the night started outlives it
+        brought.fleet.stop_all()  # each says what it stopped
 
     entries.sort(key=lambda e: -(e["metrics"].get(e["primary"], {}).get("estimate", -1.0)))
     regressions = [f"{e['model']}: {m}" for e in entries for m in e["regressions"]]
@@ -177,6 +254,9 @@ def run_nightly(config_path: str | Path, night: str | None = None, console: Cons
         "previous": prev_dir.name if prev_dir else None,
         "config": str(config_path),
         "n_resamples": N_RESAMPLES,
+        "plan": brought.placement.lines(),
+        "servers_started": sorted({s.name for s in brought.fleet.servers if s.started}),
+        "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
         "models": entries,
         "regressions": regressions,
         "with_failures": with_failures,
@@ -248,20 +328,43 @@ def leaderboard_markdown(board: dict[str, Any]) -> str:
             f"| {rank} | {e['model']} | {primary} | {_cell(e['metrics'].get(primary), primary)} | {_change(e, primary)} "
             f"| {others or '-'} | {e['n_scored']} | {e['n_failed']} | {_flags(e)} |"
         )
-    lines += ["", f"{len(board['regressions'])} regression(s), {len(board['with_failures'])} model(s) with failures; exit {board['exit_code']}."]
+    served = [f"- {e['served']}" for e in board["models"] if e.get("served")]
+    if served:
+        lines += ["", "Served by the night:", *served]
+    requests = board.get("requests") or {}
+    started = ", ".join(board.get("servers_started") or []) or "none"
+    lines += [
+        "",
+        f"Requests: {requests.get('sent', 0)} sent, {requests.get('cached', 0)} from the cache, {requests.get('failed', 0)} failed; "
+        f"servers started: {started}.",
+        f"{len(board['regressions'])} regression(s), {len(board['with_failures'])} model(s) with failures; exit {board['exit_code']}.",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(
     config: str = typer.Option("configs/eval/nightly.yaml", "--config", help="nightly suite: models and run setup"),
     date: str | None = typer.Option(None, "--date", help="the night's name, YYYY-MM-DD (default: today)"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print and check the plan (servers, GPUs, ports); start nothing"),
+    gpus: int | None = typer.Option(None, "--gpus", help="with --dry-run: plan for this many 80 GiB GPUs instead of the visible ones"),
 ) -> None:
     """Run the nightly suite; leaderboard with change since the previous night; exit 1 failures, 2 regression, 3 both."""
+    if gpus is not None and not dry_run:
+        typer.echo("error: --gpus plans for GPUs that are not here: use it with --dry-run", err=True)
+        raise typer.Exit(EXIT_FAILURES)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the night's servers as Ctrl-C does
+    assumed = [Gpu(i, "80 GiB GPU", 81920, 0) for i in range(gpus)] if gpus is not None else None
     try:
-        board, code = run_nightly(config, date)
+        board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(EXIT_FAILURES)
+    if dry_run:
+        return
     typer.echo(leaderboard_markdown(board))
     typer.echo(
         f"nightly {board['date']}: {len(board['models'])} models, {len(board['regressions'])} regression(s), "

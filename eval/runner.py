@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,6 +19,7 @@ from eval import data as cupid_data
 from eval.chain import Roles
 from eval.generation import GenerationScorer
 from eval.history import GENERATION_ONLY, History
+from eval.servers import Brought, bring, servers_for
 from eval.inference import InferenceScorer
 from eval.summary import markdown, summarize
 from eval.tasks import Task, candidate_constrained
@@ -27,6 +28,7 @@ from serving.cache import Cache
 from serving.client import Client
 from serving.config import ConfigError
 from serving.endpoints import Endpoint, load_endpoints, missing_keys, require
+from serving.fleet import ServedModel
 from serving.lifecycle import live_endpoints, state_dir
 from serving.offline import open_client
 
@@ -46,7 +48,12 @@ class RunConfig(BaseModel):
 
     data: str = "sample"
     endpoints: str = "configs/endpoints.yaml"
-    candidate: str
+    candidate: str | ServedModel = Field(description="endpoint name, or a model this run serves: {name, model, profile, adapter}")
+    profiles: str = Field(default="configs/serve", description="directory of the serve profiles that `serve:` and served candidates name")
+    serve: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="serve profiles this run starts on first need (its judges) and stops at the end: name -> field overrides",
+    )
     decomposer: str | None = Field(default=None, description="inference: turns the inferred preference into a checklist")
     matcher: str | None = Field(default=None, description="inference: labels checklist items against preferences")
     judge: str | None = Field(default=None, description="generation: scores the response 1-10")
@@ -65,6 +72,12 @@ class RunConfig(BaseModel):
     no_cache: bool = False
     refresh: bool = False
 
+    @field_validator("serve", mode="before")
+    @classmethod
+    def _serve_list(cls, value: Any) -> Any:
+        """`serve: [a, b]` is `serve: {a: {}, b: {}}`."""
+        return {name: {} for name in value} if isinstance(value, list) else value
+
     @model_validator(mode="after")
     def _roles_for_tasks(self) -> "RunConfig":
         needs = {"decomposer": "inference" in self.tasks, "matcher": "inference" in self.tasks,
@@ -81,8 +94,16 @@ class RunConfig(BaseModel):
             return []
         return [s for s in self.settings if task == "generation" or s not in GENERATION_ONLY]
 
+    @property
+    def candidate_name(self) -> str:
+        return self.candidate.name if isinstance(self.candidate, ServedModel) else self.candidate
+
+    @property
+    def served_candidates(self) -> list[ServedModel]:
+        return [self.candidate] if isinstance(self.candidate, ServedModel) else []
+
     def roles(self) -> Roles:
-        return Roles(self.candidate, self.decomposer, self.matcher, self.judge, self.summarizer)
+        return Roles(self.candidate_name, self.decomposer, self.matcher, self.judge, self.summarizer)
 
 
 class RunDir:
@@ -140,7 +161,7 @@ def _prompt_names(cfg: RunConfig) -> list[str]:
 
 def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[str]:
     """The tasks whose candidate answers are held to the task's format: never mistaken for free answers."""
-    return [t for t in cfg.tasks if candidate_constrained(endpoints[cfg.candidate], t)]
+    return [t for t in cfg.tasks if candidate_constrained(endpoints[cfg.candidate_name], t)]
 
 
 def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> dict[str, Any]:
@@ -170,7 +191,7 @@ def build_tasks(cfg: RunConfig, client: Any) -> dict[str, Task]:
     for name in cfg.tasks:
         main = scorer(name, cfg.decomposer, cfg.matcher, cfg.judge)
         reference = scorer(name, cfg.reference, cfg.reference, cfg.reference) if cfg.reference else None
-        tasks[name] = Task(name, client, cfg.candidate, history, main, reference)
+        tasks[name] = Task(name, client, cfg.candidate_name, history, main, reference)
     return tasks
 
 
@@ -191,9 +212,32 @@ def _finished(record: dict[str, Any], reference: bool) -> bool:
     return record["status"] == "scored" and (not reference or record.get("reference", {}).get("status") == "scored")
 
 
-def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None) -> dict[str, Any]:
+def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None) -> dict[str, Any]:
+    """One run. Servers it brings (`serve:`, a candidate that is a model) start on first need and stop at
+    the end; a night passes its own `brought` instead, to serve the judges once for all its runs."""
     console = console or Console(stderr=True)
+    own = None
+    if brought is None and (cfg.serve or cfg.served_candidates) and not dry_run:
+        if cfg.executor != "http":
+            raise ConfigError(f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}")
+        own = brought = bring(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=lambda m: console.print(m, highlight=False))
+        for line in brought.placement.lines():
+            console.print(line, highlight=False)
+    try:
+        return _run(cfg, dry_run, console, brought)
+    finally:
+        if own is not None:
+            own.fleet.stop_all()
+
+
+def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought | None) -> dict[str, Any]:
     endpoints = load_endpoints(cfg.endpoints)
+    if brought is not None:
+        if clash := sorted(set(c.name for c in cfg.served_candidates) & endpoints.keys()):
+            raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
+        endpoints = {**brought.endpoints, **endpoints}
+    elif cfg.served_candidates:  # a dry run: the requests only need the candidate's name
+        endpoints[cfg.candidate_name] = Endpoint(base_url="http://127.0.0.1:8100/v1", model=cfg.candidate_name)
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
     if names - endpoints.keys():  # a running server (`cupid serve up --profile NAME`) answers to its name
         endpoints = {**live_endpoints(), **endpoints}
@@ -214,7 +258,8 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
 
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
-        client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency)
+        servers = servers_for(brought, used, cfg.candidate_name) if brought else None
+        client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, servers=servers)
         out = RunDir(cfg.out)
         out.check_same_run(_identity(cfg, endpoints))
         done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
@@ -260,11 +305,13 @@ async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir, console: Con
         console=console,
         transient=False,
     )
-    with progress, out.append() as sink:
-        bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
-        for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
-            record = await finished
-            sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-            sink.flush()
-            progress.update(bar, advance=1, stats=client.stats.line())
-    await client.aclose()
+    try:
+        with progress, out.append() as sink:
+            bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
+            for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
+                record = await finished
+                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                sink.flush()
+                progress.update(bar, advance=1, stats=client.stats.line())
+    finally:  # interrupted too: no connection left open
+        await client.aclose()

@@ -19,6 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from serving.cache import Cache, Cached
 from serving.endpoints import Endpoint
+from serving.fleet import failure_line
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 
@@ -91,6 +92,7 @@ class Client:
         *,
         refresh: bool = False,
         concurrency: int | None = None,
+        servers: dict[str, Any] | None = None,
     ):
         self.endpoints = endpoints
         self.cache = cache
@@ -100,6 +102,8 @@ class Client:
         self._http: dict[str, aiohttp.ClientSession] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._in_flight: dict[str, asyncio.Future[Answer]] = {}
+        self.servers = servers or {}  # endpoint name -> serving.fleet.Server, started on the first cache miss
+        self._starting: dict[str, asyncio.Future[None]] = {}
 
     def limit(self, name: str) -> int:
         return self.concurrency or self.endpoints[name].max_concurrency
@@ -129,6 +133,7 @@ class Client:
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
+            await self._server_up(name)
             answer = await self._send_with_retries(name, request)
         except BaseException as e:
             future.set_exception(e)
@@ -142,6 +147,18 @@ class Client:
         if self.cache is not None:
             self.cache.put(key, request.model, request.body(), Cached(answer.content, answer.finish_reason, answer.usage, answer.latency_s))
         return answer
+
+    async def _server_up(self, name: str) -> None:
+        """Wait for the endpoint's server where this run brings it (one start for all its requests)."""
+        server = self.servers.get(name)
+        if server is None:
+            return
+        if name not in self._starting:
+            self._starting[name] = asyncio.ensure_future(server.wait_ready())
+        try:
+            await asyncio.shield(self._starting[name])
+        except Exception as e:
+            raise RequestFailed("server_not_started", failure_line(e)) from None
 
     async def _send_with_retries(self, name: str, request: ChatRequest) -> Answer:
         endpoint = self.endpoints[name]

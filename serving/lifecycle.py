@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,8 @@ def alive(pid: int) -> bool:
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers bind (uvicorn sets it): a port whose last server just stopped is free despite TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -180,12 +183,13 @@ def _tie(pid: int) -> None:
     _lifelines[pid] = watchdog.stdin
 
 
-def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
+def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = None) -> dict[str, Any]:
     """Start a server and return its record once it answers (a headless node: once it has run HEADLESS_SETTLE_S);
     raise ServeError with the log's tail if not.
 
     `tied`: the server lives only as long as this process (tests, runs that start their own servers), however
-    this process ends; otherwise it outlives the command that started it (`cupid serve up`) until `down`."""
+    this process ends; otherwise it outlives the command that started it (`cupid serve up`) until `down`.
+    `cancel`: set from another thread, it stops a server still starting (a run interrupted meanwhile)."""
     tied = tied or tie_servers
     engine = get_engine(spec.engine)
     existing = find(spec.handle)
@@ -239,6 +243,9 @@ def up(spec: ServeSpec, *, tied: bool = False) -> dict[str, Any]:
     deadline = time.monotonic() + spec.startup_timeout_s
     settled = time.monotonic() + min(HEADLESS_SETTLE_S, spec.startup_timeout_s / 2)
     while time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            down(spec.handle)
+            raise ServeError(f"'{spec.handle}': start cancelled (stopped it)")
         if process.poll() is not None:
             record_path(spec.handle).unlink(missing_ok=True)
             raise _startup_failure(spec, log_path, f"server exited with code {process.returncode} during start-up")

@@ -45,6 +45,8 @@ PARALLEL = (
     "data_parallel_address", "data_parallel_rpc_port", "headless", "nnodes", "node_rank", "master_addr", "master_port",
     "distributed_executor_backend",
 )  # fmt: skip
+REGEX_COMPILATION_TIMEOUT_S = 120
+
 VLLM_ONLY = (
     "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
     "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
@@ -302,6 +304,10 @@ def engine_args(profile: Profile) -> list[str]:
 def engine_env(profile: Profile) -> dict[str, str]:
     """What vLLM reads from the environment rather than its arguments (recorded: never a secret here)."""
     env = {}
+    if profile.engine == "vllm":
+        # vLLM gives up on compiling an answer-format regex after 5 s (a guard against hostile patterns) and the
+        # request then never ends; ours are the project's own, bounded, and a busy CPU compiles them slowly.
+        env["VLLM_REGEX_COMPILATION_TIMEOUT_S"] = str(REGEX_COMPILATION_TIMEOUT_S)
     if profile.batch_invariant:
         env["VLLM_BATCH_INVARIANT"] = "1"
     if profile.cpu_kvcache_space_gib is not None:

@@ -1,0 +1,85 @@
+"""The servers a run or a night brings itself: its judge profiles (`serve:`), served once, and its
+candidates that are models (`candidate: {name, model, profile, adapter}`), served in turn or side by side.
+
+One plan (`serving.placement`) decides GPUs, memory fractions and ports before anything starts; the
+servers then start on first need (`serving.fleet`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serving import profiles
+from serving.config import ConfigError, validate
+from serving.endpoints import Endpoint
+from serving.fleet import Fleet, ServedModel, Server, by_address, endpoint_for
+from serving.placement import Placement, place
+from serving.profiles import Gpu, Profile
+
+
+@dataclass
+class Brought:
+    """A plan and its (not yet started) servers, and endpoints for them: each judge by its profile name,
+    each candidate by its name."""
+
+    placement: Placement
+    fleet: Fleet
+    judges: list[Server] = field(default_factory=list)
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    candidate_servers: dict[str, Server] = field(default_factory=dict)
+    slots: list[list[str]] = field(default_factory=list)  # candidate names per slot, in their order
+
+
+def servers_for(brought: Brought, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server]:
+    """A run's endpoints that wait for a server: the judges' by address, its own candidate's by name
+    (candidates in one slot share an address, one after another)."""
+    servers = by_address(brought.judges, endpoints)
+    if candidate in brought.candidate_servers:
+        servers[candidate] = brought.candidate_servers[candidate]
+    return servers
+
+
+def judge_profiles(serve: dict[str, dict], directory: str | Path = profiles.DEFAULT_DIR) -> list[Profile]:
+    """`serve:` of a run or a night: profile name -> field overrides (e.g. a smaller GPU memory fraction)."""
+    out = []
+    for name, overrides in serve.items():
+        profile = profiles.load(name, directory)
+        if overrides:
+            where = f"serve.{name}"
+            if clash := sorted({"name", "model", "served_name"} & overrides.keys()):
+                raise ConfigError(f"{where}.{clash[0]}: a judge keeps its profile's model; write another profile for another model")
+            profile = validate(Profile, {**profile.model_dump(exclude_unset=True), **overrides}, where)
+        out.append(profile)
+    return out
+
+
+def bring(
+    serve: dict[str, dict],
+    candidates: list[ServedModel],
+    gpus: list[Gpu] | None = None,
+    first_port: int = 8100,
+    directory: str | Path = profiles.DEFAULT_DIR,
+    say: Callable[[str], None] | None = None,
+) -> Brought:
+    """The plan for these judges and candidates, checked, and a fleet that can start each server."""
+    judges = judge_profiles(serve, directory)
+    candidate_profiles = [c.to_profile(directory) for c in candidates]
+    if gpus is None:
+        gpus = profiles.gpus() if any(p.on_gpu for p in [*judges, *candidate_profiles]) else []
+    placement = place(judges, candidate_profiles, gpus, first_port)
+    placement.check()
+    fleet = Fleet(say)
+    brought = Brought(placement, fleet)
+    for judge in placement.judges:
+        brought.judges.append(fleet.add(judge))
+        brought.endpoints[judge.profile.name] = endpoint_for(judge.profile)  # an endpoints-file entry wins
+    by_name = {c.name: c for c in candidates}
+    for slot in placement.slots:
+        for placed in slot:
+            served = by_name[placed.profile.name]
+            brought.candidate_servers[served.name] = fleet.add(placed)
+            brought.endpoints[served.name] = served.to_endpoint(placed.profile)
+        brought.slots.append([placed.profile.name for placed in slot])
+    return brought

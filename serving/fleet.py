@@ -1,0 +1,243 @@
+"""Servers a run brings itself: judge profiles and candidates that are models rather than endpoints.
+
+A server starts on the first request the cache cannot answer, so a night whose answers are all cached
+starts nothing; a failed start is kept and given to every request that needed it, so the run records
+the reason instead of stopping. Everything a fleet started is tied to this process and stopped by
+`stop_all`, on errors and Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving import lifecycle, profiles
+from serving.config import ConfigError, validate
+from serving.endpoints import Endpoint
+from serving.engines import ServeError
+from serving.placement import Placed
+from serving.profiles import LORA_RANKS, Profile
+
+
+class ServedModel(BaseModel):
+    """A candidate to serve: a Hub id or local directory, or a LoRA adapter on one, with serve fields
+    inherited from a profile (`configs/serve/NAME.yaml`) and overridden under `serve`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="the candidate's name in runs and on the leaderboard")
+    model: str | None = Field(default=None, description="Hub id or local directory; default: the profile's model")
+    profile: str | None = Field(default=None, description="serve profile to inherit dtype, max length, engine args ... from")
+    adapter: str | None = Field(default=None, description="LoRA adapter directory, served on `model` as this candidate")
+    serve: dict[str, Any] = Field(default_factory=dict, description="serve-profile fields over the inherited ones")
+    endpoint: dict[str, Any] = Field(default_factory=dict, description="endpoint fields (max_tokens, constrain_candidate, ...)")
+
+    @model_validator(mode="after")
+    def _has_model(self) -> "ServedModel":
+        if self.model is None and self.profile is None:
+            raise ValueError("give `model` (a Hub id or directory), `profile`, or both")
+        if clash := sorted({"name", "port", "served_name", "lora_adapters"} & self.serve.keys()):
+            raise ValueError(f"serve.{clash[0]} is set by the run (name, port and served names follow the candidate)")
+        if clash := sorted({"base_url", "model"} & self.endpoint.keys()):
+            raise ValueError(f"endpoint.{clash[0]} follows the server the run starts; remove it")
+        return self
+
+    def to_profile(self, directory: str | Path = profiles.DEFAULT_DIR) -> Profile:
+        """The profile this candidate is served with. Its served name carries a fingerprint of the weights, so
+        the request cache never answers for a model that changed under the same name."""
+        where = f"candidate '{self.name}'"
+        base = profiles.load(self.profile, directory).model_dump(exclude_unset=True) if self.profile else {}
+        # A profile's GPU fraction is tuned for its own sharing; a candidate's comes from the plan (or `serve:`).
+        inherited = ("name", "lora_adapters", "max_lora_rank", "served_name", "gpu_memory_utilization")
+        fields = {k: v for k, v in base.items() if k not in inherited}
+        fields.update(self.serve)
+        if self.model:
+            fields["model"] = self.model
+        served = f"{self.name}@{fingerprint(fields['model'], self.adapter)}"
+        if self.adapter:
+            fields.update(
+                served_name=f"{self.name}-base",
+                lora_adapters={served: self.adapter},
+                max_lora_rank=fields.get("max_lora_rank") or _rank_for(self.adapter),
+            )
+        else:
+            fields["served_name"] = served
+        fields.setdefault("port", 8100)
+        return validate(Profile, {**fields, "name": self.name}, where)
+
+    def to_endpoint(self, profile: Profile) -> Endpoint:
+        """The adapter answers as the candidate where there is one; the base model otherwise."""
+        return endpoint_for(profile, next(iter(profile.lora_adapters), None), **self.endpoint)
+
+
+def endpoint_for(profile: Profile, model: str | None = None, **fields: Any) -> Endpoint:
+    """How a run talks to a server it starts from a profile: as `cupid serve up`'s live endpoints do."""
+    defaults = {
+        "base_url": f"http://{profile.host}:{profile.port}/v1",
+        "model": model or profile.served,
+        "api_key_env": profile.api_key_env,
+        "max_concurrency": lifecycle.LIVE_CONCURRENCY.get(profile.engine, 16),
+        "structured_output": profile.engine == "vllm",  # vLLM enforces answer formats
+    }
+    return validate(Endpoint, {**defaults, **fields}, f"'{profile.name}': endpoint")
+
+
+def _rank_for(adapter: str) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds the adapter's rank."""
+    config = Path(adapter).expanduser() / "adapter_config.json"
+    try:
+        rank = int(json.loads(config.read_text())["r"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"{config}: not a LoRA adapter (no readable adapter_config.json with its rank `r`)") from None
+    return min((r for r in LORA_RANKS if r >= rank), default=LORA_RANKS[-1])
+
+
+def fingerprint(*paths: str | None) -> str:
+    """Eight hex digits that change when any file of the given local directories changes (name, size, mtime);
+    a Hub id counts as itself (pin a revision in the profile's engine_args for a moving one)."""
+    digest = hashlib.sha256()
+    for path in filter(None, paths):
+        local = Path(path).expanduser()
+        digest.update(path.encode())
+        if local.is_dir():
+            for file in sorted(f for f in local.rglob("*") if f.is_file()):
+                stat = file.stat()
+                digest.update(f"{file.relative_to(local)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:8]
+
+
+class Server:
+    """One server a run may need: started once, on first need, from any thread; a running server of the
+    same name (`cupid serve up`) is used as it is and left running."""
+
+    def __init__(self, placed: Placed, say: Callable[[str], None] | None = None):
+        self.say = say or (lambda message: None)
+        self.profile = placed.profile
+        spec = placed.profile.spec()
+        self.spec = spec.model_copy(update={"env": {**spec.env, **placed.env}})
+        self.record: dict[str, Any] | None = None
+        self.error: ServeError | None = None
+        self.owned = False  # started by this fleet (and so stopped by it)
+        self.started = False  # it ever was: a night reports what it had to start
+        self.starting = False
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.spec.handle
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def ensure(self) -> None:
+        with self._lock:
+            if self.error:
+                raise self.error
+            if self.record:
+                return
+            existing = lifecycle.find(self.name)
+            if existing and lifecycle.alive(existing["pid"]) and lifecycle.healthy(existing["base_url"]):
+                if existing["base_url"] != self.base_url:
+                    self.error = ServeError(f"'{self.name}' runs at {existing['base_url']}, not {self.base_url}: stop it first")
+                    raise self.error
+                self.record = existing
+                return
+            self.say(f"starting {self.name} ({self.spec.model}) on :{self.spec.port}; log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}")
+            began = time.monotonic()
+            self.starting = True
+            try:
+                self.profile.check_local_files(f"'{self.name}'")
+                self.record = lifecycle.up(self.spec, tied=True, cancel=self._cancel)
+                self.owned = self.started = True
+            except ServeError as e:
+                self.error = e
+                if not self._cancel.is_set():
+                    self.say(f"{self.name} did not start: {failure_line(e)}")
+                raise
+            finally:
+                self.starting = False
+            self.say(f"{self.name} ready in {time.monotonic() - began:.0f} s")
+
+    async def wait_ready(self) -> None:
+        """`ensure` from a coroutine, in a daemon thread of its own: an interrupted run's event loop never waits
+        for a start to finish (the default executor would), and `stop` cancels the start instead."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if not done.done():
+                done.set_exception(error) if error else done.set_result(None)
+
+        def start() -> None:
+            error = None
+            try:
+                self.ensure()
+            except BaseException as e:
+                error = e
+            try:
+                loop.call_soon_threadsafe(settle, error)
+            except RuntimeError:  # the run is over (its loop closed)
+                pass
+
+        threading.Thread(target=start, name=f"start {self.name}", daemon=True).start()
+        await done
+
+    def stop(self) -> bool:
+        """Stop it if this fleet started it, a start under way included; True if there was one to stop."""
+        self._cancel.set()
+        was_starting = self.starting
+        with self._lock:  # a start under way sees the cancel, stops its server and lets go
+            stopped = self.owned or was_starting
+            if self.owned:
+                lifecycle.down(self.name)
+            self.record, self.owned = None, False
+            self._cancel.clear()
+        if stopped:
+            self.say(f"stopped {self.name}")
+        return stopped
+
+
+class Fleet:
+    """Every server of a run or a night, so that all of them are stopped at its end."""
+
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        self.servers: list[Server] = []
+        self.say = say
+
+    def add(self, placed: Placed) -> Server:
+        server = Server(placed, self.say)
+        self.servers.append(server)
+        return server
+
+    def stop_all(self) -> list[str]:
+        """Stop what this fleet started; the names stopped."""
+        return [server.name for server in self.servers if server.stop()]
+
+
+def by_address(servers: list[Server], endpoints: dict[str, Endpoint]) -> dict[str, Server]:
+    """The endpoints that a server answers: same host (localhost = 127.0.0.1) and port."""
+    at = {_address(s.base_url): s for s in servers}
+    return {name: at[_address(e.url)] for name, e in endpoints.items() if _address(e.url) in at}
+
+
+def _address(url: str) -> tuple[str, int | None]:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return ("127.0.0.1" if host in ("localhost", "0.0.0.0") else host, parts.port)
+
+
+def failure_line(error: BaseException) -> str:
+    """A start failure in one line (what happened, root cause, likely cause), for tables and records."""
+    text = str(error).split("\n--- last lines of", 1)[0]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())

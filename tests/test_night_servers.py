@@ -1,0 +1,118 @@
+"""A night that brings its own vLLM servers (CPU build, the real tiny model): the judges once, a
+candidate whose start fails (recorded, the night goes on), a LoRA candidate served after it on the same
+port, nothing left running at the end; a second night sends nothing and starts nothing; an interrupted
+night stops the server it was starting."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import yaml
+
+from eval.nightly import run_nightly
+from serving.instant import free_port
+from tests.conftest import REPO, write_endpoints
+
+TINY = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def night_parts(tmp_path_factory, tiny_model_dir):
+    """A serve-profile directory with the judges' profile (the shipped `tiny` one on a free port), an untrained
+    LoRA adapter for the tiny model (real PEFT weights: B = 0, so it answers as the base) and a model directory
+    without weights (vLLM fails to start it)."""
+    root = tmp_path_factory.mktemp("night")
+    shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
+    (root / "profiles").mkdir()
+    (root / "profiles/judge.yaml").write_text(yaml.safe_dump({**shipped, "model": str(tiny_model_dir), "port": free_port()}))
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(root / "adapter")
+
+    (root / "broken").mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, root / "broken" / name)
+    return root
+
+
+def night_config(root, tmp_path, models, cache):
+    judge_port = yaml.safe_load((root / "profiles/judge.yaml").read_text())["port"]
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml",
+        judge={"base_url": f"http://127.0.0.1:{judge_port}/v1", "model": TINY, "max_tokens": 64, "structured_output": True, "timeout_s": 600},
+    )
+    path = tmp_path / f"night-{len(list(tmp_path.glob('night-*.yaml')))}.yaml"
+    run = {"data": "sample", "endpoints": str(endpoints), "profiles": str(root / "profiles"), "serve": ["judge"], "decomposer": "judge",
+           "matcher": "judge", "tasks": ["inference"], "limit": 1, "cache": str(cache)}  # fmt: skip
+    path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "candidate_port": free_port(), "run": run}))
+    return path
+
+
+def vllm_processes_of(root) -> list[psutil.Process]:
+    """vLLM processes started from this test's profiles (the session's own tiny server is not one of them)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "vllm" in cmd and (str(root) in cmd or "lora-cand" in cmd):
+            found.append(proc)
+    return found
+
+
+def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_running(night_parts, tmp_path, cupid_home):
+    lora = {"name": "lora-cand", "profile": "judge", "adapter": str(night_parts / "adapter"),
+            "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}  # fmt: skip
+    broken = {"name": "broken-cand", "profile": "judge", "model": str(night_parts / "broken")}
+    cache = tmp_path / "cache.sqlite"
+
+    board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora], cache), "2026-01-01")
+    entries = {e["model"]: e for e in board["models"]}
+    assert code & 1  # failures: the broken candidate
+    failed = entries["broken-cand"]
+    assert failed["status"] == "error" and failed["error"].startswith("server did not start")
+    assert "root cause" in failed["error"] and "likely cause: model not found" in failed["error"]
+    assert failed["failures"] and all("server_not_started" in k for k in failed["failures"])
+    for name in ("judge", "lora-cand"):  # the night went on after the failure, on the same port
+        assert entries[name]["n_scored"] + entries[name]["n_failed"] == 1
+        assert entries[name]["failures"].keys().isdisjoint({"inference/standard candidate: server_not_started"})
+    assert entries["lora-cand"]["requests"]["sent"] > 0 and "+ LoRA lora-cand@" in entries["lora-cand"]["served"]
+    assert board["servers_started"] == ["judge", "lora-cand"]
+    assert list((cupid_home / "servers").glob("*.json")) == []  # every record removed by `down`
+    assert vllm_processes_of(night_parts) == []
+    board_md = (tmp_path / "nightly/2026-01-01/leaderboard.md").read_text()
+    assert "lora-cand" in board_md and "broken-cand" in board_md and "servers started: judge, lora-cand" in board_md
+
+    again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora], cache), "2026-01-02")
+    assert again["requests"]["sent"] == 0 and again["requests"]["cached"] > 0
+    assert again["servers_started"] == []  # every answer was in the cache: no server was needed
+    assert {e["model"]: e["status"] for e in again["models"]} == {"judge": entries["judge"]["status"], "lora-cand": entries["lora-cand"]["status"]}
+
+
+def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_path, cupid_home):
+    config = night_config(night_parts, tmp_path, ["judge"], tmp_path / "fresh-cache.sqlite")
+    night = subprocess.Popen(
+        [sys.executable, "-m", "cupid", "nightly", "--config", str(config)], cwd=REPO,
+        env={**os.environ, "CUPID_HOME": str(cupid_home)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    record = cupid_home / "servers" / "judge.json"
+    deadline = time.monotonic() + 120
+    while not record.exists() and time.monotonic() < deadline and night.poll() is None:
+        time.sleep(0.2)
+    assert record.exists(), night.communicate()[0]
+    pgid = json.loads(record.read_text())["pid"]
+    time.sleep(3)  # vLLM is loading: the hard moment to stop it
+    night.send_signal(signal.SIGINT)
+    output, _ = night.communicate(timeout=90)
+    assert night.returncode != 0
+    assert "nightly: stopped judge" in output, output
+    assert not record.exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # the whole process group is gone, engine processes included

@@ -1,0 +1,155 @@
+"""Where a night's servers go, computed without GPUs: judges once on the first GPU(s), candidates in turn
+beside them on one GPU, on a GPU of their own on two, side by side on eight; and the candidates that
+are models (a Hub id, a directory, a LoRA adapter on a base) as the profiles and endpoints they become.
+Nothing here starts a server."""
+
+import json
+import os
+import time
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cupid import app
+from eval.servers import bring, judge_profiles
+from serving.config import ConfigError
+from serving.engines import ServeError
+from serving.fleet import ServedModel, fingerprint
+from serving.placement import SHARED_CEILING, place
+from serving.profiles import Gpu, Profile
+from tests.conftest import REPO
+
+SERVE_DIR = REPO / "configs" / "serve"
+JUDGES = {"prefmatcher": {"gpu_memory_utilization": 0.25}, "qwen2.5-7b-instruct": {"gpu_memory_utilization": 0.3}}
+
+
+def h100s(n: int) -> list[Gpu]:
+    return [Gpu(i, "NVIDIA H100 80GB HBM3", 81559, 0) for i in range(n)]
+
+
+def candidates(n: int, **serve) -> list[ServedModel]:
+    return [ServedModel(name=f"cand-{i}", model=f"org/model-{i}", profile="qwen2.5-7b-instruct", serve={"weights_gib": 15.0, **serve}) for i in range(n)]
+
+
+def gpus_of(placement) -> dict[str, tuple[int, ...]]:
+    return {p.profile.name: p.gpus for p in [*placement.judges, *placement.candidates()]}
+
+
+def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_leave():
+    brought = bring(JUDGES, candidates(3), h100s(1), directory=SERVE_DIR)
+    plan = brought.placement
+    assert set(gpus_of(plan).values()) == {(0,)}
+    assert brought.slots == [["cand-0", "cand-1", "cand-2"]]  # one slot: in turn
+    assert {c.profile.port for c in plan.candidates()} == {8100}
+    assert all(c.profile.gpu_memory_utilization == pytest.approx(SHARED_CEILING - 0.55) for c in plan.candidates())
+    assert [j.env for j in plan.judges] == [{"CUDA_VISIBLE_DEVICES": "0"}] * 2
+    assert plan.problems == []
+
+
+def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_of_it():
+    plan = bring(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR).placement
+    assert [j.gpus for j in plan.judges] == [(0,), (0,)]
+    assert [c.gpus for c in plan.candidates()] == [(1,)] * 3
+    assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {0.9}  # not the base profile's 0.45
+    assert [c.env for c in plan.candidates()] == [{"CUDA_VISIBLE_DEVICES": "1"}] * 3
+    assert len(plan.slots) == 1
+
+
+def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
+    brought = bring(JUDGES, candidates(9), h100s(8), directory=SERVE_DIR)
+    plan = brought.placement
+    assert len(plan.slots) == 7
+    assert brought.slots[0] == ["cand-0", "cand-7"] and brought.slots[1] == ["cand-1", "cand-8"]  # two waves
+    assert [slot[0].gpus for slot in plan.slots] == [(g,) for g in range(1, 8)]
+    assert [slot[0].profile.port for slot in plan.slots] == list(range(8100, 8107))
+    text = "\n".join(plan.lines())
+    assert "8 x NVIDIA H100" in text and "7 side by side" in text and "cand-8@" in text
+
+
+def test_tensor_parallel_candidates_get_slots_of_their_width():
+    plan = bring(JUDGES, candidates(4, tensor_parallel_size=2), h100s(8), directory=SERVE_DIR).placement
+    assert [slot[0].gpus for slot in plan.slots] == [(1, 2), (3, 4), (5, 6)]  # GPU 7 left: a slot needs two
+    assert plan.slots[0][0].env == {"CUDA_VISIBLE_DEVICES": "1,2"}
+
+
+def test_plans_that_cannot_work_are_refused_before_anything_starts():
+    greedy = {"prefmatcher": {"gpu_memory_utilization": 0.5}, "qwen2.5-7b-instruct": {"gpu_memory_utilization": 0.45}}
+    with pytest.raises(ServeError, match="leave it no GPU memory"):
+        bring(greedy, candidates(1), h100s(1), directory=SERVE_DIR)
+    with pytest.raises(ServeError, match="less than the"):  # 0.4 of a 24 GiB GPU cannot hold 15 GiB of weights
+        bring(JUDGES, candidates(1), [Gpu(0, "NVIDIA GeForce RTX 4090", 24564, 0)], directory=SERVE_DIR)
+    with pytest.raises(ServeError, match="needs 4 GPU"):
+        bring(JUDGES, candidates(1, tensor_parallel_size=4), h100s(2), directory=SERVE_DIR)
+    with pytest.raises(ServeError, match="no GPU is visible"):
+        bring(JUDGES, candidates(1), [], directory=SERVE_DIR)
+
+
+def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
+    brought = bring({"tiny": {}}, [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")], [], directory=SERVE_DIR)
+    plan = brought.placement
+    assert brought.slots == [["a", "b"]]
+    assert [c.gpus for c in plan.candidates()] == [(), ()] and all(c.env == {} for c in plan.candidates())
+    assert plan.judges[0].profile.port == 8011 and {c.profile.port for c in plan.candidates()} == {8100}
+    spec = brought.candidate_servers["a"].spec
+    assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "2"
+
+
+def test_judges_keep_their_model_and_take_field_overrides():
+    [judge] = judge_profiles({"prefmatcher": {"gpu_memory_utilization": 0.3}}, SERVE_DIR)
+    assert judge.gpu_memory_utilization == 0.3 and judge.model == "kixlab/prefmatcher-7b"
+    with pytest.raises(ConfigError, match="serve.prefmatcher.model"):
+        judge_profiles({"prefmatcher": {"model": "other/model"}}, SERVE_DIR)
+    with pytest.raises(ConfigError, match="no serve profile 'nope'"):
+        judge_profiles({"nope": {}}, SERVE_DIR)
+
+
+def adapter(path, rank=8):
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+    (path / "adapter_model.safetensors").write_bytes(b"weights")
+    return path
+
+
+def test_a_lora_candidate_is_served_on_its_base_and_answers_as_itself(tmp_path):
+    served = ServedModel(name="mine", profile="qwen2.5-7b-instruct", adapter=str(adapter(tmp_path / "a", rank=16)), endpoint={"max_tokens": 99})
+    profile = served.to_profile(SERVE_DIR)
+    [(name, path)] = profile.lora_adapters.items()
+    assert name.startswith("mine@") and path == str(tmp_path / "a") and profile.max_lora_rank == 16
+    assert profile.model == "Qwen/Qwen2.5-7B-Instruct" and profile.served == "mine-base"
+    endpoint = served.to_endpoint(profile.model_copy(update={"port": 8105}))
+    assert endpoint.model == name and endpoint.url == "http://127.0.0.1:8105/v1" and endpoint.max_tokens == 99
+    assert endpoint.structured_output  # vLLM enforces answer formats
+
+
+def test_the_served_name_changes_when_the_weights_do(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"v1")
+    before = fingerprint(str(model))
+    assert fingerprint(str(model)) == before  # stable: tomorrow's night reuses the cache
+    time.sleep(0.01)
+    (model / "model.safetensors").write_bytes(b"v2")
+    assert fingerprint(str(model)) != before
+    assert ServedModel(name="m", model=str(model)).to_profile(SERVE_DIR).served == f"m@{fingerprint(str(model))}"
+
+
+def test_bad_candidates_are_refused_with_the_field_named(tmp_path):
+    with pytest.raises(ValueError, match="give `model`"):
+        ServedModel(name="x")
+    with pytest.raises(ValueError, match="serve.port is set by the run"):
+        ServedModel(name="x", model="org/m", serve={"port": 9000})
+    with pytest.raises(ConfigError, match="adapter_config.json"):
+        ServedModel(name="x", profile="tiny", adapter=str(tmp_path / "missing")).to_profile(SERVE_DIR)
+    with pytest.raises(ConfigError, match="candidate 'x'"):
+        ServedModel(name="x", model="org/m", serve={"dtype": "int3"}).to_profile(SERVE_DIR)
+
+
+def test_nightly_dry_run_prints_the_plan_for_eight_gpus_and_starts_nothing(tmp_path, cupid_home):
+    result = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "8"])
+    assert result.exit_code == 0, result.output
+    assert "plan on 8 x 80 GiB GPU" in result.output and "GPU 0, :8000, 0.25" in result.output
+    assert "on GPU 2, :8101, 0.9" in result.output
+    assert not (cupid_home / "servers").exists() or not list((cupid_home / "servers").glob("*.json"))
+    refused = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "0"])
+    assert refused.exit_code == 1 and "no GPU is visible" in refused.output
