@@ -33,10 +33,16 @@ class StageFailed(Exception):
         self.error = {"stage": stage, "reason": reason, "detail": detail, "raw": raw}
 
 
-def constraint(client: Client, endpoint: str, build: Callable[[int | None], dict[str, Any]]) -> dict[str, Any]:
-    """A judge role's answer-format constraint (`matcher.schemas`), where the endpoint's engine enforces one."""
+def constraint(
+    client: Client, endpoint: str, build: Callable[[int | None], dict[str, Any]], max_tokens: int | None = None
+) -> dict[str, Any]:
+    """An answer-format constraint (`matcher.schemas`), where the endpoint's engine enforces one.
+
+    `build` gets the answer cap the request goes out with: its own `max_tokens` where it sets one (each
+    synthesis step does), else the endpoint's; the format is sized to fit it.
+    """
     settings = client.endpoints[endpoint]
-    return build(settings.max_tokens) if settings.structured_output else {}
+    return build(max_tokens if max_tokens is not None else settings.max_tokens) if settings.structured_output else {}
 
 
 async def ask(client: Client, stage: str, endpoint: str, messages: list[dict[str, str]], **params: Any) -> str:

@@ -11,6 +11,9 @@ parses and the model keeps its own way of answering:
 - the judge: its evaluation, a rubric label, and the score that label stands for (1-10);
 - the candidate, only where an endpoint asks for it (`constrain_candidate`): inference answers as
   the prompt's `### Analysis` / `### Most Likely Preference` with one line; generation stays free.
+- every step of the synthesis pipeline (`training/synth`), from the building blocks here: prose as
+  sentences or one paragraph without markup (`sentence`, `sentences`, `paragraph`), labelled lines,
+  numbered questions, yes/no; each step's shape is defined beside its prompt.
 
 Every pattern has a finite longest match, so a constrained answer ends by construction. Where an
 endpoint caps answers (`max_tokens`), the free text gets what the cap leaves after the format's fixed
@@ -65,6 +68,27 @@ def lit(text: str) -> str:
 def free(max_chars: int, forbid: str = "#") -> str:
     """Prose of 1..max_chars characters; `forbid` holds characters that would start the next part."""
     return f"[^{re.escape(forbid)}]{{1,{max(1, max_chars)}}}"
+
+
+PLAIN = r"\n#*`"  # (a character class's body) not in prose: a line break (one paragraph), headings, emphasis, code
+
+
+def sentence(extra: int, least: int = 1, ends: str = ".!?") -> str:
+    """One sentence of plain prose: a capital letter, `least` to `least + extra` characters without
+    markup or line break, then its end mark (one of `ends`: "." for a statement). It ends at its first
+    . ! or ?, so a pattern of n of them admits n sentences exactly (the price: no "Dr." or "3.5" inside one)."""
+    return f"[A-Z][^.!?{PLAIN}]{{{least},{least + max(0, extra)}}}[{ends}]"
+
+
+def sentences(lo: int, hi: int, chars: int, least: int = 1) -> str:
+    """lo..hi sentences in one paragraph, a space apart, sharing `chars` characters beyond their minimum."""
+    one = sentence(chars // hi, least)
+    return one + (f"( {one}){{{lo - 1},{hi - 1}}}" if hi > 1 else "")
+
+
+def paragraph(chars: int, least: int = 1) -> str:
+    """One paragraph of plain prose, however many sentences: a capital letter first, an end mark last."""
+    return f"[A-Z][^{PLAIN}]{{{least},{least + max(0, chars)}}}[.!?]"
 
 
 def jstring(max_chars: int) -> str:

@@ -1,5 +1,6 @@
 """Synthesis: persona templates, the 13-session template (App. B.3), instance construction (App. B.5),
-seeded choices, answer reading, failure and resume over real HTTP, and one CPU run with the tiny model."""
+seeded choices, answer reading, each step's answer shape (structured output), failure and resume over
+real HTTP, and one CPU run with the tiny model held to the shapes."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from cupid import app
 from eval import data as cupid_data
-from matcher import prompts
+from matcher import prompts, schemas
 from serving.cache import Cache
 from serving.client import Client
 from serving.endpoints import load_endpoints
@@ -29,13 +30,14 @@ from serving.instant import free_port
 from tests.conftest import write_endpoints
 from training.synth import parse, tables
 from training.synth.ask import Asker, StepFailed
-from training.synth.config import SynthConfig
-from training.synth.dialogue import Message, Turn, pick_unmet, score
-from training.synth.factors import PAIR, Factor
+from training.synth.config import MaxTokens, SynthConfig
+from training.synth.dialogue import Message, Turn, judge_shape, message_shape, pick_unmet, reply_shape, score
+from training.synth.factors import PAIR, Factor, changed_shape, checklist_shape, factor_shape, read_checklist
 from training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
-from training.synth.personas import template
+from training.synth.personas import read_description, template
+from training.synth.personas import shape as persona_shape
 from training.synth.pipeline import RunDir, persona_id, run
-from training.synth.sessions import FINAL, layout
+from training.synth.sessions import FINAL, layout, request_shape
 
 REPO = Path(__file__).resolve().parents[1]
 ATTRS = tables.attributes()
@@ -216,6 +218,127 @@ def test_dialogue_score_and_item_choice():
     assert pick_unmet([True, False, True], mentioned={1}) == 1  # else the first unmet one again
 
 
+# --- answer shapes: what each step's request carries where the engine enforces structured output -----
+
+SHAPES = {  # every model step of the pipeline, with the cap it is sized for
+    "persona (paper prompt)": (persona_shape("synth_persona"), "persona"),
+    "persona": (persona_shape("project_synth_persona"), "persona"),
+    "factor": (factor_shape, "factor"),
+    "changed_preference": (changed_shape, "changed_preference"),
+    "checklist": (checklist_shape, "checklist"),
+    "request": (request_shape("Dr. Okafor's Night Shift (Ward 4)"), "request"),
+    "assistant": (reply_shape, "assistant"),
+    "judge": (judge_shape, "judge"),
+    "message": (message_shape, "message"),
+}
+TINY_CAPS = SynthConfig.model_validate(yaml.safe_load((REPO / "configs/synth/tiny.yaml").read_text())).max_tokens
+
+
+def shaped(name: str, caps: MaxTokens = MaxTokens()) -> str:
+    shape, cap = SHAPES[name]
+    return schemas.constrained(shape, getattr(caps, cap))["structured_outputs"]["regex"]
+
+
+def admits(name: str, text: str, caps: MaxTokens = MaxTokens()) -> bool:
+    return re.fullmatch(shaped(name, caps), text) is not None
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_every_shape_ends_within_the_request_cap(name):
+    """A finite longest match that fits the tokens the request allows, even at one character per token."""
+    shape, cap = SHAPES[name]
+    for caps in (MaxTokens(), TINY_CAPS, MaxTokens(**{field: 8 for field in MaxTokens.model_fields})):
+        fields = schemas.constrained(shape, getattr(caps, cap))
+        assert 0 < schemas.width(fields["structured_outputs"]["regex"]) <= fields.get("max_tokens", getattr(caps, cap))
+
+
+def example_factor(ex: dict) -> str:
+    return f"Factor: {ex['factor']}\nBackground: {ex['background']}\nPreference: {ex['preference']}"
+
+
+def test_factor_shape_admits_the_prompt_examples_and_nothing_around_them():
+    ex = tables.examples()
+    shown = ex["factors"] + [member for pair in ex["contrastive_pairs"] for member in pair]
+    assert all(admits("factor", example_factor(e)) for e in shown)  # what the prompts show (the CPU caps shorten it)
+    good = example_factor(shown[0])
+    assert parse.require_fields(good, ("Factor", "Background", "Preference"))["Factor"] == "Progress Report"
+    assert not admits("factor", good + "\n\nThis is a new context factor.")  # no chatter after the lines
+    assert not admits("factor", good.replace("\nBackground:", "\n\nBackground:"))
+    assert not admits("factor", "**Factor:** Progress Report" + good[len("Factor: Progress Report") :])  # no markup
+    assert not admits("factor", good.replace("Progress Report", "Report: quarterly"))  # a name has no colon
+    assert not admits("factor", "Factor: Progress Report\nPreference: " + shown[0]["preference"])  # all three lines
+    assert not admits("factor", good.replace(shown[0]["preference"], "Short."))  # a preference of a few words at least
+
+
+def test_content_rules_stay_checks_inside_the_shape():
+    """Answers the factor shape admits that no later step could use are refused, with a reason for the retry."""
+    from training.synth.factors import Slot, _read_factor
+
+    cfg = SynthConfig(generator="t", user_simulator="t", assistant_simulator="t")
+    slot = Slot(factor_type="Location/Place", preference_type="Clarity", task_types=["Planning", "Learning"])
+    earlier = [Factor(index=0, **slot.model_dump(), factor="Harbor Office", background="b", preference="Plans should list every berth.")]
+    example = tables.examples()["factors"][0]
+    read = _read_factor(Asker(None, cfg, "p"), "factor[1]", 1, slot, earlier, {"example": example})
+    line = "\nBackground: The user walks the harbor each morning.\nPreference: "
+    refusals = {
+        "Location/Place": "names a type",
+        "Location/Place for this user, about Clarity": "repeats the type",
+        "Harbor Office": "already exists",
+        "Plans should list every berth": "states a preference",
+    }
+    for name, reason in refusals.items():
+        answer = f"Factor: {name}{line}Maps should mark the tide times in red."
+        assert admits("factor", answer)
+        with pytest.raises(parse.Unusable, match=reason):
+            read(answer)
+    assert read(f"Factor: Pier 39 Ferry Dock{line}Maps should mark the tide times in red.").factor == "Pier 39 Ferry Dock"
+
+
+def test_checklist_and_changed_preference_shapes_admit_the_examples():
+    for ex in tables.examples()["checklists"]:
+        answer = "\n".join(f"{i}. {q}" for i, q in enumerate(ex["checklist"], start=1))
+        assert admits("checklist", answer) and read_checklist(answer) == ex["checklist"]
+    one = "1. Is the tone direct?"
+    assert not admits("checklist", "Questions:\n" + one)  # the prompt already ends in "Questions:"
+    assert not admits("checklist", "1. What is the tone?")  # a yes/no question
+    assert not admits("checklist", "1. Is the tone direct")  # ending in '?'
+    assert not admits("checklist", "2. Is the tone direct?")  # numbered from 1, in order
+    assert not admits("checklist", "\n".join(f"{i}. Is item {i} done here?" for i in range(1, 6)))  # 4 at most
+    for change in tables.examples()["changes"]:
+        assert admits("changed_preference", change["new"])
+    assert not admits("changed_preference", "Meetings should be short. They should end on time.")  # one sentence
+    assert not admits("changed_preference", "- Meetings should be short and end on time.")
+    assert not admits("changed_preference", "Should meetings be short and end on time?")  # a statement
+
+
+def test_prose_shapes_hold_their_sentences_and_paragraphs():
+    six = (
+        "Mara Ilić is a 41-year-old bridge engineer. She wants every inspection filed on time. She fears missing a "
+        "hairline crack. She cares about safety above all else. Colleagues call her exacting but fair. She checks "
+        "every report twice before signing."
+    )
+    assert admits("persona", six) and read_description(template(0, 0, ATTRS, SEEDS))(six) == six
+    assert not admits("persona", six.rsplit(" She checks", 1)[0])  # six sentences, as the prompt asks
+    assert not admits("persona", "## Persona\n\n" + six) and not admits("persona", six.replace(". She wants", ".\n\nShe wants"))
+    paper = "```json\n" + json.dumps({"personas": [{"description": six, "occupation": "bridge engineer"}]}, indent=2, ensure_ascii=False) + "\n```"
+    assert admits("persona (paper prompt)", paper) and read_description(template(0, 0, ATTRS, SEEDS))(paper) == six
+    factor = "Dr. Okafor's Night Shift (Ward 4)"
+    request = f"Please draft my handover notes for {factor}; the patient list is below."
+    assert admits("request", request) and admits("request", f"{factor} needs a summary of tonight's admissions.")
+    assert not admits("request", "Please draft my handover notes for the night shift; the list is below.")  # names it
+    assert not admits("request", f"Please draft my handover notes for {factor}s and the list below.")  # as a word
+    assert parse.mentions(f"Please draft {factor}'s handover notes.", factor)
+    assert not admits("request", f"{request}\n\n1. Bed 3: stable.")  # one paragraph
+    reply = "Here is a plan. Start with the ward list. Then the admissions. Add the open tasks. Keep it short. Sign it."
+    assert admits("assistant", reply) and admits("assistant", "Sure: " + "the plan has the ward list, then " * 20 + "the end.")
+    assert not admits("assistant", reply + " " + reply * 9)  # the cap: 1000 characters by default
+    assert not admits("assistant", "### Plan\n\n" + reply) and not admits("assistant", "**Plan:** " + reply)
+    assert not admits("assistant", reply.replace(" Then", "\n- Then"))
+    assert admits("judge", "Yes") and admits("judge", "No") and not admits("judge", "Yes, it does.")
+    assert admits("message", "Hmm, that is not how I read the site notes. Can you check them again?")
+    assert not admits("message", "Ok.") and not admits("message", "Thanks!\n\nBest, Mara.")
+
+
 # --- failure and resume over real HTTP (the instant server answers "OK" to synthesis prompts) -------
 
 
@@ -234,7 +357,7 @@ def test_an_unusable_answer_is_retried_with_another_request_then_fails(tmp_path,
         async with Client(load_endpoints(endpoints), cache) as client:
             asker = Asker(client, cfg, "p")
             with pytest.raises(StepFailed) as failed:
-                await asker.ask("persona", "generator", [{"role": "user", "content": "Describe a nurse."}], parse.yes_no, 8)
+                await asker.ask("persona", "generator", [{"role": "user", "content": "Describe a nurse."}], parse.yes_no, 8, judge_shape)
             return asker, failed.value
 
     asker, failure = asyncio.run(go())
@@ -289,10 +412,11 @@ def test_config_rejects_unknown_fields(tmp_path):
 
 # --- end to end over HTTP with scripted answers ---------------------------------------------------------
 #
-# The tiny model cannot write usable factors often enough, and never satisfies a checklist, so the
-# full pipeline (closing messages included) is also run against an HTTP server that answers each
-# synthesis prompt in form, the way a capable model would; like serving/instant.py, it is a fixture
-# for exact answers, not a model. `broken` makes its judge answer HTTP 500, to fail every persona.
+# The tiny model rarely satisfies a whole checklist, so the full pipeline (several turns, closing
+# messages) is also run against an HTTP server that answers each synthesis prompt in form, the way a
+# capable model would; like serving/instant.py, it is a fixture for exact answers, not a model. It
+# checks each answer against the regex its request carries. `broken` makes its judge answer HTTP 500,
+# to fail every persona.
 
 
 def scripted_answer(messages: list[dict]) -> str:
@@ -309,7 +433,7 @@ def scripted_answer(messages: list[dict]) -> str:
     if system == prompts.load("project_synth_changed_preference").system:
         return f"New preference: Reports should group cracks by location {tag} instead of size."
     if system == prompts.load("project_synth_checklist").system:
-        return f"Questions:\n1. Does the report list cracks {tag}?\n2. Is the report ordered as asked {tag}?"
+        return f"1. Does the report list cracks {tag}?\n2. Is the report ordered as asked {tag}?"
     if "I need help from an AI assistant" in user:
         factor = re.search(r"task about (.*?)\. Write my request", user).group(1)
         return f"Please help me with the {factor} inspection summary, number {tag}; the notes are below."
@@ -318,7 +442,7 @@ def scripted_answer(messages: list[dict]) -> str:
     if system == prompts.load("project_synth_judge").system:
         draft_two = "Draft 2" in user.split("The assistant's response:", 1)[1]
         first_item = "1. " not in user and re.search(r"Question: Does the report list", user) is not None
-        return "Yes." if draft_two or first_item else "No."
+        return "Yes" if draft_two or first_item else "No"
     if "You are the user with this profile" in system:
         return "Thanks, that settles it." if "satisfies you" in user else f"Hmm, that is not how I read the site notes ({tag})."
     return "OK"
@@ -326,16 +450,21 @@ def scripted_answer(messages: list[dict]) -> str:
 
 @pytest.fixture
 def scripted_url():
-    state = {"broken": False}
+    """The server, and its state: `broken`, the request bodies it got, and every answer outside its request's regex."""
+    state = {"broken": False, "bodies": [], "outside": []}
     api = FastAPI()
 
     @api.post("/v1/chat/completions")
     async def complete(request: Request) -> JSONResponse:
         body = await request.json()
+        state["bodies"].append(body)
         system = body["messages"][0]["content"]
         if state["broken"] and system == prompts.load("project_synth_judge").system:
             return JSONResponse({"error": {"message": "judge is down"}}, status_code=500)
         content = scripted_answer(body["messages"])
+        regex = body.get("structured_outputs", {}).get("regex")
+        if regex is not None and not re.fullmatch(regex, content):
+            state["outside"].append((content, regex))
         return JSONResponse({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]})
 
     port = free_port()
@@ -349,9 +478,29 @@ def scripted_url():
     thread.join()
 
 
+def test_every_step_asks_for_its_shape_where_the_endpoint_enforces_it(tmp_path, scripted_url):
+    """Each request carries its step's regex, with a cap its longest answer fits, and the scripted answers (in
+    the forms the prompts ask for) are inside it; without structured output no request carries one."""
+    url, state = scripted_url
+    for structured in (True, False):
+        state["bodies"].clear()
+        endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "structured_output": structured})
+        cfg = cfg_for(tmp_path, endpoints, personas=1, max_turns=2, out=str(tmp_path / f"run-{structured}"))
+        assert run(cfg)["done"] == 1
+        bodies = state["bodies"]
+        assert len(bodies) > 40  # persona, 8 factors, changed preference, 9 checklists, 13 requests, dialogues
+        if structured:
+            regexes = [b["structured_outputs"]["regex"] for b in bodies]
+            assert all(b["max_tokens"] >= schemas.width(r) for b, r in zip(bodies, regexes))
+            assert {r for r in regexes} >= {shaped("factor", cfg.max_tokens), shaped("judge", cfg.max_tokens)}
+        else:
+            assert not any("structured_outputs" in b for b in bodies)
+    assert state["outside"] == []
+
+
 def test_scripted_end_to_end_dialogue_rules_and_resume(tmp_path, scripted_url):
     url, state = scripted_url
-    endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "max_retries": 0})
+    endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "max_retries": 0, "structured_output": True})
     cfg = cfg_for(tmp_path, endpoints, personas=2, max_turns=3, reject_example_copies=True)
     state["broken"] = True
     first = run(cfg)
@@ -380,37 +529,32 @@ def test_scripted_end_to_end_dialogue_rules_and_resume(tmp_path, scripted_url):
     third = run(cfg)  # nothing left to do: no request at all, finished personas untouched
     assert third["requests"] == {"sent": 0, "cached": 0, "failed": 0} and third["skipped_as_done"] == 2
     assert {p: p.read_bytes() for p in out.personas.glob("*.json")} == snapshot
+    assert state["outside"] == [] and all("structured_outputs" in b for b in state["bodies"])
 
 
 # --- end to end on CPU with the tiny model --------------------------------------------------------------
 
 
-def test_tiny_model_end_to_end_then_resume(tmp_path, tiny_server):
-    """The real tiny model over real HTTP, one persona, then a rerun.
+def test_tiny_model_held_to_the_shapes_writes_a_persona_then_resumes(tmp_path, tiny_server):
+    """The real tiny model under vLLM, every step held to its shape (structured output), the shipped CPU
+    config: one persona comes out whole, as three instances the data layer accepts; a rerun sends nothing.
 
-    A 135M model rarely writes a usable context factor, so the persona may end either way; both ways
-    must be whole: finished with three valid instances, or failed at a named step with its reason and
-    raw answers and nothing else written. The rerun must send nothing new and end the same way.
+    A 135M model left free never gets past the factors (it drops the Background line, chats, copies the
+    prompt); held to the shapes, only content checks refuse its answers, and retries get past those.
     """
-    endpoints = write_endpoints(tmp_path / "e.yaml", tiny={**tiny_server, "max_concurrency": 16})
-    # no retry (the config has 5): a failing persona stays short on a busy CPU, where a request takes ~30 s
+    endpoints = write_endpoints(tmp_path / "e.yaml", tiny={**tiny_server, "structured_output": True})
     args = ["synth", "--config", "configs/synth/tiny.yaml", "--endpoints", str(endpoints), "--personas", "1",
-            "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "c.sqlite"), "--allow-failures",
-            "--retries", "0"]  # fmt: skip
+            "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "c.sqlite")]  # fmt: skip
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     out = RunDir(tmp_path / "run")
-    rows_ = [line for line in out.instances_file.read_text().splitlines() if line]
-    if out.done_ids():
-        dataset = cupid_data.load(out.instances_file)
-        assert dataset.bad_rows == [] and len(dataset.instances) == 3 and out.failures() == {}
-        record = out.records()[0]
-        assert len(record.sessions) == 13 and all(s.dialogue[-1].role == "user" for s in record.sessions if s.role != "final")
-    else:
-        failure = json.loads((out.failed / f"{persona_id(0, 0)}.json").read_text())
-        assert failure["step"] and failure["reason"] and rows_ == []
-        assert failure["raw"] and all(r["content"] is not None for r in failure["raw"])  # the model did answer
-        assert failure["raw"][0]["step"] == "persona"
+    dataset = cupid_data.load(out.instances_file)
+    assert dataset.bad_rows == [] and len(dataset.instances) == 3 and out.failures() == {}
+    record = out.records()[0]
+    assert len(record.sessions) == 13 and all(s.dialogue[-1].role == "user" for s in record.sessions if s.role != "final")
+    caps = SynthConfig.model_validate(yaml.safe_load((REPO / "configs/synth/tiny.yaml").read_text())).max_tokens
+    factors = [r["content"] for r in record.raw if r["step"].startswith("factor[")]
+    assert factors and all(re.fullmatch(schemas.constrained(factor_shape, caps.factor)["structured_outputs"]["regex"], f) for f in factors)
     snapshot = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*.json*") if p.name != "summary.json"}
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "requests 0 sent" in again.output

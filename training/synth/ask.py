@@ -5,8 +5,17 @@ last message gets the reason the previous answer was refused, just before its la
 instruction the model answers), prompts with a one-shot
 example show another example (both move even a greedy server to another answer; small models heed
 a note inside the instruction far more than a further chat turn), and it carries a new seed and a
-temperature of at least `retry_temperature` (which moves a sampling server). When no attempt is usable, the step raises `StepFailed` and the persona fails
+temperature of at least `retry_temperature` (which moves a sampling server) and the config's
+`retry_params`. When no attempt is usable, the step raises `StepFailed` and the persona fails
 with that reason.
+
+Every step states its answer's shape: a regex (`Shape`, built from `matcher.schemas`) of the form its
+prompt asks for, given the characters of free text the step's cap leaves. Where the endpoint's engine
+enforces structured output, the request carries it (`eval.chain.constraint`, the one place that decides)
+and the answer has that form by construction, ending within the cap even at one character per token;
+elsewhere the prompt alone asks for it. Either way the step's reader checks everything again, and
+content rules (a factor not named after its type, a request that names its factor ...) are checks only:
+a refused answer is retried as above.
 """
 
 from __future__ import annotations
@@ -17,13 +26,15 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Awaitable, Callable, TypeVar
 
-from matcher import prompts
+from eval.chain import constraint
+from matcher import prompts, schemas
 from serving.client import Client, RequestFailed
 from training.synth.config import Role, SynthConfig
 from training.synth.parse import Unusable, echoes, words
 
 T = TypeVar("T")
 Messages = list[dict[str, str]]
+Shape = Callable[[int], str]  # the answer's regex, given the characters of free text it may hold
 
 RETRY_TEXT = (resources.files("matcher") / "prompts" / "project_synth_retry.user.txt").read_text(encoding="utf-8")
 
@@ -66,11 +77,25 @@ class Asker:
             self.copies.append(step)
 
     async def ask(
-        self, step: str, role: Role, messages: Messages | Callable[[int], Messages], read: Callable[[str], T], max_tokens: int
+        self,
+        step: str,
+        role: Role,
+        messages: Messages | Callable[[int], Messages],
+        read: Callable[[str], T],
+        max_tokens: int,
+        shape: Shape,
     ) -> T:
-        """`messages` may be a function of the attempt (1, 2, ...): prompts with examples show another one."""
+        """`messages` may be a function of the attempt (1, 2, ...): prompts with examples show another one.
+
+        `shape` is the answer's form; it goes out with the request where the endpoint enforces it, and may
+        raise the request's cap to the form's longest answer (a cap below the form's fixed parts).
+        """
         attempts = self.cfg.retries + 1
         build = messages if callable(messages) else (lambda attempt: messages)
+        endpoint = self.cfg.endpoint(role)
+        params = {"max_tokens": max_tokens} | constraint(
+            self.client, endpoint, lambda cap: schemas.constrained(shape, cap), max_tokens
+        )
         note = ""
         for attempt in range(1, attempts + 1):
             base = build(attempt)
@@ -80,15 +105,17 @@ class Asker:
                 content = f"{head}\n\n{note}\n{tail}" if head else f"{note}\n\n{tail}"
                 sent = base[:-1] + [{"role": base[-1]["role"], "content": content}]
             temperature = self.cfg.temperature.model_dump()[role]
+            retry = {}
             if attempt > 1:
                 temperature = max(temperature, self.cfg.retry_temperature)
+                retry = self.cfg.retry_params
             try:
                 answer = await self.client.chat(
-                    self.cfg.endpoint(role),
+                    endpoint,
                     sent,
                     temperature=temperature,
-                    max_tokens=max_tokens,
                     seed=request_seed(self.cfg.seed, self.persona_id, step, attempt),
+                    **(retry | params),
                 )
             except RequestFailed as e:
                 self.raw.append({"step": step, "attempt": attempt, "content": None, "problem": str(e)[:500]})

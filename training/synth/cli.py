@@ -60,7 +60,7 @@ def synth(
     print(  # one plain line, never wrapped: scripts read it
         f"{summary['done']} of {summary['personas']} personas done, {summary['failed']} failed; "
         f"{summary['instances']} instances in {summary['instances_file']}; "
-        f"requests {requests['sent']} sent, {requests['cached']} cached; {summary['seconds']}s"
+        f"requests {requests['sent']} sent, {requests['cached']} cached; {summary['retries']} retries; {summary['seconds']}s"
     )
     if summary["failed"] and not allow_failures:
         raise typer.Exit(1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,17 +19,22 @@ class Temperatures(BaseModel):
 
 
 class MaxTokens(BaseModel):
-    """Answer caps per step: small ones keep CPU runs short, large ones leave strong models room."""
+    """Answer caps per step: small ones keep CPU runs short, large ones leave strong models room.
+
+    Where the endpoint enforces structured output, a step's shape is sized so that its longest answer
+    fits the cap at one character per token (`matcher.schemas.constrained`): the cap is then the
+    answer's length in characters at most, and a model spends about a quarter of it in tokens.
+    """
 
     model_config = ConfigDict(extra="forbid")
-    persona: int = Field(default=600, ge=1)
-    factor: int = Field(default=300, ge=1)
-    changed_preference: int = Field(default=120, ge=1)
-    checklist: int = Field(default=200, ge=1)
-    request: int = Field(default=400, ge=1)
-    assistant: int = Field(default=400, ge=1)
+    persona: int = Field(default=1500, ge=1)
+    factor: int = Field(default=600, ge=1)
+    changed_preference: int = Field(default=250, ge=1)
+    checklist: int = Field(default=500, ge=1)
+    request: int = Field(default=1000, ge=1)
+    assistant: int = Field(default=1000, ge=1)
     judge: int = Field(default=16, ge=1)
-    message: int = Field(default=150, ge=1)
+    message: int = Field(default=400, ge=1)
 
 
 class SynthConfig(BaseModel):
@@ -63,6 +68,11 @@ class SynthConfig(BaseModel):
         "the CPU check keeps them and counts them instead)",
     )
     retry_temperature: float = Field(default=0.7, ge=0, le=2, description="temperature of retries, at least")
+    retry_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="further sampling fields of retries, sent as they are (e.g. vLLM's repetition_penalty, which "
+        "moves a small model off copying its prompt, the usual reason an answer is refused)",
+    )
     temperature: Temperatures = Field(default_factory=Temperatures)
     max_tokens: MaxTokens = Field(default_factory=MaxTokens)
 

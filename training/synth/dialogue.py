@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from matcher import prompts
+from matcher import prompts, schemas
 from training.synth.ask import Asker, all_of
 from training.synth.parse import Unusable, echoes, free_text, normalized, words, yes_no
 
@@ -55,6 +55,23 @@ def transcript(dialogue: list[Message]) -> str:
     return "\n\n".join(f"{'User' if m.role == 'user' else 'Assistant'}: {m.content}" for m in dialogue)
 
 
+def reply_shape(chars: int) -> str:
+    """The assistant: one paragraph without headings or lists; its length is the cap, which stands for the
+    system prompt's "at most 6 sentences" (a regex that counted sentences too would split the cap six ways
+    and hold a reply of one long sentence to a sixth of it)."""
+    return schemas.paragraph(chars)
+
+
+def judge_shape(chars: int) -> str:
+    """One checklist item's verdict: the single word the prompt asks for."""
+    return "(Yes|No)"
+
+
+def message_shape(chars: int) -> str:
+    """The user's feedback or closing message: one short paragraph without markup (short: the cap)."""
+    return schemas.paragraph(chars, least=MIN_MESSAGE_WORDS * 3)
+
+
 def read_reply(answer: str) -> str:
     text = answer.strip()
     if not words(text):
@@ -88,7 +105,7 @@ async def simulate(
     for turn in range(1, cfg.max_turns + 1):
         step = f"dialogue[{position}].turn[{turn}]"
         chat = [{"role": "system", "content": system}] + [m.model_dump() for m in dialogue]
-        reply = await asker.ask(f"{step}.assistant", "assistant_simulator", chat, read_reply, cfg.max_tokens.assistant)
+        reply = await asker.ask(f"{step}.assistant", "assistant_simulator", chat, read_reply, cfg.max_tokens.assistant, reply_shape)
         dialogue.append(Message(role="assistant", content=reply))
         verdicts = list(
             await all_of(
@@ -99,6 +116,7 @@ async def simulate(
                         prompts.load("project_synth_judge").render(request=request, response=reply, item=item),
                         yes_no,
                         cfg.max_tokens.judge,
+                        judge_shape,
                     )
                     for i, item in enumerate(checklist)
                 )
@@ -117,7 +135,8 @@ async def simulate(
                 persona=persona, factor=factor, conversation=conversation, item=checklist[items[0]]
             )
             kind = "feedback"
-        message = await asker.ask(f"{step}.{kind}", "user_simulator", msgs, read_message(conversation, [checklist[i] for i in items]), cfg.max_tokens.message)
+        read = read_message(conversation, [checklist[i] for i in items])
+        message = await asker.ask(f"{step}.{kind}", "user_simulator", msgs, read, cfg.max_tokens.message, message_shape)
         dialogue.append(Message(role="user", content=message))
         mentioned.update(items)
         turns.append(Turn(verdicts=verdicts, score=score(verdicts), kind=kind, items=items))

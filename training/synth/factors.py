@@ -15,8 +15,8 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from matcher import prompts
-from training.synth.ask import Asker
+from matcher import prompts, schemas
+from training.synth.ask import Asker, Shape
 from training.synth.parse import (
     STOPWORDS,
     YES_NO_STARTS,
@@ -76,14 +76,48 @@ def _check_new(fields: dict[str, str], slot: Slot, factors: list[Factor]) -> Non
         raise Unusable("the factor name is empty")
     if normalized(name) in {normalized(t) for t in [slot.factor_type, slot.preference_type, *slot.task_types]}:
         raise Unusable(f"'{name}' names a type, not a factor; give the specific name of one {slot.factor_type}")
+    if normalized(slot.factor_type) in normalized(name):  # "Location/Place for this user": the prompt, not a name
+        raise Unusable(f"'{name}' repeats the type {slot.factor_type}; give the specific name of one {slot.factor_type}")
     if len(words(preference)) < MIN_PREFERENCE_WORDS:
         raise Unusable(f"the preference needs at least {MIN_PREFERENCE_WORDS} words")
+    if any(normalized(p) in normalized(name) for p in [preference, *(f.preference for f in factors)]):
+        # every request names its factor and none may state a preference: no request could be written
+        raise Unusable("the factor name states a preference; give the name of the factor itself")
     for other in factors:
         if normalized(other.factor) == normalized(name):
             raise Unusable(f"the factor '{name}' already exists; invent a different one")
         if normalized(other.preference) == normalized(preference):
             raise Unusable(f"the preference of '{other.factor}' is the same; write a different preference")
     return None
+
+
+NAME_CHARS = 60
+LINE_LEAST = 20  # characters of a background or preference at least: about four words
+
+
+def factor_shape(chars: int) -> str:
+    """The three lines both factor prompts ask for and nothing else: `Factor: <name>` (no colon, at most
+    NAME_CHARS), `Background: <one line>`, `Preference: <one statement>`, sharing `chars` between the last two."""
+    name = rf"[A-Za-z0-9][^:{schemas.PLAIN}]{{1,{NAME_CHARS - 1}}}"
+    background = schemas.paragraph(chars // 2, LINE_LEAST)
+    return rf"Factor: {name}\nBackground: {background}\nPreference: {schemas.sentence(chars // 2, LINE_LEAST, ends='.')}"
+
+
+def changed_shape(chars: int) -> str:
+    """One sentence, a statement like the old preference, as the prompt asks."""
+    return schemas.sentence(chars, LINE_LEAST, ends=".")
+
+
+QUESTION_STARTS = sorted(w.capitalize() for w in YES_NO_STARTS)
+
+
+def checklist_shape(chars: int) -> str:
+    """1 to MAX_CHECKLIST numbered yes/no questions, one per line, as the prompt's examples show them."""
+    question = rf"({'|'.join(QUESTION_STARTS)}) [^?{schemas.PLAIN}]{{8,{8 + chars // MAX_CHECKLIST}}}\?"
+    pattern = ""
+    for n in range(MAX_CHECKLIST, 0, -1):  # "1. q(\n2. q(\n3. q ...)?)?": numbered in order
+        pattern = rf"{n}\. {question}" + (f"(\\n{pattern})?" if pattern else "")
+    return pattern
 
 
 def example_lists() -> tuple[list[dict], list[list[dict]]]:
@@ -144,7 +178,7 @@ async def generate_factors(asker: Asker, persona: str, slots: list[Slot]) -> lis
 
         step = f"factor[{index}]"
         read = _read_factor(asker, step, index, slot, factors, shown)
-        factors.append(await asker.ask(step, "generator", build, read, asker.cfg.max_tokens.factor))
+        factors.append(await asker.ask(step, "generator", build, read, asker.cfg.max_tokens.factor, factor_shape))
     first = factors[PAIR[0]]
     shown = {}
 
@@ -166,7 +200,7 @@ async def generate_factors(asker: Asker, persona: str, slots: list[Slot]) -> lis
 
     step = f"factor[{PAIR[1]}]"
     read = _read_factor(asker, step, PAIR[1], slots[PAIR[1]], factors, shown, related=first.factor)
-    second = await asker.ask(step, "generator", build_pair, read, asker.cfg.max_tokens.factor)
+    second = await asker.ask(step, "generator", build_pair, read, asker.cfg.max_tokens.factor, factor_shape)
     first.related_factor = second.factor
     return factors + [second]
 
@@ -179,6 +213,8 @@ def _read_changed(asker: Asker, factors: list[Factor], shown: dict):
             raise Unusable(f"the new preference needs at least {MIN_PREFERENCE_WORDS} words")
         if any(normalized(text) == normalized(f.preference) for f in factors):
             raise Unusable("the new preference repeats an existing preference; write one that contradicts the old preference")
+        if any(normalized(text) in normalized(f.factor) for f in factors):
+            raise Unusable("the new preference is a factor's name; write a preference that contradicts the old one")
         asker.check_copy("changed_preference", text, shown["example"]["new"])
         return text
 
@@ -197,7 +233,9 @@ async def change_preference(asker: Asker, factor: Factor, factors: list[Factor])
         )
 
     read = _read_changed(asker, factors, shown)
-    return await asker.ask("changed_preference", "generator", build, read, asker.cfg.max_tokens.changed_preference)
+    return await asker.ask(
+        "changed_preference", "generator", build, read, asker.cfg.max_tokens.changed_preference, changed_shape
+    )
 
 
 def _examples_block() -> str:
@@ -228,4 +266,4 @@ def read_checklist(answer: str) -> list[str]:
 
 async def checklist(asker: Asker, step: str, preference: str) -> list[str]:
     msgs = prompts.load("project_synth_checklist").render(examples=_examples_block(), preference=preference)
-    return await asker.ask(step, "generator", msgs, read_checklist, asker.cfg.max_tokens.checklist)
+    return await asker.ask(step, "generator", msgs, read_checklist, asker.cfg.max_tokens.checklist, checklist_shape)

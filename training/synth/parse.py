@@ -124,9 +124,9 @@ def echoes(text: str, source: str, share: float = 0.6) -> bool:
 
 
 def mentions(text: str, name: str) -> bool:
-    """Whether `text` names `name`: one of its content words, or the whole name if it has none."""
+    """Whether `text` names `name`: one of its content words (possessive or not), or the whole name if it has none."""
     content = [w for w in words(name) if w not in STOPWORDS and len(w) >= 3]
-    have = set(words(text))
+    have = {w.removesuffix("'s") for w in words(text)}
     if content:
         return any(w in have for w in content)
     return normalized(name) in normalized(text)

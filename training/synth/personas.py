@@ -14,13 +14,15 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from matcher import prompts
-from training.synth.ask import Asker
+from matcher import prompts, schemas
+from training.synth.ask import Asker, Shape
 from training.synth.parse import Unusable, complete_sentences, echoes, free_text, json_value, sentences, words
 from training.synth.tables import Attributes, Seeds
 
 MIN_SENTENCES = 3
 MIN_WORDS = 30
+SENTENCES = 6  # both prompts ask for six
+SENTENCE_LEAST = 24  # characters: a sentence of about five words at least
 
 
 class Template(BaseModel):
@@ -80,6 +82,19 @@ def messages(t: Template, prompt_name: str) -> list[dict[str, str]]:
     )
 
 
+def shape(prompt_name: str) -> Shape:
+    """The paper's prompt (Fig. 13): its fenced `{"personas": [{description, occupation}]}`, of one persona
+    here; the project's: the six sentences in one paragraph."""
+    if prompt_name == "synth_persona":
+
+        def paper(chars: int) -> str:  # a JSON string's longest match has every character escaped: half of them
+            persona = schemas.jobject([("description", schemas.jstring(max(1, chars // 2))), ("occupation", schemas.jstring(40))])
+            return schemas.fenced(schemas.jobject([("personas", schemas.jlist([persona]))]))
+
+        return paper
+    return lambda chars: schemas.sentences(SENTENCES, SENTENCES, chars, least=SENTENCE_LEAST)
+
+
 def read_description(t: Template):
     """The description from the paper prompt's JSON ({"personas": [...]} or a list) or from plain text."""
 
@@ -110,5 +125,5 @@ def read_description(t: Template):
 async def expand(asker: Asker, t: Template) -> str:
     cfg = asker.cfg
     return await asker.ask(
-        "persona", "generator", messages(t, cfg.persona_prompt), read_description(t), cfg.max_tokens.persona
+        "persona", "generator", messages(t, cfg.persona_prompt), read_description(t), cfg.max_tokens.persona, shape(cfg.persona_prompt)
     )

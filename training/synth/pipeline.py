@@ -6,7 +6,7 @@ Run directory:
                            dialogues, and every raw model answer; written whole (temp file + rename)
   failed/<id>.json         a failed persona: the step, the reason and the raw answers so far
   instances.jsonl          the CUPID rows of every finished persona, checked by `eval.data.load`
-  summary.json             counts, failures by step, requests sent/cached
+  summary.json             counts, failures by step, retries spent, requests sent/cached
 
 A rerun skips finished personas (no request at all) and runs failed and missing ones again; their
 earlier steps come back from the request cache, so only what is new costs model time.
@@ -96,12 +96,13 @@ class RunDir:
         _write_atomic(self.failed / f"{pid}.json", json.dumps(failure, indent=1, ensure_ascii=False))
 
     def failures(self) -> dict[str, dict[str, Any]]:
+        """Failed personas: the step, the reason, and the retries spent (answers after a step's first)."""
         if not self.failed.is_dir():
             return {}
         out = {}
         for p in sorted(self.failed.glob("*.json")):
             failure = json.loads(p.read_text(encoding="utf-8"))
-            out[p.stem] = {"step": failure["step"], "reason": failure["reason"]}
+            out[p.stem] = {"step": failure["step"], "reason": failure["reason"], "retries": retries(failure["raw"])}
         return out
 
     def write_instances(self) -> int:
@@ -115,6 +116,11 @@ class RunDir:
         return len(lines)
 
 
+def retries(raw: list[dict[str, Any]]) -> int:
+    """Requests a persona spent beyond each step's first attempt."""
+    return sum(1 for r in raw if r["attempt"] > 1)
+
+
 def identity(cfg: SynthConfig, endpoints: dict, seeds: tables.Seeds) -> dict[str, Any]:
     """What a rerun must share. Not `retries`: raising it gives failed steps more attempts, and the
     attempts already made come back from the cache unchanged."""
@@ -126,6 +132,7 @@ def identity(cfg: SynthConfig, endpoints: dict, seeds: tables.Seeds) -> dict[str
         "persona_in_prompts": cfg.persona_in_prompts,
         "max_turns": cfg.max_turns,
         "retry_temperature": cfg.retry_temperature,
+        "retry_params": cfg.retry_params,
         "temperature": cfg.temperature.model_dump(),
         "max_tokens": cfg.max_tokens.model_dump(),
         "seed_personas": seeds.digest,
@@ -273,6 +280,8 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
         "failed_by_step": dict(Counter(_step_kind(f["step"]) for pid, f in failures.items() if pid in wanted)),
         "instances": n_rows,
         "example_copies": sum(len(r.example_copies) for r in out.records() if r.persona_id in wanted),
+        "retries": sum(retries(r.raw) for r in out.records() if r.persona_id in wanted)
+        + sum(f["retries"] for pid, f in failures.items() if pid in wanted),
         "instances_file": str(out.instances_file),
         "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
         "seconds": round(time.monotonic() - started, 1),

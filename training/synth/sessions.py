@@ -12,7 +12,8 @@ import random
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from training.synth.ask import Asker, chat
+from matcher import schemas
+from training.synth.ask import Asker, Shape, chat
 from training.synth.factors import Factor
 from training.synth.parse import Unusable, echoes, free_text, mentions, normalized, words
 
@@ -75,6 +76,21 @@ def layout(p: Positions, current: int, contrastive: int) -> list[SessionSlot]:
     return sorted(slots, key=lambda s: s.position)
 
 
+def request_shape(factor: str) -> Shape:
+    """One self-contained paragraph that names the factor, as the prompt asks: no headings, lists or line
+    breaks, and the factor's name as the prompt spells it, as a whole word (small models otherwise write
+    about anything, or run on into "JavaScripter")."""
+
+    def shape(chars: int) -> str:
+        before, after = chars // 3, chars - chars // 3
+        text = f"[^{schemas.PLAIN}]"
+        opening = rf"[A-Z]{text}{{0,{before}}}[ \"'(]"
+        rest = rf"[^A-Za-z0-9{schemas.PLAIN}]{text}{{{MIN_REQUEST_WORDS * 3},{MIN_REQUEST_WORDS * 3 + after}}}[.!?]"
+        return rf"({opening})?{schemas.lit(factor)}{rest}"
+
+    return shape
+
+
 def read_request(persona: str, factor: str, preferences: list[str], earlier: list[str]):
     def read(answer: str) -> str:
         text = free_text(answer, prefixes=("request", "message", "user"))
@@ -116,5 +132,5 @@ async def write_requests(
         )
         step = f"request[{slot.position}]"
         read = read_request(persona, factor.factor, preferences, list(requests.values()))
-        requests[slot.position] = await asker.ask(step, "generator", msgs, read, asker.cfg.max_tokens.request)
+        requests[slot.position] = await asker.ask(step, "generator", msgs, read, asker.cfg.max_tokens.request, request_shape(factor.factor))
     return requests
