@@ -236,8 +236,8 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
         if clash := sorted(set(c.name for c in cfg.served_candidates) & endpoints.keys()):
             raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
         endpoints = {**brought.endpoints, **endpoints}
-    elif cfg.served_candidates:  # a dry run: the requests only need the candidate's name
-        endpoints[cfg.candidate_name] = Endpoint(base_url="http://127.0.0.1:8100/v1", model=cfg.candidate_name)
+    for served in cfg.served_candidates if brought is None else []:  # a dry run: the requests name the served model
+        endpoints[served.name] = served.to_endpoint(served.to_profile(cfg.profiles))
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
     if names - endpoints.keys():  # a running server (`cupid serve up --profile NAME`) answers to its name
         endpoints = {**live_endpoints(), **endpoints}
