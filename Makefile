@@ -52,7 +52,7 @@ demo: setup
 	scripts/demo.sh
 
 test: setup-dev
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile  # two workers, a test file on one: module fixtures (the training chain) run once
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=8  # two workers, a test file on one: module fixtures (the training chain) run once
 
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))

@@ -357,7 +357,7 @@ def main(
         typer.echo("error: --gpus plans for GPUs that are not here: use it with --dry-run", err=True)
         raise typer.Exit(EXIT_FAILURES)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the night's servers as Ctrl-C does
-    assumed = [Gpu(i, "80 GiB GPU", 81920, 0) for i in range(gpus)] if gpus is not None else None
+    assumed = [Gpu(i, "assumed GPU", 81920, 0) for i in range(gpus)] if gpus is not None else None
     try:
         board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed)
     except ConfigError as e:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from serving import lifecycle, profiles
 from serving.config import ConfigError, validate
 from serving.endpoints import Endpoint
-from serving.engines import ServeError
+from serving.engines import ServeError, get_engine
 from serving.placement import Placed
 from serving.profiles import LORA_RANKS, Profile
 
@@ -116,8 +116,9 @@ def fingerprint(*paths: str | None) -> str:
 
 
 class Server:
-    """One server a run may need: started once, on first need, from any thread; a running server of the
-    same name (`cupid serve up`) is used as it is and left running."""
+    """One server a run may need: started once, on first need, from any thread. A server already answering
+    for it (`cupid serve up` of the same profile, or any server at its address that lists its served model)
+    is used as it is and left running."""
 
     def __init__(self, placed: Placed, say: Callable[[str], None] | None = None):
         self.say = say or (lambda message: None)
@@ -152,6 +153,10 @@ class Server:
                     self.error = ServeError(f"'{self.name}' runs at {existing['base_url']}, not {self.base_url}: stop it first")
                     raise self.error
                 self.record = existing
+                return
+            if lifecycle.ready(self.spec, get_engine(self.spec.engine)):  # started by hand or elsewhere, same model
+                self.say(f"using the server that already answers as {self.spec.name} at {self.base_url}")
+                self.record = {"name": self.name, "base_url": self.base_url}
                 return
             self.say(f"starting {self.name} ({self.spec.model}) on :{self.spec.port}; log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}")
             began = time.monotonic()

@@ -1,7 +1,7 @@
-"""A night that brings its own vLLM servers (CPU build, the real tiny model): the judges once, a
-candidate whose start fails (recorded, the night goes on), a LoRA candidate served after it on the same
-port, nothing left running at the end; a second night sends nothing and starts nothing; an interrupted
-night stops the server it was starting."""
+"""A night that brings its own vLLM servers (CPU build, the real tiny model): judges found already
+answering and used as they are, a candidate whose start fails (recorded, the night goes on), a LoRA
+candidate served after it on the same port, nothing it started left running; a second night sends
+nothing and starts nothing; an interrupted night stops the judges' server it was starting."""
 
 import json
 import os
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -23,8 +24,9 @@ TINY = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def night_parts(tmp_path_factory, tiny_model_dir):
-    """A serve-profile directory with the judges' profile (the shipped `tiny` one on a free port), an untrained
-    LoRA adapter for the tiny model (real PEFT weights: B = 0, so it answers as the base)."""
+    """A serve-profile directory with two judges' profiles (the shipped `tiny` one: `judge` on a free port, started by
+    the night; `sessionjudge` at the session's tiny server, which the night finds answering and uses), and an
+    untrained LoRA adapter for the tiny model (real PEFT weights: B = 0, so it answers as the base)."""
     root = tmp_path_factory.mktemp("night")
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
     (root / "profiles").mkdir()
@@ -38,14 +40,14 @@ def night_parts(tmp_path_factory, tiny_model_dir):
     return root
 
 
-def night_config(root, tmp_path, models, cache):
-    judge_port = yaml.safe_load((root / "profiles/judge.yaml").read_text())["port"]
+def night_config(root, tmp_path, models, cache, judge_profile="judge"):
+    judge_port = yaml.safe_load((root / f"profiles/{judge_profile}.yaml").read_text())["port"]
     endpoints = write_endpoints(
         tmp_path / "endpoints.yaml",
         judge={"base_url": f"http://127.0.0.1:{judge_port}/v1", "model": TINY, "max_tokens": 64, "structured_output": True, "timeout_s": 600},
     )
     path = tmp_path / f"night-{len(list(tmp_path.glob('night-*.yaml')))}.yaml"
-    run = {"data": "sample", "endpoints": str(endpoints), "profiles": str(root / "profiles"), "serve": ["judge"], "decomposer": "judge",
+    run = {"data": "sample", "endpoints": str(endpoints), "profiles": str(root / "profiles"), "serve": [judge_profile], "decomposer": "judge",
            "matcher": "judge", "tasks": ["inference"], "limit": 1, "cache": str(cache)}  # fmt: skip
     path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "candidate_port": free_port(), "run": run}))
     return path
@@ -61,7 +63,11 @@ def vllm_processes_of(root) -> list[psutil.Process]:
     return found
 
 
-def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_running(night_parts, tmp_path, cupid_home):
+def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_running(night_parts, tmp_path, cupid_home, tiny_server):
+    # The judges' profile points at the session's tiny server: the night finds it answering, uses it, leaves it up.
+    port = int(tiny_server["base_url"].rsplit(":", 1)[1].split("/")[0])
+    judge = yaml.safe_load((night_parts / "profiles/judge.yaml").read_text())
+    (night_parts / "profiles/sessionjudge.yaml").write_text(yaml.safe_dump({**judge, "port": port}))
     lora = {"name": "lora-cand", "profile": "judge", "adapter": str(night_parts / "adapter"),
             "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}  # fmt: skip
     # Refused before vLLM starts (a start that fails inside vLLM, with its root cause from the log, is tested in
@@ -69,7 +75,7 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     broken = {"name": "broken-cand", "profile": "judge", "model": str(night_parts / "no-such-model")}
     cache = tmp_path / "cache.sqlite"
 
-    board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora], cache), "2026-01-01")
+    board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora], cache, "sessionjudge"), "2026-01-01")
     entries = {e["model"]: e for e in board["models"]}
     assert code & 1  # failures: the broken candidate
     failed = entries["broken-cand"]
@@ -80,13 +86,14 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
         assert entries[name]["n_scored"] + entries[name]["n_failed"] == 1
         assert entries[name]["failures"].keys().isdisjoint({"inference/standard candidate: server_not_started"})
     assert entries["lora-cand"]["requests"]["sent"] > 0 and "+ LoRA lora-cand@" in entries["lora-cand"]["served"]
-    assert board["servers_started"] == ["judge", "lora-cand"]
+    assert board["servers_started"] == ["lora-cand"]  # the judges' server was up already
+    assert httpx.get(tiny_server["base_url"] + "/models").status_code == 200  # and still is
     assert list((cupid_home / "servers").glob("*.json")) == []  # every record removed by `down`
     assert vllm_processes_of(night_parts) == []
     board_md = (tmp_path / "nightly/2026-01-01/leaderboard.md").read_text()
-    assert "lora-cand" in board_md and "broken-cand" in board_md and "servers started: judge, lora-cand" in board_md
+    assert "lora-cand" in board_md and "broken-cand" in board_md and "servers started: lora-cand" in board_md
 
-    again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora], cache), "2026-01-02")
+    again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora], cache, "sessionjudge"), "2026-01-02")
     assert again["requests"]["sent"] == 0 and again["requests"]["cached"] > 0
     assert again["servers_started"] == []  # every answer was in the cache: no server was needed
     assert {e["model"]: e["status"] for e in again["models"]} == {"judge": entries["judge"]["status"], "lora-cand": entries["lora-cand"]["status"]}

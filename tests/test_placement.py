@@ -4,11 +4,9 @@ are models (a Hub id, a directory, a LoRA adapter on a base) as the profiles and
 Nothing here starts a server."""
 
 import json
-import os
 import time
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from cupid import app
@@ -16,8 +14,8 @@ from eval.servers import bring, judge_profiles
 from serving.config import ConfigError
 from serving.engines import ServeError
 from serving.fleet import ServedModel, fingerprint
-from serving.placement import SHARED_CEILING, place
-from serving.profiles import Gpu, Profile
+from serving.placement import SHARED_CEILING
+from serving.profiles import Gpu
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -148,7 +146,7 @@ def test_bad_candidates_are_refused_with_the_field_named(tmp_path):
 def test_nightly_dry_run_prints_the_plan_for_eight_gpus_and_starts_nothing(tmp_path, cupid_home):
     result = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "8"])
     assert result.exit_code == 0, result.output
-    assert "plan on 8 x 80 GiB GPU" in result.output and "GPU 0, :8000, 0.25" in result.output
+    assert "plan on 8 x assumed GPU (80 GiB)" in result.output and "GPU 0, :8000, 0.25" in result.output
     assert "on GPU 2, :8101, 0.9" in result.output
     assert not (cupid_home / "servers").exists() or not list((cupid_home / "servers").glob("*.json"))
     refused = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "0"])

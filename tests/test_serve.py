@@ -71,7 +71,7 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     assert record["alive"] and record["healthy"] and record["base_url"] == tiny_server["base_url"]
     assert record["engine"] == "vllm" and record["device"] == "cpu" and record["served_name"] == TINY_NAME
     assert record["command"][:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    assert "--enforce-eager" in record["command"] and record["env"] == {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    assert "--enforce-eager" in record["command"] and record["env"] == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120"}
     assert record["tied_to"] == os.getpid()
     listed = httpx.get(tiny_server["base_url"] + "/models").json()
     assert [m["id"] for m in listed["data"]] == [TINY_NAME]

@@ -210,7 +210,7 @@ def test_check_serves_the_adapter_beside_its_base_from_one_vllm_cpu_server_and_l
     assert command[command.index("--max-lora-rank") + 1] == "64" and "--enable-lora" in command
     assert command[command.index("--lora-modules") + 1] == f"{names['adapter']}={adapter}"
     for server in (lora, merged):  # vLLM's CPU build, eager, bf16, a 1 GiB KV cache (tiny.yaml's agreement.serve)
-        assert (server["engine"], server["device"], server["env"]) == ("vllm", "cpu", {"VLLM_CPU_KVCACHE_SPACE": "1"})
+        assert (server["engine"], server["device"], server["env"]["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
         assert "--enforce-eager" in server["command"] and server["command"][server["command"].index("--dtype") + 1] == "bfloat16"
         # Tied to the process that ran the check (a killed `cupid train` takes them along), and stopped with
         # their whole process group (engine core, workers) before the check returned.
