@@ -170,6 +170,7 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
             server.stop()
     if server is not None and server.error is not None:  # every unit failed for this reason: say it once
         entry["error"] = f"server did not start: {failure_line(server.error)}"
+        entry["server_error"] = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
     records = list(RunDir(run_cfg.out).records().values())
     identity_file = Path(run_cfg.out) / "run.json"

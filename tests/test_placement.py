@@ -4,6 +4,7 @@ are models (a Hub id, a directory, a LoRA adapter on a base) as the profiles and
 Nothing here starts a server."""
 
 import json
+import os
 import time
 
 import pytest
@@ -151,3 +152,33 @@ def test_nightly_dry_run_prints_the_plan_for_eight_gpus_and_starts_nothing(tmp_p
     assert not (cupid_home / "servers").exists() or not list((cupid_home / "servers").glob("*.json"))
     refused = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "0"])
     assert refused.exit_code == 1 and "no GPU is visible" in refused.output
+
+
+def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
+    """What an 8-GPU night does with its slots, here with a stand-in for one candidate's run (the real run,
+    servers included, is exercised on CPU by test_night_servers.py, where there is one slot)."""
+    import threading
+
+    from rich.console import Console
+
+    from eval.nightly import _run_slots
+
+    running, overlap, order = set(), [], []
+    lock = threading.Lock()
+
+    def run(name, console):
+        with lock:
+            running.add(name)
+            overlap.append(len(running))
+        console.print(f"ran {name}")
+        time.sleep(0.3)
+        with lock:
+            running.discard(name)
+            order.append(name)
+        return {"model": name}
+
+    entries = _run_slots([["a1", "a2"], ["b1"]], run, tmp_path, Console(file=open(os.devnull, "w")))
+    assert sorted(e["model"] for e in entries) == ["a1", "a2", "b1"]
+    assert max(overlap) == 2  # two slots at once
+    assert order.index("a1") < order.index("a2")  # a slot's candidates in turn
+    assert "ran a1" in (tmp_path / "slot-1.log").read_text() and "ran b1" in (tmp_path / "slot-2.log").read_text()
