@@ -61,13 +61,23 @@ def constrained(build: Callable[[int], str], max_tokens: int | None, default: in
     return fields
 
 
+# Escapes only what is special to a regex: `re.escape` also escapes `#`, spaces, `-`, `&` and `~`, which xgrammar's
+# regex reader does not know as escapes and warns about on every request (it then matches them as themselves).
+_SPECIAL = re.compile(r"([\\.^$*+?{}\[\]|()])")
+_CLASS_SPECIAL = re.compile(r"([\\\]^-])")
+_CONTROL = {"\n": r"\n", "\t": r"\t", "\r": r"\r"}
+
+
 def lit(text: str) -> str:
-    return re.escape(text)
+    """A literal text as a pattern."""
+    escaped = _SPECIAL.sub(r"\\\1", text)
+    return "".join(_CONTROL.get(c, c) for c in escaped)
 
 
 def free(max_chars: int, forbid: str = "#") -> str:
     """Prose of 1..max_chars characters; `forbid` holds characters that would start the next part."""
-    return f"[^{re.escape(forbid)}]{{1,{max(1, max_chars)}}}"
+    body = "".join(_CONTROL.get(c, c) for c in _CLASS_SPECIAL.sub(r"\\\1", forbid))
+    return f"[^{body}]{{1,{max(1, max_chars)}}}"
 
 
 PLAIN = r"\n#*`"  # (a character class's body) not in prose: a line break (one paragraph), headings, emphasis, code
