@@ -33,7 +33,8 @@ from eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
 from matcher.scores import MatchCounts
 from serving.config import ConfigError, describe, load_model
 from serving.engines import ServeError
-from serving.fleet import ServedModel, failure_line
+from serving.fleet import ServedModel
+from serving.lifecycle import failure_line
 from serving.profiles import Gpu
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
@@ -156,7 +157,7 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
     entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
     server = brought.candidate_servers.get(name)
     if server is not None:
-        entry["served"] = next(p.line() for p in brought.placement.candidates() if p.profile.name == name)
+        entry["served"] = server.placed.line()
     try:
         summary = run_eval(run_cfg, console=console, brought=brought)
     except Exception as e:  # one model's broken setup must not cost the others their night
@@ -191,9 +192,9 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
 def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[dict[str, Any]]:
     """Slots side by side, each in its own thread with its console in `<night>/<slot>.log`; a slot's
     candidates one after another. Daemon threads, joined in short waits: Ctrl-C still reaches this thread."""
-    entries: list[dict[str, Any]] = []
     if len(slots) <= 1:
         return [run(name, console) for slot in slots for name in slot]
+    entries: list[dict[str, Any]] = []
 
     def work(number: int, names: list[str]) -> None:
         night_dir.mkdir(parents=True, exist_ok=True)

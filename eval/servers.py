@@ -29,7 +29,11 @@ class Brought:
     judges: list[Server] = field(default_factory=list)
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     candidate_servers: dict[str, Server] = field(default_factory=dict)
-    slots: list[list[str]] = field(default_factory=list)  # candidate names per slot, in their order
+
+    @property
+    def slots(self) -> list[list[str]]:
+        """Candidate names per slot, in their order."""
+        return [[placed.profile.name for placed in slot] for slot in self.placement.slots]
 
 
 def servers_for(brought: Brought, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server]:
@@ -81,5 +85,4 @@ def bring(
             served = by_name[placed.profile.name]
             brought.candidate_servers[served.name] = fleet.add(placed)
             brought.endpoints[served.name] = served.to_endpoint(placed.profile)
-        brought.slots.append([placed.profile.name for placed in slot])
     return brought

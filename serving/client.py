@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from serving.cache import Cache, Cached
 from serving.endpoints import Endpoint
-from serving.fleet import failure_line
+from serving.lifecycle import failure_line
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 

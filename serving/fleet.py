@@ -80,15 +80,9 @@ class ServedModel(BaseModel):
 
 
 def endpoint_for(profile: Profile, model: str | None = None, **fields: Any) -> Endpoint:
-    """How a run talks to a server it starts from a profile: as `cupid serve up`'s live endpoints do."""
-    defaults = {
-        "base_url": f"http://{profile.host}:{profile.port}/v1",
-        "model": model or profile.served,
-        "api_key_env": profile.api_key_env,
-        "max_concurrency": lifecycle.LIVE_CONCURRENCY.get(profile.engine, 16),
-        "structured_output": profile.engine == "vllm",  # vLLM enforces answer formats
-    }
-    return validate(Endpoint, {**defaults, **fields}, f"'{profile.name}': endpoint")
+    """How a run talks to a server it starts from a profile: as to the same server started by `cupid serve up`."""
+    defaults = lifecycle.endpoint_fields(profile.spec().base_url, profile.engine, profile.api_key_env)
+    return validate(Endpoint, {**defaults, "model": model or profile.served, **fields}, f"'{profile.name}': endpoint")
 
 
 def _rank_for(adapter: str) -> int:
@@ -122,10 +116,11 @@ class Server:
 
     def __init__(self, placed: Placed, say: Callable[[str], None] | None = None):
         self.say = say or (lambda message: None)
+        self.placed = placed
         self.profile = placed.profile
         spec = placed.profile.spec()
         self.spec = spec.model_copy(update={"env": {**spec.env, **placed.env}})
-        self.record: dict[str, Any] | None = None
+        self.up = False  # answering, whoever started it
         self.error: ServeError | None = None
         self.owned = False  # started by this fleet (and so stopped by it)
         self.started = False  # it ever was: a night reports what it had to start
@@ -145,30 +140,23 @@ class Server:
         with self._lock:
             if self.error:
                 raise self.error
-            if self.record:
+            if self.up:
                 return
-            existing = lifecycle.find(self.name)
-            if existing and lifecycle.alive(existing["pid"]) and lifecycle.healthy(existing["base_url"]):
-                if existing["base_url"] != self.base_url:
-                    self.error = ServeError(f"'{self.name}' runs at {existing['base_url']}, not {self.base_url}: stop it first")
-                    raise self.error
-                self.record = existing
-                return
-            if lifecycle.ready(self.spec, get_engine(self.spec.engine)):  # started by hand or elsewhere, same model
+            if lifecycle.ready(self.spec, get_engine(self.spec.engine)):  # `cupid serve up`, by hand or elsewhere
                 self.say(f"using the server that already answers as {self.spec.name} at {self.base_url}")
-                self.record = {"name": self.name, "base_url": self.base_url}
+                self.up = True
                 return
             self.say(f"starting {self.name} ({self.spec.model}) on :{self.spec.port}; log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}")
             began = time.monotonic()
             self.starting = True
             try:
                 self.profile.check_local_files(f"'{self.name}'")
-                self.record = lifecycle.up(self.spec, tied=True, cancel=self._cancel)
-                self.owned = self.started = True
+                lifecycle.up(self.spec, tied=True, cancel=self._cancel)
+                self.up = self.owned = self.started = True
             except ServeError as e:
                 self.error = e
                 if not self._cancel.is_set():
-                    self.say(f"{self.name} did not start: {failure_line(e)}")
+                    self.say(f"{self.name} did not start: {lifecycle.failure_line(e)}")
                 raise
             finally:
                 self.starting = False
@@ -206,7 +194,7 @@ class Server:
             stopped = self.owned or was_starting
             if self.owned:
                 lifecycle.down(self.name)
-            self.record, self.owned = None, False
+            self.up = self.owned = False
             self._cancel.clear()
         if stopped:
             self.say(f"stopped {self.name}")
@@ -241,8 +229,3 @@ def _address(url: str) -> tuple[str, int | None]:
     host = parts.hostname or ""
     return ("127.0.0.1" if host in ("localhost", "0.0.0.0") else host, parts.port)
 
-
-def failure_line(error: BaseException) -> str:
-    """A start failure in one line (what happened, root cause, likely cause), for tables and records."""
-    text = str(error).split("\n--- last lines of", 1)[0]
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())

@@ -284,6 +284,13 @@ def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
     return ServeError(f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{tail(log_path)}")
 
 
+def failure_line(error: BaseException) -> str:
+    """A start failure in one line (what happened, root cause, likely cause: the message `_startup_failure`
+    writes, without the log's last lines), for tables and records."""
+    text = str(error).split("\n--- last lines of", 1)[0]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def _group_alive(pgid: int) -> bool:
     """Any process of a server's group still running (vLLM's engine processes outlive its API server by a moment)."""
     if alive(pgid):  # also reaps the leader if it is our own zombie
@@ -335,6 +342,16 @@ def status() -> list[dict[str, Any]]:
 LIVE_CONCURRENCY = {"vllm": 256, "transformers": 16}
 
 
+def endpoint_fields(base_url: str, engine: str, api_key_env: str | None) -> dict[str, Any]:
+    """How a client talks to a server this project starts: a running one (`live_endpoints`) or one a run brings."""
+    return {
+        "base_url": base_url,
+        "api_key_env": api_key_env,
+        "max_concurrency": LIVE_CONCURRENCY.get(engine, 16),
+        "structured_output": engine == "vllm",  # vLLM enforces answer formats; transformers ignores them
+    }
+
+
 def live_endpoints() -> dict[str, Endpoint]:
     """Endpoints for the servers answering now, by server name (a profile's name), by served name and by
     each LoRA adapter it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
@@ -342,12 +359,7 @@ def live_endpoints() -> dict[str, Endpoint]:
     for record in status():
         if not record["healthy"] or record.get("headless"):  # a headless node's engines answer through its head
             continue
-        common = {
-            "base_url": record["base_url"],
-            "api_key_env": record.get("api_key_env"),
-            "max_concurrency": LIVE_CONCURRENCY.get(record["engine"], 16),
-            "structured_output": record["engine"] == "vllm",  # vLLM enforces answer formats; transformers ignores them
-        }
+        common = endpoint_fields(record["base_url"], record["engine"], record.get("api_key_env"))
         served = record.get("served_models") or [record.get("served_name", record["name"])]
         out[record["name"]] = Endpoint(model=served[0], **common)
         for name in served:  # the served name answers too, and each adapter as itself

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from serving.engines import ServeError
 from serving.profiles import Gpu, Plan, Profile
 
 # What the servers sharing a GPU may take together: vLLM's fractions are of the whole GPU, and the CUDA
@@ -69,8 +70,6 @@ class Placement:
         return out
 
     def check(self) -> None:
-        from serving.engines import ServeError
-
         if self.problems:
             raise ServeError("refusing this plan:\n  " + "\n  ".join(self.problems))
 
