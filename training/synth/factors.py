@@ -16,7 +16,7 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from matcher import prompts, schemas
-from training.synth.ask import Asker, Shape
+from training.synth.ask import Asker
 from training.synth.parse import (
     STOPWORDS,
     YES_NO_STARTS,
