@@ -32,14 +32,14 @@ from typing import Any
 
 import httpx
 
-from eval.runner import RunConfig, RunDir, run
-from serving import lifecycle, profiles, tiny_model
-from serving.client import ChatRequest, Client
-from serving.config import read_yaml
-from serving.endpoints import Endpoint, load_endpoints
-from serving.engines import ServeError, ServeSpec
-from serving.instant import free_port
-from serving.instant import start as start_instant
+from cupid.eval.runner import RunConfig, RunDir, run
+from cupid.serving import lifecycle, profiles, tiny_model
+from cupid.serving.client import ChatRequest, Client
+from cupid.serving.config import read_yaml
+from cupid.serving.endpoints import Endpoint, load_endpoints
+from cupid.serving.engines import ServeError, ServeSpec
+from cupid.serving.instant import free_port
+from cupid.serving.instant import start as start_instant
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_SIZE = 12

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from matcher import parse
-from serving.client import Client, RequestFailed
+from cupid.matcher import parse
+from cupid.serving.client import Client, RequestFailed
 
 
 @dataclass(frozen=True)

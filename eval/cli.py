@@ -9,10 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval import data as cupid_data
-from eval.runner import RunConfig, run as run_eval
-from eval.summary import tables
-from serving.config import ConfigError, read_yaml, validate
+from cupid.eval import data as cupid_data
+from cupid.eval.runner import RunConfig, run as run_eval
+from cupid.eval.summary import tables
+from cupid.serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
 console = Console(width=max(120, shutil.get_terminal_size().columns))  # the table stays readable in logs

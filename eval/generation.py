@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eval.chain import ask, constraint, parsed
-from eval.data import Instance
-from matcher import parse, prompts, schemas
-from serving.client import Client
+from cupid.eval.chain import ask, constraint, parsed
+from cupid.eval.data import Instance
+from cupid.matcher import parse, prompts, schemas
+from cupid.serving.client import Client
 
 TASK = "generation"
 

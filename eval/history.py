@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from eval.chain import StageFailed, ask, constraint, parsed
-from eval.data import Instance
-from matcher import parse, prompts, schemas
-from serving.client import Client
+from cupid.eval.chain import StageFailed, ask, constraint, parsed
+from cupid.eval.data import Instance
+from cupid.matcher import parse, prompts, schemas
+from cupid.serving.client import Client
 
 SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
 GENERATION_ONLY = {"oracle-preference"}

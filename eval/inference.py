@@ -8,12 +8,12 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from eval.chain import ask, constraint, parsed
-from eval.data import Instance
-from matcher import parse, prompts, schemas
-from matcher.prompts import MatcherDialect
-from matcher.scores import MatchCounts
-from serving.client import Client
+from cupid.eval.chain import ask, constraint, parsed
+from cupid.eval.data import Instance
+from cupid.matcher import parse, prompts, schemas
+from cupid.matcher.prompts import MatcherDialect
+from cupid.matcher.scores import MatchCounts
+from cupid.serving.client import Client
 
 TASK = "inference"
 

@@ -25,9 +25,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval.runner import RunDir
-from matcher.scores import MatchCounts, macro, micro
-from serving.config import ConfigError
+from cupid.eval.runner import RunDir
+from cupid.matcher.scores import MatchCounts, macro, micro
+from cupid.serving.config import ConfigError
 
 LABELS = ("Yes", "Partial", "No")
 LABEL_VALUE = {"Yes": 1.0, "Partial": 0.5, "No": 0.0}

@@ -25,17 +25,17 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
-from eval.meta import scoring_of
-from eval.runner import RunConfig, RunDir
-from eval.servers import Brought, bring
-from eval.runner import run as run_eval
-from eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
-from matcher.scores import MatchCounts
-from serving.config import ConfigError, describe, load_model
-from serving.engines import ServeError
-from serving.fleet import ServedModel
-from serving.lifecycle import failure_line
-from serving.profiles import Gpu
+from cupid.eval.meta import scoring_of
+from cupid.eval.runner import RunConfig, RunDir
+from cupid.eval.servers import Brought, bring
+from cupid.eval.runner import run as run_eval
+from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
+from cupid.matcher.scores import MatchCounts
+from cupid.serving.config import ConfigError, describe, load_model
+from cupid.serving.engines import ServeError
+from cupid.serving.fleet import ServedModel
+from cupid.serving.lifecycle import failure_line
+from cupid.serving.profiles import Gpu
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -270,7 +270,7 @@ def run_nightly(
     for name in ("leaderboard.json", "leaderboard.md"):
         shutil.copyfile(night_dir / name, root / name)  # the latest night, at a fixed path
     if cfg.report:
-        from eval.report import build
+        from cupid.eval.report import build
 
         ran = [c.out for c in configs.values() if (Path(c.out) / "instances.jsonl").exists()]
         if ran:

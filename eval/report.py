@@ -20,12 +20,12 @@ from typing import Any, Callable, Iterable
 
 import typer
 
-from eval.data import INSTANCE_TYPES
-from eval.meta import scoring_of
-from eval.runner import RunDir
-from eval.stats import Interval, mean_interval, prf_intervals
-from matcher.scores import MatchCounts
-from serving.config import ConfigError
+from cupid.eval.data import INSTANCE_TYPES
+from cupid.eval.meta import scoring_of
+from cupid.eval.runner import RunDir
+from cupid.eval.stats import Interval, mean_interval, prf_intervals
+from cupid.matcher.scores import MatchCounts
+from cupid.serving.config import ConfigError
 
 SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
 FIGURE_SETTING = "standard"
@@ -165,7 +165,7 @@ def _pearson(x: list[float], y: list[float]) -> str:
 
 def _relevant_from_data(source: str) -> dict[str, list[int]]:
     """key -> relevant session positions, for records written before `relevant_sessions` existed."""
-    from eval import data as cupid_data
+    from cupid.eval import data as cupid_data
 
     return {
         i.key: [n for n, s in enumerate(i.prior_interactions) if s.contextual_preference == i.current_contextual_preference]
@@ -392,7 +392,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
     import jinja2
 
-    from eval.stats import N_RESAMPLES
+    from cupid.eval.stats import N_RESAMPLES
 
     runs = [load_run(p) for p in run_dirs]
     if not runs:

@@ -15,22 +15,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from eval import data as cupid_data
-from eval.chain import Roles
-from eval.generation import GenerationScorer
-from eval.history import GENERATION_ONLY, History
-from eval.servers import Brought, bring, servers_for
-from eval.inference import InferenceScorer
-from eval.summary import markdown, summarize
-from eval.tasks import Task, candidate_constrained
-from matcher import prompts
-from serving.cache import Cache
-from serving.client import Client
-from serving.config import ConfigError
-from serving.endpoints import Endpoint, load_endpoints, missing_keys, require
-from serving.fleet import ServedModel
-from serving.lifecycle import live_endpoints, state_dir
-from serving.offline import open_client
+from cupid.eval import data as cupid_data
+from cupid.eval.chain import Roles
+from cupid.eval.generation import GenerationScorer
+from cupid.eval.history import GENERATION_ONLY, History
+from cupid.eval.servers import Brought, bring, servers_for
+from cupid.eval.inference import InferenceScorer
+from cupid.eval.summary import markdown, summarize
+from cupid.eval.tasks import Task, candidate_constrained
+from cupid.matcher import prompts
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint, load_endpoints, missing_keys, require
+from cupid.serving.fleet import ServedModel
+from cupid.serving.lifecycle import live_endpoints, state_dir
+from cupid.serving.offline import open_client
 
 TaskName = Literal["inference", "generation"]
 Setting = Literal["standard", "oracle", "oracle-preference", "summary"]

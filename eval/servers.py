@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving import profiles
-from serving.config import ConfigError, validate
-from serving.endpoints import Endpoint
-from serving.fleet import Fleet, ServedModel, Server, by_address, endpoint_for
-from serving.placement import Placement, place
-from serving.profiles import Gpu, Profile
+from cupid.serving import profiles
+from cupid.serving.config import ConfigError, validate
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.fleet import Fleet, ServedModel, Server, by_address, endpoint_for
+from cupid.serving.placement import Placement, place
+from cupid.serving.profiles import Gpu, Profile
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from matcher.scores import MatchCounts, macro, micro
+from cupid.matcher.scores import MatchCounts, macro, micro
 
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95

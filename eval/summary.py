@@ -10,8 +10,8 @@ from collections import Counter
 from statistics import fmean
 from typing import Any, Iterable, NamedTuple
 
-from eval.data import INSTANCE_TYPES
-from matcher.scores import MatchCounts, PRF, macro, micro
+from cupid.eval.data import INSTANCE_TYPES
+from cupid.matcher.scores import MatchCounts, PRF, macro, micro
 
 GROUPS = ("all", *INSTANCE_TYPES)
 

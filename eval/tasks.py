@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from eval import generation, inference
-from eval.chain import StageFailed
-from eval.data import Instance
-from eval.history import History, relevant_sessions
-from matcher import schemas
-from serving.client import ChatRequest, Client, RequestFailed
-from serving.endpoints import Endpoint
+from cupid.eval import generation, inference
+from cupid.eval.chain import StageFailed
+from cupid.eval.data import Instance
+from cupid.eval.history import History, relevant_sessions
+from cupid.matcher import schemas
+from cupid.serving.client import ChatRequest, Client, RequestFailed
+from cupid.serving.endpoints import Endpoint
 
 TASKS = ("inference", "generation")
 CANDIDATE_STAGE = {"inference": "infer", "generation": "generate"}

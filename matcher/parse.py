@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from matcher.prompts import LABELS
+from cupid.matcher.prompts import LABELS
 
 MAX_CHECKLIST_ITEMS = 4
 PREFERENCE_HEADER = "### Most Likely Preference"

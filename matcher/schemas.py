@@ -31,8 +31,8 @@ import re
 import re._parser as sre  # the stdlib's regex parser: the longest match of a pattern
 from typing import Any, Callable, Sequence
 
-from matcher.parse import MAX_CHECKLIST_ITEMS, PREFERENCE_HEADER, SCORE_HEADER
-from matcher.prompts import LABELS, MatcherDialect
+from cupid.matcher.parse import MAX_CHECKLIST_ITEMS, PREFERENCE_HEADER, SCORE_HEADER
+from cupid.matcher.prompts import LABELS, MatcherDialect
 
 WS = r"[ \t\n]{0,12}"  # JSON whitespace, bounded: indentation of the nested forms the prompts show
 BREAK = r"\n{1,2}"

@@ -25,12 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from matcher import parse, prompts, schemas  # noqa: E402
-from serving import lifecycle, profiles  # noqa: E402
-from serving.client import Client, RequestFailed  # noqa: E402
-from serving.config import ConfigError  # noqa: E402
-from serving.endpoints import Endpoint  # noqa: E402
-from serving.engines import ServeError, get_engine  # noqa: E402
+from cupid.matcher import parse, prompts, schemas  # noqa: E402
+from cupid.serving import lifecycle, profiles  # noqa: E402
+from cupid.serving.client import Client, RequestFailed  # noqa: E402
+from cupid.serving.config import ConfigError  # noqa: E402
+from cupid.serving.endpoints import Endpoint  # noqa: E402
+from cupid.serving.engines import ServeError, get_engine  # noqa: E402
 
 
 def examples() -> list[dict]:

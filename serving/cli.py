@@ -9,10 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from serving import lifecycle, profiles, tiny_model
-from serving.config import ConfigError, validate
-from serving.engines import ServeError, get_engine, vllm_build
-from serving.profiles import Plan, Profile
+from cupid.serving import lifecycle, profiles, tiny_model
+from cupid.serving.config import ConfigError, validate
+from cupid.serving.engines import ServeError, get_engine, vllm_build
+from cupid.serving.profiles import Plan, Profile
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from serving.cache import Cache, Cached
-from serving.endpoints import Endpoint
-from serving.lifecycle import failure_line
+from cupid.serving.cache import Cache, Cached
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.lifecycle import failure_line
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 

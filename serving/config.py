@@ -10,6 +10,10 @@ from pydantic import BaseModel, ValidationError
 
 T = TypeVar("T", bound=BaseModel)
 
+# The shipped defaults (`configs/...`): beside the subpackages in an installed `cupid` (serving/ is cupid/serving/),
+# at the top of a checkout (serving/ is <repo>/serving/). Either way, one level above this file.
+SHIPPED = Path(__file__).resolve().parents[1]
+
 
 class ConfigError(ValueError):
     pass
@@ -23,8 +27,18 @@ def describe(error: ValidationError, where: str) -> str:
     return "\n".join(lines)
 
 
-def read_yaml(path: str | Path) -> Any:
+def locate(path: str | Path) -> Path:
+    """A config path as the user gave it when it exists (a file in the working directory overrides the shipped
+    one), else the shipped default of that relative name (`configs/serve/tiny.yaml` works from any directory);
+    else as given, so that the error names what the user wrote."""
     path = Path(path)
+    if path.exists() or path.is_absolute() or not (SHIPPED / path).exists():
+        return path
+    return SHIPPED / path
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = locate(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:

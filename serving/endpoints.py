@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from serving.config import ConfigError, read_yaml, validate
+from cupid.serving.config import ConfigError, read_yaml, validate
 
 
 class Endpoint(BaseModel):

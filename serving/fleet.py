@@ -20,12 +20,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving import lifecycle, profiles
-from serving.config import ConfigError, validate
-from serving.endpoints import Endpoint
-from serving.engines import ServeError, get_engine
-from serving.placement import Placed
-from serving.profiles import LORA_RANKS, Profile
+from cupid.serving import lifecycle, profiles
+from cupid.serving.config import ConfigError, validate
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.placement import Placed
+from cupid.serving.profiles import LORA_RANKS, Profile
 
 
 class ServedModel(BaseModel):

@@ -5,7 +5,7 @@ repeatable answers for checking the scoring path over real HTTP (retries, resume
 Answers depend only on the request: the inference prompt gets a fixed preference, the decomposer
 splits a preference into yes/no questions, the matcher labels items by word overlap.
 
-    python -m serving.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
+    python -m cupid.serving.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from matcher import prompts
+from cupid.matcher import prompts
 
 PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
 _WORD = re.compile(r"[a-z]+")
@@ -132,7 +132,7 @@ def start(*args: str) -> tuple[subprocess.Popen, str]:
     """Run this server in a child process on a free port; return it and its base URL once it answers."""
     port = free_port()
     root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-m", "serving.instant", "--port", str(port), *args], cwd=root)
+    proc = subprocess.Popen([sys.executable, "-m", "cupid.serving.instant", "--port", str(port), *args], cwd=root)
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:

@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from serving.endpoints import Endpoint
-from serving.engines import Engine, ServeError, ServeSpec, get_engine
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.engines import Engine, ServeError, ServeSpec, get_engine
 
 # First match wins: the specific vLLM messages come before the generic ones they contain.
 LIKELY_CAUSES = [

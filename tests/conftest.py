@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving import lifecycle, profiles, tiny_model
-from serving.instant import free_port
-from serving.instant import start as start_instant
+from cupid.serving import lifecycle, profiles, tiny_model
+from cupid.serving.instant import free_port
+from cupid.serving.instant import start as start_instant
 
 REPO = Path(__file__).resolve().parents[1]
 lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from matcher.scores import MatchCounts
+from cupid.matcher.scores import MatchCounts
 
 LONG = {"Y": "Fully Covered", "P": "Partially Covered", "N": "Not Covered"}
 

@@ -1,7 +1,7 @@
 import sqlite3
 
-from serving.cache import Cache, Cached
-from serving.client import ChatRequest
+from cupid.serving.cache import Cache, Cached
+from cupid.serving.client import ChatRequest
 
 
 def test_roundtrip_persists_in_wal_mode(tmp_path):

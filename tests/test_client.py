@@ -2,9 +2,9 @@ import asyncio
 
 import pytest
 
-from serving.cache import Cache
-from serving.client import Client, RequestFailed, _classify
-from serving.endpoints import Endpoint
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client, RequestFailed, _classify
+from cupid.serving.endpoints import Endpoint
 
 HELLO = [{"role": "user", "content": "hello"}]
 

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.runner import RunConfig
-from serving.config import read_yaml, validate
-from serving.endpoints import load_endpoints
+from cupid.eval.runner import RunConfig
+from cupid.serving.config import read_yaml, validate
+from cupid.serving.endpoints import load_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,10 @@ import subprocess
 
 import pytest
 
-from eval.runner import RunConfig, run
-from eval.summary import inference_block
-from matcher.scores import MatchCounts, macro, micro
-from serving.config import ConfigError
+from cupid.eval.runner import RunConfig, run
+from cupid.eval.summary import inference_block
+from cupid.matcher.scores import MatchCounts, macro, micro
+from cupid.serving.config import ConfigError
 from tests.conftest import REPO, write_endpoints
 
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from eval.nightly import run_nightly
-from serving.instant import free_port
+from cupid.eval.nightly import run_nightly
+from cupid.serving.instant import free_port
 from tests.conftest import REPO, write_endpoints
 
 TINY = "smollm2-135m-instruct"

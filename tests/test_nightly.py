@@ -7,10 +7,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cupid import app
-from eval.nightly import run_nightly
-from serving.config import ConfigError
-from serving.instant import start as start_instant
+from cupid.cli import app
+from cupid.eval.nightly import run_nightly
+from cupid.serving.config import ConfigError
+from cupid.serving.instant import start as start_instant
 from tests.conftest import REPO, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0

@@ -1,7 +1,7 @@
 import pytest
 
-from matcher import parse
-from matcher.parse import ParseError
+from cupid.matcher import parse
+from cupid.matcher.parse import ParseError
 
 ITEMS = ["Is the tone stern?", "Is the tone direct?", "Are deadlines stated?"]
 

@@ -10,13 +10,13 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from cupid import app
-from eval.servers import bring, judge_profiles
-from serving.config import ConfigError
-from serving.engines import ServeError
-from serving.fleet import ServedModel, fingerprint
-from serving.placement import SHARED_CEILING
-from serving.profiles import Gpu
+from cupid.cli import app
+from cupid.eval.servers import bring, judge_profiles
+from cupid.serving.config import ConfigError
+from cupid.serving.engines import ServeError
+from cupid.serving.fleet import ServedModel, fingerprint
+from cupid.serving.placement import SHARED_CEILING
+from cupid.serving.profiles import Gpu
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -161,7 +161,7 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
 
     from rich.console import Console
 
-    from eval.nightly import _run_slots
+    from cupid.eval.nightly import _run_slots
 
     running, overlap, order = set(), [], []
     lock = threading.Lock()

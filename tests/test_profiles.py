@@ -12,11 +12,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cupid import app
-from serving import profiles
-from serving.config import ConfigError
-from serving.engines import ServeError, get_engine
-from serving.profiles import Gpu, Plan, Profile
+from cupid.cli import app
+from cupid.serving import profiles
+from cupid.serving.config import ConfigError
+from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.profiles import Gpu, Plan, Profile
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -350,9 +350,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
 
 def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
-    from serving import lifecycle
-    from serving.engines import Engine, ServeSpec
-    from serving.instant import free_port
+    from cupid.serving import lifecycle
+    from cupid.serving.engines import Engine, ServeSpec
+    from cupid.serving.instant import free_port
 
     class Sleeper(Engine):
         name = "sleeper"

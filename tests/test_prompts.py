@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from matcher import prompts
+from cupid.matcher import prompts
 
 SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "prompts.md"
 

@@ -9,9 +9,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from cupid import app
-from eval.report import build
-from eval.runner import RunConfig, run
+from cupid.cli import app
+from cupid.eval.report import build
+from cupid.eval.runner import RunConfig, run
 from tests.conftest import write_endpoints
 from tests.run_records import generation, inference, scoring, write_run
 

@@ -19,14 +19,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cupid import app
-from matcher import schemas
-from serving import lifecycle, offline
-from serving.cache import Cache
-from serving.client import Client, RequestFailed
-from serving.config import ConfigError
-from serving.endpoints import Endpoint
-from serving.engines import ServeError, ServeSpec
+from cupid.cli import app
+from cupid.matcher import schemas
+from cupid.serving import lifecycle, offline
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.engines import ServeError, ServeSpec
 from tests.conftest import REPO, TINY_NAME, free_port
 
 runner = CliRunner()
@@ -197,7 +197,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
 
 STARTS_A_TIED_SERVER = """
 import sys
-from serving import lifecycle, profiles
+from cupid.serving import lifecycle, profiles
 lifecycle.up(profiles.load(sys.argv[1]).spec(), tied=True)
 """
 
@@ -243,7 +243,7 @@ def test_likely_causes():
 
 
 def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
-    from serving import engines
+    from cupid.serving import engines
 
     engine = engines.get_engine("vllm")
     spec = ServeSpec(engine="vllm", model="kixlab/prefmatcher-7b", name="kixlab/prefmatcher-7b", port=8000)

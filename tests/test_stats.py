@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
-from eval.stats import mean_interval, prf_intervals
-from matcher.scores import MatchCounts, macro, micro
+from cupid.eval.stats import mean_interval, prf_intervals
+from cupid.matcher.scores import MatchCounts, macro, micro
 
 PERFECT = MatchCounts(2.0, 2, 3.0, 3)  # P = R = F1 = 1
 MISSED = MatchCounts(0.0, 2, 0.0, 3)  # P = R = F1 = 0

@@ -8,15 +8,15 @@ import re
 
 import pytest
 
-from eval import data as cupid_data
-from eval.chain import constraint
-from eval.runner import RunConfig, run
-from matcher import parse, prompts, schemas
-from serving.client import Client
-from serving.config import ConfigError
-from serving.endpoints import Endpoint, load_endpoints
+from cupid.eval import data as cupid_data
+from cupid.eval.chain import constraint
+from cupid.eval.runner import RunConfig, run
+from cupid.matcher import parse, prompts, schemas
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint, load_endpoints
 from tests.conftest import REPO, write_endpoints
-from training.matchdata import completion_text
+from cupid.training.matchdata import completion_text
 
 ITEMS = ["Is the plan short?", 'Does it say "hi"?', "Is the tone polite, même en français?"]
 

@@ -20,24 +20,24 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from typer.testing import CliRunner
 
-from cupid import app
-from eval import data as cupid_data
-from matcher import prompts, schemas
-from serving.cache import Cache
-from serving.client import Client
-from serving.endpoints import load_endpoints
-from serving.instant import free_port
+from cupid.cli import app
+from cupid.eval import data as cupid_data
+from cupid.matcher import prompts, schemas
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.endpoints import load_endpoints
+from cupid.serving.instant import free_port
 from tests.conftest import write_endpoints
-from training.synth import parse, tables
-from training.synth.ask import Asker, StepFailed
-from training.synth.config import MaxTokens, SynthConfig
-from training.synth.dialogue import Message, Turn, judge_shape, message_shape, pick_unmet, reply_shape, score
-from training.synth.factors import PAIR, Factor, changed_shape, checklist_shape, factor_shape, read_checklist
-from training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
-from training.synth.personas import read_description, template
-from training.synth.personas import shape as persona_shape
-from training.synth.pipeline import RunDir, persona_id, run
-from training.synth.sessions import FINAL, layout, request_shape
+from cupid.training.synth import parse, tables
+from cupid.training.synth.ask import Asker, StepFailed
+from cupid.training.synth.config import MaxTokens, SynthConfig
+from cupid.training.synth.dialogue import Message, Turn, judge_shape, message_shape, pick_unmet, reply_shape, score
+from cupid.training.synth.factors import PAIR, Factor, changed_shape, checklist_shape, factor_shape, read_checklist
+from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
+from cupid.training.synth.personas import read_description, template
+from cupid.training.synth.personas import shape as persona_shape
+from cupid.training.synth.pipeline import RunDir, persona_id, run
+from cupid.training.synth.sessions import FINAL, layout, request_shape
 
 REPO = Path(__file__).resolve().parents[1]
 ATTRS = tables.attributes()
@@ -272,7 +272,7 @@ def test_factor_shape_admits_the_prompt_examples_and_nothing_around_them():
 
 def test_content_rules_stay_checks_inside_the_shape():
     """Answers the factor shape admits that no later step could use are refused, with a reason for the retry."""
-    from training.synth.factors import Slot, _read_factor
+    from cupid.training.synth.factors import Slot, _read_factor
 
     cfg = SynthConfig(generator="t", user_simulator="t", assistant_simulator="t")
     slot = Slot(factor_type="Location/Place", preference_type="Clarity", task_types=["Planning", "Learning"])

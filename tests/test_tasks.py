@@ -6,12 +6,12 @@ import sqlite3
 
 import pytest
 
-from eval import data as cupid_data
-from eval.history import relevant_sessions
-from eval.runner import RunConfig, run
-from matcher import prompts
-from serving.config import ConfigError
-from serving.instant import start as start_instant
+from cupid.eval import data as cupid_data
+from cupid.eval.history import relevant_sessions
+from cupid.eval.runner import RunConfig, run
+from cupid.matcher import prompts
+from cupid.serving.config import ConfigError
+from cupid.serving.instant import start as start_instant
 from tests.conftest import TINY_NAME, write_endpoints
 
 SETTINGS = ["standard", "oracle", "oracle-preference", "summary"]

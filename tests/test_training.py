@@ -24,19 +24,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cupid
+from cupid.cli import app as cupid_app
 from rich.console import Console
 from typer.testing import CliRunner
 
-from eval.data import DataError
-from matcher import parse, prompts
-from serving import lifecycle
-from serving.config import ConfigError
-from serving.engines import ServeError
-from serving.instant import free_port
+from cupid.eval.data import DataError
+from cupid.matcher import parse, prompts
+from cupid.serving import lifecycle
+from cupid.serving.config import ConfigError
+from cupid.serving.engines import ServeError
+from cupid.serving.instant import free_port
 from tests.conftest import REPO, write_endpoints
-from training import agreement, config, export, matchdata, pipeline, sft
-from training.matchdata import SynthesisError
+from cupid.training import agreement, config, export, matchdata, pipeline, sft
+from cupid.training.matchdata import SynthesisError
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
 
@@ -294,7 +294,7 @@ def test_config_with_an_unknown_key_names_file_and_field(tmp_path):
     with pytest.raises(ConfigError) as e:
         config.load(path)
     assert str(path) in str(e.value) and "sft.learning_rte" in str(e.value)
-    result = CliRunner().invoke(cupid.app, ["train", "run", "-c", str(path)])
+    result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path)])
     assert result.exit_code == 2 and "sft.learning_rte" in result.output
 
 
@@ -339,7 +339,7 @@ def test_missing_base_model_directory_fails_before_loading_anything(tmp_path):
     cfg = config.load(path)
     with pytest.raises(ConfigError, match=r"base_model: directory .*no-such-model does not exist"):
         sft.train(cfg)
-    result = CliRunner().invoke(cupid.app, ["train", "sft", "-c", str(path)])
+    result = CliRunner().invoke(cupid_app, ["train", "sft", "-c", str(path)])
     assert result.exit_code == 2 and "no-such-model does not exist" in result.output
 
 
@@ -394,10 +394,10 @@ def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
     shutil.copy(REPO / "eval" / "sample" / "cupid_sample.jsonl", local / "test.jsonl")
     monkeypatch.chdir(tmp_path)
     path = _write_config(tmp_path / "c.yaml", out=str(tmp_path / "run"), synthesis={"data": "kixlab/CUPID", "cache": str(tmp_path / "c.sqlite")})
-    refused = CliRunner().invoke(cupid.app, ["train", "synth", "-c", str(path)])
+    refused = CliRunner().invoke(cupid_app, ["train", "synth", "-c", str(path)])
     assert refused.exit_code == 2 and "allow_test_split" in refused.output and "--force" in refused.output
     assert not (tmp_path / "run" / "synth").exists()
-    forced = CliRunner().invoke(cupid.app, ["train", "synth", "-c", str(path), "--force"])
+    forced = CliRunner().invoke(cupid_app, ["train", "synth", "-c", str(path), "--force"])
     assert forced.exit_code == 0, forced.output
     assert len(_rows(tmp_path / "run" / "data" / "train.jsonl")) == 4
 

@@ -27,16 +27,16 @@ from typing import Any
 import httpx
 from rich.console import Console
 
-from matcher import parse
-from eval.meta import canonical_label, krippendorff_alpha
-from serving import lifecycle
-from serving.client import Client, RequestFailed
-from serving.endpoints import Endpoint
-from serving.engines import ServeError, get_engine
-from serving.profiles import Profile
-from training.config import TrainConfig
-from training.export import adapter_dir, export_dir
-from training.matchdata import MatchExample, data_dir, read_examples
+from cupid.matcher import parse
+from cupid.eval.meta import canonical_label, krippendorff_alpha
+from cupid.serving import lifecycle
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.profiles import Profile
+from cupid.training.config import TrainConfig
+from cupid.training.export import adapter_dir, export_dir
+from cupid.training.matchdata import MatchExample, data_dir, read_examples
 
 MODELS = ("base", "adapter", "trained")  # the report's blocks, in the order of the table
 
@@ -104,7 +104,7 @@ class Server:
 
 def plan(cfg: TrainConfig) -> list[Server]:
     """The check's servers: the base with the adapter as a LoRA module (if either is measured), then the export."""
-    from training.sft import resolve_base
+    from cupid.training.sft import resolve_base
 
     a = cfg.agreement
     names = served_names(cfg)
@@ -190,7 +190,7 @@ def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, cons
 
 def check(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`."""
-    from serving.config import ConfigError
+    from cupid.serving.config import ConfigError
 
     console = console or Console(stderr=True)
     examples = read_examples(data_dir(cfg) / "validation.jsonl")

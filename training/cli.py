@@ -13,11 +13,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from eval.data import DataError
-from serving.config import ConfigError
-from serving.engines import ServeError
-from training import agreement, config, pipeline
-from training.matchdata import SynthesisError
+from cupid.eval.data import DataError
+from cupid.serving.config import ConfigError
+from cupid.serving.engines import ServeError
+from cupid.training import agreement, config, pipeline
+from cupid.training.matchdata import SynthesisError
 
 app = typer.Typer(no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement.")
 console = Console()
@@ -58,7 +58,7 @@ def _print_synthesis(report: dict[str, Any] | None) -> None:
 
 
 def agreement_labels() -> tuple[str, ...]:
-    from matcher.prompts import LABELS
+    from cupid.matcher.prompts import LABELS
 
     return LABELS
 
@@ -112,7 +112,7 @@ def run(
 def synth(config_path: str = ConfigOption, force: bool = ForceOption, out: Optional[str] = OutOption) -> None:
     """Match data only: candidates -> decomposer -> teacher labels -> train/validation JSONL."""
     cfg = _guarded(lambda: _load(config_path, force, out))
-    from training import matchdata
+    from cupid.training import matchdata
 
     _print_synthesis(_guarded(lambda: matchdata.synthesize(cfg, err)))
 
@@ -121,7 +121,7 @@ def synth(config_path: str = ConfigOption, force: bool = ForceOption, out: Optio
 def sft(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
     """The QLoRA fine-tune on the run directory's match data (resumes from the newest checkpoint)."""
     cfg = _guarded(lambda: _load(config_path, out=out))
-    from training import sft as sft_stage
+    from cupid.training import sft as sft_stage
 
     _print_sft(_guarded(lambda: sft_stage.train(cfg, err)))
 
@@ -130,7 +130,7 @@ def sft(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None
 def export(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
     """Merge the adapter into the base and save a directory vLLM and `transformers serve` load as is."""
     cfg = _guarded(lambda: _load(config_path, out=out))
-    from training import export as export_stage
+    from cupid.training import export as export_stage
 
     report = _guarded(lambda: export_stage.export(cfg, err))
     console.print(json.dumps(report, indent=2))

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from serving.config import ConfigError, read_yaml, validate
-from serving.endpoints import Endpoint
+from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.serving.endpoints import Endpoint
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
 
@@ -125,7 +125,7 @@ class Agreement(_Section):
 
     @model_validator(mode="after")
     def _servable(self) -> "Agreement":
-        from serving.profiles import LORA_RANKS
+        from cupid.serving.profiles import LORA_RANKS
 
         owned = sorted(set(CHECK_OWNED) & set(self.serve))
         if owned:
@@ -141,8 +141,8 @@ class Agreement(_Section):
         """The serve profile of one of the check's servers (`serving.profiles.Profile`), on a free port by default."""
         from pydantic import ValidationError
 
-        from serving.instant import free_port
-        from serving.profiles import Profile
+        from cupid.serving.instant import free_port
+        from cupid.serving.profiles import Profile
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
         if adapters:

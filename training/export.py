@@ -24,10 +24,10 @@ from typing import Any
 
 from rich.console import Console
 
-from serving.config import ConfigError
-from training.config import TrainConfig
-from training.matchdata import data_dir, read_examples
-from training.sft import load_base, resolve_base
+from cupid.serving.config import ConfigError
+from cupid.training.config import TrainConfig
+from cupid.training.matchdata import data_dir, read_examples
+from cupid.training.sft import load_base, resolve_base
 
 PROBE = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "MARKER-7d1f"}]
 
@@ -49,7 +49,7 @@ def end_of_turn_token(tokenizer) -> str:
 
 def _lora_rank(cfg: TrainConfig) -> int:
     """--max-lora-rank for serving the adapter: the check's, or the smallest rank vLLM accepts that fits."""
-    from serving.profiles import LORA_RANKS
+    from cupid.serving.profiles import LORA_RANKS
 
     if cfg.agreement.max_lora_rank >= cfg.lora.r:
         return cfg.agreement.max_lora_rank

@@ -24,17 +24,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
-from eval import data as cupid_data
-from eval.chain import constraint
-from eval.runner import RunConfig, RunDir, run as run_eval
-from matcher import prompts, schemas
-from matcher.prompts import LABELS
-from serving.cache import Cache
-from serving.client import Client
-from serving.config import ConfigError
-from serving.endpoints import load_endpoints, require
-from serving.lifecycle import state_dir
-from training.config import Synthesis, TrainConfig, is_test_split
+from cupid.eval import data as cupid_data
+from cupid.eval.chain import constraint
+from cupid.eval.runner import RunConfig, RunDir, run as run_eval
+from cupid.matcher import prompts, schemas
+from cupid.matcher.prompts import LABELS
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import load_endpoints, require
+from cupid.serving.lifecycle import state_dir
+from cupid.training.config import Synthesis, TrainConfig, is_test_split
 
 Direction = Literal["infer_to_gt", "gt_to_infer"]
 SPLITS = ("train", "validation")
@@ -230,7 +230,7 @@ def _endpoints_file(syn: Synthesis, work: Path) -> Iterator[Path]:
     proc = None
     try:
         if syn.instant_server:
-            from serving.instant import start
+            from cupid.serving.instant import start
 
             proc, url = start()
             entries["instant"] = {"base_url": url, "model": "instant", "max_retries": 0, "timeout_s": 60}

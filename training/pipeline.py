@@ -12,8 +12,8 @@ from typing import Any
 
 from rich.console import Console
 
-from training import agreement, export, matchdata, sft
-from training.config import TrainConfig
+from cupid.training import agreement, export, matchdata, sft
+from cupid.training.config import TrainConfig
 
 STAGES = ("synth", "sft", "export", "check")
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from rich.console import Console
 
-from serving.config import ConfigError
-from training.config import TrainConfig
-from training.matchdata import data_dir, read_examples
+from cupid.serving.config import ConfigError
+from cupid.training.config import TrainConfig
+from cupid.training.matchdata import data_dir, read_examples
 
 
 def resolve_base(cfg: TrainConfig) -> str:
@@ -31,7 +31,7 @@ def resolve_base(cfg: TrainConfig) -> str:
     fails here, naming the config field, instead of deep inside from_pretrained."""
     value = cfg.base_model
     if value == "tiny":
-        from serving import tiny_model
+        from cupid.serving import tiny_model
 
         return str(tiny_model.ensure())
     path = Path(value).expanduser()

@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Awaitable, Callable, TypeVar
 
-from eval.chain import constraint
-from matcher import prompts, schemas
-from serving.client import Client, RequestFailed
-from training.synth.config import Role, SynthConfig
-from training.synth.parse import Unusable, echoes, words
+from cupid.eval.chain import constraint
+from cupid.matcher import prompts, schemas
+from cupid.serving.client import Client, RequestFailed
+from cupid.training.synth.config import Role, SynthConfig
+from cupid.training.synth.parse import Unusable, echoes, words
 
 T = TypeVar("T")
 Messages = list[dict[str, str]]
 Shape = Callable[[int], str]  # the answer's regex, given the characters of free text it may hold
 
-RETRY_TEXT = (resources.files("matcher") / "prompts" / "project_synth_retry.user.txt").read_text(encoding="utf-8")
+RETRY_TEXT = (resources.files("cupid.matcher") / "prompts" / "project_synth_retry.user.txt").read_text(encoding="utf-8")
 
 
 def chat(prompt_name: str, **fields: str) -> Messages:

@@ -7,9 +7,9 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from serving.config import ConfigError, read_yaml, validate
-from training.synth.config import SynthConfig
-from training.synth.pipeline import run
+from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.training.synth.config import SynthConfig
+from cupid.training.synth.pipeline import run
 
 DEFAULT_CONFIG = "configs/synth/tiny.yaml"
 

@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from matcher import prompts, schemas
-from training.synth.ask import Asker, all_of
-from training.synth.parse import Unusable, echoes, free_text, normalized, words, yes_no
+from cupid.matcher import prompts, schemas
+from cupid.training.synth.ask import Asker, all_of
+from cupid.training.synth.parse import Unusable, echoes, free_text, normalized, words, yes_no
 
 MIN_MESSAGE_WORDS = 3
 

@@ -15,9 +15,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from matcher import prompts, schemas
-from training.synth.ask import Asker
-from training.synth.parse import (
+from cupid.matcher import prompts, schemas
+from cupid.training.synth.ask import Asker
+from cupid.training.synth.parse import (
     STOPWORDS,
     YES_NO_STARTS,
     Unusable,
@@ -28,7 +28,7 @@ from training.synth.parse import (
     sentences,
     words,
 )
-from training.synth.tables import Attributes, examples
+from cupid.training.synth.tables import Attributes, examples
 
 N_FACTORS = 8
 PAIR = (6, 7)  # the last two factors: the contrastive pair

@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from eval.data import INSTANCE_TYPES, Dataset, validate_rows
-from training.synth.dialogue import Message, Turn
-from training.synth.factors import PAIR, Factor, Slot, draw_slots
-from training.synth.personas import Template
-from training.synth.sessions import FINAL, Positions, draw_positions
-from training.synth.tables import Attributes
+from cupid.eval.data import INSTANCE_TYPES, Dataset, validate_rows
+from cupid.training.synth.dialogue import Message, Turn
+from cupid.training.synth.factors import PAIR, Factor, Slot, draw_slots
+from cupid.training.synth.personas import Template
+from cupid.training.synth.sessions import FINAL, Positions, draw_positions
+from cupid.training.synth.tables import Attributes
 
 N_PRIOR = 8
 REMOVED_OTHERS = 2

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from matcher import prompts, schemas
-from training.synth.ask import Asker, Shape
-from training.synth.parse import Unusable, complete_sentences, echoes, free_text, json_value, sentences, words
-from training.synth.tables import Attributes, Seeds
+from cupid.matcher import prompts, schemas
+from cupid.training.synth.ask import Asker, Shape
+from cupid.training.synth.parse import Unusable, complete_sentences, echoes, free_text, json_value, sentences, words
+from cupid.training.synth.tables import Attributes, Seeds
 
 MIN_SENTENCES = 3
 MIN_WORDS = 30

@@ -26,22 +26,22 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from eval import data as cupid_data
-from matcher import prompts
-from serving.cache import Cache
-from serving.client import Client
-from serving.config import ConfigError
-from serving.endpoints import load_endpoints, missing_keys, require
-from serving.lifecycle import state_dir
-from training.synth import tables
-from training.synth.ask import Asker, StepFailed, all_of
-from training.synth.config import SynthConfig
-from training.synth.dialogue import simulate
-from training.synth.factors import change_preference, checklist, generate_factors
-from training.synth.parse import sentences
-from training.synth.instances import PersonaRecord, SessionRecord, draw_choices, rows, validated
-from training.synth.personas import expand, template
-from training.synth.sessions import layout, write_requests
+from cupid.eval import data as cupid_data
+from cupid.matcher import prompts
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import load_endpoints, missing_keys, require
+from cupid.serving.lifecycle import state_dir
+from cupid.training.synth import tables
+from cupid.training.synth.ask import Asker, StepFailed, all_of
+from cupid.training.synth.config import SynthConfig
+from cupid.training.synth.dialogue import simulate
+from cupid.training.synth.factors import change_preference, checklist, generate_factors
+from cupid.training.synth.parse import sentences
+from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, rows, validated
+from cupid.training.synth.personas import expand, template
+from cupid.training.synth.sessions import layout, write_requests
 
 ROLES = ("generator", "user_simulator", "assistant_simulator")
 PROMPTS_USED = (

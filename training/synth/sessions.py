@@ -12,10 +12,10 @@ import random
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from matcher import schemas
-from training.synth.ask import Asker, Shape, chat
-from training.synth.factors import Factor
-from training.synth.parse import Unusable, echoes, free_text, mentions, normalized, words
+from cupid.matcher import schemas
+from cupid.training.synth.ask import Asker, Shape, chat
+from cupid.training.synth.factors import Factor
+from cupid.training.synth.parse import Unusable, echoes, free_text, mentions, normalized, words
 
 N_SESSIONS = 13
 FINAL = N_SESSIONS

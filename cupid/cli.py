@@ -2,13 +2,13 @@
 
 import typer
 
-from eval.cli import app as eval_app
-from eval.meta import app as meta_app
-from eval.nightly import main as nightly_main
-from eval.report import main as report_main
-from serving.cli import app as serve_app
-from training.synth.cli import app as synth_app
-from training.cli import app as train_app
+from cupid.eval.cli import app as eval_app
+from cupid.eval.meta import app as meta_app
+from cupid.eval.nightly import main as nightly_main
+from cupid.eval.report import main as report_main
+from cupid.serving.cli import app as serve_app
+from cupid.training.synth.cli import app as synth_app
+from cupid.training.cli import app as train_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Local, cost-free evaluation for the CUPID benchmark.")
 app.add_typer(serve_app, name="serve")
@@ -19,5 +19,3 @@ app.add_typer(train_app, name="train")
 app.command("report")(report_main)
 app.command("nightly")(nightly_main)
 
-if __name__ == "__main__":
-    app()

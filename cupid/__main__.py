@@ -1,0 +1,5 @@
+"""`python -m cupid`: the same command as `cupid`."""
+
+from cupid.cli import app
+
+app()
