@@ -1,5 +1,29 @@
 """Local, cost-free evaluation for the CUPID benchmark (COLM 2025) with a vLLM-served PrefMatcher judge.
 
-Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the batched client, the request
-cache), `cupid.eval` (the benchmark), `cupid.training` (rebuilding PrefMatcher).
+The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run),
+`load_dataset`, `endpoint`. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
+batched client, the request cache), `cupid.eval` (the benchmark), `cupid.training` (rebuilding PrefMatcher).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["PrefMatcher", "evaluate", "aevaluate", "load_dataset", "endpoint", "Endpoint", "EvalResult"]
+
+if TYPE_CHECKING:
+    from cupid.api import EvalResult, PrefMatcher, aevaluate, endpoint, evaluate, load_dataset
+    from cupid.serving.endpoints import Endpoint
+
+
+def __getattr__(name: str) -> Any:
+    """The API is imported on first use, so `import cupid.serving...` in a server process stays light."""
+    if name == "Endpoint":
+        from cupid.serving.endpoints import Endpoint
+
+        return Endpoint
+    if name in __all__:
+        from cupid import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'cupid' has no attribute {name!r}")

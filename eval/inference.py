@@ -44,16 +44,19 @@ class InferenceScorer:
         """Fills `record` stage by stage, so a failure keeps what was computed before it."""
         preference = parsed("parse_preference", parse.preference, answer)
         record["inferred_preference"] = preference
+        await self.score_preference(preference, instance.current_contextual_preference, list(instance.current_checklist), record)
+
+    async def score_preference(self, preference: str, gt_preference: str, gt: list[str], record: dict[str, Any]) -> None:
+        """An inferred preference against the ground truth: decompose, then match both directions."""
         inferred = await self.decompose(preference)
         record["inferred_checklist"] = inferred
-        gt = list(instance.current_checklist)
         if not inferred:
             # The decomposer really answered an empty list: nothing can match (the reference does the same).
             counts = MatchCounts(0.0, 0, 0.0, len(gt))
             record.update(infer_to_gt=[], gt_to_infer=[], counts=vars(counts), scores=counts.prf().as_dict())
             return
         both = await asyncio.gather(
-            self.match("match_infer_to_gt", instance.current_contextual_preference, inferred),
+            self.match("match_infer_to_gt", gt_preference, inferred),
             self.match("match_gt_to_infer", preference, gt),
             return_exceptions=True,  # let both finish: the one that succeeded is cached for the resume
         )

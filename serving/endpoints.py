@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from cupid.serving.config import ConfigError, read_yaml, validate
+
+DEFAULT_FILE = "configs/endpoints.yaml"
 
 
 class Endpoint(BaseModel):
@@ -53,6 +55,18 @@ def require(endpoints: dict[str, Endpoint], name: str, path: str | Path) -> Endp
     if name not in endpoints:
         raise ConfigError(f"{path}: no endpoint named '{name}' (known: {', '.join(sorted(endpoints))})")
     return endpoints[name]
+
+
+def lookup(names: Iterable[str], path: str | Path = DEFAULT_FILE) -> dict[str, Endpoint]:
+    """Endpoints by name: an entry of the endpoints file, else a server running under `cupid serve up`
+    (by its profile name, its served name or an adapter's), so a running profile needs no entry."""
+    names = sorted(set(names))
+    known = load_endpoints(path)
+    if set(names) - known.keys():
+        from cupid.serving.lifecycle import live_endpoints  # lifecycle builds on this module
+
+        known = {**live_endpoints(), **known}
+    return {name: require(known, name, path) for name in names}
 
 
 def missing_keys(endpoints: dict[str, Endpoint]) -> list[str]:

@@ -1,0 +1,185 @@
+"""The Python API: PrefMatcher as a judge you call from your own code, and the data it is used on.
+
+Every entry point has a blocking form and an `a`-prefixed async form. The blocking form works where an
+event loop is already running (a notebook, an async server): it then runs its requests on a private
+loop in a worker thread, since the running loop cannot be blocked on. The answers are the ones `cupid
+eval run` computes for the same inputs: the same scorer, the same requests, and so the same cache keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import weakref
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+
+import httpx
+
+from cupid.eval import data as cupid_data
+from cupid.eval.chain import StageFailed
+from cupid.eval.inference import InferenceScorer
+from cupid.eval.records import MatchItem, Scoring, StageError
+from cupid.matcher import prompts
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, lookup
+
+T = TypeVar("T")
+EndpointLike = Endpoint | str
+"""An `Endpoint`, a base URL (`http://localhost:8000/v1`), or a name: an entry of the endpoints file
+(`configs/endpoints.yaml`), or a server running under `cupid serve up` (its profile name)."""
+
+
+def endpoint(spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any) -> Endpoint:
+    """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server
+    lists) and any other `Endpoint` field (`structured_output=True`, `matcher_prompt="prefmatcher"`, ...)."""
+    if isinstance(spec, Endpoint):
+        return spec.model_copy(update=fields) if fields else spec
+    if spec.startswith(("http://", "https://")):
+        return Endpoint(base_url=spec, model=model or _served_model(spec), **fields)
+    found = lookup([spec], endpoints_file)[spec]
+    return found.model_copy(update=fields) if fields else found
+
+
+def _served_model(base_url: str) -> str:
+    url = base_url.rstrip("/") + "/models"
+    try:
+        listed = [m["id"] for m in httpx.get(url, timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
+    if len(listed) != 1:
+        raise ConfigError(f"{url} serves {len(listed)} models ({', '.join(listed) or 'none'}): pass model=")
+    return listed[0]
+
+
+def blocking(make: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine to its end from blocking code, inside a running event loop too (on a worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+class PrefMatcher:
+    """PrefMatcher, the CUPID preference-match judge, as an object to call.
+
+    ```python
+    pm = cupid.PrefMatcher("http://localhost:8000/v1")   # or an Endpoint, or "prefmatcher"
+    pm.labels("Prefers concise answers", ["Is the answer short?"])   # [MatchItem(index=1, entry=..., label=...)]
+    ```
+
+    The matcher's prompt dialect and structured output come from the endpoint (a base URL: from the
+    model's name and the fields passed). `score` also needs a `decomposer` to turn an inferred preference
+    into its checklist. With `cache` (a SQLite file), answered requests are never sent twice and are shared
+    with `cupid eval run` runs on the same file. Requests in flight are bounded by each endpoint's
+    `max_concurrency` (or `concurrency`), so the batch forms keep hundreds in flight on a vLLM server.
+    """
+
+    def __init__(
+        self,
+        matcher: EndpointLike = "prefmatcher",
+        *,
+        decomposer: EndpointLike | None = None,
+        cache: str | Path | None = None,
+        concurrency: int | None = None,
+        **endpoint_fields: Any,
+    ):
+        self.endpoint = endpoint(matcher, **endpoint_fields)
+        self.decomposer = endpoint(decomposer) if decomposer is not None else None
+        self.dialect = self.endpoint.matcher_prompt or prompts.matcher_dialect_for(self.endpoint.model)
+        self.cache_path = Path(cache) if cache is not None else None
+        self.concurrency = concurrency
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Client, InferenceScorer]] = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
+
+    def _scorer(self) -> InferenceScorer:
+        """This event loop's client and scorer (aiohttp sessions belong to one loop)."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:
+            endpoints = {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
+            cache = Cache(self.cache_path) if self.cache_path is not None else None
+            client = Client(endpoints, cache, concurrency=self.concurrency)
+            self._clients[loop] = (client, InferenceScorer(client, "decomposer", "matcher", self.dialect))
+        return self._clients[loop][1]
+
+    async def aclose(self) -> None:
+        """Close this event loop's connections and cache."""
+        client, _ = self._clients.pop(asyncio.get_running_loop(), (None, None))
+        if client is not None:
+            await client.aclose()
+            if client.cache is not None:
+                client.cache.close()
+
+    def _blocking(self, make: Callable[[], Awaitable[T]]) -> T:
+        async def once() -> T:
+            try:
+                return await make()
+            finally:
+                await self.aclose()
+
+        return blocking(once)
+
+    # labels: the matcher alone
+    async def alabels(self, preference: str, checklist: Sequence[str]) -> list[MatchItem]:
+        """Each checklist item labelled against the preference (`Fully Covered`, `Partially Covered`,
+        `Not Covered`), in checklist order. Raises `StageFailed` when the request fails or the answer
+        does not parse (its `.error` says which, with the raw answer)."""
+        matched = await self._scorer().match("match", preference, list(checklist))
+        return [MatchItem(**vars(m)) for m in matched]
+
+    async def alabels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
+        """`alabels` for many (preference, checklist) pairs at once, in order; a failed pair is its `StageError`."""
+
+        async def one(preference: str, checklist: Sequence[str]) -> list[MatchItem] | StageError:
+            try:
+                return await self.alabels(preference, checklist)
+            except StageFailed as e:
+                return StageError(**e.error)
+
+        return list(await asyncio.gather(*(one(p, c) for p, c in pairs)))
+
+    def labels(self, preference: str, checklist: Sequence[str]) -> list[MatchItem]:
+        return self._blocking(lambda: self.alabels(preference, checklist))
+
+    def labels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
+        pairs = list(pairs)
+        return self._blocking(lambda: self.alabels_batch(pairs))
+
+    # scores: decomposer + matcher both directions, as the inference task scores an answer
+    async def ascore(self, inferred: str, preference: str, checklist: Sequence[str]) -> Scoring:
+        """An inferred preference against the ground truth (preference and checklist): the inferred
+        checklist, both match directions, counts and P/R/F1. A failed stage gives `status="failed"` and
+        its `error`, with what came before it kept; it is never a zero score."""
+        if self.decomposer is None:
+            raise ConfigError("PrefMatcher.score needs a decomposer: PrefMatcher(..., decomposer=ENDPOINT)")
+        scoring: dict[str, Any] = {"inferred_preference": inferred}
+        try:
+            await self._scorer().score_preference(inferred, preference, list(checklist), scoring)
+            scoring.update(status="scored", error=None)
+        except StageFailed as e:
+            scoring.update(status="failed", error=e.error)
+        return Scoring.model_validate(scoring)
+
+    async def ascore_batch(self, triples: Iterable[tuple[str, str, Sequence[str]]]) -> list[Scoring]:
+        """`ascore` for many (inferred, preference, checklist) triples at once, in order."""
+        return list(await asyncio.gather(*(self.ascore(i, p, c) for i, p, c in triples)))
+
+    def score(self, inferred: str, preference: str, checklist: Sequence[str]) -> Scoring:
+        return self._blocking(lambda: self.ascore(inferred, preference, checklist))
+
+    def score_batch(self, triples: Iterable[tuple[str, str, Sequence[str]]]) -> list[Scoring]:
+        triples = list(triples)
+        return self._blocking(lambda: self.ascore_batch(triples))
+
+
+def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None) -> cupid_data.Dataset:
+    """CUPID instances from the same sources as `--data`: `sample` (bundled), a local .jsonl/.json/.parquet
+    file or directory, or a Hub id (`kixlab/CUPID`). Rows that do not fit the schema are in `.bad_rows`,
+    each naming its file and row, never dropped silently."""
+    return cupid_data.load(source).filter(types, limit)
