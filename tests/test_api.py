@@ -1,0 +1,128 @@
+"""The Python API on the real tiny model under vLLM: PrefMatcher from blocking code, from async code and from
+inside a running event loop (the notebook case) gives the labels `cupid eval run` computed for the same inputs;
+the installed wheel holds one top-level package and works away from the checkout."""
+
+import asyncio
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import cupid
+from cupid.eval.chain import StageFailed
+from cupid.eval.records import MatchItem, StageError
+from cupid.eval.runner import RunConfig, run
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint
+from tests.conftest import REPO
+
+LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
+
+
+@pytest.fixture
+def judged(endpoints, tmp_path, cupid_home):
+    """One instance scored by `cupid eval run`'s runner, the tiny model (held to the formats) as decomposer and matcher."""
+    cache = tmp_path / "cache.sqlite"
+    cfg = RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="tinyformat", matcher="tinyformat", limit=1,
+                    out=str(tmp_path / "run"), cache=str(cache))  # fmt: skip
+    run(cfg)
+    (record,) = [json.loads(line) for line in (tmp_path / "run" / "instances.jsonl").read_text().splitlines()]
+    assert record["status"] == "scored", record.get("error")
+    return record, cache
+
+
+def tiny_endpoint(tiny_server) -> Endpoint:
+    return Endpoint(**tiny_server, structured_output=True)
+
+
+def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, tiny_server):
+    record, cache = judged
+    pm = cupid.PrefMatcher(tiny_endpoint(tiny_server), decomposer=tiny_endpoint(tiny_server), cache=cache)
+    assert pm.dialect == "fewshot"  # from the endpoint's model name, as the run chose it
+    want_infer = [MatchItem(**m) for m in record["infer_to_gt"]]
+    want_gt = [MatchItem(**m) for m in record["gt_to_infer"]]
+
+    assert pm.labels(record["gt_preference"], record["inferred_checklist"]) == want_infer
+
+    async def notebook_cell():  # a loop is running here: the blocking API must not try to block it
+        assert asyncio.get_running_loop()
+        blocking = pm.labels(record["inferred_preference"], record["gt_checklist"])
+        awaited = await pm.alabels(record["inferred_preference"], record["gt_checklist"])
+        batch = await pm.alabels_batch([(record["gt_preference"], record["inferred_checklist"]),
+                                        (record["inferred_preference"], record["gt_checklist"])])  # fmt: skip
+        scored = pm.score(record["inferred_preference"], record["gt_preference"], record["gt_checklist"])
+        await pm.aclose()
+        return blocking, awaited, batch, scored
+
+    blocking, awaited, batch, scored = asyncio.run(notebook_cell())
+    assert blocking == awaited == want_gt
+    assert batch == [want_infer, want_gt]
+    assert scored.status == "scored"
+    assert scored.inferred_checklist == record["inferred_checklist"]
+    assert scored.scores.model_dump() == record["scores"] and scored.counts.model_dump() == record["counts"]
+
+
+def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_server, tmp_path):
+    """No cache: real requests. The served model is found on the server; a 135M model without the format held
+    fails to parse now and then, which the batch form returns as a `StageError`, never as labels."""
+    pm = cupid.PrefMatcher(tiny_server["base_url"], structured_output=True, max_tokens=64)
+    assert pm.endpoint.model == tiny_server["model"]
+    items = ["Is the answer short?", "Does it use bullet points?"]
+    labels = pm.labels("Prefers short answers in bullet points", items)
+    assert [m.entry for m in labels] == items and {m.label for m in labels} <= LABELS
+    free = cupid.PrefMatcher(tiny_server["base_url"], matcher_prompt="prefmatcher", max_tokens=16)  # cut short: unparseable
+    (outcome,) = free.labels_batch([("Prefers short answers", items)])
+    assert isinstance(outcome, StageError) and outcome.stage == "match" and outcome.reason == "parse_error"
+    with pytest.raises(StageFailed):
+        free.labels("Prefers short answers", items)
+    with pytest.raises(ConfigError, match="needs a decomposer"):
+        pm.score("a", "b", ["c?"])
+    assert not list(tmp_path.iterdir())  # no cache given: nothing written
+
+
+def test_load_dataset_and_endpoint_names(tmp_path):
+    data = cupid.load_dataset("sample", types=["changing"], limit=2)
+    assert [i.instance_type for i in data.instances] == ["changing", "changing"] and not data.bad_rows
+    shipped = cupid.endpoint("prefmatcher")  # configs/endpoints.yaml, found from any directory
+    assert shipped.model == "kixlab/prefmatcher-7b" and shipped.structured_output
+    with pytest.raises(ConfigError, match="no endpoint named 'nobody'"):
+        cupid.endpoint("nobody")
+
+
+def test_the_wheel_holds_one_package_and_works_outside_the_checkout(tmp_path, tiny_server):
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = wheels.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        files = [line.split(",")[0] for line in z.read(record).decode().splitlines()]
+    top = {f.split("/")[0] for f in files if not f.split("/")[0].endswith(".dist-info")}
+    assert top == {"cupid"}
+    assert {"cupid/configs/serve/tiny.yaml", "cupid/eval/sample/cupid_sample.jsonl", "cupid/matcher/prompts/prefmatcher.user.txt"} <= set(files)
+
+    target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target), "CUPID_HOME": str(tmp_path / "home"), "COLUMNS": "300"}
+
+    def python(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+
+    where = python("-c", "import cupid, cupid.eval; print(cupid.__file__); print(cupid.eval.__file__)")
+    assert where.stdout.split() == [str(target / "cupid" / "__init__.py"), str(target / "cupid" / "eval" / "__init__.py")], where.stderr
+    checked = python("-m", "cupid", "eval", "check-data", "sample")
+    assert checked.returncode == 0 and "12 valid instances" in checked.stdout, checked.stderr
+    planned = python("-m", "cupid", "serve", "up", "--profile", "tiny", "--dry-run")
+    assert planned.returncode == 0 and "smollm2-135m-instruct" in planned.stdout, planned.stderr
+    script = ("import cupid; pm = cupid.PrefMatcher({url!r}, structured_output=True, max_tokens=64); "
+              "print([m.label for m in pm.labels('Prefers short answers', ['Is the answer short?'])])")  # fmt: skip
+    asked = python("-c", script.format(url=tiny_server["base_url"]))
+    assert asked.returncode == 0, asked.stderr[-3000:]
+    assert set(eval(asked.stdout)) <= LABELS and len(eval(asked.stdout)) == 1
+    assert not (elsewhere / "configs").exists() and not list(elsewhere.iterdir())
