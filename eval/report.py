@@ -319,6 +319,7 @@ small { color: #777; } .failed { color: #b00; font-weight: 600; } figure { margi
 figcaption { font-size: 13px; color: #444; max-width: 60em; } code { font-size: 12px; }
 </style></head><body>
 <h1>CUPID evaluation report</h1>
+<p><a href="view.html">Look inside: every unit, its history, answer and labels</a> <small>(<code>cupid view</code> writes it to this folder)</small></p>
 <p>Generated {{ generated }} from {{ runs|length }} run{{ "s" if runs|length != 1 else "" }}. Scores in %, generation scores 1-10.
 Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores (paper text).
 Brackets: bootstrap 95% percentile intervals over scored instances ({{ n_resamples }} resamples, fixed seed).

@@ -261,7 +261,8 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
         servers = servers_for(brought, used, cfg.candidate_name) if brought else None
         client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, servers=servers)
         out = RunDir(cfg.out)
-        out.check_same_run(_identity(cfg, endpoints))
+        plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
+        out.check_same_run({**_identity(cfg, endpoints), "plan": plan})
         done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
         tasks = build_tasks(cfg, client)

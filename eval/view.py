@@ -1,0 +1,329 @@
+"""`cupid view RUN_DIR [RUN_DIR ...]`: one self-contained HTML page to look inside runs, unit by unit.
+
+The page lists every unit (instance x task x setting) with filters and a URL each (`#unit=...`), and opens a
+unit to show what led to its score: the prior sessions (relevant ones marked), the request, the ground truth,
+the candidate's answer, the inferred preference and checklist, both match directions with their labels, and
+the scores, or the stage where it failed and the raw answer. Two or more runs on the same data are compared
+unit by unit (each run's score and the difference), and a unit shows the runs side by side.
+
+Why the page is built the way it is (a full run is 756 instances x every setting x both tasks, each history
+~8k tokens, so a page is tens of MB):
+- histories come from the run's data source (`run.json`'s `data`) and are stored once per instance, not per unit;
+- the list's data is one small JSON block read at start; each instance and each unit's records sit in their
+  own `<script type="application/json">` block, parsed only when that unit is opened;
+- the list renders only the rows in view (plain JS, no framework, no network: it opens from file://).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import typer
+
+from cupid.eval import data as cupid_data
+from cupid.eval.records import RecordError, UnitRecord, parse_line
+from cupid.serving.config import ConfigError
+
+SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
+TASKS_ORDER = ("inference", "generation")
+RECENT_S = 120  # a run whose records changed this recently is "in progress"; older, it stopped before the end
+UNIT_FIELDS_IN_DATA = {"key", "persona_id", "instance_type", "task", "setting", "n_sessions", "relevant_sessions", "gt_preference", "gt_checklist"}
+
+
+def read_records(run_dir: Path) -> list[UnitRecord]:
+    """The latest record of each unit, in file order of first appearance, read with the typed record types.
+
+    One small function on purpose: it becomes the run-directory class's reader once that exists. A torn last
+    line (a run killed mid-write) is skipped; any other line that is not a record is an error naming file and line.
+    """
+    path = run_dir / "instances.jsonl"
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file (not a run directory?)")
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    latest: dict[tuple[str, str, str], UnitRecord] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = parse_line(line, f"{path}:{number}")
+        except RecordError:
+            if number == len(lines) and not text.endswith("\n"):
+                continue  # torn by a crash or still being written
+            raise
+        latest[record.unit] = record
+    return list(latest.values())
+
+
+@dataclass
+class RunState:
+    """Whether a run finished, and how far it got: `done` units with a record out of `total` planned."""
+
+    finished: bool
+    done: int
+    total: int | None
+    scored: int
+    failed: int
+    note: str
+
+    def line(self) -> str:
+        of = f" of {self.total}" if self.total is not None else ""
+        return f"{self.note}: {self.done}{of} units have a record ({self.scored} scored, {self.failed} failed)"
+
+
+@dataclass
+class LoadedRun:
+    path: Path
+    identity: dict[str, Any]
+    summary: dict[str, Any]
+    records: list[UnitRecord]
+    state: RunState | None = None
+    label: str = ""
+    roles: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def data(self) -> str:
+        return str(self.identity.get("data") or self.summary.get("data") or "sample")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def _planned(identity: dict[str, Any], summary: dict[str, Any], n_data: int | None) -> int | None:
+    """Units the run set out to score: run.json's plan (instances x settings per task), else the summary's."""
+    plan = identity.get("plan")
+    if plan:
+        return plan["n_instances"] * sum(len(s) for s in plan["settings"].values())
+    if summary.get("n_instances") is not None:
+        tasks = [summary[t] for t in TASKS_ORDER if isinstance(summary.get(t), dict)]
+        return summary["n_instances"] * sum(len(t.get("settings", {})) for t in tasks)
+    return None
+
+
+def run_state(run: LoadedRun, now: float | None = None) -> RunState:
+    """Finished: summary.json exists, covers every unit in instances.jsonl, and is not older than it.
+    Otherwise the run is in progress (records written in the last minutes) or stopped before the end."""
+    records_file = run.path / "instances.jsonl"
+    summary_file = run.path / "summary.json"
+    scored = sum(r.scored for r in run.records)
+    done = len(run.records)
+    total = _planned(run.identity, run.summary, None)
+    if total is not None:
+        total = max(total, done)
+    finished = bool(run.summary) and run.summary.get("n_runs", 0) >= done
+    if finished and summary_file.stat().st_mtime + 1 < records_file.stat().st_mtime:
+        finished = False  # records appended after the summary: the directory is being re-run
+    if finished:
+        note = "finished"
+    else:
+        age = (now or time.time()) - records_file.stat().st_mtime
+        note = "in progress" if age < RECENT_S else f"stopped before the end (last record {age / 60:.0f} min ago)"
+        if run.summary:
+            note += ", records written after its summary.json"
+    return RunState(finished, done, total, scored, done - scored, note)
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such run directory")
+    run = LoadedRun(path, _read_json(path / "run.json"), _read_json(path / "summary.json"), read_records(path))
+    run.state = run_state(run)
+    run.roles = dict(run.summary.get("roles") or run.identity.get("roles") or {})
+    return run
+
+
+def _labels(runs: list[LoadedRun]) -> None:
+    """A run's label: its candidate, or its directory where candidates repeat."""
+    names = [r.roles.get("candidate") or r.path.name for r in runs]
+    for run, name in zip(runs, names):
+        run.label = name if names.count(name) == 1 else f"{name} ({run.path})"
+
+
+# ---------------------------------------------------------------- page data
+
+
+def _instance_view(instance: cupid_data.Instance) -> dict[str, Any]:
+    return {
+        "persona": instance.persona_id,
+        "type": instance.instance_type,
+        "request": instance.current_request,
+        "factor": instance.current_context_factor,
+        "preference": instance.current_contextual_preference,
+        "checklist": list(instance.current_checklist),
+        "sessions": [
+            {
+                "factor": s.context_factor,
+                "preference": s.contextual_preference,
+                "relevant": s.contextual_preference == instance.current_contextual_preference,
+                "dialogue": [[m.role, m.content] for m in s.dialogue],
+            }
+            for s in instance.prior_interactions
+        ],
+    }
+
+
+def _stub_instance(record: UnitRecord) -> dict[str, Any]:
+    """What the records alone tell of an instance the data source did not give."""
+    relevant = set(record.relevant_sessions or [])
+    return {
+        "persona": record.persona_id,
+        "type": record.instance_type,
+        "request": None,
+        "preference": record.gt_preference,
+        "checklist": record.gt_checklist,
+        "sessions": [{"relevant": i in relevant} for i in range(record.n_sessions or 0)],
+    }
+
+
+def _score(record: UnitRecord) -> float | None:
+    """The list's score: F1 in % for inference, the judge's 1-10 for generation."""
+    if not record.scored:
+        return None
+    if record.task == "inference":
+        return round(100 * record.scores.f1, 1) if record.scores else None
+    return record.score
+
+
+def _order(values: Iterable[str], known: tuple[str, ...]) -> list[str]:
+    values = set(values)
+    return [v for v in known if v in values] + sorted(values - set(known))
+
+
+def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """(list data, instance key -> instance JSON, unit index -> records JSON per run)."""
+    sources = {r.data for r in runs}
+    if len(sources) > 1:
+        raise ConfigError("runs on different data cannot be compared: " + ", ".join(f"{r.path}: {r.data}" for r in runs))
+    source = sources.pop()
+    try:
+        dataset = cupid_data.load(source)
+        by_key = {i.key: i for i in dataset.instances}
+        data_note = None
+    except Exception as e:  # unreachable data: show what the records hold
+        by_key, data_note = {}, f"the data {source!r} could not be loaded ({e}): prior sessions and requests are not shown"
+
+    units: dict[tuple[str, str, str], list[UnitRecord | None]] = {}
+    for n, run in enumerate(runs):
+        for record in run.records:
+            units.setdefault(record.unit, [None] * len(runs))[n] = record
+    data_order = {k: n for n, k in enumerate(by_key)}
+    tasks = _order((u[1] for u in units), TASKS_ORDER)
+    settings = _order((u[2] for u in units), SETTINGS_ORDER)
+    keys = sorted({u[0] for u in units}, key=lambda k: (data_order.get(k, len(data_order)), k))
+    key_index = {k: n for n, k in enumerate(keys)}
+    ordered = sorted(units, key=lambda u: (key_index[u[0]], tasks.index(u[1]), settings.index(u[2])))
+
+    instances: dict[str, str] = {}
+    rows, details, types = [], [], []
+    for unit in ordered:
+        key, task, setting = unit
+        records = units[unit]
+        first = next(r for r in records if r is not None)
+        if key not in instances:
+            view = _instance_view(by_key[key]) if key in by_key else _stub_instance(first)
+            instances[key] = _json(view)
+            types.append(first.instance_type)
+        cells = []
+        for r in records:
+            cells.append(None if r is None else [r.status, r.error.stage if r.error else None, _score(r)])
+        rows.append([key_index[key], tasks.index(task), settings.index(setting), cells])
+        keep = UNIT_FIELDS_IN_DATA if key in by_key else UNIT_FIELDS_IN_DATA - {"gt_preference", "gt_checklist"}
+        details.append(_json([None if r is None else r.model_dump(mode="json", exclude_none=True, exclude=keep) for r in records]))
+    head = {
+        "runs": [
+            {"label": r.label, "path": str(r.path), "roles": r.roles, "state": vars(r.state), "state_line": r.state.line(),
+             "has_reference": any(rec.reference is not None for rec in r.records)}
+            for r in runs
+        ],  # fmt: skip
+        "data": source,
+        "data_note": data_note,
+        "keys": keys,
+        "types": types,
+        "tasks": tasks,
+        "settings": settings,
+        "units": rows,
+    }
+    return head, instances, details
+
+
+def _json(value: Any) -> str:
+    """JSON safe inside a <script> block: no '<' can close it (the escape is JSON, read back unchanged)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def render(runs: list[LoadedRun]) -> str:
+    head, instances, details = page_data(runs)
+    template = resources.files(__package__).joinpath("view.html").read_text(encoding="utf-8")
+    blocks = [f'<script type="application/json" id="i{n}">{text}</script>' for n, text in enumerate(instances.values())]
+    blocks += [f'<script type="application/json" id="u{n}">{text}</script>' for n, text in enumerate(details)]
+    title = "CUPID view: " + " vs ".join(r.label for r in runs)
+    return (
+        template.replace("__TITLE__", _html_escape(title))
+        .replace("__HEAD__", _json(head))
+        .replace("__BLOCKS__", "\n".join(blocks))
+    )
+
+
+def _html_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def default_out(run_dirs: list[str]) -> Path:
+    """Beside the report (`cupid report`'s default folder), so each links to the other by name."""
+    return Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path("runs/report")
+
+
+def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
+    """Write `view.html` into `out`; return its path."""
+    runs = [load_run(p) for p in run_dirs]
+    if not runs:
+        raise ConfigError("give at least one run directory")
+    _labels(runs)
+    html = render(runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    page = out / "view.html"
+    page.write_text(html, encoding="utf-8")
+    return page
+
+
+def serve(page: Path, port: int) -> None:
+    """Serve the page's folder on localhost until Ctrl-C (the page itself needs no server)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        typer.echo(f"http://127.0.0.1:{server.server_address[1]}/{page.name}  (Ctrl-C stops)")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+def main(
+    run_dirs: list[str] = typer.Argument(..., help="run directories (each with instances.jsonl); two or more are compared"),
+    out: str | None = typer.Option(None, "--out", help="output directory (default: beside the report, RUN_DIR/report or runs/report)"),
+    serve_it: bool = typer.Option(False, "--serve", help="serve the page on localhost instead of only printing its path"),
+    port: int = typer.Option(8765, "--port", help="port for --serve (0: any free port)"),
+) -> None:
+    """One self-contained HTML page to look inside runs: every unit, its history, answer, checklist labels and scores."""
+    try:
+        page = build(run_dirs, out or default_out(run_dirs))
+    except (ConfigError, RecordError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(page))
+    if serve_it:
+        serve(page, port)
