@@ -339,6 +339,7 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
         "n_resamples": N_RESAMPLES,
         "plan": brought.placement.lines() if brought else [],
         "servers_started": sorted({s.name for s in brought.fleet.servers if s.started}) if brought else [],
+        "servers_stopped_answering": {s.name: s.deaths for s in brought.fleet.servers if s.deaths} if brought else {},
         "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
         "models": entries,
         "regressions": regressions,
@@ -418,6 +419,8 @@ def leaderboard_markdown(board: dict[str, Any]) -> str:
         f"servers started: {started}.",
         f"{len(board['regressions'])} regression(s), {len(board['with_failures'])} model(s) with failures; exit {board['exit_code']}.",
     ]
+    for name, deaths in (board.get("servers_stopped_answering") or {}).items():
+        lines.append(f"Server {name} stopped answering {len(deaths)} time(s): " + " | ".join(deaths) + ".")
     if board.get("error"):
         lines[1:1] = ["", f"**THE NIGHT DID NOT START**: {board['error']}"]
     return "\n".join(lines) + "\n"
