@@ -2,7 +2,10 @@
 model's change since the previous nightly, and fail loudly on a regression or on failures.
 
 Each night's runs go to `<out>/<date>/<model>/`, through the shared request cache, so an unchanged
-model costs nothing the second night. A metric regresses when tonight's estimate falls below the
+model costs nothing the second night. Every candidate is checked and served on its own: one that fails a
+check or does not start is a `DID NOT RUN` row with its reason and the others run. Only what every
+candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
+leaderboard then says why. A night holds its directory: cron starting it twice runs it once. A metric regresses when tonight's estimate falls below the
 lower end of the previous night's bootstrap 95% interval, i.e. the drop is larger than what
 resampling the same instances would explain. Exit status: 0 clean, 1 failures (failed instances or
 a run or the suite that could not start), 2 a regression, 3 both.
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import threading
 import traceback
@@ -25,16 +27,18 @@ import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
+from cupid.eval.files import hold, write_atomic
 from cupid.eval.meta import scoring_of
 from cupid.eval.runner import RunConfig, RunDir
 from cupid.eval.servers import Brought, bring
 from cupid.eval.runner import run as run_eval
 from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
 from cupid.matcher.scores import MatchCounts
+from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel
-from cupid.serving.lifecycle import failure_line
+from cupid.serving.lifecycle import failure_line, state_dir
 from cupid.serving.profiles import Gpu
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
@@ -121,9 +125,17 @@ def _setup(identity: dict[str, Any]) -> dict[str, Any]:
 
 
 def previous_night(root: Path, night: str) -> Path | None:
-    """The latest earlier dated directory that holds a leaderboard."""
-    earlier = [d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night and (d / "leaderboard.json").exists()] if root.exists() else []
+    """The latest earlier dated directory that holds the leaderboard of a night that ran (one that did not start
+    has nothing to compare with)."""
+    earlier = [d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night and _ran(d)] if root.exists() else []
     return max(earlier, key=lambda d: d.name, default=None)
+
+
+def _ran(night_dir: Path) -> bool:
+    try:
+        return not json.loads((night_dir / "leaderboard.json").read_text()).get("error")
+    except (OSError, ValueError):
+        return False
 
 
 def compare(entry: dict[str, Any], before: dict[str, Any] | None) -> None:
@@ -143,10 +155,39 @@ def compare(entry: dict[str, Any], before: dict[str, Any] | None) -> None:
     entry["setup_changed"] = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
-def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None) -> Brought:
-    """The night's servers: its judges (`run.serve`) once, its served candidates in slots; checked, not started."""
+def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
+    """Each served candidate checked on its own (its profile, its adapter): name -> why it cannot run tonight."""
+    refused = {}
+    for model in cfg.models:
+        if isinstance(model, ServedModel):
+            try:
+                model.to_profile(configs[model.name].profiles)
+            except (ConfigError, ServeError) as e:
+                refused[model.name] = str(e)
+    return refused
+
+
+def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> dict[str, Any]:
+    """The leaderboard entry of a candidate that did not run: its reason, no scores (never zeros)."""
+    entry = {"model": name, "run_dir": run_cfg.out if run_cfg else None, "primary": primary_metric(run_cfg) if run_cfg else "-",
+             "error": reason, "status": "error", "identity": {}, "metrics": {}, "n_scored": 0, "n_failed": 0, "failures": {},
+             "requests": None, "wall_s": None}  # fmt: skip
+    compare(entry, None)
+    return entry
+
+
+def check_cache(configs: dict[str, RunConfig]) -> None:
+    """The request cache every run shares opens (or is refused, by name) before the night starts anything."""
     first = next(iter(configs.values()))
-    served = [m for m in cfg.models if isinstance(m, ServedModel)]
+    if not first.no_cache:
+        Cache(first.cache or state_dir() / "cache.sqlite").close()
+
+
+def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None) -> Brought:
+    """The night's servers: its judges (`run.serve`) once, its served candidates (those in `configs`) in slots;
+    checked, not started."""
+    first = next(iter(configs.values()))
+    served = [m for m in cfg.models if isinstance(m, ServedModel) and m.name in configs]
     say = (lambda message: console.print(f"nightly: {message}", highlight=False)) if console else None
     return bring(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
 
@@ -219,63 +260,100 @@ def run_nightly(
     """Run every model of the suite for one night; return the leaderboard and the exit status. `dry_run`:
     print and check the plan only (on `gpus`, when given, instead of the visible ones)."""
     console = console or Console(stderr=True, soft_wrap=True)  # plan lines and errors name paths: never wrapped
-    cfg = load_model(NightlyConfig, config_path)
+    cfg = load_model(NightlyConfig, config_path)  # unreadable: there is no night directory to write to
     night = night or Date.today().isoformat()
     if not _DATE.match(night):
         raise ConfigError(f"--date {night!r}: expected YYYY-MM-DD")
     root = Path(cfg.out)
     night_dir = root / night
-    configs = run_configs(cfg, night_dir, str(config_path))
+    if dry_run:
+        configs = run_configs(cfg, night_dir, str(config_path))
+        refused = check_candidates(cfg, configs)
+        for name, reason in refused.items():
+            console.print(f"nightly: {name} would not run: {reason}", highlight=False)
+        brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
+        return {"date": night, "plan": brought.placement.lines(), "refused": refused}, 0
+    with hold(night_dir, lambda m: console.print(f"nightly: {m}", highlight=False)):  # cron starting it twice runs it once
+        try:  # what every candidate needs: a fault here is the whole night's, written down as such
+            configs = run_configs(cfg, night_dir, str(config_path))
+            check_cache(configs)
+            refused = check_candidates(cfg, configs)
+            brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
+        except ConfigError as e:
+            board = _board(night, night_dir, None, config_path, [not_run(n, f"the night did not start: {e}") for n in cfg.names()], error=str(e))
+            write_leaderboard(board, night_dir, root)
+            raise
+        return _run_night(cfg, configs, refused, brought, night, night_dir, root, config_path, console)
+
+
+def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path) -> Brought:
     try:
         brought = plan_night(cfg, configs, gpus, console)
     except ServeError as e:
         raise ConfigError(f"{config_path}: {e}") from None
     for line in brought.placement.lines():
         console.print(line, highlight=False)
-    if dry_run:
-        return {"date": night, "plan": brought.placement.lines()}, 0
+    return brought
+
+
+def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[str, str], brought: Brought, night: str,
+               night_dir: Path, root: Path, config_path: str | Path, console: Console) -> tuple[dict[str, Any], int]:  # fmt: skip
     prev_dir = previous_night(root, night)
     previous = {e["model"]: e for e in json.loads((prev_dir / "leaderboard.json").read_text())["models"]} if prev_dir else {}
 
     def run(name: str, out: Console) -> dict[str, Any]:
         return run_one(name, configs[name], brought, previous.get(name), out)
 
+    entries = []
+    for name, reason in refused.items():
+        console.print(f"[red]{name} did not run:[/red] {reason}", highlight=False)
+        entries.append(not_run(name, reason, configs[name]))
     try:  # endpoints first (they need only the judges), then the served candidates slot by slot
-        entries = [run(name, console) for name in configs if name not in brought.candidate_servers]
+        entries += [run(name, console) for name in configs if name not in brought.candidate_servers and name not in refused]
         entries += _run_slots(brought.slots, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         brought.fleet.stop_all()  # each says what it stopped
 
-    entries.sort(key=lambda e: -(e["metrics"].get(e["primary"], {}).get("estimate", -1.0)))
-    regressions = [f"{e['model']}: {m}" for e in entries for m in e["regressions"]]
-    with_failures = [e["model"] for e in entries if e["status"] != "ok"]
-    code = (EXIT_FAILURES if with_failures else 0) | (EXIT_REGRESSION if regressions else 0)
-    board = {
-        "date": night,
-        "dir": str(night_dir),
-        "previous": prev_dir.name if prev_dir else None,
-        "config": str(config_path),
-        "n_resamples": N_RESAMPLES,
-        "plan": brought.placement.lines(),
-        "servers_started": sorted({s.name for s in brought.fleet.servers if s.started}),
-        "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
-        "models": entries,
-        "regressions": regressions,
-        "with_failures": with_failures,
-        "exit_code": code,
-    }
-    night_dir.mkdir(parents=True, exist_ok=True)
-    (night_dir / "leaderboard.json").write_text(json.dumps(board, indent=2))
-    (night_dir / "leaderboard.md").write_text(leaderboard_markdown(board))
-    for name in ("leaderboard.json", "leaderboard.md"):
-        shutil.copyfile(night_dir / name, root / name)  # the latest night, at a fixed path
+    board = _board(night, night_dir, prev_dir, config_path, entries, brought=brought)
+    write_leaderboard(board, night_dir, root)
     if cfg.report:
         from cupid.eval.report import build
 
         ran = [c.out for c in configs.values() if (Path(c.out) / "instances.jsonl").exists()]
         if ran:
             board["report"] = str(build(ran, night_dir / "report"))
-    return board, code
+    return board, board["exit_code"]
+
+
+def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[dict[str, Any]],
+           brought: Brought | None = None, error: str | None = None) -> dict[str, Any]:  # fmt: skip
+    entries.sort(key=lambda e: -(e["metrics"].get(e["primary"], {}).get("estimate", -1.0)))
+    regressions = [f"{e['model']}: {m}" for e in entries for m in e["regressions"]]
+    with_failures = [e["model"] for e in entries if e["status"] != "ok"]
+    return {
+        "date": night,
+        "dir": str(night_dir),
+        "error": error,
+        "previous": prev_dir.name if prev_dir else None,
+        "config": str(config_path),
+        "n_resamples": N_RESAMPLES,
+        "plan": brought.placement.lines() if brought else [],
+        "servers_started": sorted({s.name for s in brought.fleet.servers if s.started}) if brought else [],
+        "servers_stopped_answering": {s.name: s.deaths for s in brought.fleet.servers if s.deaths} if brought else {},
+        "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
+        "models": entries,
+        "regressions": regressions,
+        "with_failures": with_failures,
+        "exit_code": (EXIT_FAILURES if with_failures or error else 0) | (EXIT_REGRESSION if regressions else 0),
+    }
+
+
+def write_leaderboard(board: dict[str, Any], night_dir: Path, root: Path) -> None:
+    """The night's leaderboard, and the latest one at a fixed path; each file replaced whole."""
+    text = {"leaderboard.json": json.dumps(board, indent=2), "leaderboard.md": leaderboard_markdown(board)}
+    for directory in (night_dir, root):
+        for name, content in text.items():
+            write_atomic(directory / name, content)
 
 
 # ---------------------------------------------------------------- leaderboard text
@@ -341,6 +419,10 @@ def leaderboard_markdown(board: dict[str, Any]) -> str:
         f"servers started: {started}.",
         f"{len(board['regressions'])} regression(s), {len(board['with_failures'])} model(s) with failures; exit {board['exit_code']}.",
     ]
+    for name, deaths in (board.get("servers_stopped_answering") or {}).items():
+        lines.append(f"Server {name} stopped answering {len(deaths)} time(s): " + " | ".join(deaths) + ".")
+    if board.get("error"):
+        lines[1:1] = ["", f"**THE NIGHT DID NOT START**: {board['error']}"]
     return "\n".join(lines) + "\n"
 
 

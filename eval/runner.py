@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import Roles
+from cupid.eval.files import DiskFull, disk_full, hold, write_atomic
 from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import GENERATION_ONLY, History
 from cupid.eval.servers import Brought, bring, servers_for
@@ -150,8 +151,7 @@ class RunDir:
             if diff:
                 raise ConfigError(f"{self.path} holds another run (differs in {diff}); choose another --out")
             merged = {**identity, **{p: {**previous.get(p, {}), **identity[p]} for p in ("roles", "prompts")}}
-        self.path.mkdir(parents=True, exist_ok=True)
-        run_file.write_text(json.dumps(merged, indent=2))
+        write_atomic(run_file, json.dumps(merged, indent=2))
 
 
 def _prompt_names(cfg: RunConfig) -> list[str]:
@@ -216,18 +216,30 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
     """One run. Servers it brings (`serve:`, a candidate that is a model) start on first need and stop at
     the end; a night passes its own `brought` instead, to serve the judges once for all its runs."""
     console = console or Console(stderr=True)
-    own = None
-    if brought is None and (cfg.serve or cfg.served_candidates) and not dry_run:
-        if cfg.executor != "http":
-            raise ConfigError(f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}")
-        own = brought = bring(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=lambda m: console.print(m, highlight=False))
-        for line in brought.placement.lines():
-            console.print(line, highlight=False)
-    try:
+    if dry_run:
         return _run(cfg, dry_run, console, brought)
-    finally:
-        if own is not None:
-            own.fleet.stop_all()
+    say = lambda m: console.print(m, highlight=False)  # noqa: E731
+    with hold(cfg.out, say):  # one writer per run directory: a second run on it is refused before it starts anything
+        own = None
+        if brought is None and (cfg.serve or cfg.served_candidates):
+            if cfg.executor != "http":
+                raise ConfigError(f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}")
+            own = brought = bring(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=say)
+            for line in brought.placement.lines():
+                console.print(line, highlight=False)
+        try:
+            return _run(cfg, dry_run, console, brought)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            kept = len(RunDir(cfg.out).records())
+            raise DiskFull(
+                f"no space left on the device while writing the run in {cfg.out} or its request cache ({e}). The {kept} record(s) "
+                "written before are kept: free some space and run the same command again; it resumes from them"
+            ) from e
+        finally:
+            if own is not None:
+                own.fleet.stop_all()
 
 
 def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought | None) -> dict[str, Any]:
@@ -290,8 +302,8 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
     }
     plan = {task: cfg.units_of(task) for task in cfg.tasks}
     summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
-    (out.path / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out.path / "summary.md").write_text(markdown(summary))
+    write_atomic(out.path / "summary.json", json.dumps(summary, indent=2))
+    write_atomic(out.path / "summary.md", markdown(summary))
     return summary
 
 

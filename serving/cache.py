@@ -1,7 +1,9 @@
 """Request cache: one SQLite file (WAL) keyed by the hash of the canonical request.
 
 A re-run, a resumed crash or tomorrow's nightly never pays twice for the same request, and the file
-is the audit log of what was sent and what came back.
+is the audit log of what was sent and what came back. Several runs share one file at once (WAL: readers
+never wait; a writer waits up to BUSY_TIMEOUT_S for another). A file that is not a cache, or a cache of a
+newer schema, is refused by name and left as it is: it may be someone's data, never ours to replace.
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cupid.serving.config import ConfigError
+
+# 1: the `responses` table below. Files written before the version was recorded (user_version 0) hold the
+# same table and are stamped 1 on open.
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 60.0
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -25,6 +35,7 @@ CREATE TABLE IF NOT EXISTS responses (
     created_at REAL NOT NULL
 )
 """
+_COLUMNS = ["key", "model", "request", "content", "finish_reason", "usage", "latency_s", "created_at"]
 
 
 @dataclass(frozen=True)
@@ -35,16 +46,56 @@ class Cached:
     latency_s: float | None
 
 
+class CacheError(ConfigError):
+    """The cache file cannot be used; the message names it and what to do. The file is left untouched."""
+
+
+def _refuse(path: Path, why: str) -> CacheError:
+    return CacheError(
+        f"request cache {path}: {why}. It was left as it is: give another file with --cache (or `cache:` in the config), "
+        "or move this one aside to start a new cache there"
+    )
+
+
 class Cache:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # One connection, used from the event loop's thread only; each call is well under a millisecond.
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=10000")
-        self._db.execute(SCHEMA)
+        if self.path.is_file() and self.path.stat().st_size > 0:
+            with self.path.open("rb") as f:  # sqlite3 would only say "file is not a database", naming nothing
+                if f.read(len(_SQLITE_MAGIC)) != _SQLITE_MAGIC:
+                    raise _refuse(self.path, "not a SQLite file (truncated, or another kind of file)")
+        # One connection, used from the event loop's thread only; each call is well under a millisecond. The timeout
+        # is set at connect so that even switching to WAL waits for another run opening the same file.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+        try:
+            version = self._check()  # reads only: a file that is not ours stays byte for byte as it was
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(SCHEMA)
+            if version < SCHEMA_VERSION:
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise _refuse(self.path, f"unreadable as a cache ({e})") from None
+        except CacheError:
+            self._db.close()
+            raise
+
+    def _check(self) -> int:
+        """The file's schema version, once it is known to be a cache this code reads (or an empty file); refuse
+        anything else. Version 0 is a cache from before versions were recorded: the same table, stamped on open."""
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version > SCHEMA_VERSION:
+            raise _refuse(self.path, f"written by a newer cupid (cache schema {version}; this one reads {SCHEMA_VERSION}): upgrade cupid")
+        if tables and "responses" not in tables:
+            raise _refuse(self.path, f"a SQLite database but not a request cache (its tables: {', '.join(sorted(tables))})")
+        if "responses" in tables:
+            columns = [row[1] for row in self._db.execute("PRAGMA table_info(responses)")]
+            if columns != _COLUMNS:
+                raise _refuse(self.path, f"its responses table has columns {columns}, not the cache's {_COLUMNS}")
+        return version
 
     def get(self, key: str) -> Cached | None:
         row = self._db.execute(

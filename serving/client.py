@@ -158,9 +158,27 @@ class Client:
         try:
             await asyncio.shield(self._starting[name])
         except Exception as e:
-            raise RequestFailed("server_not_started", failure_line(e)) from None
+            raise RequestFailed("server_died" if server.died else "server_not_started", failure_line(e)) from None
 
     async def _send_with_retries(self, name: str, request: ChatRequest) -> Answer:
+        """The endpoint's retries; then, where this run brought the server and the failure may be the server's
+        (no connection, a timeout, a 5xx), the server is checked and restarted if it died, and the request sent again."""
+        server = self.servers.get(name)
+        seen = server.generation if server is not None else 0
+        try:
+            return await self._attempts(name, request)
+        except RequestFailed as e:
+            if server is None or not (e.reason in ("connection", "timeout") or e.reason.startswith("http_5")):
+                raise
+            try:
+                revived = await server.revived(seen)
+            except Exception as died:
+                raise RequestFailed("server_died", failure_line(died)) from None
+            if not revived:
+                raise
+        return await self._attempts(name, request)
+
+    async def _attempts(self, name: str, request: ChatRequest) -> Answer:
         endpoint = self.endpoints[name]
         retrying = AsyncRetrying(
             stop=stop_after_attempt(endpoint.max_retries + 1),

@@ -2,7 +2,9 @@
 
 A server starts on the first request the cache cannot answer, so a night whose answers are all cached
 starts nothing; a failed start is kept and given to every request that needed it, so the run records
-the reason instead of stopping. Everything a fleet started is tied to this process and stopped by
+the reason instead of stopping. A server this fleet started that stops answering (its process gone, or its
+health check failing HEALTH_CHECKS times) is restarted once (RESTARTS), its log kept beside the new one, and
+the requests that failed meanwhile are sent again; if it cannot come back, every later request fails with why. Everything a fleet started is tied to this process and stopped by
 `stop_all`, on errors and Ctrl-C included.
 """
 
@@ -109,6 +111,10 @@ def fingerprint(*paths: str | None) -> str:
     return digest.hexdigest()[:8]
 
 
+RESTARTS = 1  # per night (a fleet lives for one night or one run): a server that keeps dying is not a fault to hide
+HEALTH_CHECKS, HEALTH_INTERVAL_S = 3, 2.0
+
+
 class Server:
     """One server a run may need: started once, on first need, from any thread. A server already answering
     for it (`cupid serve up` of the same profile, or any server at its address that lists its served model)
@@ -125,6 +131,9 @@ class Server:
         self.owned = False  # started by this fleet (and so stopped by it)
         self.started = False  # it ever was: a night reports what it had to start
         self.starting = False
+        self.generation = 0  # restarts so far: a request that failed before one is sent again
+        self.deaths: list[str] = []  # each time it stopped answering: why, and where its log was kept
+        self.died = False  # stopped answering and did not come back: `error` says why
         self._lock = threading.Lock()
         self._cancel = threading.Event()
 
@@ -162,29 +171,59 @@ class Server:
                 self.starting = False
             self.say(f"{self.name} ready in {time.monotonic() - began:.0f} s")
 
+    def revive(self, seen: int) -> bool:
+        """After a request to this server failed: True when it is worth sending again, because the server was
+        restarted since generation `seen` (now, or by another request's call). False when it answers its health
+        check (the failure was the request's own) or is not this fleet's to restart. Raises when it is gone for good."""
+        with self._lock:
+            if self.error:
+                raise self.error
+            if self.generation != seen:
+                return True
+            if not self.owned:
+                return False
+            record = lifecycle.find(self.name)
+            if record is not None and lifecycle.alive(record["pid"]):
+                for _ in range(HEALTH_CHECKS):
+                    if lifecycle.ready(self.spec, get_engine(self.spec.engine), timeout=5.0):
+                        return False
+                    time.sleep(HEALTH_INTERVAL_S)
+                why = f"its health check failed {HEALTH_CHECKS} times"
+            else:
+                why = "its process is gone"
+            log = lifecycle.record_path(self.name).with_suffix("") / "server.log"
+            kept = log.with_name(f"server-died-{len(self.deaths) + 1}.log")
+            if log.exists():
+                log.replace(kept)  # the next start writes server.log afresh
+            lifecycle.down(self.name)  # what is left of its process group, and its record
+            self.up = self.owned = False
+            self.deaths.append(f"{why}; its log: {kept}")
+            self.say(f"{self.name} stopped answering ({why}); its log is kept in {kept}:\n{lifecycle.tail(kept, 10)}")
+            if len(self.deaths) > RESTARTS:
+                self.died = True
+                self.error = ServeError(f"'{self.name}' stopped answering again ({why}; log {kept}), after its {RESTARTS} restart(s) tonight")
+                self.say(str(self.error))
+                raise self.error
+            self.say(f"restarting {self.name} (restart {len(self.deaths)} of {RESTARTS})")
+            try:
+                lifecycle.up(self.spec, tied=True, cancel=self._cancel)
+            except ServeError as e:
+                self.died = True
+                self.error = ServeError(f"'{self.name}' stopped answering ({why}; log {kept}) and did not come back: {lifecycle.failure_line(e)}")
+                self.say(str(self.error))
+                raise self.error from None
+            self.up = self.owned = True
+            self.generation += 1
+            self.say(f"{self.name} answers again")
+            return True
+
     async def wait_ready(self) -> None:
-        """`ensure` from a coroutine, in a daemon thread of its own: an interrupted run's event loop never waits
-        for a start to finish (the default executor would), and `stop` cancels the start instead."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        """`ensure` from a coroutine (see `_off_loop`)."""
+        await _off_loop(self.ensure, f"start {self.name}")
 
-        def settle(error: BaseException | None) -> None:
-            if not done.done():
-                done.set_exception(error) if error else done.set_result(None)
-
-        def start() -> None:
-            error = None
-            try:
-                self.ensure()
-            except BaseException as e:
-                error = e
-            try:
-                loop.call_soon_threadsafe(settle, error)
-            except RuntimeError:  # the run is over (its loop closed)
-                pass
-
-        threading.Thread(target=start, name=f"start {self.name}", daemon=True).start()
-        await done
+    async def revived(self, seen: int) -> bool:
+        """`revive` from a coroutine (see `_off_loop`)."""
+        return await _off_loop(lambda: self.revive(seen), f"revive {self.name}")
 
     def stop(self) -> bool:
         """Stop it if this fleet started it, a start under way included; True if there was one to stop."""
@@ -199,6 +238,31 @@ class Server:
         if stopped:
             self.say(f"stopped {self.name}")
         return stopped
+
+
+async def _off_loop(work: Callable[[], Any], name: str) -> Any:
+    """Run a server's start or restart in a daemon thread of its own: an interrupted run's event loop never waits
+    for it to finish (the default executor would), and `stop` cancels the start instead."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(error) if error else done.set_result(result)
+
+    def target() -> None:
+        result, error = None, None
+        try:
+            result = work()
+        except BaseException as e:
+            error = e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the run is over (its loop closed)
+            pass
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await done
 
 
 class Fleet:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -40,11 +41,12 @@ def night_parts(tmp_path_factory, tiny_model_dir):
     return root
 
 
-def night_config(root, tmp_path, models, cache, judge_profile="judge"):
+def night_config(root, tmp_path, models, cache, judge_profile="judge", **candidates):
     judge_port = yaml.safe_load((root / f"profiles/{judge_profile}.yaml").read_text())["port"]
     endpoints = write_endpoints(
         tmp_path / "endpoints.yaml",
         judge={"base_url": f"http://127.0.0.1:{judge_port}/v1", "model": TINY, "max_tokens": 64, "structured_output": True, "timeout_s": 600},
+        **candidates,
     )
     path = tmp_path / f"night-{len(list(tmp_path.glob('night-*.yaml')))}.yaml"
     run = {"data": "sample", "endpoints": str(endpoints), "profiles": str(root / "profiles"), "serve": [judge_profile], "decomposer": "judge",
@@ -119,3 +121,45 @@ def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_
     assert not record.exists()
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)  # the whole process group is gone, engine processes included
+
+
+def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(night_parts, tmp_path, cupid_home, monkeypatch):
+    """The night's judge (real vLLM on CPU) is SIGKILLed, process group and all, before the second candidate: it is
+    restarted and that candidate is scored; killed again before the third, it is not restarted twice, and the
+    third's units are failures that say why."""
+    from cupid.eval import nightly
+    from cupid.serving.instant import start as start_instant
+
+    instants = [start_instant("--preference", f"Answers should mention {word} first.") for word in ("apples", "rivers", "clocks")]
+    try:
+        candidates = {f"cand-{i}": {"base_url": url, "model": f"instant-{i}"} for i, (_, url) in enumerate(instants, start=1)}
+        config = night_config(night_parts, tmp_path, list(candidates), tmp_path / "cache.sqlite", **candidates)
+        real_run_one, killed = nightly.run_one, []
+
+        def run_one_after_killing_the_judge(name, *args):
+            if name != "cand-1":  # the judge answered cand-1: kill it as the OOM killer would
+                pgid = json.loads((cupid_home / "servers" / "judge.json").read_text())["pid"]
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
+            return real_run_one(name, *args)
+
+        monkeypatch.setattr(nightly, "run_one", run_one_after_killing_the_judge)
+        board, code = run_nightly(config, "2026-02-01")
+    finally:
+        for proc, _ in instants:
+            proc.terminate()
+            proc.wait()
+    entries = {e["model"]: e for e in board["models"]}
+    assert len(killed) == 2 and len(set(killed)) == 2  # the second kill hit the restarted server
+    for name in ("cand-1", "cand-2"):
+        assert (entries[name]["status"], entries[name]["n_scored"]) == ("ok", 1), entries[name]
+    gone = entries["cand-3"]
+    assert (gone["status"], gone["n_scored"], gone["n_failed"]) == ("failed", 0, 1) and gone["metrics"] == {}
+    assert [k.split(" ", 1)[1].split(":")[0] for k in gone["failures"]] == ["decompose"] and all("server_died" in k for k in gone["failures"])
+    deaths = board["servers_stopped_answering"]["judge"]
+    assert len(deaths) == 2 and all(d.startswith("its process is gone; its log: ") for d in deaths)
+    kept = [Path(d.split("its log: ")[1]) for d in deaths]
+    assert all(p.exists() and p.stat().st_size > 0 for p in kept)  # the dead servers' logs, kept for the morning
+    assert code & 1
+    assert "Server judge stopped answering 2 time(s)" in (tmp_path / "nightly/2026-02-01/leaderboard.md").read_text()
+    assert vllm_processes_of(night_parts) == [] and list((cupid_home / "servers").glob("*.json")) == []

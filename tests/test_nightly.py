@@ -103,9 +103,58 @@ def test_bad_suites_are_refused_before_anything_runs(tmp_path, cupid_home):
     config.write_text(yaml.safe_dump({"models": ["a"], "out": out, "run": {"decomposer": "d", "matcher": "m", "settings": ["sideways"]}}))
     with pytest.raises(ConfigError, match=r"(?s)bad\.yaml: run \(for model a\).*settings"):
         run_nightly(config, "2025-03-01")
+    # Faults every model shares: the night does not start, and its leaderboard says why, for each model.
+    board = json.loads((tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").read_text())
+    assert "settings" in board["error"] and board["exit_code"] == 1
+    assert [(e["model"], e["status"]) for e in board["models"]] == [("a", "error")]
+    assert "**THE NIGHT DID NOT START**" in (tmp_path / "nightly" / "leaderboard.md").read_text()
+    assert [p.name for p in (tmp_path / "nightly" / "2025-03-01").iterdir() if p.is_dir()] == []  # no run began
     config.write_text(yaml.safe_dump({"models": [], "colour": "red"}))
     with pytest.raises(ConfigError, match="colour"):
-        run_nightly(config, "2025-03-01")
-    assert not (tmp_path / "nightly").exists()
+        run_nightly(config, "2025-03-02")
+    assert not (tmp_path / "nightly" / "2025-03-02").exists()  # no readable `out`: nowhere to write
     result = CliRunner().invoke(app, ["nightly", "--config", str(config)])
     assert result.exit_code == 1 and "colour" in result.output
+
+
+def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(tmp_path, instant_url, cupid_home):
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
+                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    models = [
+        "instant",
+        {"name": "untrained", "profile": "tiny", "adapter": str(tmp_path / "no-adapter")},  # not trained yet
+        {"name": "misnamed", "profile": "no-such-profile"},
+        "no-such-endpoint",
+    ]
+    result = CliRunner().invoke(app, ["nightly", "--config", str(suite(tmp_path, "n", endpoints, models)), "--date", "2025-03-01"])
+    assert result.exit_code == 1, result.output  # failures
+    board = json.loads((tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").read_text())
+    entries = by_model(board)
+    assert (entries["instant"]["status"], entries["instant"]["n_scored"]) == ("ok", 12)
+    assert "no-adapter/adapter_config.json: not a LoRA adapter" in entries["untrained"]["error"]
+    assert "no-such-profile" in entries["misnamed"]["error"]
+    assert "no-such-endpoint" in entries["no-such-endpoint"]["error"]
+    for name in ("untrained", "misnamed", "no-such-endpoint"):
+        assert entries[name]["status"] == "error" and entries[name]["metrics"] == {} and entries[name]["n_scored"] == 0
+        row = next(line for line in result.output.splitlines() if f"| {name} |" in line)
+        assert "**DID NOT RUN**" in row
+    assert set(board["with_failures"]) == {"untrained", "misnamed", "no-such-endpoint"}
+
+
+def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_night_with_its_reason(tmp_path, instant_url, cupid_home):
+    from cupid.eval.files import hold
+
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
+                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    config = suite(tmp_path, "n", endpoints, ["instant"])
+    with hold(tmp_path / "nightly" / "2025-03-01"):  # tonight's night, started by the first cron run
+        with pytest.raises(ConfigError, match=r"2025-03-01 is in use by another run \(pid \d+"):
+            run_nightly(config, "2025-03-01")
+    assert not (tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").exists()  # the running night's to write
+
+    (tmp_path / "cache.sqlite").write_text("not a cache")
+    with pytest.raises(ConfigError, match="request cache"):
+        run_nightly(config, "2025-03-02")
+    board = json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())
+    assert f"request cache {tmp_path / 'cache.sqlite'}: not a SQLite file" in board["error"]
+    assert by_model(board)["instant"]["error"].startswith("the night did not start: request cache")
