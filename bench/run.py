@@ -32,7 +32,8 @@ from typing import Any
 
 import httpx
 
-from cupid.eval.runner import RunConfig, RunDir, run
+from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig, run
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml
@@ -141,10 +142,9 @@ def demo_workload(base_url: str, workdir: Path, *, free: bool = False) -> dict[s
     # One example of each failure reason, as the run recorded it.
     examples: dict[str, str] = {}
     for record in RunDir(workdir / "run").records().values():
-        if record["status"] == "failed":
-            error = record["error"]
-            key = f"{record['task']}/{error['stage']}: {error['reason']}"
-            examples.setdefault(key, str(error.get("detail") or error.get("raw") or "")[:300])
+        if not record.scored and (error := record.error) is not None:
+            key = f"{record.task}/{error.stage}: {error.reason}"
+            examples.setdefault(key, str(error.detail or error.raw or "")[:300])
     return {
         "wall_s": round(wall, 1),
         "units": summary["n_runs"],

@@ -7,8 +7,9 @@ answer; the instance is then counted as failed and kept out of every average.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
+from cupid.eval.records import Scoring, StageError
 from cupid.matcher import parse
 from cupid.serving.client import Client, RequestFailed
 
@@ -30,7 +31,20 @@ class Roles:
 class StageFailed(Exception):
     def __init__(self, stage: str, reason: str, detail: str, raw: str | None = None):
         super().__init__(f"{stage}: {reason}: {detail}")
-        self.error = {"stage": stage, "reason": reason, "detail": detail, "raw": raw}
+        self.error = StageError(stage=stage, reason=reason, detail=detail, raw=raw)
+
+
+async def stage_by_stage(stages: Callable[[Scoring], Awaitable[None]]) -> Scoring:
+    """A scorer's result: `stages` fills a fresh scoring one stage at a time, so a stage that fails leaves
+    everything before it (the parsed preference, the judges' raw answers) beside its error."""
+    scoring = Scoring()
+    try:
+        await stages(scoring)
+    except StageFailed as e:
+        scoring.error = e.error
+        return scoring
+    scoring.status = "scored"
+    return scoring
 
 
 def constraint(

@@ -5,14 +5,12 @@ ground-truth preference and its checklist (spec §3, "preference alignment").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from cupid.eval.chain import ask, constraint, parsed
+from cupid.eval.chain import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
+from cupid.eval.records import Scoring
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
-
-TASK = "generation"
 
 
 def candidate_messages(log: str, instance: Instance, setting: str) -> list[dict[str, str]]:
@@ -26,10 +24,13 @@ class GenerationScorer:
     client: Client
     judge: str
 
-    async def score(self, instance: Instance, answer: str, record: dict[str, Any]) -> None:
+    async def score(self, instance: Instance, answer: str) -> Scoring:
+        return await stage_by_stage(lambda scoring: self._stages(instance, answer, scoring))
+
+    async def _stages(self, instance: Instance, answer: str, scoring: Scoring) -> None:
         messages = prompts.judge(
             instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer
         )
-        judged = await ask(self.client, "judge", self.judge, messages, **constraint(self.client, self.judge, schemas.judge))
-        record["judge_answer"] = judged
-        record["score"] = parsed("judge", parse.score, judged)
+        fmt = constraint(self.client, self.judge, schemas.judge)
+        scoring.judge_answer = await ask(self.client, "judge", self.judge, messages, **fmt)
+        scoring.score = parsed("judge", parse.score, scoring.judge_answer)

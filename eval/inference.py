@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-from cupid.eval.chain import ask, constraint, parsed
+from cupid.eval.chain import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
+from cupid.eval.records import DIRECTIONS, Counts, MatchItem, Scores, Scoring
 from cupid.matcher import parse, prompts, schemas
 from cupid.matcher.prompts import MatcherDialect
 from cupid.matcher.scores import MatchCounts
 from cupid.serving.client import Client
-
-TASK = "inference"
 
 
 def candidate_messages(log: str, instance: Instance, setting: str) -> list[dict[str, str]]:
@@ -29,46 +27,48 @@ class InferenceScorer:
     matcher: str
     matcher_dialect: MatcherDialect
 
-    async def decompose(self, preference: str) -> list[str]:
+    async def ask_decomposer(self, preference: str) -> str:
         fmt = constraint(self.client, self.decomposer, schemas.decomposer)
-        answer = await ask(self.client, "decompose", self.decomposer, prompts.decomposer(preference), **fmt)
-        return parsed("decompose", parse.checklist, answer)
+        return await ask(self.client, "decompose", self.decomposer, prompts.decomposer(preference), **fmt)
+
+    async def ask_matcher(self, stage: str, preference: str, items: list[str]) -> str:
+        fmt = constraint(self.client, self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap))
+        return await ask(self.client, stage, self.matcher, prompts.matcher(preference, items, self.matcher_dialect), **fmt)
+
+    async def decompose(self, preference: str) -> list[str]:
+        return parsed("decompose", parse.checklist, await self.ask_decomposer(preference))
 
     async def match(self, stage: str, preference: str, items: list[str]) -> list[parse.Match]:
-        fmt = constraint(self.client, self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap))
-        messages = prompts.matcher(preference, items, self.matcher_dialect)
-        answer = await ask(self.client, stage, self.matcher, messages, **fmt)
-        return parsed(stage, parse.matches, answer, items)
+        return parsed(stage, parse.matches, await self.ask_matcher(stage, preference, items), items)
 
-    async def score(self, instance: Instance, answer: str, record: dict[str, Any]) -> None:
-        """Fills `record` stage by stage, so a failure keeps what was computed before it."""
-        preference = parsed("parse_preference", parse.preference, answer)
-        record["inferred_preference"] = preference
-        await self.score_preference(preference, instance.current_contextual_preference, list(instance.current_checklist), record)
+    async def score(self, instance: Instance, answer: str) -> Scoring:
+        return await stage_by_stage(lambda scoring: self._stages(instance, answer, scoring))
 
-    async def score_preference(self, preference: str, gt_preference: str, gt: list[str], record: dict[str, Any]) -> None:
-        """An inferred preference against the ground truth: decompose, then match both directions."""
-        inferred = await self.decompose(preference)
-        record["inferred_checklist"] = inferred
+    async def _stages(self, instance: Instance, answer: str, scoring: Scoring) -> None:
+        preference = scoring.inferred_preference = parsed("parse_preference", parse.preference, answer)
+        scoring.decomposer_answer = await self.ask_decomposer(preference)
+        inferred = scoring.inferred_checklist = parsed("decompose", parse.checklist, scoring.decomposer_answer)
+        gt = list(instance.current_checklist)
         if not inferred:
             # The decomposer really answered an empty list: nothing can match (the reference does the same).
-            counts = MatchCounts(0.0, 0, 0.0, len(gt))
-            record.update(infer_to_gt=[], gt_to_infer=[], counts=vars(counts), scores=counts.prf().as_dict())
+            scoring.infer_to_gt, scoring.gt_to_infer = [], []
+            _counted(scoring, MatchCounts(0.0, 0, 0.0, len(gt)))
             return
-        both = await asyncio.gather(
-            self.match("match_infer_to_gt", gt_preference, inferred),
-            self.match("match_gt_to_infer", preference, gt),
+        asked = {"infer_to_gt": (instance.current_contextual_preference, inferred), "gt_to_infer": (preference, gt)}
+        answers = await asyncio.gather(
+            *(self.ask_matcher(f"match_{d}", *asked[d]) for d in DIRECTIONS),
             return_exceptions=True,  # let both finish: the one that succeeded is cached for the resume
         )
-        for outcome in both:
+        scoring.matcher_answers = {d: a for d, a in zip(DIRECTIONS, answers) if isinstance(a, str)}
+        labelled = {}
+        for direction, outcome in zip(DIRECTIONS, answers):
             if isinstance(outcome, BaseException):
                 raise outcome
-        infer_to_gt, gt_to_infer = both
-        counts = MatchCounts.from_labels([m.label for m in infer_to_gt], [m.label for m in gt_to_infer])
-        record.update(
-            infer_to_gt=[vars(m) for m in infer_to_gt],
-            gt_to_infer=[vars(m) for m in gt_to_infer],
-            counts=vars(counts),
-            scores=counts.prf().as_dict(),
-        )
+            labelled[direction] = parsed(f"match_{direction}", parse.matches, outcome, asked[direction][1])
+            setattr(scoring, direction, [MatchItem.of(m) for m in labelled[direction]])
+        labels = [[m.label for m in labelled[d]] for d in DIRECTIONS]
+        _counted(scoring, MatchCounts.from_labels(*labels))
 
+
+def _counted(scoring: Scoring, counts: MatchCounts) -> None:
+    scoring.counts, scoring.scores = Counts.of(counts), Scores.of(counts.prf())

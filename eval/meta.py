@@ -25,8 +25,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cupid.eval.runner import RunDir
-from cupid.matcher.scores import MatchCounts, macro, micro
+from cupid.eval.records import DIRECTIONS, UnitRecord, scored
+from cupid.eval.rundir import RunDir
+from cupid.matcher.scores import macro, micro
 from cupid.serving.config import ConfigError
 
 LABELS = ("Yes", "Partial", "No")
@@ -36,7 +37,6 @@ _ALIASES = {
     "partial": "Partial", "partially covered": "Partial", "0.5": "Partial",
     "no": "No", "not covered": "No", "0": "No", "0.0": "No",
 }  # fmt: skip
-DIRECTIONS = ("infer_to_gt", "gt_to_infer")
 Level = Literal["ordinal", "nominal", "interval"]
 
 PairKey = tuple[str, str, str, int]  # (instance key, setting, direction, item index)
@@ -60,14 +60,6 @@ class Labelled:
 # ---------------------------------------------------------------- reading labels
 
 
-def scoring_of(record: dict[str, Any], reference: bool) -> dict[str, Any] | None:
-    """A record's scored fields from the run's own scorer or from its reference re-scoring; None if not scored."""
-    scoring = record.get("reference") if reference else record
-    if not scoring or scoring.get("status") != "scored":
-        return None
-    return scoring
-
-
 def run_labels(run_dir: str | Path, *, reference: bool = False) -> dict[PairKey, Labelled]:
     """Every labelled pair of a run's scored inference records."""
     run = RunDir(run_dir)
@@ -75,14 +67,13 @@ def run_labels(run_dir: str | Path, *, reference: bool = False) -> dict[PairKey,
         raise ConfigError(f"{run.records_file}: no such file (not a run directory?)")
     pairs: dict[PairKey, Labelled] = {}
     for (key, task, setting), record in run.records().items():
-        scoring = scoring_of(record, reference)
-        if task != "inference" or scoring is None:
+        scoring = record.scoring(reference)
+        if task != "inference" or not scoring.scored:
             continue
-        criteria = {"infer_to_gt": record.get("gt_preference"), "gt_to_infer": record.get("inferred_preference")}
+        criteria = {"infer_to_gt": record.gt_preference, "gt_to_infer": record.inferred_preference}
         for direction in DIRECTIONS:
-            for item in scoring.get(direction) or []:
-                label = canonical_label(item["label"])
-                pairs[(key, setting, direction, int(item["index"]))] = Labelled(label, item.get("entry"), criteria[direction])
+            for item in getattr(scoring, direction) or []:
+                pairs[(key, setting, direction, item.index)] = Labelled(canonical_label(item.label), item.entry, criteria[direction])
     return pairs
 
 
@@ -199,10 +190,10 @@ def _role(run_dir: Path, role: str) -> str | None:
     return None
 
 
-def run_f1(records: Iterable[dict[str, Any]], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
+def run_f1(records: Iterable[UnitRecord], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
     """(F1, n_scored, n_failed) of a run's inference records in one setting."""
-    rows = [r for r in records if r.get("task") == "inference" and r.get("setting") == setting]
-    counts = [MatchCounts(**s["counts"]) for s in (scoring_of(r, reference) for r in rows) if s is not None]
+    rows = [r for r in records if r.task == "inference" and r.setting == setting]
+    counts = [s.match_counts() for s in scored(rows, reference)]
     value = (micro if aggregate == "micro" else macro)(counts)
     return (value.f1 if value else None), len(counts), len(rows) - len(counts)
 
@@ -235,7 +226,7 @@ def f1_table(run_dirs: Iterable[str | Path], setting: str = "standard", aggregat
             raise ConfigError(f"{run_dir}: no instance records (instances.jsonl missing or empty)")
         model = _role(run_dir, "candidate") or run_dir.name
         scorings = [(_role(run_dir, "matcher") or "matcher", False)]
-        if any("reference" in r for r in records):
+        if any(r.reference is not None for r in records):
             scorings.append((_role(run_dir, "reference") or "reference", True))
         for matcher, reference in scorings:
             value, _, _ = run_f1(records, setting, aggregate, reference)

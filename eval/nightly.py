@@ -28,12 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from cupid.eval.files import hold, write_atomic
-from cupid.eval.meta import scoring_of
-from cupid.eval.runner import RunConfig, RunDir
+from cupid.eval.records import UnitRecord, scored
+from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig
 from cupid.eval.servers import Brought, bring
 from cupid.eval.runner import run as run_eval
 from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
-from cupid.matcher.scores import MatchCounts
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
@@ -87,24 +87,24 @@ def _dir_name(model: str) -> str:
 # ---------------------------------------------------------------- metrics of one run
 
 
-def metrics(records: list[dict[str, Any]]) -> dict[str, Interval]:
+def metrics(records: list[UnitRecord]) -> dict[str, Interval]:
     """`inference/<setting>/micro_f1`, `.../macro_f1` and `generation/<setting>/mean_score`, each with
     its bootstrap interval over the scored instances; a metric with no scored instance is absent."""
     result: dict[str, Interval] = {}
-    settings = list(dict.fromkeys((r["task"], r["setting"]) for r in records))
+    settings = list(dict.fromkeys((r.task, r.setting) for r in records))
     for task, setting in settings:
-        scored = [s for s in (scoring_of(r, False) for r in records if (r["task"], r["setting"]) == (task, setting)) if s is not None]
-        if task == "inference" and (iv := prf_intervals([MatchCounts(**s["counts"]) for s in scored])):
+        these = scored(r for r in records if (r.task, r.setting) == (task, setting))
+        if task == "inference" and (iv := prf_intervals([s.match_counts() for s in these])):
             result[f"inference/{setting}/micro_f1"] = iv["micro"]["f1"]
             result[f"inference/{setting}/macro_f1"] = iv["macro"]["f1"]
-        elif task == "generation" and (iv := mean_interval([s["score"] for s in scored])):
+        elif task == "generation" and (iv := mean_interval([s.score for s in these])):
             result[f"generation/{setting}/mean_score"] = iv
     return result
 
 
-def failure_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+def failure_counts(records: list[UnitRecord]) -> dict[str, int]:
     """Failed records by `task/setting stage: reason` (from the records, so a run cut short still counts)."""
-    counts = Counter(f"{r['task']}/{r['setting']} {r['error']['stage']}: {r['error']['reason']}" for r in records if r["status"] == "failed")
+    counts = Counter(f"{r.task}/{r.setting} {r.error.stage}: {r.error.reason}" for r in records if not r.scored and r.error)
     return dict(sorted(counts.items()))
 
 
@@ -219,8 +219,8 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
     entry.update(
         identity=json.loads(identity_file.read_text()) if identity_file.exists() else {},
         metrics={k: v.as_dict() for k, v in metrics(records).items()},
-        n_scored=sum(r["status"] == "scored" for r in records),
-        n_failed=sum(r["status"] == "failed" for r in records),
+        n_scored=sum(r.scored for r in records),
+        n_failed=sum(not r.scored for r in records),
         failures=failure_counts(records),
         requests=summary.get("requests"),
         wall_s=summary.get("wall_s"),

@@ -11,10 +11,11 @@ unit it belongs to, the ground truth shown to the judges, the candidate's answer
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from cupid.matcher.parse import Match
 from cupid.matcher.scores import PRF, MatchCounts
 
 Status = Literal["scored", "failed"]
@@ -45,6 +46,10 @@ class MatchItem(_Model):
     index: int
     entry: str
     label: str
+
+    @classmethod
+    def of(cls, match: Match) -> "MatchItem":
+        return cls(index=match.index, entry=match.entry, label=match.label)
 
 
 class Counts(_Model):
@@ -95,8 +100,16 @@ class Scoring(_Model):
     def scored(self) -> bool:
         return self.status == "scored"
 
+    def match_counts(self) -> MatchCounts:
+        """A scored inference scoring's counts, for the aggregates."""
+        assert self.counts is not None, "an inference scoring that was scored has counts"
+        return self.counts.match_counts()
 
-class UnitRecord(Scoring):
+
+class _Unit(_Model):
+    """The unit a record belongs to and what its judges were shown; declared apart from `Scoring` only so
+    that a line of `instances.jsonl` starts with them (pydantic orders fields base class first)."""
+
     key: str
     persona_id: str
     instance_type: str
@@ -107,6 +120,9 @@ class UnitRecord(Scoring):
     gt_preference: str | None = None
     gt_checklist: list[str] | None = None
     candidate_answer: str | None = None
+
+
+class UnitRecord(Scoring, _Unit):
     reference: Scoring | None = None
 
     @property
@@ -119,6 +135,11 @@ class UnitRecord(Scoring):
         if not reference:
             return self
         return self.reference or Scoring(status="failed", error=self.error)
+
+
+def scored(records: Iterable[UnitRecord], reference: bool = False) -> list[Scoring]:
+    """The scorings that reached a score, the run's own or its reference's: what every average is over."""
+    return [s for s in (r.scoring(reference) for r in records) if s.scored]
 
 
 class RecordError(ValueError):

@@ -21,10 +21,9 @@ from typing import Any, Callable, Iterable
 import typer
 
 from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.meta import scoring_of
-from cupid.eval.runner import RunDir
+from cupid.eval.records import UnitRecord, scored
+from cupid.eval.rundir import RunDir
 from cupid.eval.stats import Interval, mean_interval, prf_intervals
-from cupid.matcher.scores import MatchCounts
 from cupid.serving.config import ConfigError
 
 SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
@@ -36,7 +35,7 @@ class Run:
     path: Path
     identity: dict[str, Any]  # run.json
     summary: dict[str, Any]  # summary.json ({} when the run never finished)
-    records: list[dict[str, Any]]
+    records: list[UnitRecord]
     label: str = ""
 
     def role(self, role: str) -> str | None:
@@ -46,16 +45,16 @@ class Run:
     def candidate(self) -> str:
         return self.role("candidate") or self.path.name
 
-    def of(self, task: str, setting: str | None = None) -> list[dict[str, Any]]:
-        return [r for r in self.records if r.get("task") == task and (setting is None or r.get("setting") == setting)]
+    def of(self, task: str, setting: str | None = None) -> list[UnitRecord]:
+        return [r for r in self.records if r.task == task and (setting is None or r.setting == setting)]
 
     def settings(self, task: str) -> list[str]:
-        present = {r.get("setting") for r in self.of(task)}
+        present = {r.setting for r in self.of(task)}
         return [s for s in SETTINGS_ORDER if s in present] + sorted(present - set(SETTINGS_ORDER))
 
     @property
     def has_reference(self) -> bool:
-        return any("reference" in r for r in self.records)
+        return any(r.reference is not None for r in self.records)
 
 
 def load_run(path: str | Path) -> Run:
@@ -90,15 +89,15 @@ class Row:
     cells: dict[str, Interval | None] = field(default_factory=dict)
 
 
-def _groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    return [("all", records)] + [(t, [r for r in records if r.get("instance_type") == t]) for t in INSTANCE_TYPES]
+def _groups(records: list[UnitRecord]) -> list[tuple[str, list[UnitRecord]]]:
+    return [("all", records)] + [(t, [r for r in records if r.instance_type == t]) for t in INSTANCE_TYPES]
 
 
 def inference_rows(run: Run, reference: bool = False) -> list[Row]:
     rows = []
     for setting in run.settings("inference"):
         for group, records in _groups(run.of("inference", setting)):
-            counts = [MatchCounts(**s["counts"]) for s in (scoring_of(r, reference) for r in records) if s is not None]
+            counts = [s.match_counts() for s in scored(records, reference)]
             intervals = prf_intervals(counts) or {}
             cells = {f"{name} {agg}": intervals.get(agg, {}).get(name) for agg in ("micro", "macro") for name in ("precision", "recall", "f1")}
             rows.append(Row(setting, group, len(counts), len(records) - len(counts), cells))
@@ -109,7 +108,7 @@ def generation_rows(run: Run, reference: bool = False) -> list[Row]:
     rows = []
     for setting in run.settings("generation"):
         for group, records in _groups(run.of("generation", setting)):
-            scores = [s["score"] for s in (scoring_of(r, reference) for r in records) if s is not None]
+            scores = [s.score for s in scored(records, reference)]
             rows.append(Row(setting, group, len(scores), len(records) - len(scores), {"mean score": mean_interval(scores)}))
     return rows
 
@@ -118,12 +117,10 @@ def failure_counts(run: Run) -> list[tuple[str, str, str, int]]:
     """(scoring, task/setting, "stage: reason", n): the run's own failures, then its reference scoring's."""
     counts: Counter[tuple[str, str, str]] = Counter()
     for r in run.records:
-        where = f"{r.get('task')} / {r.get('setting')}"
-        if r.get("status") == "failed":
-            counts["own", where, f"{r['error']['stage']}: {r['error']['reason']}"] += 1
-        ref = r.get("reference")
-        if ref and ref.get("status") == "failed":
-            counts["reference", where, f"{ref['error']['stage']}: {ref['error']['reason']}"] += 1
+        where = f"{r.task} / {r.setting}"
+        for scoring, failed in (("own", r), ("reference", r.reference)):
+            if failed is not None and not failed.scored and failed.error is not None:
+                counts[scoring, where, f"{failed.error.stage}: {failed.error.reason}"] += 1
     return [(*k, n) for k, n in sorted(counts.items())]
 
 
@@ -178,11 +175,11 @@ def figure3(runs: list[Run]) -> Figure:
     lines: dict[str, dict[int, list[float]]] = {}
     notes, no_relevant, width = [], 0, 1
     for run in runs:
-        records = [r for r in run.of("inference", FIGURE_SETTING) if r.get("status") == "scored"]
+        records = [r for r in run.of("inference", FIGURE_SETTING) if r.scored]
         if not records:
             continue
         known: dict[str, list[int]] = {}
-        if any("relevant_sessions" not in r for r in records):
+        if any(r.relevant_sessions is None for r in records):
             source = run.identity.get("data") or run.summary.get("data")
             try:
                 known = _relevant_from_data(source)
@@ -191,12 +188,12 @@ def figure3(runs: list[Run]) -> Figure:
                 continue
         bins: dict[int, list[float]] = {}
         for r in records:
-            positions = r["relevant_sessions"] if "relevant_sessions" in r else known.get(r["key"], [])
+            positions = r.relevant_sessions if r.relevant_sessions is not None else known.get(r.key, [])
             if not positions:
                 no_relevant += 1
                 continue
             x = sum(positions) / len(positions)
-            bins.setdefault(int(math.floor(x / width)), []).append(MatchCounts(**r["counts"]).prf().f1)
+            bins.setdefault(int(math.floor(x / width)), []).append(r.match_counts().prf().f1)
         lines[run.label] = bins
     if not lines:
         fig.caption = "Not drawn: no scored inference records in the standard setting. " + " ".join(notes)
@@ -234,10 +231,10 @@ def model_points(runs: list[Run], setting: str = FIGURE_SETTING) -> tuple[dict[s
     for run in runs:
         scorings = [(run.role("matcher") or "matcher", False)] + ([(run.role("reference") or "reference", True)] if run.has_reference else [])
         for matcher, reference in scorings:
-            counts = [MatchCounts(**s["counts"]) for s in (scoring_of(r, reference) for r in run.of("inference", setting)) if s is not None]
+            counts = [s.match_counts() for s in scored(run.of("inference", setting), reference)]
             if (intervals := prf_intervals(counts)) is not None:
                 f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro"]["f1"])
-        scores = [r["score"] for r in run.of("generation", setting) if r.get("status") == "scored"]
+        scores = [s.score for s in scored(run.of("generation", setting))]
         if (interval := mean_interval(scores)) is not None:
             gen.setdefault(run.candidate, interval)
     return f1, gen
@@ -374,7 +371,7 @@ def _run_view(run: Run) -> dict[str, Any]:
         blocks.append({"title": f"Generation: judge score, judge {run.role('judge') or '?'}", "headers": ["mean score"], "rows": rows, "scale": 1})
     if run.has_reference and (rows := generation_rows(run, reference=True)):
         blocks.append({"title": f"Generation, reference scoring ({run.role('reference') or 'reference'})", "headers": ["mean score"], "rows": rows, "scale": 1})
-    n_failed = sum(r.get("status") == "failed" for r in run.records)
+    n_failed = sum(not r.scored for r in run.records)
     return {
         "path": run.path,
         "label": run.label,

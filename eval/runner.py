@@ -22,6 +22,8 @@ from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import GENERATION_ONLY, History
 from cupid.eval.servers import Brought, bring, servers_for
 from cupid.eval.inference import InferenceScorer
+from cupid.eval.records import UnitRecord
+from cupid.eval.rundir import RunDir
 from cupid.eval.summary import markdown, summarize
 from cupid.eval.tasks import Task, candidate_constrained
 from cupid.matcher import prompts
@@ -107,53 +109,6 @@ class RunConfig(BaseModel):
         return Roles(self.candidate_name, self.decomposer, self.matcher, self.judge, self.summarizer)
 
 
-class RunDir:
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.records_file = self.path / "instances.jsonl"
-
-    def records(self) -> dict[tuple[str, str, str], dict[str, Any]]:
-        """The latest record of each (instance, task, setting); a torn last line from a crash is ignored."""
-        latest: dict[tuple[str, str, str], dict[str, Any]] = {}
-        if not self.records_file.exists():
-            return latest
-        for line in self.records_file.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            latest[(record["key"], record["task"], record["setting"])] = record
-        return latest
-
-    def append(self):
-        """The records file opened for appending, after closing any line torn by a crash."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        sink = self.records_file.open("a+", encoding="utf-8")
-        if sink.tell() > 0:
-            sink.seek(sink.tell() - 1)
-            if sink.read(1) != "\n":
-                sink.write("\n")
-        return sink
-
-    def check_same_run(self, identity: dict[str, Any]) -> None:
-        """Refuse to mix two runs in one directory: other data, another model in a role both runs
-        bind, or other prompt texts. Binding a new role (adding the generation task) is fine."""
-        run_file = self.path / "run.json"
-        merged = identity
-        if run_file.exists():
-            previous = json.loads(run_file.read_text())
-            diff = {}
-            for part in ("roles", "prompts"):
-                old, new = previous.get(part, {}), identity[part]
-                diff.update({f"{part}.{k}": (old[k], new[k]) for k in old.keys() & new.keys() if old[k] != new[k]})
-            if previous.get("data") != identity["data"]:
-                diff["data"] = (previous.get("data"), identity["data"])
-            if diff:
-                raise ConfigError(f"{self.path} holds another run (differs in {diff}); choose another --out")
-            merged = {**identity, **{p: {**previous.get(p, {}), **identity[p]} for p in ("roles", "prompts")}}
-        write_atomic(run_file, json.dumps(merged, indent=2))
-
-
 def _prompt_names(cfg: RunConfig) -> list[str]:
     names = [n for task in cfg.tasks for n in PROMPTS_USED[task]]
     return names + (list(PROMPTS_USED["summary"]) if "summary" in cfg.settings else [])
@@ -207,9 +162,9 @@ def write_dry_run(tasks: dict[str, Task], units: list, path: str | Path) -> int:
     return len(units)
 
 
-def _finished(record: dict[str, Any], reference: bool) -> bool:
+def _finished(record: UnitRecord, reference: bool) -> bool:
     """A unit a resume keeps: scored, and re-scored by the reference when the run has one."""
-    return record["status"] == "scored" and (not reference or record.get("reference", {}).get("status") == "scored")
+    return record.scored and (not reference or record.scoring(reference=True).scored)
 
 
 def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None) -> dict[str, Any]:
@@ -274,7 +229,7 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
         client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, servers=servers)
         out = RunDir(cfg.out)
         plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
-        out.check_same_run({**_identity(cfg, endpoints), "plan": plan})
+        out.check_same_run({**_identity(cfg, endpoints), "plan": plan}, growing=("roles", "prompts"), latest=("plan",))
         done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
         tasks = build_tasks(cfg, client)
@@ -323,7 +278,7 @@ async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir, console: Con
             bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
             for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
                 record = await finished
-                sink.write(json.dumps(record, ensure_ascii=False) + "\n")
+                sink.write(record.to_json() + "\n")
                 sink.flush()
                 progress.update(bar, advance=1, stats=client.stats.line())
     finally:  # interrupted too: no connection left open

@@ -11,7 +11,8 @@ from statistics import fmean
 from typing import Any, Iterable, NamedTuple
 
 from cupid.eval.data import INSTANCE_TYPES
-from cupid.matcher.scores import MatchCounts, PRF, macro, micro
+from cupid.eval.records import Scoring, UnitRecord
+from cupid.matcher.scores import PRF, macro, micro
 
 GROUPS = ("all", *INSTANCE_TYPES)
 
@@ -20,53 +21,47 @@ def _prf(value: PRF | None) -> dict[str, float] | None:
     return value.as_dict() if value is not None else None
 
 
-def _counts(records: list[dict[str, Any]]) -> dict[str, Any]:
-    scored = sum(r["status"] == "scored" for r in records)
-    stages = Counter(r["error"]["stage"] for r in records if r["status"] == "failed")
-    return {"n_scored": scored, "n_failed": len(records) - scored, "failed_by_stage": dict(stages)}
+def _counts(scorings: list[Scoring]) -> dict[str, Any]:
+    scored = sum(s.scored for s in scorings)
+    stages = Counter(s.error.stage for s in scorings if not s.scored and s.error is not None)
+    return {"n_scored": scored, "n_failed": len(scorings) - scored, "failed_by_stage": dict(stages)}
 
 
-def inference_block(records: list[dict[str, Any]]) -> dict[str, Any]:
-    counts = [MatchCounts(**r["counts"]) for r in records if r["status"] == "scored"]
-    return {"micro": _prf(micro(counts)), "macro": _prf(macro(counts)), **_counts(records)}
+def inference_block(scorings: list[Scoring]) -> dict[str, Any]:
+    counts = [s.match_counts() for s in scorings if s.scored]
+    return {"micro": _prf(micro(counts)), "macro": _prf(macro(counts)), **_counts(scorings)}
 
 
-def generation_block(records: list[dict[str, Any]]) -> dict[str, Any]:
-    scores = [r["score"] for r in records if r["status"] == "scored"]
-    return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(records)}
+def generation_block(scorings: list[Scoring]) -> dict[str, Any]:
+    scores = [s.score for s in scorings if s.scored]
+    return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(scorings)}
 
 
 BLOCKS = {"inference": inference_block, "generation": generation_block}
 
 
-def task_block(task: str, records: list[dict[str, Any]], settings: list[str]) -> dict[str, Any]:
-    """Per setting, overall and by instance type; the top-level figures are the first setting's."""
+def task_block(task: str, records: list[UnitRecord], settings: list[str], reference: bool = False) -> dict[str, Any]:
+    """Per setting, overall and by instance type, of the run's own scoring or its reference's; the
+    top-level figures are the first setting's."""
     block = BLOCKS[task]
     by_setting = {}
     for setting in settings:
-        chosen = [r for r in records if r["setting"] == setting]
+        chosen = [r for r in records if r.setting == setting]
         by_setting[setting] = {
-            **block(chosen),
-            "by_type": {t: block([r for r in chosen if r["instance_type"] == t]) for t in INSTANCE_TYPES},
+            **block([r.scoring(reference) for r in chosen]),
+            "by_type": {t: block([r.scoring(reference) for r in chosen if r.instance_type == t]) for t in INSTANCE_TYPES},
         }
     return {**by_setting[settings[0]], "setting": settings[0], "settings": by_setting}
 
 
-def reference_view(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as the reference scored it; a unit whose candidate failed failed for both scorings."""
-    scored = record.get("reference") or {"status": "failed", "error": record["error"]}
-    return {**{k: record[k] for k in ("key", "instance_type", "task", "setting")}, **scored}
-
-
-def failures(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+def failures(records: Iterable[UnitRecord], reference: bool = False) -> dict[str, int]:
     """Failed units counted by `task/stage: reason`."""
-    return dict(
-        Counter(f"{r['task']}/{r['error']['stage']}: {r['error']['reason']}" for r in records if r["status"] == "failed")
-    )
+    failed = [(r.task, r.scoring(reference).error) for r in records if not r.scoring(reference).scored]
+    return dict(Counter(f"{task}/{error.stage}: {error.reason}" for task, error in failed if error is not None))
 
 
 def summarize(
-    records: list[dict[str, Any]],
+    records: list[UnitRecord],
     plan: dict[str, list[str]],
     n_instances: int,
     meta: dict[str, Any],
@@ -75,14 +70,14 @@ def summarize(
     """`plan` maps each task of the run to its settings."""
     summary: dict[str, Any] = {}
     for task, settings in plan.items():
-        summary[task] = task_block(task, [r for r in records if r["task"] == task], settings)
+        summary[task] = task_block(task, [r for r in records if r.task == task], settings)
     if reference:
-        views = [reference_view(r) for r in records]
         summary["reference"] = {
-            task: task_block(task, [r for r in views if r["task"] == task], settings) for task, settings in plan.items()
+            task: task_block(task, [r for r in records if r.task == task], settings, reference=True)
+            for task, settings in plan.items()
         }
-        summary["reference_failures"] = failures(views)
-    n_failed = sum(r["status"] == "failed" for r in records)
+        summary["reference_failures"] = failures(records, reference=True)
+    n_failed = sum(not r.scored for r in records)
     return {
         **summary,
         "n_instances": n_instances,

@@ -8,12 +8,13 @@ candidate again, so two scorings of one run differ only in their judges.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from cupid.eval import generation, inference
 from cupid.eval.chain import StageFailed
 from cupid.eval.data import Instance
 from cupid.eval.history import History, relevant_sessions
+from cupid.eval.records import Scoring, UnitRecord
 from cupid.matcher import schemas
 from cupid.serving.client import ChatRequest, Client, RequestFailed
 from cupid.serving.endpoints import Endpoint
@@ -29,7 +30,7 @@ def candidate_constrained(candidate: Endpoint, task: str) -> bool:
 
 
 class Scorer(Protocol):
-    async def score(self, instance: Instance, answer: str, record: dict[str, Any]) -> None: ...
+    async def score(self, instance: Instance, answer: str) -> Scoring: ...
 
 
 @dataclass(frozen=True)
@@ -61,40 +62,29 @@ class Task:
         log = "" if setting == "oracle-preference" else await self.history.log(instance, setting)
         return self._request(log, instance, setting)
 
-    async def run(self, instance: Instance, setting: str) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "key": instance.key,
-            "persona_id": instance.persona_id,
-            "instance_type": instance.instance_type,
-            "task": self.name,
-            "setting": setting,
-            "n_sessions": len(instance.sessions(setting)) if setting != "oracle-preference" else 0,
-            "relevant_sessions": relevant_sessions(instance),
-            "gt_preference": instance.current_contextual_preference,
-            "gt_checklist": list(instance.current_checklist),
-        }
-        answer = None
+    async def run(self, instance: Instance, setting: str) -> UnitRecord:
+        unit = UnitRecord(
+            key=instance.key,
+            persona_id=instance.persona_id,
+            instance_type=instance.instance_type,
+            task=self.name,
+            setting=setting,
+            n_sessions=len(instance.sessions(setting)) if setting != "oracle-preference" else 0,
+            relevant_sessions=relevant_sessions(instance),
+            gt_preference=instance.current_contextual_preference,
+            gt_checklist=list(instance.current_checklist),
+        )
         try:
             request = await self.candidate_request(instance, setting)
             try:
                 answer = (await self.client.send(self.candidate, request)).content
             except RequestFailed as e:
                 raise StageFailed(CANDIDATE_STAGE[self.name], e.reason, e.detail) from None
-            record["candidate_answer"] = answer
-            await self.scorer.score(instance, answer, record)
-            record.update(status="scored", error=None)
         except StageFailed as e:
-            record.update(status="failed", error=e.error)
-        if self.reference is not None and answer is not None:
-            record["reference"] = await _score(self.reference, instance, answer)
+            unit.error = e.error
+            return unit
+        scoring = await self.scorer.score(instance, answer)
+        record = unit.model_copy(update={**dict(scoring), "candidate_answer": answer})
+        if self.reference is not None:
+            record.reference = await self.reference.score(instance, answer)
         return record
-
-
-async def _score(scorer: Scorer, instance: Instance, answer: str) -> dict[str, Any]:
-    scored: dict[str, Any] = {}
-    try:
-        await scorer.score(instance, answer, scored)
-        scored.update(status="scored", error=None)
-    except StageFailed as e:
-        scored.update(status="failed", error=e.error)
-    return scored

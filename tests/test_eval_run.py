@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from cupid.eval.records import UnitRecord
 from cupid.eval.runner import RunConfig, run
 from cupid.eval.summary import inference_block
 from cupid.matcher.scores import MatchCounts, macro, micro
@@ -38,7 +39,7 @@ def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
     assert summary["inference"]["macro"] == macro(counts).as_dict()
     assert summary["inference"]["micro"]["f1"] != pytest.approx(summary["inference"]["macro"]["f1"])
     assert summary["inference"]["by_type"]["changing"]["n_scored"] == 4
-    oracle = inference_block([r for r in rows if r["setting"] == "oracle"])
+    oracle = inference_block([UnitRecord.model_validate(r) for r in rows if r["setting"] == "oracle"])
     assert {k: summary["inference"]["settings"]["oracle"][k] for k in oracle} == oracle
     assert summary["roles"]["matcher"] == "pm (local-prefmatcher)" and summary["matcher_prompt"] == "prefmatcher"
     md = (tmp_path / "run" / "summary.md").read_text()

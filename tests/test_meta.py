@@ -99,7 +99,7 @@ def test_agree_cli_run_against_human_label_csv(tmp_path):
 def test_agree_reads_a_runs_reference_scoring(tmp_path):
     run = write_run(tmp_path / "r", [
         inference("p1/consistent", "YP", "N", reference=scoring("YN", "N")),
-        inference("p2/consistent", "Y", "P", reference={"status": "failed", "error": {"stage": "decompose"}}),
+        inference("p2/consistent", "Y", "P", reference={"status": "failed", "error": {"stage": "decompose", "reason": "parse_error", "detail": "no JSON"}}),
     ], {"candidate": "m", "matcher": "A", "reference": "gpt-4o"})  # fmt: skip
     result = agree(run_labels(run), run_labels(run, reference=True))
     assert (result.n, result.only_a, result.confusion[1]) == (3, 2, [0, 0, 1])

@@ -25,12 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
-from cupid.eval.chain import constraint
-from cupid.eval.runner import RunConfig, RunDir, run as run_eval
-from cupid.matcher import prompts, schemas
+from cupid.eval.records import UnitRecord
+from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig, run as run_eval
+from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
-from cupid.serving.cache import Cache
-from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import load_endpoints, require
 from cupid.serving.lifecycle import state_dir
@@ -77,7 +76,7 @@ class MatchExample(BaseModel):
     candidate: str
     teacher: str
     teacher_prompt: Literal["prefmatcher", "fewshot"]
-    teacher_raw: str | None = Field(description="the teacher's answer as sent back (from the request cache)")
+    teacher_raw: str | None = Field(description="the teacher's answer as sent back (from the run's record)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "MatchExample":
@@ -100,20 +99,21 @@ def prompt_key(messages: list[dict[str, str]]) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def examples_from_record(record: dict[str, Any], candidate: str, teacher: str, teacher_prompt: str, raw_of) -> list[dict[str, Any]]:
-    """The (up to) two examples of one scored inference record; `raw_of(preference, items)` finds the
-    teacher's raw answer. An empty inferred checklist gives no `infer_to_gt` example: nothing was asked."""
+def examples_from_record(record: UnitRecord, candidate: str, teacher: str, teacher_prompt: str) -> list[dict[str, Any]]:
+    """The (up to) two examples of one scored inference record, each with the teacher's raw answer as the
+    record kept it. An empty inferred checklist gives no `infer_to_gt` example: nothing was asked."""
     directions = (
-        ("infer_to_gt", record["gt_preference"], record.get("inferred_checklist") or []),
-        ("gt_to_infer", record["inferred_preference"], record["gt_checklist"]),
+        ("infer_to_gt", record.gt_preference, record.inferred_checklist or []),
+        ("gt_to_infer", record.inferred_preference, record.gt_checklist or []),
     )
+    raw = record.matcher_answers or {}
     out = []
     for direction, preference, items in directions:
-        labels = record.get(direction) or []
+        labels = [m.model_dump() for m in getattr(record, direction) or []]
         if not items or not labels:
             continue
         if [m["entry"] for m in labels] != list(items):
-            raise SynthesisError(f"{record['key']}: {direction} labels do not follow the checklist order")
+            raise SynthesisError(f"{record.key}: {direction} labels do not follow the checklist order")
         prompt = prompts.matcher(preference, items, "prefmatcher")
         out.append(
             {
@@ -124,14 +124,14 @@ def examples_from_record(record: dict[str, Any], candidate: str, teacher: str, t
                 "items": list(items),
                 "teacher_labels": [{"index": m["index"], "entry": m["entry"], "label": m["label"]} for m in labels],
                 "direction": direction,
-                "persona_id": record["persona_id"],
-                "instance_key": record["key"],
-                "instance_type": record["instance_type"],
-                "setting": record["setting"],
+                "persona_id": record.persona_id,
+                "instance_key": record.key,
+                "instance_type": record.instance_type,
+                "setting": record.setting,
                 "candidate": candidate,
                 "teacher": teacher,
                 "teacher_prompt": teacher_prompt,
-                "teacher_raw": raw_of(preference, items),
+                "teacher_raw": raw.get(direction),
             }
         )
     return out
@@ -310,24 +310,12 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
             )
             runs[candidate] = {"dir": str(out), "n_scored": summary["n_scored"], "n_failed": summary["n_failed"], "failures": summary["failures"]}
 
-    cache = Cache(cache_path)
-    try:
-        client = Client({syn.teacher: teacher}, cache)
-
-        def raw_of(preference: str, items: list[str]) -> str | None:
-            fmt = constraint(client, syn.teacher, lambda cap: schemas.matcher(dialect, items, cap))  # as the run asked
-            request = client.request(syn.teacher, prompts.matcher(preference, items, dialect), **fmt)
-            hit = cache.get(request.key())
-            return hit.content if hit else None
-
-        examples = []
-        for candidate in syn.candidates:
-            records = RunDir(runs[candidate]["dir"]).records()
-            for (_, task, _), record in sorted(records.items()):
-                if task == "inference" and record["status"] == "scored":
-                    examples += examples_from_record(record, candidate, syn.teacher, dialect, raw_of)
-    finally:
-        cache.close()
+    examples = []
+    for candidate in syn.candidates:
+        records = RunDir(runs[candidate]["dir"]).records()
+        for (_, task, _), record in sorted(records.items()):
+            if task == "inference" and record.scored:
+                examples += examples_from_record(record, candidate, syn.teacher, dialect)
 
     report: dict[str, Any] = {"data": syn.data, "n_instances": n_instances, "teacher": f"{syn.teacher} ({teacher.model})",
                               "teacher_prompt": dialect, "runs": runs, "n_examples_raw": len(examples)}  # fmt: skip

@@ -1,0 +1,80 @@
+"""A run's directory, for evaluation and synthesis runs alike.
+
+  run.json          what makes the run; a rerun into the directory must be the same run
+  instances.jsonl   one line per record: an evaluation's unit records (appended as units finish, so a
+                    crash can tear the last line), a synthesis run's CUPID rows (rewritten whole)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+from cupid.eval.files import write_atomic
+from cupid.eval.records import UnitRecord, parse_line
+from cupid.serving.config import ConfigError
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.run_file = self.path / "run.json"
+        self.records_file = self.path / "instances.jsonl"
+
+    def check_same_run(
+        self, identity: dict[str, Any], *, growing: tuple[str, ...] = (), latest: tuple[str, ...] = (), what: str = "run"
+    ) -> None:
+        """Refuse to mix two runs in one directory: every part of `identity` must equal run.json's. A part
+        named in `growing` is a map a rerun may extend but not change (an evaluation that binds a new role
+        by adding the generation task is the same run); run.json then holds the union. A part named in
+        `latest` describes this invocation only (an evaluation's plan of units): never compared, replaced."""
+        merged = identity
+        if self.run_file.exists():
+            previous = json.loads(self.run_file.read_text())
+            diff = {}
+            for part in sorted(previous.keys() | identity.keys()):
+                old, new = previous.get(part), identity.get(part)
+                if part in latest:
+                    continue
+                if part in growing:
+                    old, new = old or {}, new or {}
+                    diff.update({f"{part}.{k}": (old[k], new[k]) for k in old.keys() & new.keys() if old[k] != new[k]})
+                    merged = {**merged, part: {**old, **new}}
+                elif old != new:
+                    diff[part] = (old, new)
+            if diff:
+                raise ConfigError(f"{self.path} holds another {what} (differs in {diff}); choose another --out")
+        write_atomic(self.run_file, json.dumps(merged, indent=2))
+
+    def records(self) -> dict[tuple[str, str, str], UnitRecord]:
+        """The latest record of each (instance, task, setting). A line torn by a crash is not JSON and is
+        passed over (`append` closed it, so it may stand before later lines); a JSON line that is not a
+        record is an error naming its file and line."""
+        latest: dict[tuple[str, str, str], UnitRecord] = {}
+        if not self.records_file.exists():
+            return latest
+        for number, line in enumerate(self.records_file.read_text(encoding="utf-8").splitlines(), start=1):
+            if not _complete(line):
+                continue
+            record = parse_line(line, f"{self.records_file}:{number}")
+            latest[record.unit] = record
+        return latest
+
+    def append(self) -> IO[str]:
+        """The records file opened for appending, after closing any line torn by a crash."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        sink = self.records_file.open("a+", encoding="utf-8")
+        if sink.tell() > 0:
+            sink.seek(sink.tell() - 1)
+            if sink.read(1) != "\n":
+                sink.write("\n")
+        return sink
+
+
+def _complete(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
