@@ -42,19 +42,29 @@ class InferenceScorer:
         return parsed(stage, parse.matches, await self.ask_matcher(stage, preference, items), items)
 
     async def score(self, instance: Instance, answer: str) -> Scoring:
-        return await stage_by_stage(lambda scoring: self._stages(instance, answer, scoring))
+        """The candidate's answer: its preference parsed, then scored as `score_preference` does."""
+        gt_preference, gt = instance.current_contextual_preference, list(instance.current_checklist)
 
-    async def _stages(self, instance: Instance, answer: str, scoring: Scoring) -> None:
-        preference = scoring.inferred_preference = parsed("parse_preference", parse.preference, answer)
+        async def stages(scoring: Scoring) -> None:
+            preference = parsed("parse_preference", parse.preference, answer)
+            await self._preference_stages(scoring, preference, gt_preference, gt)
+
+        return await stage_by_stage(stages)
+
+    async def score_preference(self, preference: str, gt_preference: str, gt: list[str]) -> Scoring:
+        """An inferred preference against the ground truth: decompose, then match both directions."""
+        return await stage_by_stage(lambda scoring: self._preference_stages(scoring, preference, gt_preference, gt))
+
+    async def _preference_stages(self, scoring: Scoring, preference: str, gt_preference: str, gt: list[str]) -> None:
+        scoring.inferred_preference = preference
         scoring.decomposer_answer = await self.ask_decomposer(preference)
         inferred = scoring.inferred_checklist = parsed("decompose", parse.checklist, scoring.decomposer_answer)
-        gt = list(instance.current_checklist)
         if not inferred:
             # The decomposer really answered an empty list: nothing can match (the reference does the same).
             scoring.infer_to_gt, scoring.gt_to_infer = [], []
             _counted(scoring, MatchCounts(0.0, 0, 0.0, len(gt)))
             return
-        asked = {"infer_to_gt": (instance.current_contextual_preference, inferred), "gt_to_infer": (preference, gt)}
+        asked = {"infer_to_gt": (gt_preference, inferred), "gt_to_infer": (preference, gt)}
         answers = await asyncio.gather(
             *(self.ask_matcher(f"match_{d}", *asked[d]) for d in DIRECTIONS),
             return_exceptions=True,  # let both finish: the one that succeeded is cached for the resume

@@ -36,7 +36,7 @@ from cupid.training.synth.factors import PAIR, Factor, changed_shape, checklist_
 from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
 from cupid.training.synth.personas import read_description, template
 from cupid.training.synth.personas import shape as persona_shape
-from cupid.training.synth.pipeline import RunDir, persona_id, run
+from cupid.training.synth.pipeline import SynthRunDir, persona_id, run
 from cupid.training.synth.sessions import FINAL, layout, request_shape
 
 REPO = Path(__file__).resolve().parents[1]
@@ -371,9 +371,9 @@ def test_failed_personas_are_recorded_whole_and_retried(tmp_path, instant_url):
     endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": instant_url, "model": "m"})
     cfg = cfg_for(tmp_path, endpoints, personas=2, retries=1)
     summary = run(cfg)
-    out = RunDir(cfg.out)
+    out = SynthRunDir(cfg.out)
     assert summary["done"] == 0 and summary["failed"] == 2 and summary["failed_by_step"] == {"persona": 2}
-    assert out.done_ids() == set() and out.instances_file.read_text() == ""  # nothing half-written
+    assert out.done_ids() == set() and out.records_file.read_text() == ""  # nothing half-written
     failure = json.loads((out.failed / f"{persona_id(0, 1)}.json").read_text())
     assert failure["step"] == "persona" and "description needs" in failure["reason"]
     assert [r["content"] for r in failure["raw"]] == ["OK", "OK"]
@@ -510,10 +510,10 @@ def test_scripted_end_to_end_dialogue_rules_and_resume(tmp_path, scripted_url):
     second = run(cfg)  # the failed personas run again: everything before the judge comes from the cache
     assert second["done"] == 2 and second["failed"] == 0 and second["instances"] == 6
     assert second["requests"]["cached"] >= 2 * (1 + 8 + 1 + 9 + 13 + 12)
-    out = RunDir(cfg.out)
-    dataset = cupid_data.load(out.instances_file)
+    out = SynthRunDir(cfg.out)
+    dataset = cupid_data.load(out.records_file)
     assert dataset.bad_rows == [] and len(dataset.instances) == 6
-    for record in out.records():
+    for record in out.persona_records():
         assert record.example_copies == []
         for s in record.sessions:
             if s.role == "final":
@@ -547,10 +547,10 @@ def test_tiny_model_held_to_the_shapes_writes_a_persona_then_resumes(tmp_path, t
             "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "c.sqlite")]  # fmt: skip
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    out = RunDir(tmp_path / "run")
-    dataset = cupid_data.load(out.instances_file)
+    out = SynthRunDir(tmp_path / "run")
+    dataset = cupid_data.load(out.records_file)
     assert dataset.bad_rows == [] and len(dataset.instances) == 3 and out.failures() == {}
-    record = out.records()[0]
+    record = out.persona_records()[0]
     assert len(record.sessions) == 13 and all(s.dialogue[-1].role == "user" for s in record.sessions if s.role != "final")
     caps = SynthConfig.model_validate(yaml.safe_load((REPO / "configs/synth/tiny.yaml").read_text())).max_tokens
     factors = [r["content"] for r in record.raw if r["step"].startswith("factor[")]

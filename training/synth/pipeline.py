@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cupid.eval import data as cupid_data
+from cupid.eval.rundir import RunDir, write_atomic
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
@@ -55,45 +55,31 @@ def persona_id(seed: int, index: int) -> str:
     return f"synth-{seed}-{index:04d}"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+class SynthRunDir(RunDir):
+    """A synthesis run's directory: run.json and instances.jsonl as every run's (here the CUPID rows,
+    rewritten whole), plus a file per finished or failed persona."""
 
-
-class RunDir:
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        super().__init__(path)
         self.personas = self.path / "personas"
         self.failed = self.path / "failed"
-        self.instances_file = self.path / "instances.jsonl"
-
-    def check_same_run(self, identity: dict[str, Any]) -> None:
-        run_file = self.path / "run.json"
-        if run_file.exists():
-            previous = json.loads(run_file.read_text())
-            if previous != identity:
-                diff = sorted(k for k in set(identity) | set(previous) if previous.get(k) != identity.get(k))
-                raise ConfigError(f"{self.path} holds another synthesis run (differs in {', '.join(diff)}); choose another --out")
-        _write_atomic(run_file, json.dumps(identity, indent=2))
 
     def done_ids(self) -> set[str]:
         return {p.stem for p in self.personas.glob("*.json")} if self.personas.is_dir() else set()
 
-    def records(self) -> list[PersonaRecord]:
+    def persona_records(self) -> list[PersonaRecord]:
         return [
             PersonaRecord.model_validate_json(p.read_text(encoding="utf-8"))
             for p in sorted(self.personas.glob("*.json"))
         ]
 
     def write_done(self, record: PersonaRecord) -> None:
-        _write_atomic(self.personas / f"{record.persona_id}.json", record.model_dump_json(indent=1))
+        write_atomic(self.personas / f"{record.persona_id}.json", record.model_dump_json(indent=1))
         (self.failed / f"{record.persona_id}.json").unlink(missing_ok=True)
 
     def write_failed(self, pid: str, index: int, step: str, reason: str, raw: list[dict[str, Any]]) -> None:
         failure = {"persona_id": pid, "index": index, "step": step, "reason": reason, "raw": raw}
-        _write_atomic(self.failed / f"{pid}.json", json.dumps(failure, indent=1, ensure_ascii=False))
+        write_atomic(self.failed / f"{pid}.json", json.dumps(failure, indent=1, ensure_ascii=False))
 
     def failures(self) -> dict[str, dict[str, Any]]:
         """Failed personas: the step, the reason, and the retries spent (answers after a step's first)."""
@@ -107,10 +93,10 @@ class RunDir:
 
     def write_instances(self) -> int:
         """All finished personas' rows, rewritten whole, then read back through the data layer."""
-        lines = [json.dumps(row, ensure_ascii=False) for record in self.records() for row in rows(record)]
-        _write_atomic(self.instances_file, "".join(line + "\n" for line in lines))
+        lines = [json.dumps(row, ensure_ascii=False) for record in self.persona_records() for row in rows(record)]
+        write_atomic(self.records_file, "".join(line + "\n" for line in lines))
         if lines:
-            dataset = cupid_data.load(self.instances_file)
+            dataset = cupid_data.load(self.records_file)
             if dataset.bad_rows:
                 raise ValueError("; ".join(str(bad) for bad in dataset.bad_rows))
         return len(lines)
@@ -212,7 +198,7 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     return record
 
 
-async def _run_all(cfg: SynthConfig, client: Client, out: RunDir, todo: list[int], seeds: tables.Seeds, console: Console) -> None:
+async def _run_all(cfg: SynthConfig, client: Client, out: SynthRunDir, todo: list[int], seeds: tables.Seeds, console: Console) -> None:
     slots = asyncio.Semaphore(cfg.parallel_personas)
     columns = (TextColumn("synth"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -255,8 +241,8 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
     if missing := missing_keys(used):
         raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
     seeds = tables.load_seeds(cfg.seeds)
-    out = RunDir(cfg.out)
-    out.check_same_run(identity(cfg, endpoints, seeds))
+    out = SynthRunDir(cfg.out)
+    out.check_same_run(identity(cfg, endpoints, seeds), what="synthesis run")
     done = out.done_ids()
     todo = [i for i in range(cfg.personas) if persona_id(cfg.seed, i) not in done]
 
@@ -279,12 +265,12 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
         "failures": {pid: f for pid, f in failures.items() if pid in wanted},
         "failed_by_step": dict(Counter(_step_kind(f["step"]) for pid, f in failures.items() if pid in wanted)),
         "instances": n_rows,
-        "example_copies": sum(len(r.example_copies) for r in out.records() if r.persona_id in wanted),
-        "retries": sum(retries(r.raw) for r in out.records() if r.persona_id in wanted)
+        "example_copies": sum(len(r.example_copies) for r in out.persona_records() if r.persona_id in wanted),
+        "retries": sum(retries(r.raw) for r in out.persona_records() if r.persona_id in wanted)
         + sum(f["retries"] for pid, f in failures.items() if pid in wanted),
-        "instances_file": str(out.instances_file),
+        "instances_file": str(out.records_file),
         "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
         "seconds": round(time.monotonic() - started, 1),
     }
-    _write_atomic(out.path / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
+    write_atomic(out.path / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
     return summary
