@@ -131,7 +131,7 @@ class PrefMatcher:
         `Not Covered`), in checklist order. Raises `StageFailed` when the request fails or the answer
         does not parse (its `.error` says which, with the raw answer)."""
         matched = await self._scorer().match("match", preference, list(checklist))
-        return [MatchItem(**vars(m)) for m in matched]
+        return [MatchItem.of(m) for m in matched]
 
     async def alabels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
         """`alabels` for many (preference, checklist) pairs at once, in order; a failed pair is its `StageError`."""
@@ -140,7 +140,7 @@ class PrefMatcher:
             try:
                 return await self.alabels(preference, checklist)
             except StageFailed as e:
-                return StageError(**e.error)
+                return e.error
 
         return list(await asyncio.gather(*(one(p, c) for p, c in pairs)))
 
@@ -158,13 +158,7 @@ class PrefMatcher:
         its `error`, with what came before it kept; it is never a zero score."""
         if self.decomposer is None:
             raise ConfigError("PrefMatcher.score needs a decomposer: PrefMatcher(..., decomposer=ENDPOINT)")
-        scoring: dict[str, Any] = {"inferred_preference": inferred}
-        try:
-            await self._scorer().score_preference(inferred, preference, list(checklist), scoring)
-            scoring.update(status="scored", error=None)
-        except StageFailed as e:
-            scoring.update(status="failed", error=e.error)
-        return Scoring.model_validate(scoring)
+        return await self._scorer().score_preference(inferred, preference, list(checklist))
 
     async def ascore_batch(self, triples: Iterable[tuple[str, str, Sequence[str]]]) -> list[Scoring]:
         """`ascore` for many (inferred, preference, checklist) triples at once, in order."""
