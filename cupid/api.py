@@ -18,9 +18,8 @@ import httpx
 
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import StageFailed
-from cupid.eval.inference import InferenceScorer
+from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import MatchItem, Scoring, StageError
-from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
@@ -90,7 +89,7 @@ class PrefMatcher:
     ):
         self.endpoint = endpoint(matcher, **endpoint_fields)
         self.decomposer = endpoint(decomposer) if decomposer is not None else None
-        self.dialect = self.endpoint.matcher_prompt or prompts.matcher_dialect_for(self.endpoint.model)
+        self.dialect = matcher_dialect(self.endpoint)
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Client, InferenceScorer]] = weakref.WeakKeyDictionary()

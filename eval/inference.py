@@ -14,6 +14,12 @@ from cupid.matcher import parse, prompts, schemas
 from cupid.matcher.prompts import MatcherDialect
 from cupid.matcher.scores import MatchCounts
 from cupid.serving.client import Client
+from cupid.serving.endpoints import Endpoint
+
+
+def matcher_dialect(endpoint: Endpoint) -> MatcherDialect:
+    """The matcher prompt an endpoint gets: its own `matcher_prompt`, else the one its model was trained on."""
+    return endpoint.matcher_prompt or prompts.matcher_dialect_for(endpoint.model)
 
 
 def candidate_messages(log: str, instance: Instance, setting: str) -> list[dict[str, str]]:

@@ -32,6 +32,7 @@ from cupid.eval.records import UnitRecord, scored
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
 from cupid.eval.servers import Brought, bring
+from cupid.eval.tasks import TASKS
 from cupid.eval.runner import run as run_eval
 from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
 from cupid.serving.cache import Cache
@@ -109,10 +110,10 @@ def failure_counts(records: list[UnitRecord]) -> dict[str, int]:
 
 
 def primary_metric(cfg: RunConfig) -> str:
-    """The leaderboard's ranking column: micro F1 (the published aggregate) of the first setting."""
-    task = "inference" if "inference" in cfg.tasks else "generation"
-    setting = cfg.units_of(task)[0]
-    return f"{task}/{setting}/" + ("micro_f1" if task == "inference" else "mean_score")
+    """The leaderboard's ranking column: the first declared task's primary metric (inference: micro F1, the
+    published aggregate) in its first setting."""
+    task = next(spec for name, spec in TASKS.items() if cfg.units_of(name))
+    return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.primary_metric}"
 
 
 def _setup(identity: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,14 +19,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import Roles
 from cupid.eval.files import DiskFull, disk_full, hold, write_atomic
-from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import GENERATION_ONLY, History
 from cupid.eval.servers import Brought, bring, servers_for
-from cupid.eval.inference import InferenceScorer
+from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.summary import markdown, summarize
-from cupid.eval.tasks import Task, candidate_constrained
+from cupid.eval.tasks import TASKS, Task, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
@@ -35,13 +35,9 @@ from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import live_endpoints, state_dir
 from cupid.serving.offline import open_client
 
-TaskName = Literal["inference", "generation"]
+TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
 Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
-PROMPTS_USED = {
-    "inference": ("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
-    "generation": ("generation", "judge", prompts.ORACLE_PREFERENCE),
-    "summary": ("summarizer",),
-}
+SUMMARY_PROMPTS = ("summarizer",)  # the summary setting's, whatever the task
 
 
 class RunConfig(BaseModel):
@@ -83,9 +79,8 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _roles_for_tasks(self) -> "RunConfig":
-        needs = {"decomposer": "inference" in self.tasks, "matcher": "inference" in self.tasks,
-                 "judge": "generation" in self.tasks, "summarizer": "summary" in self.settings}  # fmt: skip
-        if missing := [role for role, needed in needs.items() if needed and getattr(self, role) is None]:
+        needed = {role for task in self.tasks for role in TASKS[task].roles} | ({"summarizer"} if "summary" in self.settings else set())
+        if missing := [f.name for f in fields(Roles) if f.name in needed and getattr(self, f.name) is None]:
             raise ValueError(f"this run needs endpoints for {', '.join(missing)} (options --{' --'.join(missing)})")
         if not self.units_of("inference") and not self.units_of("generation"):
             raise ValueError(f"no task runs in these settings: {', '.join(GENERATION_ONLY)} is for generation only")
@@ -110,8 +105,8 @@ class RunConfig(BaseModel):
 
 
 def _prompt_names(cfg: RunConfig) -> list[str]:
-    names = [n for task in cfg.tasks for n in PROMPTS_USED[task]]
-    return names + (list(PROMPTS_USED["summary"]) if "summary" in cfg.settings else [])
+    names = [n for task in cfg.tasks for n in TASKS[task].prompts]
+    return names + (list(SUMMARY_PROMPTS) if "summary" in cfg.settings else [])
 
 
 def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[str]:
@@ -128,25 +123,16 @@ def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> dict[str, Any]:
     return {"data": cfg.data, "roles": roles, "prompts": prompts.versions(*_prompt_names(cfg))}
 
 
-def _dialect(endpoint: Endpoint) -> prompts.MatcherDialect:
-    return endpoint.matcher_prompt or prompts.matcher_dialect_for(endpoint.model)
-
-
 def build_tasks(cfg: RunConfig, client: Any) -> dict[str, Task]:
-    """The tasks of a run, each with its scorer and, with `reference`, the reference scorer."""
-    endpoints = client.endpoints
+    """The tasks of a run, each with its scorer and, with `reference`, the reference scorer (the reference
+    endpoint in every judge role)."""
     history = History(client, cfg.summarizer)
-
-    def scorer(task: str, decomposer: str | None, matcher: str | None, judge: str | None):
-        if task == "inference":
-            return InferenceScorer(client, decomposer, matcher, _dialect(endpoints[matcher]))
-        return GenerationScorer(client, judge)
-
     tasks = {}
     for name in cfg.tasks:
-        main = scorer(name, cfg.decomposer, cfg.matcher, cfg.judge)
-        reference = scorer(name, cfg.reference, cfg.reference, cfg.reference) if cfg.reference else None
-        tasks[name] = Task(name, client, cfg.candidate_name, history, main, reference)
+        spec = TASKS[name]
+        main = spec.scorer(client, cfg.roles().bound())
+        reference = spec.scorer(client, dict.fromkeys(spec.roles, cfg.reference)) if cfg.reference else None
+        tasks[name] = Task(spec, client, cfg.candidate_name, history, main, reference)
     return tasks
 
 
@@ -247,7 +233,7 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
     meta = {
         "data": dataset.source,
         "roles": roles,
-        "matcher_prompt": _dialect(endpoints[cfg.matcher]) if cfg.matcher else None,
+        "matcher_prompt": matcher_dialect(endpoints[cfg.matcher]) if cfg.matcher else None,
         "candidate_constrained": _constrained_tasks(cfg, endpoints),
         "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
@@ -255,7 +241,7 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
         "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
         "wall_s": round(time.monotonic() - started, 2),
     }
-    plan = {task: cfg.units_of(task) for task in cfg.tasks}
+    plan = {TASKS[task]: cfg.units_of(task) for task in cfg.tasks}
     summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
     write_atomic(out.path / "summary.json", json.dumps(summary, indent=2))
     write_atomic(out.path / "summary.md", markdown(summary))

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 from statistics import fmean
-from typing import Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import Scoring, UnitRecord
 from cupid.matcher.scores import PRF, macro, micro
+
+if TYPE_CHECKING:  # the task declarations name this module's blocks
+    from cupid.eval.tasks import TaskSpec
 
 GROUPS = ("all", *INSTANCE_TYPES)
 
@@ -37,13 +40,10 @@ def generation_block(scorings: list[Scoring]) -> dict[str, Any]:
     return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(scorings)}
 
 
-BLOCKS = {"inference": inference_block, "generation": generation_block}
-
-
-def task_block(task: str, records: list[UnitRecord], settings: list[str], reference: bool = False) -> dict[str, Any]:
-    """Per setting, overall and by instance type, of the run's own scoring or its reference's; the
-    top-level figures are the first setting's."""
-    block = BLOCKS[task]
+def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False) -> dict[str, Any]:
+    """The task's block per setting, overall and by instance type, of the run's own scoring or its
+    reference's; the top-level figures are the first setting's."""
+    block = task.block
     by_setting = {}
     for setting in settings:
         chosen = [r for r in records if r.setting == setting]
@@ -62,7 +62,7 @@ def failures(records: Iterable[UnitRecord], reference: bool = False) -> dict[str
 
 def summarize(
     records: list[UnitRecord],
-    plan: dict[str, list[str]],
+    plan: dict[TaskSpec, list[str]],
     n_instances: int,
     meta: dict[str, Any],
     reference: bool = False,
@@ -70,10 +70,10 @@ def summarize(
     """`plan` maps each task of the run to its settings."""
     summary: dict[str, Any] = {}
     for task, settings in plan.items():
-        summary[task] = task_block(task, [r for r in records if r.task == task], settings)
+        summary[task.name] = task_block(task, [r for r in records if r.task == task.name], settings)
     if reference:
         summary["reference"] = {
-            task: task_block(task, [r for r in records if r.task == task], settings, reference=True)
+            task.name: task_block(task, [r for r in records if r.task == task.name], settings, reference=True)
             for task, settings in plan.items()
         }
         summary["reference_failures"] = failures(records, reference=True)

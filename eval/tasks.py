@@ -8,25 +8,18 @@ candidate again, so two scorings of one run differ only in their judges.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
-from cupid.eval import generation, inference
+from cupid.eval import generation, inference, summary
 from cupid.eval.chain import StageFailed
 from cupid.eval.data import Instance
+from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import History, relevant_sessions
+from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring, UnitRecord
-from cupid.matcher import schemas
+from cupid.matcher import prompts, schemas
 from cupid.serving.client import ChatRequest, Client, RequestFailed
 from cupid.serving.endpoints import Endpoint
-
-TASKS = ("inference", "generation")
-CANDIDATE_STAGE = {"inference": "infer", "generation": "generate"}
-PROMPTS = {"inference": inference.candidate_messages, "generation": generation.candidate_messages}
-
-
-def candidate_constrained(candidate: Endpoint, task: str) -> bool:
-    """The candidate's answers are held to the task's format (`constrain_candidate`): recorded with the run."""
-    return candidate.constrain_candidate and task in schemas.CANDIDATE
 
 
 class Scorer(Protocol):
@@ -34,8 +27,57 @@ class Scorer(Protocol):
 
 
 @dataclass(frozen=True)
-class Task:
+class TaskSpec:
+    """A task, declared once: what the runner, the summary and the nightly need to know about it."""
+
     name: str
+    candidate_stage: str  # the stage a candidate that gave no answer failed at
+    messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
+    answer_format: Callable[[int | None], dict[str, Any]] | None  # what a constrained candidate is held to; None: free text
+    roles: tuple[str, ...]  # the judge roles that score it
+    scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
+    block: Callable[[list[Scoring]], dict[str, Any]]  # its summary figures over scorings
+    primary_metric: str  # the nightly's ranking metric (of the first setting)
+    prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
+
+
+INFERENCE = TaskSpec(
+    name="inference",
+    candidate_stage="infer",
+    messages=inference.candidate_messages,
+    answer_format=schemas.inference_answer,
+    roles=("decomposer", "matcher"),
+    scorer=lambda client, roles: InferenceScorer(
+        client, roles["decomposer"], roles["matcher"], matcher_dialect(client.endpoints[roles["matcher"]])
+    ),
+    block=summary.inference_block,
+    primary_metric="micro_f1",  # the published aggregate
+    prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
+)
+GENERATION = TaskSpec(
+    name="generation",
+    candidate_stage="generate",
+    messages=generation.candidate_messages,
+    answer_format=None,  # generation answers are free text: nothing to constrain
+    roles=("judge",),
+    scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
+    block=summary.generation_block,
+    primary_metric="mean_score",
+    prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
+)
+TASKS = {spec.name: spec for spec in (INFERENCE, GENERATION)}  # in ranking order: the nightly ranks by the first a run has
+
+
+def candidate_constrained(candidate: Endpoint, task: str) -> bool:
+    """The candidate's answers are held to the task's format (`constrain_candidate`): recorded with the run."""
+    return candidate.constrain_candidate and TASKS[task].answer_format is not None
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task bound to a run: its client, candidate, history and scorers."""
+
+    spec: TaskSpec
     client: Client
     candidate: str
     history: History
@@ -43,16 +85,17 @@ class Task:
     reference: Scorer | None = None
 
     @property
-    def _messages(self) -> Callable[..., list[dict[str, str]]]:
-        return PROMPTS[self.name]
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def constrained(self) -> bool:
         return candidate_constrained(self.client.endpoints[self.candidate], self.name)
 
     def _request(self, log: str, instance: Instance, setting: str) -> ChatRequest:
-        fmt = schemas.CANDIDATE[self.name](self.client.endpoints[self.candidate].max_tokens) if self.constrained else {}
-        return self.client.request(self.candidate, self._messages(log, instance, setting), **fmt)
+        answer_format = self.spec.answer_format if self.constrained else None
+        fmt = answer_format(self.client.endpoints[self.candidate].max_tokens) if answer_format else {}
+        return self.client.request(self.candidate, self.spec.messages(log, instance, setting), **fmt)
 
     def plain_request(self, instance: Instance, setting: str) -> ChatRequest:
         """The candidate's request where no model call is needed to build it (every setting but summary)."""
@@ -79,7 +122,7 @@ class Task:
             try:
                 answer = (await self.client.send(self.candidate, request)).content
             except RequestFailed as e:
-                raise StageFailed(CANDIDATE_STAGE[self.name], e.reason, e.detail) from None
+                raise StageFailed(self.spec.candidate_stage, e.reason, e.detail) from None
         except StageFailed as e:
             unit.error = e.error
             return unit

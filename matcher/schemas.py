@@ -183,5 +183,3 @@ def inference_answer(max_tokens: int | None) -> dict[str, Any]:
         max_tokens,
     )
 
-
-CANDIDATE = {"inference": inference_answer}  # generation answers are free text: nothing to constrain

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
+from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, run as run_eval
@@ -294,7 +295,7 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
         if unreachable := [p for name in sorted(roles) if (p := _reachable(name, endpoints[name].url))]:
             raise SynthesisError("nothing was run:\n  " + "\n  ".join(unreachable))
         teacher = endpoints[syn.teacher]
-        dialect = teacher.matcher_prompt or prompts.matcher_dialect_for(teacher.model)
+        dialect = matcher_dialect(teacher)
 
         runs: dict[str, dict[str, Any]] = {}
         for candidate in syn.candidates:
