@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import shutil
-from typing import Any, Optional
+from typing import Any, Callable, Optional, get_args, get_origin
 
 import typer
+from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.table import Table
 
 from cupid.eval import data as cupid_data
 from cupid.eval.runner import RunConfig, run as run_eval
 from cupid.eval.summary import tables
+from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
@@ -36,41 +39,35 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print(f"[yellow]failed at {what}:[/yellow] {n}", highlight=False)
 
 
-@app.command()
-def run(
-    config: Optional[str] = typer.Option(None, help="run config YAML (configs/eval/*.yaml); options below override it"),
-    data: Optional[str] = typer.Option(None, help="'sample', a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID)"),
-    endpoints: Optional[str] = typer.Option(None, help="endpoints YAML"),
-    candidate: Optional[str] = typer.Option(None, help="endpoint of the model under evaluation"),
-    decomposer: Optional[str] = typer.Option(None, help="endpoint that turns the inferred preference into a checklist"),
-    matcher: Optional[str] = typer.Option(None, help="endpoint that labels checklist items against preferences"),
-    judge: Optional[str] = typer.Option(None, help="endpoint that scores generation responses 1-10"),
-    summarizer: Optional[str] = typer.Option(None, help="endpoint that summarizes sessions (summary setting)"),
-    reference: Optional[str] = typer.Option(None, help="endpoint (e.g. gpt-4o) that re-scores the same answers as decomposer, matcher and judge"),
-    task: Optional[str] = typer.Option(None, help="inference, generation or both"),
-    setting: Optional[list[str]] = typer.Option(None, help="standard, oracle, oracle-preference (generation) or summary; repeatable"),
-    types: Optional[list[str]] = typer.Option(None, "--type", help="only these instance types; repeatable"),
-    limit: Optional[int] = typer.Option(None, help="only the first N instances"),
-    concurrency: Optional[int] = typer.Option(None, help="requests in flight per endpoint (overrides the endpoints file)"),
-    executor: Optional[str] = typer.Option(None, help="http (running servers), vllm-offline (vLLM in this process, GPU, no server) or transformers-offline (CPU)"),
-    out: Optional[str] = typer.Option(None, help="run directory (resumable)"),
-    cache: Optional[str] = typer.Option(None, help="SQLite request cache file"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write the request cache"),
-    refresh: bool = typer.Option(False, "--refresh", help="send every request again and overwrite the cache"),
-    dry_run: Optional[str] = typer.Option(None, "--dry-run", help="write the candidate requests as an OpenAI batch JSONL to this file and send nothing"),
-    allow_failures: bool = typer.Option(False, "--allow-failures", help="exit 0 even when instances failed"),
-) -> None:
+# RunConfig fields the command line names otherwise (a list is a repeatable option of the singular name),
+# and the one it leaves to a config file (a map has no flag form).
+_FLAG_NAMES = {"tasks": "task", "settings": "setting", "types": "type"}
+_FILE_ONLY = {"serve"}
+
+
+def _option(name: str, field: FieldInfo) -> inspect.Parameter:
+    """A RunConfig field as a `cupid eval run` option: its name, its description as help, None when not
+    given (the config file's value or the field's default stands)."""
+    flag = "--" + _FLAG_NAMES.get(name, name).replace("_", "-")
+    args = get_args(field.annotation)
+    if field.annotation is bool:
+        annotation, default = bool, typer.Option(False, flag, help=field.description)
+    elif name == "tasks":  # one option, not repeated: a task or both
+        annotation, default = Optional[str], typer.Option(None, flag, help=field.description)
+    elif get_origin(field.annotation) is list:
+        annotation, default = Optional[list[str]], typer.Option(None, flag, help=f"{field.description}; repeatable")
+    else:
+        annotation = Optional[int] if int in (field.annotation, *args) else Optional[str]
+        default = typer.Option(None, flag, help=field.description)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _run(config: Optional[str], dry_run: Optional[str], allow_failures: bool, **options: Any) -> None:
     """Run CUPID: inference (infer -> decompose -> match both ways -> P/R/F1) and/or generation (respond -> judge 1-10)."""
     values: dict[str, Any] = dict(read_yaml(config) or {}) if config else {}
-    options = {
-        "data": data, "endpoints": endpoints, "candidate": candidate, "decomposer": decomposer, "matcher": matcher,
-        "judge": judge, "summarizer": summarizer, "reference": reference, "settings": setting, "types": types,
-        "limit": limit, "concurrency": concurrency, "executor": executor, "out": out, "cache": cache,
-    }  # fmt: skip
-    if task is not None:
-        options["tasks"] = ["inference", "generation"] if task == "both" else [task]
+    if options.get("tasks") is not None:
+        options["tasks"] = list(TASKS) if options["tasks"] == "both" else [options["tasks"]]
     values.update({k: v for k, v in options.items() if v})
-    values.update({k: True for k, v in {"no_cache": no_cache, "refresh": refresh}.items() if v})
     try:
         cfg = validate(RunConfig, values, config or "command-line options")
         summary = run_eval(cfg, dry_run=dry_run, console=err)
@@ -86,6 +83,32 @@ def run(
     )
     if problems and not allow_failures:
         raise typer.Exit(1)
+
+
+def _run_command() -> Callable[..., None]:
+    """`_run` with one option per RunConfig field, derived from the field (as TRL derives its CLI from its
+    config dataclasses): the options cannot drift from the config they fill."""
+    own = [
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                          default=typer.Option(None, help="run config YAML (configs/eval/*.yaml); options below override it")),
+        inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                          default=typer.Option(None, "--dry-run", help="write the candidate requests as an OpenAI batch JSONL to this file and send nothing")),
+        inspect.Parameter("allow_failures", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(False, "--allow-failures", help="exit 0 even when instances failed")),
+    ]  # fmt: skip
+    fields = [_option(name, field) for name, field in RunConfig.model_fields.items() if name not in _FILE_ONLY]
+    params = own[:1] + fields + own[1:]
+
+    def command(**kwargs: Any) -> None:
+        _run(**kwargs)
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = _run.__doc__
+    return command
+
+
+run = app.command("run")(_run_command())
 
 
 @app.command("check-data")

@@ -45,8 +45,8 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    data: str = "sample"
-    endpoints: str = "configs/endpoints.yaml"
+    data: str = Field(default="sample", description="'sample', a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID)")
+    endpoints: str = Field(default="configs/endpoints.yaml", description="endpoints YAML")
     candidate: str | ServedModel = Field(description="endpoint name, or a model this run serves: {name, model, profile, adapter}")
     profiles: str = Field(default="configs/serve", description="directory of the serve profiles that `serve:` and served candidates name")
     serve: dict[str, dict[str, Any]] = Field(
@@ -58,18 +58,22 @@ class RunConfig(BaseModel):
     judge: str | None = Field(default=None, description="generation: scores the response 1-10")
     summarizer: str | None = Field(default=None, description="summary setting: summarizes each prior session")
     reference: str | None = Field(default=None, description="endpoint that re-scores the same answers (decomposer, matcher, judge)")
-    tasks: list[TaskName] = Field(default_factory=lambda: ["inference"], min_length=1)
-    settings: list[Setting] = Field(default_factory=lambda: ["standard"], min_length=1)
-    types: list[Literal["consistent", "contrastive", "changing"]] = Field(default_factory=list)
-    limit: int | None = Field(default=None, ge=1)
-    concurrency: int | None = Field(default=None, ge=1, description="overrides every endpoint's max_concurrency")
-    executor: Literal["http", "vllm-offline", "transformers-offline"] = Field(
-        default="http", description="http: running servers; *-offline: the model inside this process (no server)"
+    tasks: list[TaskName] = Field(default_factory=lambda: ["inference"], min_length=1, description="inference, generation or both")
+    settings: list[Setting] = Field(
+        default_factory=lambda: ["standard"], min_length=1, description="standard, oracle, oracle-preference (generation) or summary"
     )
-    out: str = "runs/latest"
-    cache: str | None = Field(default=None, description="SQLite cache file; default .cupid/cache.sqlite")
-    no_cache: bool = False
-    refresh: bool = False
+    types: list[Literal["consistent", "contrastive", "changing"]] = Field(default_factory=list, description="only these instance types")
+    limit: int | None = Field(default=None, ge=1, description="only the first N instances")
+    concurrency: int | None = Field(default=None, ge=1, description="requests in flight per endpoint (overrides every endpoint's max_concurrency)")
+    executor: Literal["http", "vllm-offline", "transformers-offline"] = Field(
+        default="http",
+        description="http: running servers; vllm-offline (vLLM's CUDA or CPU build) or transformers-offline: "
+        "the model inside this process, no server",
+    )
+    out: str = Field(default="runs/latest", description="run directory (resumable)")
+    cache: str | None = Field(default=None, description="SQLite request cache file; default .cupid/cache.sqlite")
+    no_cache: bool = Field(default=False, description="neither read nor write the request cache")
+    refresh: bool = Field(default=False, description="send every request again and overwrite the cache")
 
     @field_validator("serve", mode="before")
     @classmethod
