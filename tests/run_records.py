@@ -1,5 +1,5 @@
-"""Run directories written straight from records (the format of notes in eval/runner.py), for tests
-that need exact labels or scores no server would give."""
+"""Run directories written straight from records (eval/records.py's UnitRecord, validated as they are
+written), for tests that need exact labels or scores no server would give."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from cupid.eval.records import UnitRecord
 from cupid.matcher.scores import MatchCounts
 
 LONG = {"Y": "Fully Covered", "P": "Partially Covered", "N": "Not Covered"}
@@ -54,5 +55,5 @@ def generation(key: str, score: int | None, *, setting: str = "standard") -> dic
 def write_run(path: Path, records: list[dict[str, Any]], roles: dict[str, str], data: str = "sample") -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "run.json").write_text(json.dumps({"data": data, "roles": roles, "prompts": {}}))
-    (path / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "instances.jsonl").write_text("".join(UnitRecord.model_validate(r).to_json() + "\n" for r in records))
     return path
