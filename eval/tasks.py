@@ -1,6 +1,7 @@
-"""One (instance, task, setting) unit from the candidate's answer to its record.
+"""The tasks, each declared once (`TaskSpec`: what the runner, the summary and the nightly read), and
+one (instance, task, setting) unit from the candidate's answer to its record.
 
-A task is the candidate's prompt plus a scorer; `--reference` adds a second scorer (other
+A task bound to a run is the candidate's prompt plus a scorer; `--reference` adds a second scorer (other
 decomposer, matcher and judge endpoints) that re-scores the same answer without asking the
 candidate again, so two scorings of one run differ only in their judges.
 """
