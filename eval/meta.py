@@ -62,11 +62,9 @@ class Labelled:
 
 def run_labels(run_dir: str | Path, *, reference: bool = False) -> dict[PairKey, Labelled]:
     """Every labelled pair of a run's scored inference records."""
-    run = RunDir(run_dir)
-    if not run.records_file.exists():
-        raise ConfigError(f"{run.records_file}: no such file (not a run directory?)")
     pairs: dict[PairKey, Labelled] = {}
-    for (key, task, setting), record in run.records().items():
+    for record in RunDir(run_dir).read():
+        key, task, setting = record.unit
         scoring = record.scoring(reference)
         if task != "inference" or not scoring.scored:
             continue

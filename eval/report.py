@@ -59,11 +59,9 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     path = Path(path)
-    run_dir = RunDir(path)
-    if not run_dir.records_file.exists():
-        raise ConfigError(f"{run_dir.records_file}: no such file (not a run directory?)")
+    records = RunDir(path).read()
     read = lambda name: json.loads((path / name).read_text()) if (path / name).exists() else {}  # noqa: E731
-    return Run(path, read("run.json"), read("summary.json"), list(run_dir.records().values()))
+    return Run(path, read("run.json"), read("summary.json"), records)
 
 
 def _label_runs(runs: list[Run]) -> None:

@@ -47,6 +47,13 @@ class RunDir:
                 raise ConfigError(f"{self.path} holds another {what} (differs in {diff}); choose another --out")
         write_atomic(self.run_file, json.dumps(merged, indent=2))
 
+    def read(self) -> list[UnitRecord]:
+        """The latest record of each unit, in order of first appearance, from a directory that must be a
+        run's (what readers of finished runs call: no records file is an error, not an empty run)."""
+        if not self.records_file.exists():
+            raise ConfigError(f"{self.records_file}: no such file (not a run directory?)")
+        return list(self.records().values())
+
     def records(self) -> dict[tuple[str, str, str], UnitRecord]:
         """The latest record of each (instance, task, setting). A line torn by a crash is not JSON and is
         passed over (`append` closed it, so it may stand before later lines); a JSON line that is not a

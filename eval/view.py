@@ -28,7 +28,8 @@ from typing import Any, Iterable
 import typer
 
 from cupid.eval import data as cupid_data
-from cupid.eval.records import RecordError, UnitRecord, parse_line
+from cupid.eval.records import RecordError, UnitRecord
+from cupid.eval.rundir import RunDir
 from cupid.serving.config import ConfigError
 
 SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
@@ -38,28 +39,8 @@ UNIT_FIELDS_IN_DATA = {"key", "persona_id", "instance_type", "task", "setting", 
 
 
 def read_records(run_dir: Path) -> list[UnitRecord]:
-    """The latest record of each unit, in file order of first appearance, read with the typed record types.
-
-    One small function on purpose: it becomes the run-directory class's reader once that exists. A torn last
-    line (a run killed mid-write) is skipped; any other line that is not a record is an error naming file and line.
-    """
-    path = run_dir / "instances.jsonl"
-    if not path.exists():
-        raise ConfigError(f"{path}: no such file (not a run directory?)")
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    latest: dict[tuple[str, str, str], UnitRecord] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = parse_line(line, f"{path}:{number}")
-        except RecordError:
-            if number == len(lines) and not text.endswith("\n"):
-                continue  # torn by a crash or still being written
-            raise
-        latest[record.unit] = record
-    return list(latest.values())
+    """The latest record of each unit, in file order of first appearance: the run directory's reader."""
+    return RunDir(run_dir).read()
 
 
 @dataclass

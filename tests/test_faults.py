@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.files import DiskFull, hold
-from cupid.eval.runner import RunConfig, RunDir, run
+from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig, run
 from tests.conftest import REPO, write_endpoints
 
 
@@ -104,4 +105,4 @@ def test_a_full_disk_stops_the_run_clearly_and_a_resume_loses_nothing(instant_en
     summary = run(cfg)
     assert summary["n_scored"] == 12 and summary["n_failed"] == 0
     after = RunDir(out).records()
-    assert all(after[(r["key"], r["task"], r["setting"])] == r for r in kept)  # what was written before is still there, unchanged
+    assert all(after[r.unit] == r for r in kept)  # what was written before is still there, unchanged

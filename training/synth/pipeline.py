@@ -26,7 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cupid.eval import data as cupid_data
-from cupid.eval.rundir import RunDir, write_atomic
+from cupid.eval.files import write_atomic
+from cupid.eval.rundir import RunDir
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
