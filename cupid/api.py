@@ -9,21 +9,24 @@ eval run` computes for the same inputs: the same scorer, the same requests, and 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import weakref
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import httpx
+from rich.console import Console
 
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import MatchItem, Scoring, StageError
+from cupid.eval.runner import RunConfig, RunResult, arun
+from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, lookup
+from cupid.serving.fleet import ServedModel
 
 T = TypeVar("T")
 EndpointLike = Endpoint | str
@@ -51,16 +54,6 @@ def _served_model(base_url: str) -> str:
     if len(listed) != 1:
         raise ConfigError(f"{url} serves {len(listed)} models ({', '.join(listed) or 'none'}): pass model=")
     return listed[0]
-
-
-def blocking(make: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to its end from blocking code, inside a running event loop too (on a worker thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(make())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 class PrefMatcher:
@@ -176,3 +169,53 @@ def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None =
     file or directory, or a Hub id (`kixlab/CUPID`). Rows that do not fit the schema are in `.bad_rows`,
     each naming its file and row, never dropped silently."""
     return cupid_data.load(source).filter(types, limit)
+
+
+EvalResult = RunResult
+
+
+async def aevaluate(
+    candidate: EndpointLike | ServedModel,
+    *,
+    matcher: EndpointLike | None = None,
+    decomposer: EndpointLike | None = None,
+    judge: EndpointLike | None = None,
+    summarizer: EndpointLike | None = None,
+    reference: EndpointLike | None = None,
+    data: str = "sample",
+    tasks: Sequence[str] = ("inference",),
+    settings: Sequence[str] = ("standard",),
+    out: str | Path | None = None,
+    cache: str | Path | None = None,
+    endpoints_file: str | Path = DEFAULT_FILE,
+    progress: bool = True,
+    **options: Any,
+) -> EvalResult:
+    """CUPID on one candidate, as `cupid eval run` runs it, returning what it computed.
+
+    Each role is a name (an entry of `endpoints_file`, or a server running under `cupid serve up`), an
+    `Endpoint`, or a base URL; the candidate may also be a `ServedModel` the run serves and stops. Nothing
+    is written unless asked: `out` is a run directory (resumable: a rerun keeps its scored units), `cache`
+    a request-cache file. `options` are the other fields of a run config (`types`, `limit`, `concurrency`,
+    `executor`, `serve`, `refresh`, `profiles`); the progress bar goes to stderr."""
+    bound: dict[str, Endpoint] = {}
+
+    def bind(role: str, value: Any) -> Any:
+        if isinstance(value, Endpoint) or (isinstance(value, str) and value.startswith(("http://", "https://"))):
+            bound[role] = endpoint(value)
+            return role
+        return value  # a name, a served model, or None
+
+    roles = {"candidate": candidate, "matcher": matcher, "decomposer": decomposer, "judge": judge, "summarizer": summarizer, "reference": reference}
+    cfg = RunConfig(
+        **{role: bind(role, value) for role, value in roles.items()},
+        data=str(data), tasks=list(tasks), settings=list(settings), endpoints=str(endpoints_file),
+        out=str(out) if out is not None else None, cache=str(cache) if cache is not None else None, no_cache=cache is None,
+        **options,
+    )  # fmt: skip
+    return await arun(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
+
+
+def evaluate(candidate: EndpointLike | ServedModel, **kwargs: Any) -> EvalResult:
+    """`aevaluate` from blocking code, inside a running event loop too (a notebook)."""
+    return blocking(lambda: aevaluate(candidate, **kwargs))

@@ -6,11 +6,12 @@ resumes: scored units are kept, failed and missing ones are run again (through t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, AsyncIterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
@@ -24,9 +25,10 @@ from cupid.eval.servers import Brought, bring, servers_for
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
-from cupid.eval.summary import markdown, summarize
+from cupid.eval.summary import Table, markdown, summarize, tables
 from cupid.eval.tasks import TASKS, Task, candidate_constrained
 from cupid.matcher import prompts
+from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
@@ -70,7 +72,7 @@ class RunConfig(BaseModel):
         description="http: running servers; vllm-offline (vLLM's CUDA or CPU build) or transformers-offline: "
         "the model inside this process, no server",
     )
-    out: str = Field(default="runs/latest", description="run directory (resumable)")
+    out: str | None = Field(default="runs/latest", description="run directory (resumable); none: nothing is written")
     cache: str | None = Field(default=None, description="SQLite request cache file; default .cupid/cache.sqlite")
     no_cache: bool = Field(default=False, description="neither read nor write the request cache")
     refresh: bool = Field(default=False, description="send every request again and overwrite the cache")
@@ -157,14 +159,47 @@ def _finished(record: UnitRecord, reference: bool) -> bool:
     return record.scored and (not reference or record.scoring(reference=True).scored)
 
 
-def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunResult:
+    """What a run computed: the latest record of each of its units (in data order), the summary
+    (`summary.json`'s content) and, when it wrote one, its directory."""
+
+    records: list[UnitRecord]
+    summary: dict[str, Any]
+    out: Path | None
+
+    @property
+    def tables(self) -> list[Table]:
+        """The tables of `summary.md`, as data (title, headers, rows)."""
+        return tables(self.summary)
+
+    def markdown(self) -> str:
+        return markdown(self.summary)
+
+
+def run(
+    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None,
+    endpoints: dict[str, Endpoint] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """`arun` from blocking code (the CLI, a night's slots): the summary, or what a dry run wrote."""
+    result = blocking(lambda: arun(cfg, dry_run=dry_run, console=console, brought=brought, endpoints=endpoints))
+    return result if isinstance(result, dict) else result.summary
+
+
+async def arun(
+    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None,
+    endpoints: dict[str, Endpoint] | None = None,
+) -> RunResult | dict[str, Any]:  # fmt: skip
     """One run. Servers it brings (`serve:`, a candidate that is a model) start on first need and stop at
-    the end; a night passes its own `brought` instead, to serve the judges once for all its runs."""
+    the end; a night passes its own `brought` instead, to serve the judges once for all its runs.
+    `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
+    `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
     if dry_run:
-        return _run(cfg, dry_run, console, brought)
+        return await _run(cfg, dry_run, console, brought, endpoints or {})
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
-    with hold(cfg.out, say):  # one writer per run directory: a second run on it is refused before it starts anything
+    # one writer per run directory: a second run on it is refused before it starts anything
+    with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
         own = None
         if brought is None and (cfg.serve or cfg.served_candidates):
             if cfg.executor != "http":
@@ -173,11 +208,11 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
             for line in brought.placement.lines():
                 console.print(line, highlight=False)
         try:
-            return _run(cfg, dry_run, console, brought)
+            return await _run(cfg, dry_run, console, brought, endpoints or {})
         except Exception as e:
             if not disk_full(e):
                 raise
-            kept = len(RunDir(cfg.out).records())
+            kept = len(RunDir(cfg.out).records()) if cfg.out else 0
             raise DiskFull(
                 f"no space left on the device while writing the run in {cfg.out} or its request cache ({e}). The {kept} record(s) "
                 "written before are kept: free some space and run the same command again; it resumes from them"
@@ -187,8 +222,10 @@ def run(cfg: RunConfig, *, dry_run: str | None = None, console: Console | None =
                 own.fleet.stop_all()
 
 
-def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought | None) -> dict[str, Any]:
-    endpoints = load_endpoints(cfg.endpoints)
+async def _run(
+    cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought | None, given: dict[str, Endpoint]
+) -> RunResult | dict[str, Any]:
+    endpoints = {**load_endpoints(cfg.endpoints), **given}
     if brought is not None:
         if clash := sorted(set(c.name for c in cfg.served_candidates) & endpoints.keys()):
             raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
@@ -217,19 +254,22 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
     try:
         servers = servers_for(brought, used, cfg.candidate_name) if brought else None
         client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, servers=servers)
-        out = RunDir(cfg.out)
-        plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
-        out.check_same_run({**_identity(cfg, endpoints), "plan": plan}, growing=("roles", "prompts"), latest=("plan",))
-        done = {k for k, r in out.records().items() if _finished(r, bool(cfg.reference))}
+        out = RunDir(cfg.out) if cfg.out else None
+        latest: dict[tuple[str, str, str], UnitRecord] = {}
+        if out is not None:
+            plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
+            out.check_same_run({**_identity(cfg, endpoints), "plan": plan}, growing=("roles", "prompts"), latest=("plan",))
+            latest = out.records()
+        done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
         tasks = build_tasks(cfg, client)
         started = time.monotonic()
-        asyncio.run(_run_all(tasks, todo, out, console, already=len(units) - len(todo)))
+        async for record in _run_all(tasks, todo, out, console, already=len(units) - len(todo)):
+            latest[record.unit] = record
     finally:
         if cache is not None:
             cache.close()
 
-    latest = out.records()
     records = [latest[(i.key, t, s)] for t, i, s in units if (i.key, t, s) in latest]
     roles = {role: f"{name} ({endpoints[name].model})" for role, name in cfg.roles().bound().items()}
     if cfg.reference:
@@ -247,12 +287,15 @@ def _run(cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought
     }
     plan = {TASKS[task]: cfg.units_of(task) for task in cfg.tasks}
     summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
-    write_atomic(out.path / "summary.json", json.dumps(summary, indent=2))
-    write_atomic(out.path / "summary.md", markdown(summary))
-    return summary
+    if out is not None:
+        write_atomic(out.path / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(out.path / "summary.md", markdown(summary))
+    return RunResult(records, summary, out.path if out is not None else None)
 
 
-async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir, console: Console, already: int) -> None:
+async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir | None, console: Console, already: int) -> AsyncIterator[UnitRecord]:
+    """Every unit in flight at once; each record, as it finishes, appended to the run directory (when there
+    is one) before it is handed on."""
     client = next(iter(tasks.values())).client
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -264,12 +307,14 @@ async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir, console: Con
         transient=False,
     )
     try:
-        with progress, out.append() as sink:
+        with progress, (out.append() if out is not None else contextlib.nullcontext()) as sink:
             bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
             for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
                 record = await finished
-                sink.write(record.to_json() + "\n")
-                sink.flush()
+                if sink is not None:
+                    sink.write(record.to_json() + "\n")
+                    sink.flush()
                 progress.update(bar, advance=1, stats=client.stats.line())
+                yield record
     finally:  # interrupted too: no connection left open
         await client.aclose()

@@ -16,7 +16,7 @@ from cupid.eval.records import MatchItem, StageError
 from cupid.eval.runner import RunConfig, run
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import Endpoint
-from tests.conftest import REPO
+from tests.conftest import REPO, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
 
@@ -126,3 +126,43 @@ def test_the_wheel_holds_one_package_and_works_outside_the_checkout(tmp_path, ti
     assert asked.returncode == 0, asked.stderr[-3000:]
     assert set(eval(asked.stdout)) <= LABELS and len(eval(asked.stdout)) == 1
     assert not (elsewhere / "configs").exists() and not list(elsewhere.iterdir())
+
+
+def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url, tmp_path, monkeypatch):
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
+                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("CUPID_HOME", str(home))
+    monkeypatch.chdir(work)
+    settings = ["standard", "oracle"]
+    cli = run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", settings=settings,
+                        tasks=["inference", "generation"], judge="instant", out=str(tmp_path / "cli"), no_cache=True))  # fmt: skip
+    cli_records = {(r["key"], r["task"], r["setting"]): r for r in map(json.loads, (tmp_path / "cli" / "instances.jsonl").read_text().splitlines())}
+
+    # roles as a name, an Endpoint object and a base URL; no out, no cache: nothing is written anywhere
+    result = cupid.evaluate("instant", decomposer=Endpoint(base_url=instant_url, model="instant"), matcher="pm", judge=instant_url,
+                            endpoints_file=endpoints, settings=settings, tasks=["inference", "generation"], progress=False)  # fmt: skip
+    assert not list(work.iterdir()) and not home.exists() and result.out is None
+    for part in ("inference", "generation", "n_instances", "n_runs", "n_scored", "n_failed", "failures"):
+        assert result.summary[part] == cli[part], part
+    assert result.summary["n_scored"] == 12 * 2 * 2
+    assert result.tables == cupid.EvalResult([], cli, None).tables
+    assert result.summary["roles"]["decomposer"] == "decomposer (instant)"  # an object is bound under its role's name
+    assert {r.unit for r in result.records} == cli_records.keys()
+    for record in result.records:
+        assert record.model_dump(mode="json", exclude_none=True) == cli_records[record.unit]
+
+    async def notebook_cell():  # blocking evaluate inside a running loop, then the async form
+        blocking = cupid.evaluate("instant", decomposer="instant", matcher="pm", endpoints_file=endpoints, limit=2,
+                                  out=tmp_path / "api", progress=False)  # fmt: skip
+        awaited = await cupid.aevaluate("instant", decomposer="instant", matcher="pm", endpoints_file=endpoints, limit=2,
+                                        out=tmp_path / "api", progress=False)  # fmt: skip
+        return blocking, awaited
+
+    blocking, awaited = asyncio.run(notebook_cell())
+    assert blocking.out == tmp_path / "api" and len((tmp_path / "api" / "instances.jsonl").read_text().splitlines()) == 2
+    assert awaited.summary["requests"] == {"sent": 0, "cached": 0, "failed": 0}  # resumed: both units were scored
+    assert awaited.summary["inference"] == blocking.summary["inference"]
+    with pytest.raises(ValueError, match="needs endpoints for decomposer"):
+        cupid.evaluate("instant", matcher="pm", endpoints_file=endpoints)
