@@ -35,6 +35,7 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
     """Hold `directory` for this process: refuse at once if another process holds it (naming its pid), say so when
     taking over the lock of a process that ended without letting go."""
     directory = Path(directory)
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -51,7 +52,10 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield path
     finally:
-        os.close(fd)  # releases the lock; the file stays (removing it would race with the next holder)
+        if created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:  # refused before it wrote: leave no trace
+            path.unlink()
+            directory.rmdir()
+        os.close(fd)  # releases the lock; otherwise the file stays (removing it would race with the next holder)
 
 
 def write_atomic(path: str | Path, text: str) -> None:
