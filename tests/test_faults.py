@@ -61,6 +61,7 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
 
 def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(instant_endpoints, tmp_path, cupid_home):
     out, cache = tmp_path / "run", tmp_path / "cache.sqlite"
+    out.mkdir()  # an existing run directory (one that `hold` creates and leaves empty, it removes)
     with hold(out):  # a run of this process holds the directory
         result = CliRunner().invoke(app, eval_args(instant_endpoints, out, cache))
     assert result.exit_code == 2
