@@ -191,8 +191,8 @@ def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, cons
     return info, rows
 
 
-def measure_on_running(running: dict[str, Any], which: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """Base and/or adapter (`which`) on a vLLM server already serving the base model (`running`: its `base_url`, served `model`,
+def measure_on_running(running: dict[str, Any], blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`: its `base_url`, served `model`,
     optional `api_key_env`), started with `lifecycle.with_runtime_lora`: the adapter is loaded for the check and
     unloaded after (also on failure). Refused when the server serves another model than the config's base."""
     from cupid.training.sft import resolve_base
@@ -205,12 +205,14 @@ def measure_on_running(running: dict[str, Any], which: list[str], examples: list
     if root is None or Path(root).resolve() != Path(resolve_base(cfg)).resolve():
         raise ServeError(f"{base_url}: serves {base_name!r} from {root}, not the base model {resolve_base(cfg)}")
     adapter = str(adapter_dir(cfg).resolve())
-    asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in which}
+    asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in blocks}
+    adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
     console.print(f"[bold]check[/bold]: loading LoRA {adapter} into the server at {base_url} ({base_name}): "
                   f"{', '.join(asks.values())}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
     started = time.monotonic()
-    lifecycle.load_lora(base_url, names["adapter"], adapter, api_key)
-    info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": {names["adapter"]: adapter},
+    for name, path in adapters.items():
+        lifecycle.load_lora(base_url, name, path, api_key)
+    info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters,
                             "asked": asks, "loaded_at_run_time": True, "load_s": round(time.monotonic() - started, 2)}  # fmt: skip
     try:
         info["listed"] = _listed(base_url, api_key)
@@ -223,7 +225,8 @@ def measure_on_running(running: dict[str, Any], which: list[str], examples: list
         rows = asyncio.run(_ask_all(endpoints, examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        lifecycle.unload_lora(base_url, names["adapter"], api_key)
+        for name in adapters:
+            lifecycle.unload_lora(base_url, name, api_key)
         info["listed_after"] = _listed(base_url, api_key)
     return info, rows
 
