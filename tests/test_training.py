@@ -8,7 +8,7 @@ the check serves with real vLLM on CPU: the base and the trained adapter on the 
 `tiny_server` (tests/conftest.py, shared with other files), which loads the adapter at run time,
 then the merged export, the file's only vLLM start. (What `make train` does instead, a server of
 its own for base and adapter, is checked on the commands it would run.)
-Trained 6 steps on 4 examples, the 135M model learns PrefMatcher's answer format (the adapter's
+Trained 10 steps on 4 examples, the 135M model learns PrefMatcher's answer format (the adapter's
 and the export's answers parse; the base model's do not), not good labels: the check is asserted on
 what it records (parsed answers scored, failures counted with reasons), never on agreement values.
 """
