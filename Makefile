@@ -54,8 +54,12 @@ tiny-model: setup
 demo: setup
 	scripts/demo.sh
 
+# Two workers, a test file on one (module fixtures, the training chain, run once), the longest files first
+# (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). One tiny vLLM server serves both
+# workers. At the end: pytest's slowest durations, then the vLLM starts the run paid for, counted by
+# cupid.serving.lifecycle into the file CUPID_VLLM_STARTS names (tests/conftest.py sets it and prints them).
 test: setup-dev
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=8  # two workers, a test file on one: module fixtures (the training chain) run once
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=8
 
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))
@@ -83,7 +87,7 @@ synth: setup
 
 # Rebuild PrefMatcher from one config: match data -> QLoRA fine-tune -> export -> agreement check. By default
 # the paper's 7B recipe (GPU; its check serves with vLLM); CONFIG=configs/train/tiny.yaml runs the whole chain
-# on CPU in about 4 minutes, most of it the check's two vLLM CPU starts and its LoRA answers. (`train: CONFIG = ...`
+# on CPU in a few minutes, most of it the check's two vLLM CPU starts. (`train: CONFIG = ...`
 # is this target's default; `make eval` keeps its own.)
 train: CONFIG = configs/train/prefmatcher-qwen2.5-7b.yaml
 train: setup-dev

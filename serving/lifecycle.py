@@ -175,6 +175,47 @@ for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
 _lifelines: dict[int, Any] = {}  # server pid -> the write end of its watchdog's pipe, open while this process lives
 
 
+# Counted work: where this variable names a file, every vLLM engine start (a server, or an offline engine in
+# this process) appends a line to it, so a test run can say how many it paid for (tests/conftest.py prints them).
+STARTS_ENV = "CUPID_VLLM_STARTS"
+
+
+def count_vllm_start(what: str) -> None:
+    if path := os.environ.get(STARTS_ENV):
+        with open(path, "a", encoding="utf-8") as sink:  # one short append per line: whole lines from many processes
+            sink.write(f"{what}\n")
+
+
+# Adapters loaded into a running vLLM server, without a restart: the server needs --enable-lora with a
+# --max-lora-rank at least the adapter's, and VLLM_ALLOW_RUNTIME_LORA_UPDATING in its environment, which
+# adds POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vllm/entrypoints/serve/lora/api_router.py).
+def with_runtime_lora(spec: ServeSpec, max_lora_rank: int) -> ServeSpec:
+    """The same server, able to load LoRA adapters of rank up to `max_lora_rank` while it runs."""
+    return spec.model_copy(update={
+        "extra_args": [*spec.extra_args, "--enable-lora", "--max-lora-rank", str(max_lora_rank)],
+        "env": {**spec.env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+    })  # fmt: skip
+
+
+def _lora_call(base_url: str, action: str, body: dict[str, str], api_key: str | None) -> None:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(f"{base_url}/{action}_lora_adapter", json=body, headers=headers, timeout=120)
+    except httpx.HTTPError as e:
+        raise ServeError(f"{base_url}: {action}_lora_adapter failed: {e}") from e
+    if response.status_code != 200:
+        raise ServeError(f"{base_url}: {action}_lora_adapter {body['lora_name']!r}: HTTP {response.status_code} {response.text[:500]}")
+
+
+def load_lora(base_url: str, name: str, path: str | Path, api_key: str | None = None) -> None:
+    """Load a LoRA adapter into a running vLLM server (see `with_runtime_lora`); it then answers as `name`."""
+    _lora_call(base_url, "load", {"lora_name": name, "lora_path": str(path)}, api_key)
+
+
+def unload_lora(base_url: str, name: str, api_key: str | None = None) -> None:
+    _lora_call(base_url, "unload", {"lora_name": name}, api_key)
+
+
 def _tie(pid: int) -> None:
     watchdog = subprocess.Popen(
         [sys.executable, "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE,
@@ -217,6 +258,8 @@ def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = 
         )
     if tied:
         _tie(process.pid)
+    if spec.engine == "vllm":
+        count_vllm_start(f"server {spec.handle}")
     # What `cupid eval` and `status` need to use the server by name; secrets stay out (the key's variable only).
     record = {
         "name": spec.handle,
@@ -251,7 +294,7 @@ def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = 
             raise _startup_failure(spec, log_path, f"server exited with code {process.returncode} during start-up")
         if (time.monotonic() >= settled) if spec.headless else ready(spec, engine):
             return record
-        time.sleep(0.5)
+        time.sleep(0.2)
     down(spec.handle)
     raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:g}s (stopped it)")
 

@@ -97,6 +97,7 @@ class VllmBackend:
         from vllm.lora.request import LoRARequest
 
         os.environ.update(profiles.engine_env(profile))  # read when the engine starts
+        lifecycle.count_vllm_start(f"offline {profile.name}")
         self.llm = vllm.LLM(**profiles.llm_kwargs(profile))
         self.loras = {
             name: LoRARequest(name, i, path) for i, (name, path) in enumerate(profile.adapter_paths().items(), start=1)

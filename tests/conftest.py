@@ -1,7 +1,23 @@
-"""Shared fixtures: the real tiny model under vLLM on CPU, the instant-answer server, a private state directory."""
+"""Shared fixtures: the real tiny model under vLLM on CPU, the instant-answer server, a private state directory.
+
+One tiny vLLM server serves the whole run, however many xdist workers it has. The pytest controller (the
+process that starts the workers, or the only process without xdist) owns what the workers share: a
+directory (CUPID_TEST_SHARED: the server's record and log, its lock, the count of vLLM starts), the
+server's port, and a FIFO whose only writer it is. The first worker that needs the server starts it under
+a file lock; the others find it answering. A watchdog reading that FIFO stops the server when the
+controller ends however it ends (killed too), and the controller stops it itself at its end
+(pytest_unconfigure), after every worker is done: no worker stops it while another uses it.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +30,50 @@ from cupid.serving.instant import start as start_instant
 REPO = Path(__file__).resolve().parents[1]
 lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed
 TINY_NAME = "smollm2-135m-instruct"
+SHARED = "CUPID_TEST_SHARED"
+# The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
+TINY_LORA_RANK = min(r for r in profiles.LORA_RANKS if r >= yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
+_controller: dict = {}  # the controller's own: the shared directory and its end of the FIFO
+
+
+def pytest_configure(config):
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return  # a worker: it inherited the controller's settings
+    shared = Path(tempfile.mkdtemp(prefix="cupid-tests-"))
+    os.mkfifo(shared / "controller-alive")
+    _controller.update(shared=shared, fifo=os.open(shared / "controller-alive", os.O_RDWR))  # never inherited
+    os.environ.update({SHARED: str(shared), "CUPID_TEST_CONTROLLER": str(os.getpid()), "CUPID_TEST_TINY_PORT": str(free_port()),
+                       lifecycle.STARTS_ENV: str(shared / "vllm-starts")})  # fmt: skip
+
+
+# With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the
+# longest first, so that none starts last; the training chain, then the server lifecycles beside it.
+LONGEST_FIRST = ("test_training.py", "test_serve.py", "test_night_servers.py", "test_synth.py", "test_eval_run.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's slowest durations
+def pytest_terminal_summary(terminalreporter):
+    if not _controller:
+        return
+    starts = _controller["shared"] / "vllm-starts"
+    lines = starts.read_text().splitlines() if starts.exists() else []
+    terminalreporter.write_sep("=", f"vLLM starts in this run: {len(lines)}")
+    for what, n in sorted({line: lines.count(line) for line in lines}.items()):
+        terminalreporter.write_line(f"{n} x {what}")
+
+
+def pytest_unconfigure(config):
+    if not _controller:
+        return
+    os.environ["CUPID_HOME"] = str(_controller["shared"] / "cupid-home")
+    lifecycle.down("tiny")  # the session server, if a worker started one
+    os.close(_controller["fifo"])  # its watchdog finds it gone and ends
+    shutil.rmtree(_controller["shared"], ignore_errors=True)
 
 
 def write_endpoints(path: Path, **entries: dict) -> Path:
@@ -27,8 +87,11 @@ def tiny_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def session_home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cupid-home")
+def session_home() -> Path:
+    """The session server's state directory, shared by every worker."""
+    home = Path(os.environ[SHARED]) / "cupid-home"
+    home.mkdir(exist_ok=True)
+    return home
 
 
 @pytest.fixture
@@ -40,21 +103,36 @@ def cupid_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_profile(tiny_model_dir):
-    """The shipped `tiny` profile (vLLM's CPU build, eager), on the test model directory and a free port."""
+    """The shipped `tiny` profile (vLLM's CPU build, eager), on the test model directory and the session server's port."""
     shipped = profiles.load("tiny", REPO / "configs" / "serve")
-    return shipped.model_copy(update={"model": str(tiny_model_dir), "port": free_port()})
+    return shipped.model_copy(update={"model": str(tiny_model_dir), "port": int(os.environ["CUPID_TEST_TINY_PORT"])})
+
+
+def _tie_to_controller(pid: int) -> None:
+    """lifecycle's watchdog, reading the controller's FIFO instead of a pipe from this worker."""
+    with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
+        subprocess.Popen([sys.executable, "-c", lifecycle.WATCHDOG, str(pid)], stdin=alive,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_profile, session_home):
-    """The real tiny model behind real vLLM on CPU, started once for the whole session from the shipped
-    profile, and tied to this process: a killed test run leaves no server behind."""
+    """The real tiny model behind real vLLM on CPU, from the shipped profile with run-time LoRA loading on: one
+    server for the whole run (see the module docstring), tied to the pytest controller."""
     mp = pytest.MonkeyPatch()
     mp.setenv("CUPID_HOME", str(session_home))
-    record = lifecycle.up(tiny_profile.spec(), tied=True)
+    shared = Path(os.environ[SHARED])
+    with open(shared / "tiny-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        record = lifecycle.find(tiny_profile.name)
+        if record is None or not lifecycle.healthy(record["base_url"]):
+            with pytest.MonkeyPatch.context() as tie:
+                tie.setattr(lifecycle, "_tie", _tie_to_controller)  # from its first moment: not to this worker
+                record = lifecycle.up(lifecycle.with_runtime_lora(tiny_profile.spec(), TINY_LORA_RANK), tied=True)
+            record["tied_to"] = int(os.environ["CUPID_TEST_CONTROLLER"])
+            lifecycle.record_path(tiny_profile.name).write_text(json.dumps(record, indent=2))
     yield {"base_url": record["base_url"], "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}
-    lifecycle.down(tiny_profile.name)
-    mp.undo()
+    mp.undo()  # the server stays up for the other workers; the controller stops it
 
 
 @pytest.fixture(scope="session")

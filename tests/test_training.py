@@ -4,9 +4,10 @@ The chain is real end to end: the eval runner over HTTP synthesizes match data f
 sample (the instant-answer server plays candidate, decomposer and teacher: SmolLM2-135M cannot
 answer in CUPID's formats, see test_tiny_model_as_candidate_gives_no_match_data), TRL trains a
 LoRA on the real tiny model loaded in bitsandbytes 4-bit NF4, the adapter is merged and saved, and
-the check serves with real vLLM on CPU: the base with the trained adapter as a LoRA module (one
-server start), then the merged export (a second). Those are this file's only vLLM starts; the
-session's `tiny_server` (tests/conftest.py) is shared with other files.
+the check serves with real vLLM on CPU: the base and the trained adapter on the session's
+`tiny_server` (tests/conftest.py, shared with other files), which loads the adapter at run time,
+then the merged export, the file's only vLLM start. (What `make train` does instead, a server of
+its own for base and adapter, is checked on the commands it would run.)
 Trained 10 steps on 4 examples, the 135M model learns PrefMatcher's answer format (the adapter's
 and the export's answers parse; the base model's do not), not good labels: the check is asserted on
 what it records (parsed answers scored, failures counted with reasons), never on agreement values.
@@ -21,6 +22,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -32,9 +34,9 @@ from cupid.eval.data import DataError
 from cupid.matcher import parse, prompts
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
-from cupid.serving.engines import ServeError
+from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.instant import free_port
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import REPO, TINY_NAME, write_endpoints
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import SynthesisError
 
@@ -46,16 +48,23 @@ def _load(path: Path, **overrides) -> config.TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def chain(tiny_model_dir, tmp_path_factory):
-    """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory."""
+def chain(tiny_model_dir, tmp_path_factory, request):
+    """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory; its check asks the base and
+    the adapter on the session's tiny server (the same model directory, run-time LoRA loading on), asked for only
+    then: another worker may have started it meanwhile."""
     work = tmp_path_factory.mktemp("train")
     cfg = _load(TINY, out=str(work / "run"), base_model=str(tiny_model_dir), synthesis__cache=str(work / "cache.sqlite"))
     # The chain's own state directory, only while it runs: a module-long setting would be undone after the
-    # session's `tiny_server` set its own, and that server's teardown would then look for it in the wrong place.
+    # session's `tiny_server` set its own (the state directory of the session server, shared by the workers).
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(_home(cfg)))
-        reports = pipeline.run(cfg, Console(stderr=True))
-    print(f"tiny chain wall time (s): {reports['wall_s']}")
+        reports = pipeline.run(cfg, Console(stderr=True), stages=pipeline.STAGES[:-1])
+    walls = reports.pop("wall_s")
+    running = request.getfixturevalue("tiny_server")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUPID_HOME", str(_home(cfg)))
+        reports |= pipeline.run(cfg, Console(stderr=True), stages=("check",), running=running)
+    print(f"tiny chain wall time (s): {walls} {reports['wall_s']}")
     return cfg, reports
 
 
@@ -193,30 +202,61 @@ def _running_in_group(pgid: int) -> list[int]:
     return out
 
 
-def test_check_serves_the_adapter_beside_its_base_from_one_vllm_cpu_server_and_leaves_nothing_running(chain, monkeypatch):
+def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(chain, monkeypatch):
     cfg, reports = chain
-    monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's servers had their records
+    monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's own server had its record
     names = agreement.served_names(cfg)
-    lora, merged = reports["check"]["servers"]  # two vLLM starts, in this order
+    on_base, merged = reports["check"]["servers"]  # the session server (no start), then one vLLM start
     adapter = str((cfg.out_dir / "adapter").resolve())
-    # What /v1/models of the LoRA server listed while it ran: the base under its name, the adapter beside it.
-    assert [m["id"] for m in lora["listed"]] == [names["base"], names["adapter"]]
-    assert lora["listed"][1] == {"id": names["adapter"], "root": adapter, "parent": names["base"]}
-    assert lora["asked"] == {"base": names["base"], "adapter": names["adapter"]}
+    # What /v1/models of the base's server listed while the adapter was loaded: the base, the adapter as its child;
+    # after the check, the adapter is gone again.
+    assert on_base["loaded_at_run_time"] and on_base["model"] == str(Path(cfg.base_model).resolve())
+    assert {"id": names["adapter"], "root": adapter, "parent": TINY_NAME} in on_base["listed"]
+    assert TINY_NAME in [m["id"] for m in on_base["listed"]] and names["adapter"] not in [m["id"] for m in on_base["listed_after"]]
+    assert on_base["asked"] == {"base": TINY_NAME, "adapter": names["adapter"]}
     assert [m["id"] for m in merged["listed"]] == [names["trained"]] and merged["asked"] == {"trained": names["trained"]}
     assert merged["model"] == str((cfg.out_dir / "export").resolve())
-    command = lora["command"]
+    assert merged["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    # vLLM's CPU build, eager, bf16, a 1 GiB KV cache (tiny.yaml's agreement.serve)
+    assert (merged["engine"], merged["device"], merged["env"]["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
+    assert "--enforce-eager" in merged["command"] and merged["command"][merged["command"].index("--dtype") + 1] == "bfloat16"
+    # Tied to the process that ran the check (a killed `cupid train` takes it along), and stopped with its whole
+    # process group (engine core, workers) before the check returned.
+    assert merged["tied_to"] == os.getpid() and merged["left_running"] == []
+    assert _running_in_group(merged["pid"]) == [] and not lifecycle.alive(merged["pid"])
+    assert lifecycle.find(merged["name"]) is None
+
+
+def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
+    """What `make train` runs (no server of the base at hand): one server for base + adapter as a LoRA module, at
+    --max-lora-rank of the trained adapter, then the export; each command checked as vLLM's parser reads it."""
+    cfg, _ = chain
+    names = agreement.served_names(cfg)
+    adapter = str((cfg.out_dir / "adapter").resolve())
+    lora, merged = agreement.plan(cfg)
+    assert lora.asks == {"base": names["base"], "adapter": names["adapter"]} and merged.asks == {"trained": names["trained"]}
+    engine = get_engine("vllm")
+    command = engine.command(lora.profile.spec(), tmp_path)
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert command[command.index("--max-lora-rank") + 1] == "64" and "--enable-lora" in command
+    rank = json.loads((cfg.out_dir / "adapter" / "adapter_config.json").read_text())["r"]
+    assert command[command.index("--max-lora-rank") + 1] == str(rank) == "8" and "--enable-lora" in command
     assert command[command.index("--lora-modules") + 1] == f"{names['adapter']}={adapter}"
-    for server in (lora, merged):  # vLLM's CPU build, eager, bf16, a 1 GiB KV cache (tiny.yaml's agreement.serve)
-        assert (server["engine"], server["device"], server["env"]["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
-        assert "--enforce-eager" in server["command"] and server["command"][server["command"].index("--dtype") + 1] == "bfloat16"
-        # Tied to the process that ran the check (a killed `cupid train` takes them along), and stopped with
-        # their whole process group (engine core, workers) before the check returned.
-        assert server["tied_to"] == os.getpid() and server["left_running"] == []
-        assert _running_in_group(server["pid"]) == [] and not lifecycle.alive(server["pid"])
-        assert lifecycle.find(server["name"]) is None
+    exported = engine.command(merged.profile.spec(), tmp_path)
+    assert exported[exported.index("--model") + 1] == str((cfg.out_dir / "export").resolve())
+    for server in (lora, merged):
+        spec = server.profile.spec()
+        assert (spec.engine, server.profile.device, spec.env["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
+        assert "--enforce-eager" in spec.extra_args and spec.extra_args[spec.extra_args.index("--dtype") + 1] == "bfloat16"
+    lora.profile.check_local_files("test")  # the adapter's rank fits the server's
+
+
+def test_check_refuses_a_running_server_of_another_model_before_loading_anything(chain, tiny_server):
+    cfg, _ = chain
+    other = _load(TINY, out=str(cfg.out_dir), base_model=str(cfg.out_dir / "export"))
+    with pytest.raises(ServeError, match=r"serves 'smollm2-135m-instruct' from .*SmolLM2-135M-Instruct, not the base model .*export"):
+        agreement.check(other, Console(stderr=True), running=tiny_server)
+    listed = httpx.get(tiny_server["base_url"] + "/models").json()["data"]
+    assert agreement.served_names(cfg)["adapter"] not in [m["id"] for m in listed]
 
 
 def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_dir):

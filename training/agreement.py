@@ -7,6 +7,9 @@ project's serving lifecycle: the base with the adapter as a LoRA module (vLLM `-
 base answers under its name, the adapter under its own), then the export. The servers are serve
 profiles built from the config's `agreement.serve`, started tied to this process (a killed
 `cupid train` leaves none behind) and stopped, their whole process group, before the check returns.
+Given a vLLM server already running the base model with run-time LoRA loading on (`running`; the test
+suite's session server), the check asks the base there and loads the adapter into it for its answers
+(`/v1/load_lora_adapter`, unloaded after): one start fewer, the export's.
 
 An answer that does not parse is a failure with its reason, never a label: agreement (accuracy,
 Krippendorff's alpha over the label scores 0/0.5/1) is computed on the answers that parsed, and the
@@ -188,8 +191,49 @@ def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, cons
     return info, rows
 
 
-def check(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
-    """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`."""
+def measure_on_running(running: dict[str, Any], blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`: its `base_url`, served `model`,
+    optional `api_key_env`), started with `lifecycle.with_runtime_lora`: the adapter is loaded for the check and
+    unloaded after (also on failure). Refused when the server serves another model than the config's base."""
+    from cupid.training.sft import resolve_base
+
+    a, names = cfg.agreement, served_names(cfg)
+    base_url, base_name = running["base_url"], running["model"]
+    api_key = os.environ.get(running["api_key_env"]) if running.get("api_key_env") else None
+    served = {m["id"]: m for m in _listed(base_url, api_key)}
+    root = (served.get(base_name) or {}).get("root")
+    if root is None or Path(root).resolve() != Path(resolve_base(cfg)).resolve():
+        raise ServeError(f"{base_url}: serves {base_name!r} from {root}, not the base model {resolve_base(cfg)}")
+    adapter = str(adapter_dir(cfg).resolve())
+    asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in blocks}
+    adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
+    console.print(f"[bold]check[/bold]: loading LoRA {adapter} into the server at {base_url} ({base_name}): "
+                  f"{', '.join(asks.values())}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
+    started = time.monotonic()
+    for name, path in adapters.items():
+        lifecycle.load_lora(base_url, name, path, api_key)
+    info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters,
+                            "asked": asks, "loaded_at_run_time": True, "load_s": round(time.monotonic() - started, 2)}  # fmt: skip
+    try:
+        info["listed"] = _listed(base_url, api_key)
+        endpoints = {
+            which: Endpoint(base_url=base_url, model=name, api_key_env=running.get("api_key_env"), max_tokens=a.max_tokens,
+                            max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)
+            for which, name in asks.items()
+        }  # fmt: skip
+        asked = time.monotonic()
+        rows = asyncio.run(_ask_all(endpoints, examples))
+        info["ask_s"] = round(time.monotonic() - asked, 2)
+    finally:
+        for name in adapters:
+            lifecycle.unload_lora(base_url, name, api_key)
+        info["listed_after"] = _listed(base_url, api_key)
+    return info, rows
+
+
+def check(cfg: TrainConfig, console: Console | None = None, running: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`.
+    `running`: a vLLM server of the base model that loads adapters at run time (see `measure_on_running`)."""
     from cupid.serving.config import ConfigError
 
     console = console or Console(stderr=True)
@@ -203,10 +247,13 @@ def check(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         server.profile.check_local_files(f"{cfg.source}: agreement")
     report: dict[str, Any] = {"validation": str(data_dir(cfg) / "validation.jsonl"), "teacher_prompt": examples[0].teacher_prompt, "servers": []}
     answers: dict[str, list[dict[str, Any]]] = {}
-    for server in servers:
-        info, rows = measure(server, examples, cfg, console)
+    measured = []
+    if running is not None and len(servers) == 2:  # the base and its adapter on the running server; the export is started
+        measured.append(measure_on_running(running, list(servers.pop(0).asks), examples, cfg, console))
+    measured += [measure(server, examples, cfg, console) for server in servers]
+    for info, rows in measured:
         report["servers"].append(info)
-        for which, served in server.asks.items():
+        for which, served in info["asked"].items():
             answers[which] = rows[which]
             report[which] = {**agreement(rows[which]), "model": info["adapters"].get(served, info["model"]), "served_as": served, "server": info["name"]}
     with (cfg.out_dir / "agreement_answers.jsonl").open("w", encoding="utf-8") as sink:

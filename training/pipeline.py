@@ -18,13 +18,14 @@ from cupid.training.config import TrainConfig
 STAGES = ("synth", "sft", "export", "check")
 
 
-def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES) -> dict[str, Any]:
+def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
     steps = {
         "synth": lambda: matchdata.synthesize(cfg, console) if cfg.synthesis is not None else None,
         "sft": lambda: sft.train(cfg, console),
         "export": lambda: export.export(cfg, console),
-        "check": lambda: agreement.check(cfg, console) if cfg.agreement.enabled else None,
+        "check": lambda: agreement.check(cfg, console, running) if cfg.agreement.enabled else None,
     }
     reports: dict[str, Any] = {}
     wall: dict[str, float] = {}
