@@ -50,7 +50,7 @@ REGEX_COMPILATION_TIMEOUT_S = 120
 VLLM_ONLY = (
     "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
     "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
-    "cpu_kvcache_space_gib", *PARALLEL,
+    "cpu_kvcache_space_gib", "cpu_reserved_cores", *PARALLEL,
 )  # fmt: skip
 GPU_ONLY = (
     "gpu_memory_utilization", "tensor_parallel_size", "weights_gib", "batch_invariant",
@@ -104,6 +104,9 @@ class Profile(BaseModel):
     cpu_kvcache_space_gib: int | None = Field(
         default=None, ge=1, description="device cpu: KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's default otherwise"
     )
+    cpu_reserved_cores: int | None = Field(
+        default=None, ge=0, description="device cpu: cores kept from the model (VLLM_CPU_NUM_OF_RESERVED_CPU); vLLM keeps one"
+    )
     startup_timeout_s: float = Field(default=900.0, gt=0)
     engine_args: dict[str, Any] = Field(default_factory=dict, description="further engine arguments, as is")
 
@@ -117,8 +120,8 @@ class Profile(BaseModel):
             gpu_only = sorted(set(GPU_ONLY) & self.model_fields_set)
             if gpu_only:
                 raise ValueError(f"{', '.join(gpu_only)}: GPU only (this profile runs on device cpu)")
-        elif self.cpu_kvcache_space_gib is not None:
-            raise ValueError("cpu_kvcache_space_gib: device cpu only (this profile runs on device cuda)")
+        elif cpu_only := [k for k in ("cpu_kvcache_space_gib", "cpu_reserved_cores") if getattr(self, k) is not None]:
+            raise ValueError(f"{', '.join(cpu_only)}: device cpu only (this profile runs on device cuda)")
         if self.lora_adapters and self.max_lora_rank is None:
             raise ValueError("lora_adapters need max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)")
         if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
@@ -312,6 +315,8 @@ def engine_env(profile: Profile) -> dict[str, str]:
         env["VLLM_BATCH_INVARIANT"] = "1"
     if profile.cpu_kvcache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kvcache_space_gib)
+    if profile.cpu_reserved_cores is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(profile.cpu_reserved_cores)
     return env
 
 

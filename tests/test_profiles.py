@@ -59,12 +59,14 @@ def test_every_shipped_vllm_profile_builds_its_command(shipped):
         assert value(cmd, "--generation-config") == "vllm", name
         assert value(cmd, "--served-model-name") == profile.served
         assert value(cmd, "--port") == str(profile.port) and value(cmd, "--host") == "127.0.0.1"
-        assert value(cmd, "--dtype") == "bfloat16"
+        # GPUs compute in bf16; the CPU profile in fp32 (bf16 is emulated without AVX512-BF16/AMX)
+        assert value(cmd, "--dtype") == ("bfloat16" if profile.device == "cuda" else "float32")
         if profile.device == "cuda":
             assert float(value(cmd, "--gpu-memory-utilization")) == profile.gpu_memory_utilization
         else:  # on CPU the fraction would reserve RAM: the KV cache is sized by VLLM_CPU_KVCACHE_SPACE instead
             assert "--gpu-memory-utilization" not in cmd and "--tensor-parallel-size" not in cmd
-            assert profile.spec().env.items() >= {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kvcache_space_gib)}.items()
+            cpu_env = {"VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kvcache_space_gib), "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+            assert profile.spec().env.items() >= cpu_env.items()
         assert value(cmd, "--seed") == "0" and "--enable-prefix-caching" in cmd
         assert not any("api-key" in part or part.startswith("guided") for part in cmd)
 

@@ -178,7 +178,7 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
             assert 0.0 <= block["accuracy"] <= 1.0
             assert block["n_items_compared"] == sum(len(r["teacher"]) for r in rows if r["error"] is None)
     # The fine-tune taught the format (train loss ~1.0 -> ~0.02): served by vLLM, the adapter's answers on the
-    # bf16 base and the merged export's parse as PrefMatcher answers.
+    # fp32 base and the merged export's parse as PrefMatcher answers.
     assert report["adapter"]["n_parsed"] >= 1 and report["trained"]["n_parsed"] >= 1
     for row in answers:  # and every answer of theirs is in PrefMatcher's dialect, a fenced JSON list
         assert row["model"] == "base" or row["raw"].startswith("```json\n["), row
@@ -217,9 +217,9 @@ def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_ex
     assert [m["id"] for m in merged["listed"]] == [names["trained"]] and merged["asked"] == {"trained": names["trained"]}
     assert merged["model"] == str((cfg.out_dir / "export").resolve())
     assert merged["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    # vLLM's CPU build, eager, bf16, a 1 GiB KV cache (tiny.yaml's agreement.serve)
+    # vLLM's CPU build, eager, fp32, a 1 GiB KV cache (tiny.yaml's agreement.serve)
     assert (merged["engine"], merged["device"], merged["env"]["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
-    assert "--enforce-eager" in merged["command"] and merged["command"][merged["command"].index("--dtype") + 1] == "bfloat16"
+    assert "--enforce-eager" in merged["command"] and merged["command"][merged["command"].index("--dtype") + 1] == "float32"
     # Tied to the process that ran the check (a killed `cupid train` takes it along), and stopped with its whole
     # process group (engine core, workers) before the check returned.
     assert merged["tied_to"] == os.getpid() and merged["left_running"] == []
@@ -246,7 +246,7 @@ def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_a
     for server in (lora, merged):
         spec = server.profile.spec()
         assert (spec.engine, server.profile.device, spec.env["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
-        assert "--enforce-eager" in spec.extra_args and spec.extra_args[spec.extra_args.index("--dtype") + 1] == "bfloat16"
+        assert "--enforce-eager" in spec.extra_args and spec.extra_args[spec.extra_args.index("--dtype") + 1] == "float32"
     lora.profile.check_local_files("test")  # the adapter's rank fits the server's
 
 
