@@ -91,7 +91,7 @@ def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
     assert [c.gpus for c in plan.candidates()] == [(), ()] and all(c.env == {} for c in plan.candidates())
     assert plan.judges[0].profile.port == 8011 and {c.profile.port for c in plan.candidates()} == {8100}
     spec = brought.candidate_servers["a"].spec
-    assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "2"
+    assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "3"
 
 
 def test_judges_keep_their_model_and_take_field_overrides():

@@ -72,7 +72,8 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     assert record["engine"] == "vllm" and record["device"] == "cpu" and record["served_name"] == TINY_NAME
     assert record["command"][:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record["command"] and record["env"] == {
-        "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # fmt: skip
+        "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # fmt: skip
     command = record["command"]  # adapters load at run time, up to the rank configs/train/tiny.yaml trains
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == str(TINY_LORA_RANK) == "8"
     assert record["tied_to"] == int(os.environ["CUPID_TEST_CONTROLLER"])  # one server for all workers: the controller's
