@@ -44,6 +44,10 @@ def pytest_configure(config):
     _controller.update(shared=shared, fifo=os.open(shared / "controller-alive", os.O_RDWR))  # never inherited
     os.environ.update({SHARED: str(shared), "CUPID_TEST_CONTROLLER": str(os.getpid()), "CUPID_TEST_TINY_PORT": str(free_port()),
                        lifecycle.STARTS_ENV: str(shared / "vllm-starts")})  # fmt: skip
+    # Two workers, the session server, a training run and a server a test owns compute at once on 2 cores. An
+    # OpenMP thread that finds its partner descheduled spins by default (libgomp): two 2-thread torch processes
+    # took 12.3 s where one alone took 3.3 s; with passive waits 7.7 s. Inherited by workers, servers, training.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 # With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the

@@ -184,7 +184,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
         assert logs.exit_code == 0 and "POST /v1/chat/completions" in logs.output
 
         smoke = subprocess.run(
-            [sys.executable, "scripts/gpu_smoke.py", "--profile", str(profile), "--in-flight", "1", "4", "--min-requests", "4",
+            [sys.executable, "scripts/gpu_smoke.py", "--profile", str(profile), "--in-flight", "4", "--min-requests", "4",
              "--max-tokens", "200"],
             cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "CUPID_HOME": str(cupid_home)},
         )  # fmt: skip

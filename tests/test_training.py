@@ -263,22 +263,26 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_d
     """vLLM's LoRA on CPU is the adapter as trained: its greedy answers are PEFT's on the same (unquantized) base.
 
     (The export answers differently, and parses more often: it merges the adapter into the NF4-dequantized base
-    the adapter was trained on, while `--enable-lora` puts it on the bf16 base.)"""
+    the adapter was trained on, while `--enable-lora` puts it on the plain base.) PEFT answers all prompts in one
+    left-padded batch, for as many tokens as the longest served answer plus one: an equal answer ends within
+    them, a longer one shows by being cut."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg, _ = chain
     served = [r["raw"] for r in _rows(cfg.out_dir / "agreement_answers.jsonl") if r["model"] == "adapter"]
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, cfg.out_dir / "adapter").eval()
-    same = 0
-    for example, answer in zip(_rows(cfg.out_dir / "data" / "validation.jsonl"), served, strict=True):
-        ids = tok.apply_chat_template(example["prompt"], add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=cfg.agreement.max_tokens, do_sample=False)
-        same += tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip() == answer.strip()
+    prompts_ = [e["prompt"] for e in _rows(cfg.out_dir / "data" / "validation.jsonl")]
+    assert len(prompts_) == len(served) == 4
+    batch = tok.apply_chat_template(prompts_, add_generation_prompt=True, return_tensors="pt", return_dict=True, padding=True)
+    longest = max(len(tok(answer, add_special_tokens=False).input_ids) for answer in served)
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=min(longest + 1, cfg.agreement.max_tokens), do_sample=False)
+    answers = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    same = sum(a.strip() == s.strip() for a, s in zip(answers, served, strict=True))
     assert same >= 3  # all 4 when measured; greedy decoding in two implementations may break one near-tie differently
 
 
