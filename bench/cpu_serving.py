@@ -16,10 +16,10 @@ import asyncio
 import json
 import time
 
-import httpx
-
 from cupid.eval import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model
+from cupid.serving.client import Client
+from cupid.serving.endpoints import Endpoint
 
 VARIANTS = {
     "shipped": {},
@@ -34,16 +34,14 @@ def prompts(n: int) -> list[list[dict[str, str]]]:
     return [[{"role": "user", "content": json.dumps(r["prior_interactions"])[:9000] + "\n" + r["current_request"]}] for r in rows]
 
 
-async def send_all(base_url: str, model: str, batch: list[list[dict[str, str]]], max_tokens: int) -> tuple[float, int, int]:
-    async with httpx.AsyncClient(timeout=1800) as client:
+async def send_all(endpoint: Endpoint, batch: list[list[dict[str, str]]], max_tokens: int) -> tuple[float, int, int]:
+    """All requests at once through the project's client (no cache, no retries): wall time, prompt and answer tokens."""
+    async with Client({"bench": endpoint}, concurrency=len(batch)) as client:
         start = time.perf_counter()
-        answers = await asyncio.gather(*[
-            client.post(f"{base_url}/chat/completions", json={"model": model, "messages": m, "max_tokens": max_tokens, "temperature": 0})
-            for m in batch
-        ])  # fmt: skip
+        answers = await asyncio.gather(*[client.chat("bench", m, max_tokens=max_tokens, temperature=0) for m in batch])
         wall = time.perf_counter() - start
-    usage = [a.raise_for_status().json()["usage"] for a in answers]
-    return wall, sum(u["prompt_tokens"] for u in usage), sum(u["completion_tokens"] for u in usage)
+    usage = [a.usage or {} for a in answers]
+    return wall, sum(u.get("prompt_tokens", 0) for u in usage), sum(u.get("completion_tokens", 0) for u in usage)
 
 
 def main() -> None:
@@ -62,8 +60,9 @@ def main() -> None:
         record = lifecycle.up(profile.spec(), tied=True)
         start_s = time.perf_counter() - started
         try:
-            cold, n_prompt, n_answer = asyncio.run(send_all(record["base_url"], profile.served, batch, args.max_tokens))
-            warm, _, _ = asyncio.run(send_all(record["base_url"], profile.served, batch, args.max_tokens))
+            endpoint = Endpoint(base_url=record["base_url"], model=profile.served, timeout_s=1800, max_retries=0)
+            cold, n_prompt, n_answer = asyncio.run(send_all(endpoint, batch, args.max_tokens))
+            warm, _, _ = asyncio.run(send_all(endpoint, batch, args.max_tokens))
         finally:
             lifecycle.down(profile.name)
         print(f"{name:<14} {start_s:>8.1f} {cold:>8.1f} {warm:>8.1f} {n_prompt:>10} {n_answer:>10}", flush=True)

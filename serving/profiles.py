@@ -47,10 +47,11 @@ PARALLEL = (
 )  # fmt: skip
 REGEX_COMPILATION_TIMEOUT_S = 120
 
+CPU_ONLY = ("cpu_kvcache_space_gib", "cpu_reserved_cores")  # vLLM's CPU build reads them from the environment
 VLLM_ONLY = (
     "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
     "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
-    "cpu_kvcache_space_gib", "cpu_reserved_cores", *PARALLEL,
+    *CPU_ONLY, *PARALLEL,
 )  # fmt: skip
 GPU_ONLY = (
     "gpu_memory_utilization", "tensor_parallel_size", "weights_gib", "batch_invariant",
@@ -120,7 +121,7 @@ class Profile(BaseModel):
             gpu_only = sorted(set(GPU_ONLY) & self.model_fields_set)
             if gpu_only:
                 raise ValueError(f"{', '.join(gpu_only)}: GPU only (this profile runs on device cpu)")
-        elif cpu_only := [k for k in ("cpu_kvcache_space_gib", "cpu_reserved_cores") if getattr(self, k) is not None]:
+        elif cpu_only := [k for k in CPU_ONLY if getattr(self, k) is not None]:
             raise ValueError(f"{', '.join(cpu_only)}: device cpu only (this profile runs on device cuda)")
         if self.lora_adapters and self.max_lora_rank is None:
             raise ValueError("lora_adapters need max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)")

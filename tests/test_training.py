@@ -283,7 +283,7 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_d
         out = model.generate(**batch, max_new_tokens=min(longest + 1, cfg.agreement.max_tokens), do_sample=False)
     answers = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     same = sum(a.strip() == s.strip() for a, s in zip(answers, served, strict=True))
-    assert same >= 3  # all 4 when measured; greedy decoding in two implementations may break one near-tie differently
+    assert same >= 3  # all 4 when measured one by one on a bf16 server; greedy decoding in two implementations may break one near-tie differently
 
 
 def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
