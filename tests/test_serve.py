@@ -73,7 +73,9 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     assert record["command"][:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record["command"] and record["env"] == {
         "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}  # fmt: skip
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}  # fmt: skip
+    # `uni`: the model runs inside the engine process, no worker process beside it
+    assert [p for p in children(record["pid"]) if "Worker" in psutil.Process(p).name()] == []
     command = record["command"]  # adapters load at run time, up to the rank configs/train/tiny.yaml trains
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == str(TINY_LORA_RANK) == "8"
     assert record["tied_to"] == int(os.environ["CUPID_TEST_CONTROLLER"])  # one server for all workers: the controller's
