@@ -166,7 +166,7 @@ class Client:
         server = self.servers.get(name)
         seen = server.generation if server is not None else 0
         try:
-            return await self._attempts(name, request)
+            return await self._attempts(name, request, server)
         except RequestFailed as e:
             if server is None or not (e.reason in ("connection", "timeout") or e.reason.startswith("http_5")):
                 raise
@@ -176,14 +176,20 @@ class Client:
                 raise RequestFailed("server_died", failure_line(died)) from None
             if not revived:
                 raise
-        return await self._attempts(name, request)
+        return await self._attempts(name, request, server)
 
-    async def _attempts(self, name: str, request: ChatRequest) -> Answer:
+    async def _attempts(self, name: str, request: ChatRequest, server: Any = None) -> Answer:
         endpoint = self.endpoints[name]
+
+        def worth_retrying(e: BaseException) -> bool:
+            if not (isinstance(e, RequestFailed) and e.retryable):
+                return False
+            return not (server is not None and e.reason == "connection" and server.gone())  # no waiting on the dead
+
         retrying = AsyncRetrying(
             stop=stop_after_attempt(endpoint.max_retries + 1),
             wait=wait_exponential_jitter(initial=1, max=30),
-            retry=retry_if_exception(lambda e: isinstance(e, RequestFailed) and e.retryable),
+            retry=retry_if_exception(worth_retrying),
             reraise=True,
         )
         async for attempt in retrying:

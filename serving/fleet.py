@@ -171,6 +171,14 @@ class Server:
                 self.starting = False
             self.say(f"{self.name} ready in {time.monotonic() - began:.0f} s")
 
+    def gone(self) -> bool:
+        """This fleet's server and its process has ended: no retry of a request can reach it (a request that
+        failed to connect then asks for `revive` at once instead of backing off first)."""
+        if not self.owned:
+            return False
+        record = lifecycle.find(self.name)
+        return record is None or not lifecycle.alive(record["pid"])
+
     def revive(self, seen: int) -> bool:
         """After a request to this server failed: True when it is worth sending again, because the server was
         restarted since generation `seen` (now, or by another request's call). False when it answers its health

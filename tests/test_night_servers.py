@@ -49,8 +49,10 @@ def night_config(root, tmp_path, models, cache, judge_profile="judge", **candida
         **candidates,
     )
     path = tmp_path / f"night-{len(list(tmp_path.glob('night-*.yaml')))}.yaml"
+    # The oracle setting: the instance's relevant sessions only, a prompt ~4x shorter than the standard setting's
+    # for the candidate (what a night does with its servers does not depend on the setting).
     run = {"data": "sample", "endpoints": str(endpoints), "profiles": str(root / "profiles"), "serve": [judge_profile], "decomposer": "judge",
-           "matcher": "judge", "tasks": ["inference"], "limit": 1, "cache": str(cache)}  # fmt: skip
+           "matcher": "judge", "tasks": ["inference"], "settings": ["oracle"], "limit": 1, "cache": str(cache)}  # fmt: skip
     path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "candidate_port": free_port(), "run": run}))
     return path
 
@@ -86,7 +88,7 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     assert failed["failures"] and all("server_not_started" in k for k in failed["failures"])
     for name in ("judge", "lora-cand"):  # the night went on after the failure, on the same port
         assert entries[name]["n_scored"] + entries[name]["n_failed"] == 1
-        assert entries[name]["failures"].keys().isdisjoint({"inference/standard candidate: server_not_started"})
+        assert entries[name]["failures"].keys().isdisjoint({"inference/oracle candidate: server_not_started"})
     assert entries["lora-cand"]["requests"]["sent"] > 0 and "+ LoRA lora-cand@" in entries["lora-cand"]["served"]
     assert board["servers_started"] == ["lora-cand"]  # the judges' server was up already
     assert httpx.get(tiny_server["base_url"] + "/models").status_code == 200  # and still is
