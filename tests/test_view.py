@@ -53,7 +53,8 @@ def page(browser):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_server, instant_url):
     """(A, B): A's candidate is the real tiny model (free answers: some fail to parse); B's the instant server,
-    re-scored by a reference. Same 3 instances, both tasks, standard setting."""
+    re-scored by a reference. Same 3 instances, both tasks, the oracle setting (the tiny model's prompts a quarter of
+    the standard setting's; the view shows every session of an instance whatever the setting)."""
     tmp = tmp_path_factory.mktemp("view")
     mp = pytest.MonkeyPatch()
     mp.setenv("CUPID_HOME", str(tmp / "home"))
@@ -66,7 +67,7 @@ def runs(tmp_path_factory, tiny_server, instant_url):
         ref={"base_url": instant_url, "model": "ref-4o", "matcher_prompt": "fewshot"},
     )
     common = dict(endpoints=str(endpoints), decomposer="instant", matcher="pm", judge="judge", limit=3,
-                  tasks=["inference", "generation"], cache=str(tmp / "cache.sqlite"))  # fmt: skip
+                  tasks=["inference", "generation"], settings=["oracle"], cache=str(tmp / "cache.sqlite"))  # fmt: skip
     run(RunConfig(candidate="tiny", out=str(tmp / "a"), **common))
     run(RunConfig(candidate="instant", reference="ref", out=str(tmp / "b"), **common))
     mp.undo()
