@@ -38,7 +38,7 @@ from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
-from cupid.serving.fleet import ServedModel
+from cupid.serving.fleet import AdapterOnServer, ServedModel
 from cupid.serving.lifecycle import failure_line, state_dir
 from cupid.serving.profiles import Gpu
 
@@ -197,9 +197,9 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
     """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after."""
     console.rule(f"nightly: {name}")
     entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
-    server = brought.candidate_servers.get(name)
+    server = brought.server_of(name)
     if server is not None:
-        entry["served"] = server.placed.line()
+        entry["served"] = server.line()
     try:
         summary = run_eval(run_cfg, console=console, brought=brought)
     except Exception as e:  # one model's broken setup must not cost the others their night
@@ -212,7 +212,8 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
         if server is not None:
             server.stop()
     if server is not None and server.error is not None:  # every unit failed for this reason: say it once
-        entry["error"] = f"server did not start: {failure_line(server.error)}"
+        not_loaded = isinstance(server, AdapterOnServer) and server.host.error is None  # its judges' server is up
+        entry["error"] = ("" if not_loaded else "server did not start: ") + failure_line(server.error)
         entry["server_error"] = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
     records = list(RunDir(run_cfg.out).records().values())
@@ -273,7 +274,7 @@ def run_nightly(
         for name, reason in refused.items():
             console.print(f"nightly: {name} would not run: {reason}", highlight=False)
         brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
-        return {"date": night, "plan": brought.placement.lines(), "refused": refused}, 0
+        return {"date": night, "plan": brought.lines(), "refused": refused}, 0
     with hold(night_dir, lambda m: console.print(f"nightly: {m}", highlight=False)):  # cron starting it twice runs it once
         try:  # what every candidate needs: a fault here is the whole night's, written down as such
             configs = run_configs(cfg, night_dir, str(config_path))
@@ -292,7 +293,7 @@ def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | N
         brought = plan_night(cfg, configs, gpus, console)
     except ServeError as e:
         raise ConfigError(f"{config_path}: {e}") from None
-    for line in brought.placement.lines():
+    for line in brought.lines():
         console.print(line, highlight=False)
     return brought
 
@@ -309,7 +310,7 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
     for name, reason in refused.items():
         console.print(f"[red]{name} did not run:[/red] {reason}", highlight=False)
         entries.append(not_run(name, reason, configs[name]))
-    try:  # endpoints first (they need only the judges), then the served candidates slot by slot
+    try:  # endpoints and adapters on a judge's server first (they need only the judges), then the served candidates slot by slot
         entries += [run(name, console) for name in configs if name not in brought.candidate_servers and name not in refused]
         entries += _run_slots(brought.slots, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
@@ -338,7 +339,7 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
         "previous": prev_dir.name if prev_dir else None,
         "config": str(config_path),
         "n_resamples": N_RESAMPLES,
-        "plan": brought.placement.lines() if brought else [],
+        "plan": brought.lines() if brought else [],
         "servers_started": sorted({s.name for s in brought.fleet.servers if s.started}) if brought else [],
         "servers_stopped_answering": {s.name: s.deaths for s in brought.fleet.servers if s.deaths} if brought else {},
         "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},

@@ -205,7 +205,7 @@ async def arun(
             if cfg.executor != "http":
                 raise ConfigError(f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}")
             own = brought = bring(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=say)
-            for line in brought.placement.lines():
+            for line in brought.lines():
                 console.print(line, highlight=False)
         try:
             return await _run(cfg, dry_run, console, brought, endpoints or {})

@@ -1,5 +1,6 @@
 """The servers a run or a night brings itself: its judge profiles (`serve:`), served once, and its
-candidates that are models (`candidate: {name, model, profile, adapter}`), served in turn or side by side.
+candidates that are models (`candidate: {name, model, profile, adapter}`), served in turn or side by side;
+a LoRA candidate on a judge's profile that loads adapters at run time is loaded into that judge's server.
 
 One plan (`serving.placement`) decides GPUs, memory fractions and ports before anything starts; the
 servers then start on first need (`serving.fleet`).
@@ -14,7 +15,7 @@ from pathlib import Path
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoints import Endpoint
-from cupid.serving.fleet import Fleet, ServedModel, Server, by_address, endpoint_for
+from cupid.serving.fleet import AdapterOnServer, Fleet, ServedModel, Server, by_address, endpoint_for
 from cupid.serving.placement import Placement, place
 from cupid.serving.profiles import Gpu, Profile
 
@@ -29,19 +30,31 @@ class Brought:
     judges: list[Server] = field(default_factory=list)
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     candidate_servers: dict[str, Server] = field(default_factory=dict)
+    riders: dict[str, AdapterOnServer] = field(default_factory=dict)  # candidates loaded into a judge's server
 
     @property
     def slots(self) -> list[list[str]]:
         """Candidate names per slot, in their order."""
         return [[placed.profile.name for placed in slot] for slot in self.placement.slots]
 
+    def lines(self) -> list[str]:
+        """The plan as printed: the placement, then the candidates that need no server of their own."""
+        out = self.placement.lines()
+        if self.riders:
+            out.append("  candidates on a judge's server:")
+            out += [f"    {name}: {rider.line()}" for name, rider in self.riders.items()]
+        return out
+
+    def server_of(self, candidate: str) -> Server | AdapterOnServer | None:
+        return self.candidate_servers.get(candidate) or self.riders.get(candidate)
+
 
 def servers_for(brought: Brought, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server]:
     """A run's endpoints that wait for a server: the judges' by address, its own candidate's by name
     (candidates in one slot share an address, one after another)."""
-    servers = by_address(brought.judges, endpoints)
-    if candidate in brought.candidate_servers:
-        servers[candidate] = brought.candidate_servers[candidate]
+    servers: dict[str, Server | AdapterOnServer] = dict(by_address(brought.judges, endpoints))
+    if own := brought.server_of(candidate):
+        servers[candidate] = own
     return servers
 
 
@@ -69,7 +82,8 @@ def bring(
 ) -> Brought:
     """The plan for these judges and candidates, checked, and a fleet that can start each server."""
     judges = judge_profiles(serve, directory)
-    candidate_profiles = [c.to_profile(directory) for c in candidates]
+    hosts = {c.name: host for c in candidates if (host := c.rides_on(judges))}
+    candidate_profiles = [c.to_profile(directory) for c in candidates if c.name not in hosts]
     if gpus is None:
         gpus = profiles.gpus() if any(p.on_gpu for p in [*judges, *candidate_profiles]) else []
     placement = place(judges, candidate_profiles, gpus, first_port)
@@ -80,6 +94,11 @@ def bring(
         brought.judges.append(fleet.add(judge))
         brought.endpoints[judge.profile.name] = endpoint_for(judge.profile)  # an endpoints-file entry wins
     by_name = {c.name: c for c in candidates}
+    judge_servers = {server.profile.name: server for server in brought.judges}
+    for name, host in hosts.items():
+        [(served, adapter)] = by_name[name].to_profile(directory).adapter_paths().items()  # named as if served on its own
+        brought.riders[name] = fleet.load(judge_servers[host.name], served, adapter)
+        brought.endpoints[name] = endpoint_for(host, served, **by_name[name].endpoint)
     for slot in placement.slots:
         for placed in slot:
             served = by_name[placed.profile.name]

@@ -76,6 +76,17 @@ class ServedModel(BaseModel):
         fields.setdefault("port", 8100)
         return validate(Profile, {**fields, "name": self.name}, where)
 
+    def rides_on(self, judges: list[Profile]) -> Profile | None:
+        """The judge whose server answers this candidate, with the adapter loaded into it while it runs: a LoRA
+        candidate on a judge's profile (same model, no `serve:` fields of its own), where that profile loads
+        adapters at run time (`runtime_lora_rank`) of the adapter's rank. None: it is served on its own."""
+        if not self.adapter or self.serve:
+            return None
+        host = next((j for j in judges if j.name == self.profile), None)
+        if host is None or host.runtime_lora_rank is None or (self.model and self.model != host.model):
+            return None
+        return host if _rank_for(self.adapter) <= host.runtime_lora_rank else None
+
     def to_endpoint(self, profile: Profile) -> Endpoint:
         """The adapter answers as the candidate where there is one; the base model otherwise."""
         return endpoint_for(profile, next(iter(profile.lora_adapters), None), **self.endpoint)
@@ -233,6 +244,9 @@ class Server:
         """`revive` from a coroutine (see `_off_loop`)."""
         return await _off_loop(lambda: self.revive(seen), f"revive {self.name}")
 
+    def line(self) -> str:
+        return self.placed.line()
+
     def stop(self) -> bool:
         """Stop it if this fleet started it, a start under way included; True if there was one to stop."""
         self._cancel.set()
@@ -246,6 +260,81 @@ class Server:
         if stopped:
             self.say(f"stopped {self.name}")
         return stopped
+
+
+class AdapterOnServer:
+    """A LoRA candidate answered by a judge's server of its base (`ServedModel.rides_on`): loaded into it on first
+    need, again after that server is restarted, unloaded by `stop`. No server start of its own and, on a GPU, no
+    second copy of the base beside the judges. Requests see it as a `Server` (start, restart, gone)."""
+
+    def __init__(self, host: Server, served: str, adapter: str):
+        self.host, self.served, self.adapter = host, served, adapter
+        self._error: ServeError | None = None
+        self._loaded: int | None = None  # the host's generation that holds the adapter
+        self._lock = threading.Lock()
+
+    @property
+    def error(self) -> ServeError | None:
+        return self._error or self.host.error
+
+    @property
+    def died(self) -> bool:
+        return self.host.died
+
+    @property
+    def generation(self) -> int:
+        return self.host.generation
+
+    def line(self) -> str:
+        return f"{self.served} (LoRA {self.adapter}) loaded into {self.host.name}'s server, :{self.host.spec.port}"
+
+    def ensure(self) -> None:
+        self.host.ensure()
+        with self._lock:
+            if self._error:
+                raise self._error
+            if self._loaded == self.host.generation:
+                return
+            try:
+                try:
+                    self._load()
+                except ServeError:  # the server's fault, as for any request (restarted), or the load's own (raised)
+                    if not self.host.revive(self.host.generation):
+                        raise
+                    self._load()
+            except ServeError as e:
+                self._error = ServeError(f"LoRA {self.served} not loaded into {self.host.name}'s server: {e}")
+                self.host.say(str(self._error))
+                raise self._error from None
+            self._loaded = self.host.generation
+            self.host.say(f"loaded LoRA {self.served} into {self.host.name}'s server ({self.adapter})")
+
+    def _load(self) -> None:
+        lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.spec.api_key())
+
+    def gone(self) -> bool:
+        return self.host.gone()
+
+    async def wait_ready(self) -> None:
+        await _off_loop(self.ensure, f"load {self.served}")
+
+    async def revived(self, seen: int) -> bool:
+        again = await self.host.revived(seen)
+        if again:  # a restarted server holds no adapter until it is loaded again
+            await self.wait_ready()
+        return again
+
+    def stop(self) -> bool:
+        """Unload it (the judges' server goes on serving); True if it was loaded."""
+        with self._lock:
+            loaded, self._loaded = self._loaded is not None, None
+        if loaded and self.host.up:
+            try:
+                lifecycle.unload_lora(self.host.base_url, self.served, self.host.spec.api_key())
+                self.host.say(f"unloaded LoRA {self.served} from {self.host.name}'s server")
+            except ServeError as e:  # the server went meanwhile: nothing is left loaded
+                self.host.say(f"LoRA {self.served} not unloaded: {e}")
+        return loaded
 
 
 async def _off_loop(work: Callable[[], Any], name: str) -> Any:
@@ -278,6 +367,7 @@ class Fleet:
 
     def __init__(self, say: Callable[[str], None] | None = None) -> None:
         self.servers: list[Server] = []
+        self.adapters: list[AdapterOnServer] = []
         self.say = say
 
     def add(self, placed: Placed) -> Server:
@@ -285,8 +375,15 @@ class Fleet:
         self.servers.append(server)
         return server
 
+    def load(self, host: Server, served: str, adapter: str) -> AdapterOnServer:
+        adapter_on = AdapterOnServer(host, served, adapter)
+        self.adapters.append(adapter_on)
+        return adapter_on
+
     def stop_all(self) -> list[str]:
-        """Stop what this fleet started; the names stopped."""
+        """Unload the adapters it loaded, then stop what it started; the names stopped."""
+        for adapter in self.adapters:
+            adapter.stop()
         return [server.name for server in self.servers if server.stop()]
 
 

@@ -186,18 +186,9 @@ def count_vllm_start(what: str) -> None:
             sink.write(f"{what}\n")
 
 
-# Adapters loaded into a running vLLM server, without a restart: the server needs --enable-lora with a
-# --max-lora-rank at least the adapter's, and VLLM_ALLOW_RUNTIME_LORA_UPDATING in its environment, which
-# adds POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vllm/entrypoints/serve/lora/api_router.py).
-def with_runtime_lora(spec: ServeSpec, max_lora_rank: int) -> ServeSpec:
-    """The same server, able to load LoRA adapters of rank up to `max_lora_rank` while it runs."""
-    return spec.model_copy(update={
-        "extra_args": [*spec.extra_args, "--enable-lora", "--max-lora-rank", str(max_lora_rank)],
-        "env": {**spec.env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
-    })  # fmt: skip
-
-
-def _lora_call(base_url: str, action: str, body: dict[str, str], api_key: str | None) -> None:
+# Adapters loaded into a running vLLM server, without a restart: a profile with `runtime_lora_rank`
+# (--enable-lora with a rank and a slot for them, VLLM_ALLOW_RUNTIME_LORA_UPDATING; serving/profiles.py).
+def _lora_call(base_url: str, action: str, body: dict[str, Any], api_key: str | None) -> None:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.post(f"{base_url}/{action}_lora_adapter", json=body, headers=headers, timeout=120)
@@ -208,8 +199,9 @@ def _lora_call(base_url: str, action: str, body: dict[str, str], api_key: str | 
 
 
 def load_lora(base_url: str, name: str, path: str | Path, api_key: str | None = None) -> None:
-    """Load a LoRA adapter into a running vLLM server (see `with_runtime_lora`); it then answers as `name`."""
-    _lora_call(base_url, "load", {"lora_name": name, "lora_path": str(path)}, api_key)
+    """Load a LoRA adapter into a running vLLM server (one started with a `runtime_lora_rank`); it then answers as
+    `name`. In place: loading a name the server already holds (a run stopped before it unloaded) replaces it."""
+    _lora_call(base_url, "load", {"lora_name": name, "lora_path": str(path), "load_inplace": True}, api_key)
 
 
 def unload_lora(base_url: str, name: str, api_key: str | None = None) -> None:

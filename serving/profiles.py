@@ -51,7 +51,7 @@ REGEX_COMPILATION_TIMEOUT_S = 120
 CPU_ONLY = ("cpu_kvcache_space_gib", "cpu_reserved_cores")  # vLLM's CPU build reads them from the environment
 VLLM_ONLY = (
     "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
-    "api_key_env", "lora_adapters", "max_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
+    "api_key_env", "lora_adapters", "max_lora_rank", "runtime_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
     *CPU_ONLY, *PARALLEL,
 )  # fmt: skip
 GPU_ONLY = (
@@ -100,6 +100,9 @@ class Profile(BaseModel):
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
     lora_adapters: dict[str, str] = Field(default_factory=dict, description="adapter name -> local path or Hub id")
     max_lora_rank: int | None = Field(default=None, description="at least the largest adapter rank")
+    runtime_lora_rank: int | None = Field(
+        default=None, description="also load LoRA adapters up to this rank while running (a night's LoRA candidates on this base)"
+    )
     batch_invariant: bool = Field(default=False, description="VLLM_BATCH_INVARIANT=1: bit-reproducible batches")
     weights_gib: float | None = Field(default=None, gt=0, description="weights on the GPU, for the plan's check")
     enforce_eager: bool = Field(default=False, description="no torch.compile / CUDA graphs: faster start, slower decode")
@@ -130,6 +133,8 @@ class Profile(BaseModel):
             raise ValueError(f"max_lora_rank {self.max_lora_rank} is not one vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
         if self.max_lora_rank is not None and not self.lora_adapters:
             raise ValueError("max_lora_rank is set but there are no lora_adapters")
+        if self.runtime_lora_rank is not None and self.runtime_lora_rank not in LORA_RANKS:
+            raise ValueError(f"runtime_lora_rank {self.runtime_lora_rank} is not one vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
         clashes = sorted(k for k in self.engine_args if k.replace("-", "_") in MANAGED)
         if clashes:
             raise ValueError(f"engine_args may not set {', '.join(clashes)}: use the profile's own field")
@@ -297,9 +302,12 @@ def engine_args(profile: Profile) -> list[str]:
         args += flag("enforce_eager", profile.enforce_eager or None)
         args += flag("enable_prefix_caching", profile.enable_prefix_caching)
         args += ["--seed", str(profile.seed)]
+        if profile.lora_adapters or profile.runtime_lora_rank:
+            # One adapter slot more for those loaded while it runs (vLLM's default is one slot in all).
+            rank = max(r for r in (profile.max_lora_rank, profile.runtime_lora_rank) if r is not None)
+            args += ["--enable-lora", "--max-lora-rank", str(rank)]
+            args += ["--max-loras", str(len(profile.lora_adapters) + bool(profile.runtime_lora_rank))]
         if profile.lora_adapters:
-            args += ["--enable-lora", "--max-lora-rank", str(profile.max_lora_rank)]
-            args += ["--max-loras", str(len(profile.lora_adapters))]
             args += ["--lora-modules", *(f"{name}={path}" for name, path in profile.adapter_paths().items())]
     for key, value in profile.engine_args.items():
         args += flag(key, value)
@@ -315,6 +323,9 @@ def engine_env(profile: Profile) -> dict[str, str]:
         env["VLLM_REGEX_COMPILATION_TIMEOUT_S"] = str(REGEX_COMPILATION_TIMEOUT_S)
     if profile.batch_invariant:
         env["VLLM_BATCH_INVARIANT"] = "1"
+    if profile.runtime_lora_rank:
+        # Adds POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vllm/entrypoints/serve/lora/api_router.py).
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if profile.cpu_kvcache_space_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kvcache_space_gib)
     if profile.cpu_reserved_cores is not None:

@@ -132,7 +132,7 @@ def tiny_server(tiny_profile, session_home):
         if record is None or not lifecycle.healthy(record["base_url"]):
             with pytest.MonkeyPatch.context() as tie:
                 tie.setattr(lifecycle, "_tie", _tie_to_controller)  # from its first moment: not to this worker
-                record = lifecycle.up(lifecycle.with_runtime_lora(tiny_profile.spec(), TINY_LORA_RANK), tied=True)
+                record = lifecycle.up(tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}).spec(), tied=True)
             record["tied_to"] = int(os.environ["CUPID_TEST_CONTROLLER"])
             lifecycle.record_path(tiny_profile.name).write_text(json.dumps(record, indent=2))
     yield {"base_url": record["base_url"], "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}

@@ -1,6 +1,7 @@
 """A night that brings its own vLLM servers (CPU build, the real tiny model): judges found already
-answering and used as they are, a candidate whose start fails (recorded, the night goes on), a LoRA
-candidate served after it on the same port, nothing it started left running; a second night sends
+answering and used as they are, a LoRA candidate loaded into the judges' server (unloaded after), a
+candidate whose start fails (recorded, the night goes on), a LoRA candidate served after it on the same
+port, nothing it started left running; a second night sends
 nothing and starts nothing; an interrupted night stops the judges' server it was starting."""
 
 import json
@@ -69,38 +70,45 @@ def vllm_processes_of(root) -> list[psutil.Process]:
 
 def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_running(night_parts, tmp_path, cupid_home, tiny_server):
     # The judges' profile points at the session's tiny server: the night finds it answering, uses it, leaves it up.
+    # That server loads adapters at run time (tests/conftest.py), as the profile says: a LoRA candidate on it rides.
     port = int(tiny_server["base_url"].rsplit(":", 1)[1].split("/")[0])
     judge = yaml.safe_load((night_parts / "profiles/judge.yaml").read_text())
-    (night_parts / "profiles/sessionjudge.yaml").write_text(yaml.safe_dump({**judge, "port": port}))
+    (night_parts / "profiles/sessionjudge.yaml").write_text(yaml.safe_dump({**judge, "port": port, "runtime_lora_rank": 8}))
     lora = {"name": "lora-cand", "profile": "judge", "adapter": str(night_parts / "adapter"),
             "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}  # fmt: skip
+    rider = {**lora, "name": "lora-rider", "profile": "sessionjudge"}
     # Refused before vLLM starts (a start that fails inside vLLM, with its root cause from the log, is tested in
     # test_serve.py; the night records either kind the same way).
     broken = {"name": "broken-cand", "profile": "judge", "model": str(night_parts / "no-such-model")}
     cache = tmp_path / "cache.sqlite"
 
-    board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora], cache, "sessionjudge"), "2026-01-01")
+    board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora, rider], cache, "sessionjudge"), "2026-01-01")
     entries = {e["model"]: e for e in board["models"]}
     assert code & 1  # failures: the broken candidate
     failed = entries["broken-cand"]
     assert failed["status"] == "error" and failed["error"].startswith("server did not start")
     assert "no-such-model not found" in failed["error"]
     assert failed["failures"] and all("server_not_started" in k for k in failed["failures"])
-    for name in ("judge", "lora-cand"):  # the night went on after the failure, on the same port
+    for name in ("judge", "lora-cand", "lora-rider"):  # the night went on after the failure, on the same port
         assert entries[name]["n_scored"] + entries[name]["n_failed"] == 1
         assert entries[name]["failures"].keys().isdisjoint({"inference/oracle candidate: server_not_started"})
     assert entries["lora-cand"]["requests"]["sent"] > 0 and "+ LoRA lora-cand@" in entries["lora-cand"]["served"]
-    assert board["servers_started"] == ["lora-cand"]  # the judges' server was up already
-    assert httpx.get(tiny_server["base_url"] + "/models").status_code == 200  # and still is
+    assert board["servers_started"] == ["lora-cand"]  # the judges' server was up already; the rider needed none
+    served = entries["lora-rider"]["served"]
+    assert entries["lora-rider"]["requests"]["sent"] > 0 and f"loaded into sessionjudge's server, :{port}" in served
+    assert not any(" candidate: http_" in k for k in entries["lora-rider"]["failures"])  # its served name answered (no 404)
+    listed = httpx.get(tiny_server["base_url"] + "/models")
+    assert listed.status_code == 200  # the judges' server is still up, the rider's adapter unloaded from it
+    assert served.split(" ")[0] not in [m["id"] for m in listed.json()["data"]]
     assert list((cupid_home / "servers").glob("*.json")) == []  # every record removed by `down`
     assert vllm_processes_of(night_parts) == []
     board_md = (tmp_path / "nightly/2026-01-01/leaderboard.md").read_text()
     assert "lora-cand" in board_md and "broken-cand" in board_md and "servers started: lora-cand" in board_md
 
-    again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora], cache, "sessionjudge"), "2026-01-02")
+    again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora, rider], cache, "sessionjudge"), "2026-01-02")
     assert again["requests"]["sent"] == 0 and again["requests"]["cached"] > 0
     assert again["servers_started"] == []  # every answer was in the cache: no server was needed
-    assert {e["model"]: e["status"] for e in again["models"]} == {"judge": entries["judge"]["status"], "lora-cand": entries["lora-cand"]["status"]}
+    assert {e["model"]: e["status"] for e in again["models"]} == {n: entries[n]["status"] for n in ("judge", "lora-cand", "lora-rider")}
 
 
 def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_path, cupid_home):
@@ -126,21 +134,26 @@ def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_
 
 
 def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(night_parts, tmp_path, cupid_home, monkeypatch):
-    """The night's judge (real vLLM on CPU) is SIGKILLed, process group and all, before the second candidate: it is
-    restarted and that candidate is scored; killed again before the third, it is not restarted twice, and the
-    third's units are failures that say why."""
+    """The night's judge (real vLLM on CPU, loading adapters at run time) is SIGKILLed, process group and all, before
+    the second candidate, a LoRA candidate on it: it is restarted, the adapter loaded into the new server, and that
+    candidate answered; killed again before the third, it is not restarted twice, and the third's units are
+    failures that say why."""
     from cupid.eval import nightly
     from cupid.serving.instant import start as start_instant
 
     instants = [start_instant("--preference", f"Answers should mention {word} first.") for word in ("apples", "rivers", "clocks")]
     try:
-        candidates = {f"cand-{i}": {"base_url": url, "model": f"instant-{i}"} for i, (_, url) in enumerate(instants, start=1)}
-        config = night_config(night_parts, tmp_path, list(candidates), tmp_path / "cache.sqlite", **candidates)
+        candidates = {f"cand-{i}": {"base_url": url, "model": f"instant-{i}"} for i, (_, url) in enumerate(instants, start=1) if i != 2}
+        judge = yaml.safe_load((night_parts / "profiles/judge.yaml").read_text())
+        (night_parts / "profiles/lorajudge.yaml").write_text(yaml.safe_dump({**judge, "port": free_port(), "runtime_lora_rank": 8}))
+        rider = {"name": "cand-2", "profile": "lorajudge", "adapter": str(night_parts / "adapter"), "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}
+        models = ["cand-1", rider, "cand-3"]
+        config = night_config(night_parts, tmp_path, models, tmp_path / "cache.sqlite", judge_profile="lorajudge", **candidates)
         real_run_one, killed = nightly.run_one, []
 
         def run_one_after_killing_the_judge(name, *args):
             if name != "cand-1":  # the judge answered cand-1: kill it as the OOM killer would
-                pgid = json.loads((cupid_home / "servers" / "judge.json").read_text())["pid"]
+                pgid = json.loads((cupid_home / "servers" / "lorajudge.json").read_text())["pid"]
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append(pgid)
             return real_run_one(name, *args)
@@ -153,15 +166,18 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(ni
             proc.wait()
     entries = {e["model"]: e for e in board["models"]}
     assert len(killed) == 2 and len(set(killed)) == 2  # the second kill hit the restarted server
-    for name in ("cand-1", "cand-2"):
-        assert (entries[name]["status"], entries[name]["n_scored"]) == ("ok", 1), entries[name]
+    assert (entries["cand-1"]["status"], entries["cand-1"]["n_scored"]) == ("ok", 1), entries["cand-1"]
+    rider = entries["cand-2"]  # the tiny model may answer badly; its adapter answered, on the restarted server
+    assert rider["n_scored"] + rider["n_failed"] == 1 and rider["requests"]["sent"] > 0, rider
+    assert rider["error"] is None and not any(why in k for k in rider["failures"] for why in ("server_", "http_")), rider
+    assert "loaded into lorajudge's server" in rider["served"]
     gone = entries["cand-3"]
     assert (gone["status"], gone["n_scored"], gone["n_failed"]) == ("failed", 0, 1) and gone["metrics"] == {}
     assert [k.split(" ", 1)[1].split(":")[0] for k in gone["failures"]] == ["decompose"] and all("server_died" in k for k in gone["failures"])
-    deaths = board["servers_stopped_answering"]["judge"]
+    deaths = board["servers_stopped_answering"]["lorajudge"]
     assert len(deaths) == 2 and all(d.startswith("its process is gone; its log: ") for d in deaths)
     kept = [Path(d.split("its log: ")[1]) for d in deaths]
     assert all(p.exists() and p.stat().st_size > 0 for p in kept)  # the dead servers' logs, kept for the morning
     assert code & 1
-    assert "Server judge stopped answering 2 time(s)" in (tmp_path / "nightly/2026-02-01/leaderboard.md").read_text()
+    assert "Server lorajudge stopped answering 2 time(s)" in (tmp_path / "nightly/2026-02-01/leaderboard.md").read_text()
     assert vllm_processes_of(night_parts) == [] and list((cupid_home / "servers").glob("*.json")) == []

@@ -121,6 +121,31 @@ def test_a_lora_candidate_is_served_on_its_base_and_answers_as_itself(tmp_path):
     assert endpoint.structured_output  # vLLM enforces answer formats
 
 
+def test_a_lora_candidate_on_a_judge_that_loads_adapters_rides_on_the_judges_server(tmp_path, capsys):
+    """On a judge's profile that loads adapters at run time (`runtime_lora_rank`, here set for the night under
+    `serve:`), a LoRA candidate needs no server: it is asked at the judge's address under its own served name.
+    Above that rank, with `serve:` fields of its own, or on a judge without the setting, it is served on its own."""
+    small, large = str(adapter(tmp_path / "small", rank=16)), str(adapter(tmp_path / "large", rank=128))
+    judges = {**JUDGES, "qwen2.5-7b-instruct": {"gpu_memory_utilization": 0.3, "runtime_lora_rank": 64}}
+    cands = [
+        ServedModel(name="rider", profile="qwen2.5-7b-instruct", adapter=small, endpoint={"max_tokens": 99}),
+        ServedModel(name="big", profile="qwen2.5-7b-instruct", adapter=large),
+        ServedModel(name="tuned", profile="qwen2.5-7b-instruct", adapter=small, serve={"max_model_len": 2048}),
+        ServedModel(name="on-pm", profile="prefmatcher", adapter=small),
+    ]
+    brought = bring(judges, cands, h100s(1), directory=SERVE_DIR)
+    assert list(brought.riders) == ["rider"] and brought.slots == [["big", "tuned", "on-pm"]]
+    rider = brought.riders["rider"]
+    assert rider.host is next(s for s in brought.judges if s.profile.name == "qwen2.5-7b-instruct")
+    assert [rider.served] == list(cands[0].to_profile(SERVE_DIR).lora_adapters) and rider.adapter == small  # its name on its own
+    endpoint = brought.endpoints["rider"]
+    assert endpoint.model == rider.served and endpoint.url == "http://127.0.0.1:8001/v1" and endpoint.max_tokens == 99
+    assert brought.server_of("rider") is rider and brought.server_of("big") is brought.candidate_servers["big"]
+    lines = brought.lines()
+    assert lines[lines.index("  candidates on a judge's server:") + 1] == f"    rider: {rider.served} (LoRA {small}) loaded into qwen2.5-7b-instruct's server, :8001"
+    assert bring(JUDGES, cands[:1], h100s(1), directory=SERVE_DIR).riders == {}  # the judge does not load adapters
+
+
 def test_the_served_name_changes_when_the_weights_do(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -92,6 +92,20 @@ def test_lora_profile_passes_adapters_with_their_rank(shipped):
     assert profile.spec().served_models == ["prefmatcher-lora"]
 
 
+def test_runtime_lora_rank_lets_a_server_load_adapters_while_it_runs(tmp_path, shipped):
+    """A slot and a rank for adapters loaded over HTTP (a night's LoRA candidates on a judge's server), beside the
+    profile's own adapters; vLLM's parser takes the command."""
+    runtime = profiles.load(str(write(tmp_path, "rt", model="Qwen/Qwen2.5-7B-Instruct", port=8006, runtime_lora_rank=16)))
+    cmd = command(runtime)
+    assert "--enable-lora" in cmd and value(cmd, "--max-lora-rank") == "16" and value(cmd, "--max-loras") == "1"
+    assert "--lora-modules" not in cmd and runtime.spec().env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    args = vllm_args(cmd)
+    assert args.enable_lora and (args.max_lora_rank, args.max_loras, args.lora_modules) == (16, 1, None)
+    both = command(shipped["prefmatcher-lora"].model_copy(update={"runtime_lora_rank": 128}))  # the larger rank holds both
+    assert value(both, "--max-lora-rank") == "128" and value(both, "--max-loras") == "2" and "--lora-modules" in both
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in shipped["prefmatcher-lora"].spec().env  # off unless asked for
+
+
 def test_several_adapters_and_engine_args(tmp_path):
     path = write(
         tmp_path, "two", model="Qwen/Qwen2.5-7B-Instruct", port=8005, max_lora_rank=32,
@@ -185,6 +199,7 @@ def test_bad_profiles_are_refused_with_file_and_field(tmp_path):
         "typo": ({"model": "m", "port": 8000, "gpu_memory_utilisation": 0.5}, "gpu_memory_utilisation"),
         "norank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}}, "need max_lora_rank"),
         "oddrank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}, "max_lora_rank": 48}, "48 is not one vLLM accepts"),
+        "oddruntime": ({"model": "m", "port": 8000, "runtime_lora_rank": 48}, "runtime_lora_rank 48 is not one vLLM accepts"),
         "cpu": ({"engine": "transformers", "model": "d", "port": 8011, "gpu_memory_utilization": 0.3}, "vllm engine only"),
         "cpugpu": ({"device": "cpu", "model": "d", "port": 8011, "gpu_memory_utilization": 0.3}, "GPU only"),
         "gpukv": ({"model": "d", "port": 8011, "cpu_kvcache_space_gib": 2}, "device cpu only"),

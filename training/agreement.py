@@ -193,7 +193,7 @@ def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, cons
 
 def measure_on_running(running: dict[str, Any], blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`: its `base_url`, served `model`,
-    optional `api_key_env`), started with `lifecycle.with_runtime_lora`: the adapter is loaded for the check and
+    optional `api_key_env`), started with a `runtime_lora_rank`: the adapter is loaded for the check and
     unloaded after (also on failure). Refused when the server serves another model than the config's base."""
     from cupid.training.sft import resolve_base
 
