@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from cupid.eval.nightly import run_nightly
+from cupid.serving import lifecycle
 from cupid.serving.instant import free_port
 from tests.conftest import REPO, write_endpoints
 
@@ -156,6 +157,9 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(ni
                 pgid = json.loads((cupid_home / "servers" / "lorajudge.json").read_text())["pid"]
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append(pgid)
+                deadline = time.monotonic() + 60  # dead, not dying: its death is then seen as such (not as a failed health check)
+                while lifecycle.alive(pgid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
             return real_run_one(name, *args)
 
         monkeypatch.setattr(nightly, "run_one", run_one_after_killing_the_judge)
