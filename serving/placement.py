@@ -62,7 +62,8 @@ class Placement:
             out.append("  judges, served once:")
             out += [f"    {j.line()}" for j in self.judges]
         side = f"{len(self.slots)} side by side" if len(self.slots) > 1 else "one at a time"
-        out.append(f"  candidates, {side}:")
+        if self.slots:
+            out.append(f"  candidates, {side}:")
         for number, slot in enumerate(self.slots, start=1):
             out.append(f"    slot {number}:" + (" in turn" if len(slot) > 1 else ""))
             out += [f"      {c.line()}" for c in slot]

@@ -143,6 +143,8 @@ def test_a_lora_candidate_on_a_judge_that_loads_adapters_rides_on_the_judges_ser
     assert brought.server_of("rider") is rider and brought.server_of("big") is brought.candidate_servers["big"]
     lines = brought.lines()
     assert lines[lines.index("  candidates on a judge's server:") + 1] == f"    rider: {rider.served} (LoRA {small}) loaded into qwen2.5-7b-instruct's server, :8001"
+    alone = bring(judges, cands[:1], h100s(1), directory=SERVE_DIR).lines()
+    assert not any(line.startswith("  candidates, ") for line in alone)  # no slot to list
     assert bring(JUDGES, cands[:1], h100s(1), directory=SERVE_DIR).riders == {}  # the judge does not load adapters
 
 
