@@ -212,8 +212,9 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
         if server is not None:
             server.stop()
     if server is not None and server.error is not None:  # every unit failed for this reason: say it once
-        not_loaded = isinstance(server, AdapterOnServer) and server.host.error is None  # its judges' server is up
-        entry["error"] = ("" if not_loaded else "server did not start: ") + failure_line(server.error)
+        # A rider's: its load's failure, or its judges' server's, which says itself when it stopped answering.
+        rider = isinstance(server, AdapterOnServer) and (server.host.error is None or server.host.died)
+        entry["error"] = ("" if rider else "server did not start: ") + failure_line(server.error)
         entry["server_error"] = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
     records = list(RunDir(run_cfg.out).records().values())

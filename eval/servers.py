@@ -49,7 +49,7 @@ class Brought:
         return self.candidate_servers.get(candidate) or self.riders.get(candidate)
 
 
-def servers_for(brought: Brought, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server]:
+def servers_for(brought: Brought, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server | AdapterOnServer]:
     """A run's endpoints that wait for a server: the judges' by address, its own candidate's by name
     (candidates in one slot share an address, one after another)."""
     servers: dict[str, Server | AdapterOnServer] = dict(by_address(brought.judges, endpoints))

@@ -59,7 +59,7 @@ class ServedModel(BaseModel):
         where = f"candidate '{self.name}'"
         base = profiles.load(self.profile, directory).model_dump(exclude_unset=True) if self.profile else {}
         # A profile's GPU fraction is tuned for its own sharing; a candidate's comes from the plan (or `serve:`).
-        inherited = ("name", "lora_adapters", "max_lora_rank", "served_name", "gpu_memory_utilization")
+        inherited = ("name", "lora_adapters", "max_lora_rank", "runtime_lora_rank", "served_name", "gpu_memory_utilization")
         fields = {k: v for k, v in base.items() if k not in inherited}
         fields.update(self.serve)
         if self.model:
@@ -145,6 +145,7 @@ class Server:
         self.generation = 0  # restarts so far: a request that failed before one is sent again
         self.deaths: list[str] = []  # each time it stopped answering: why, and where its log was kept
         self.died = False  # stopped answering and did not come back: `error` says why
+        self.after_restart: list[Callable[[], None]] = []  # run under the lock, before failed requests are sent again
         self._lock = threading.Lock()
         self._cancel = threading.Event()
 
@@ -234,6 +235,8 @@ class Server:
             self.up = self.owned = True
             self.generation += 1
             self.say(f"{self.name} answers again")
+            for hook in self.after_restart:
+                hook()
             return True
 
     async def wait_ready(self) -> None:
@@ -290,27 +293,44 @@ class AdapterOnServer:
 
     def ensure(self) -> None:
         self.host.ensure()
-        with self._lock:
-            if self._error:
-                raise self._error
-            if self._loaded == self.host.generation:
-                return
+        if self._error:
+            raise self._error
+        seen = self.host.generation
+        try:
+            self._load_into(seen)
+        except ServeError as first:
+            # The server's fault, as for any request (restarted; raises when it cannot come back), or the load's
+            # own. Outside this adapter's lock: `stop` never waits for a restart.
+            if not self.host.revive(seen):
+                raise self._failed(first) from None
             try:
-                try:
-                    self._load()
-                except ServeError:  # the server's fault, as for any request (restarted), or the load's own (raised)
-                    if not self.host.revive(self.host.generation):
-                        raise
-                    self._load()
-            except ServeError as e:
-                self._error = ServeError(f"LoRA {self.served} not loaded into {self.host.name}'s server: {e}")
-                self.host.say(str(self._error))
-                raise self._error from None
-            self._loaded = self.host.generation
-            self.host.say(f"loaded LoRA {self.served} into {self.host.name}'s server ({self.adapter})")
+                self._load_into(self.host.generation)
+            except ServeError as again:
+                raise self._failed(again) from None
 
-    def _load(self) -> None:
-        lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.spec.api_key())
+    def reload(self) -> None:
+        """The host's restart hook (under its lock, before its requests are sent again): back into the new server
+        while this candidate's run is on, so that no request meets a server without it."""
+        if self._loaded is None:
+            return
+        self._loaded = None
+        try:
+            self._load_into(self.host.generation)
+        except ServeError as e:
+            self._failed(e)
+
+    def _load_into(self, generation: int) -> None:
+        with self._lock:
+            if self._loaded == generation:
+                return
+            lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.spec.api_key())
+            self._loaded = generation
+        self.host.say(f"loaded LoRA {self.served} into {self.host.name}'s server ({self.adapter})")
+
+    def _failed(self, e: ServeError) -> ServeError:
+        self._error = ServeError(f"LoRA {self.served} not loaded into {self.host.name}'s server: {e}")
+        self.host.say(str(self._error))
+        return self._error
 
     def gone(self) -> bool:
         return self.host.gone()
@@ -325,12 +345,12 @@ class AdapterOnServer:
         return again
 
     def stop(self) -> bool:
-        """Unload it (the judges' server goes on serving); True if it was loaded."""
-        with self._lock:
-            loaded, self._loaded = self._loaded is not None, None
+        """Unload it (the judges' server goes on serving); True if it was loaded. Takes no lock: never waits for
+        a load or a restart under way (an interrupted night)."""
+        loaded, self._loaded = self._loaded is not None, None
         if loaded and self.host.up:
             try:
-                lifecycle.unload_lora(self.host.base_url, self.served, self.host.spec.api_key())
+                lifecycle.unload_lora(self.host.base_url, self.served, self.host.spec.api_key(), timeout=10)
                 self.host.say(f"unloaded LoRA {self.served} from {self.host.name}'s server")
             except ServeError as e:  # the server went meanwhile: nothing is left loaded
                 self.host.say(f"LoRA {self.served} not unloaded: {e}")
@@ -377,13 +397,16 @@ class Fleet:
 
     def load(self, host: Server, served: str, adapter: str) -> AdapterOnServer:
         adapter_on = AdapterOnServer(host, served, adapter)
+        host.after_restart.append(adapter_on.reload)
         self.adapters.append(adapter_on)
         return adapter_on
 
     def stop_all(self) -> list[str]:
-        """Unload the adapters it loaded, then stop what it started; the names stopped."""
+        """Take its adapters out of the servers it found answering, then stop what it started (with the adapters
+        in them); the names stopped."""
         for adapter in self.adapters:
-            adapter.stop()
+            if not adapter.host.owned:
+                adapter.stop()
         return [server.name for server in self.servers if server.stop()]
 
 

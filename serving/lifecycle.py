@@ -188,10 +188,10 @@ def count_vllm_start(what: str) -> None:
 
 # Adapters loaded into a running vLLM server, without a restart: a profile with `runtime_lora_rank`
 # (--enable-lora with a rank and a slot for them, VLLM_ALLOW_RUNTIME_LORA_UPDATING; serving/profiles.py).
-def _lora_call(base_url: str, action: str, body: dict[str, Any], api_key: str | None) -> None:
+def _lora_call(base_url: str, action: str, body: dict[str, Any], api_key: str | None, timeout: float = 120) -> None:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.post(f"{base_url}/{action}_lora_adapter", json=body, headers=headers, timeout=120)
+        response = httpx.post(f"{base_url}/{action}_lora_adapter", json=body, headers=headers, timeout=timeout)
     except httpx.HTTPError as e:
         raise ServeError(f"{base_url}: {action}_lora_adapter failed: {e}") from e
     if response.status_code != 200:
@@ -204,8 +204,8 @@ def load_lora(base_url: str, name: str, path: str | Path, api_key: str | None = 
     _lora_call(base_url, "load", {"lora_name": name, "lora_path": str(path), "load_inplace": True}, api_key)
 
 
-def unload_lora(base_url: str, name: str, api_key: str | None = None) -> None:
-    _lora_call(base_url, "unload", {"lora_name": name}, api_key)
+def unload_lora(base_url: str, name: str, api_key: str | None = None, timeout: float = 120) -> None:
+    _lora_call(base_url, "unload", {"lora_name": name}, api_key, timeout)
 
 
 def _tie(pid: int) -> None:
