@@ -38,7 +38,7 @@ from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
-from cupid.serving.fleet import AdapterOnServer, ServedModel
+from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import failure_line, state_dir
 from cupid.serving.profiles import Gpu
 
@@ -212,9 +212,7 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
         if server is not None:
             server.stop()
     if server is not None and server.error is not None:  # every unit failed for this reason: say it once
-        # A rider's: its load's failure, or its judges' server's, which says itself when it stopped answering.
-        rider = isinstance(server, AdapterOnServer) and (server.host.error is None or server.host.died)
-        entry["error"] = ("" if rider else "server did not start: ") + failure_line(server.error)
+        entry["error"] = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
         entry["server_error"] = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
     records = list(RunDir(run_cfg.out).records().values())
@@ -311,7 +309,7 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
     for name, reason in refused.items():
         console.print(f"[red]{name} did not run:[/red] {reason}", highlight=False)
         entries.append(not_run(name, reason, configs[name]))
-    try:  # endpoints and adapters on a judge's server first (they need only the judges), then the served candidates slot by slot
+    try:  # endpoints and riders first (they need only the judges), then the served candidates slot by slot
         entries += [run(name, console) for name in configs if name not in brought.candidate_servers and name not in refused]
         entries += _run_slots(brought.slots, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it

@@ -183,6 +183,11 @@ class Server:
                 self.starting = False
             self.say(f"{self.name} ready in {time.monotonic() - began:.0f} s")
 
+    @property
+    def failed_to_start(self) -> bool:
+        """Its error is a start's, not a death's (`died`)."""
+        return self.error is not None and not self.died
+
     def gone(self) -> bool:
         """This fleet's server and its process has ended: no retry of a request can reach it (a request that
         failed to connect then asks for `revive` at once instead of backing off first)."""
@@ -288,6 +293,11 @@ class AdapterOnServer:
     def generation(self) -> int:
         return self.host.generation
 
+    @property
+    def failed_to_start(self) -> bool:
+        """Its judges' server's start failed (not its load, not that server's death)."""
+        return self._error is None and self.host.failed_to_start
+
     def line(self) -> str:
         return f"{self.served} (LoRA {self.adapter}) loaded into {self.host.name}'s server, :{self.host.spec.port}"
 
@@ -340,7 +350,7 @@ class AdapterOnServer:
 
     async def revived(self, seen: int) -> bool:
         again = await self.host.revived(seen)
-        if again:  # a restarted server holds no adapter until it is loaded again
+        if again:  # the restart's hook reloaded it where it was loaded; here it is loaded where it was not yet
             await self.wait_ready()
         return again
 
