@@ -39,7 +39,7 @@ from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml
 from cupid.serving.endpoints import Endpoint, load_endpoints
 from cupid.serving.engines import ServeError, ServeSpec
-from cupid.serving.instant import free_port
+from cupid.serving.lifecycle import free_port
 from cupid.serving.instant import start as start_instant
 
 ROOT = Path(__file__).resolve().parents[1]

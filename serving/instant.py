@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cupid.matcher import prompts
+from cupid.serving.lifecycle import free_port
 
 PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
 _WORD = re.compile(r"[a-z]+")
@@ -120,12 +120,6 @@ def create_app(fail_first: int = 0, context_window: int = 0, preference: str = P
         )
 
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(*args: str) -> tuple[subprocess.Popen, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -104,6 +105,30 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing is bound to, for a server started now or later (tests, a training check's server, `make bench`).
+
+    Picked below the kernel's ephemeral range, not by binding port 0: a port the kernel hands out is soon handed out
+    again as the local end of some client's connection, and a server started on it minutes later finds it taken."""
+    low = _ephemeral_range()[0]
+    if low > 10_001:
+        for _ in range(100):
+            port = random.randrange(10_000, low)
+            if port_free(host, port):
+                return port
+    with socket.socket() as sock:  # an unusual ephemeral range: take one the kernel hands out
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default; macOS's (49152-65535) is above it too
 
 
 def records() -> list[dict[str, Any]]:

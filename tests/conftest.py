@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from cupid.serving import lifecycle, profiles, tiny_model
-from cupid.serving.instant import free_port
+from cupid.serving.lifecycle import free_port
 from cupid.serving.instant import start as start_instant
 
 REPO = Path(__file__).resolve().parents[1]

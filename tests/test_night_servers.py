@@ -19,7 +19,7 @@ import yaml
 
 from cupid.eval.nightly import run_nightly
 from cupid.serving import lifecycle
-from cupid.serving.instant import free_port
+from cupid.serving.lifecycle import free_port
 from tests.conftest import REPO, write_endpoints
 
 TINY = "smollm2-135m-instruct"

@@ -369,7 +369,7 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
     from cupid.serving import lifecycle
     from cupid.serving.engines import Engine, ServeSpec
-    from cupid.serving.instant import free_port
+    from cupid.serving.lifecycle import free_port
 
     class Sleeper(Engine):
         name = "sleeper"

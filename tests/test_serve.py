@@ -117,6 +117,20 @@ def test_port_taken_by_another_program(cupid_home, tiny_model_dir, tmp_path):
     assert lifecycle.records() == []
 
 
+def test_a_free_port_is_one_no_client_connection_is_given_meanwhile():
+    """A test picks a port minutes before its server starts; a port the kernel hands out (bind to 0) was then often
+    the local end of another test's connection (CI: 'port ... is taken'). free_port picks below that range."""
+    import socket
+
+    low, high = lifecycle._ephemeral_range()
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1 and all(1024 < p < low for p in ports)
+    with socket.socket() as server, socket.socket() as client:
+        server.bind(("127.0.0.1", ports.pop()))  # free indeed
+        server.listen()
+        client.connect(server.getsockname())
+        assert low <= client.getsockname()[1] <= high  # where connections' local ends come from
+
 def test_missing_model_directory_fails_before_starting(cupid_home, tmp_path):
     with pytest.raises(ServeError, match="model directory .*nope not found"):
         lifecycle.up(ServeSpec(engine="transformers", model=str(tmp_path / "nope"), name="x", port=free_port()))

@@ -26,7 +26,7 @@ from cupid.matcher import prompts, schemas
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.endpoints import load_endpoints
-from cupid.serving.instant import free_port
+from cupid.serving.lifecycle import free_port
 from tests.conftest import write_endpoints
 from cupid.training.synth import parse, tables
 from cupid.training.synth.ask import Asker, StepFailed

@@ -35,7 +35,7 @@ from cupid.matcher import parse, prompts
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError, get_engine
-from cupid.serving.instant import free_port
+from cupid.serving.lifecycle import free_port
 from tests.conftest import REPO, TINY_NAME, write_endpoints
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import SynthesisError
