@@ -6,6 +6,7 @@ from cupid.eval.cli import app as eval_app
 from cupid.eval.meta import app as meta_app
 from cupid.eval.nightly import main as nightly_main
 from cupid.eval.report import main as report_main
+from cupid.eval.track import main as track_main
 from cupid.eval.view import main as view_main
 from cupid.serving.cli import app as serve_app
 from cupid.training.synth.cli import app as synth_app
@@ -20,4 +21,5 @@ app.add_typer(train_app, name="train")
 app.command("report")(report_main)
 app.command("view")(view_main)
 app.command("nightly")(nightly_main)
+app.command("track")(track_main)
 

@@ -28,13 +28,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from cupid.eval.files import hold, write_atomic
-from cupid.eval.records import UnitRecord, scored
+from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
 from cupid.eval.servers import Brought, bring
 from cupid.eval.tasks import TASKS
+from cupid.eval.track import Tracker, require as require_tracker
 from cupid.eval.runner import run as run_eval
-from cupid.eval.stats import N_RESAMPLES, Interval, mean_interval, prf_intervals
+from cupid.eval.stats import N_RESAMPLES, Interval
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
@@ -60,6 +61,7 @@ class NightlyConfig(BaseModel):
     )
     report: bool = Field(True, description="also write the HTML report of the night's runs")
     candidate_port: int = Field(8100, ge=1, le=65535, description="served candidates listen from this port up, one port per slot")
+    track: Tracker | None = Field(None, description="log each candidate's run, with the night's date and its flag, to mlflow or wandb")
 
     def names(self) -> list[str]:
         return [m.name if isinstance(m, ServedModel) else m for m in self.models]
@@ -69,37 +71,38 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
     """One validated RunConfig per model, all checked before anything runs."""
     if clash := sorted({"candidate", "out"} & cfg.run.keys()):
         raise ConfigError(f"{where}: run.{clash[0]} is set per model by the nightly; remove it")
+    if "track" in cfg.run:
+        raise ConfigError(f"{where}: run.track: set `track:` at the top of the file (the night logs each candidate with its flag)")
     names = cfg.names()
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(f"{where}: models lists '{twice[0]}' twice")
     configs = {}
     for name, model in zip(names, cfg.models):
         try:
-            configs[name] = RunConfig(**cfg.run, candidate=model, out=str(night_dir / _dir_name(name)))
+            configs[name] = RunConfig(**cfg.run, candidate=model, out=str(run_dir_of(night_dir, name)))
         except ValidationError as e:
             raise ConfigError(describe(e, f"{where}: run (for model {name})")) from None
     return configs
 
 
-def _dir_name(model: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+def run_dir_of(night_dir: Path, model: str) -> Path:
+    """Where a night keeps a candidate's run (and its tracker run id, whether it ran or not)."""
+    return night_dir / re.sub(r"[^A-Za-z0-9._-]+", "_", model)
 
 
 # ---------------------------------------------------------------- metrics of one run
 
 
 def metrics(records: list[UnitRecord]) -> dict[str, Interval]:
-    """`inference/<setting>/micro_f1`, `.../macro_f1` and `generation/<setting>/mean_score`, each with
-    its bootstrap interval over the scored instances; a metric with no scored instance is absent."""
+    """`<task>/<setting>/<name>` for each task's headline estimates (inference: `micro_f1`, `macro_f1`;
+    generation: `mean_score`), each with its bootstrap interval over the scored instances; a metric with no
+    scored instance is absent."""
     result: dict[str, Interval] = {}
-    settings = list(dict.fromkeys((r.task, r.setting) for r in records))
-    for task, setting in settings:
-        these = scored(r for r in records if (r.task, r.setting) == (task, setting))
-        if task == "inference" and (iv := prf_intervals([s.match_counts() for s in these])):
-            result[f"inference/{setting}/micro_f1"] = iv["micro"]["f1"]
-            result[f"inference/{setting}/macro_f1"] = iv["macro"]["f1"]
-        elif task == "generation" and (iv := mean_interval([s.score for s in these])):
-            result[f"generation/{setting}/mean_score"] = iv
+    for task, setting in dict.fromkeys((r.task, r.setting) for r in records):
+        if (spec := TASKS.get(task)) is None:
+            continue
+        intervals = spec.intervals([r for r in records if (r.task, r.setting) == (task, setting)])
+        result.update({f"{task}/{setting}/{name}": intervals[name] for name in spec.headline if name in intervals})
     return result
 
 
@@ -113,7 +116,7 @@ def primary_metric(cfg: RunConfig) -> str:
     """The leaderboard's ranking column: the first declared task's primary metric (inference: micro F1, the
     published aggregate) in its first setting."""
     task = next(spec for name, spec in TASKS.items() if cfg.units_of(name))
-    return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.primary_metric}"
+    return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.headline[0]}"
 
 
 def _setup(identity: dict[str, Any]) -> dict[str, Any]:
@@ -168,9 +171,10 @@ def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[
     return refused
 
 
-def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> dict[str, Any]:
+def not_run(name: str, reason: str, run_cfg: RunConfig | None = None, run_dir: Path | None = None) -> dict[str, Any]:
     """The leaderboard entry of a candidate that did not run: its reason, no scores (never zeros)."""
-    entry = {"model": name, "run_dir": run_cfg.out if run_cfg else None, "primary": primary_metric(run_cfg) if run_cfg else "-",
+    entry = {"model": name, "run_dir": run_cfg.out if run_cfg else str(run_dir) if run_dir else None,
+             "primary": primary_metric(run_cfg) if run_cfg else "-",
              "error": reason, "status": "error", "identity": {}, "metrics": {}, "n_scored": 0, "n_failed": 0, "failures": {},
              "requests": None, "wall_s": None}  # fmt: skip
     compare(entry, None)
@@ -256,12 +260,16 @@ def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Conso
 
 
 def run_nightly(
-    config_path: str | Path, night: str | None = None, console: Console | None = None, dry_run: bool = False, gpus: list[Gpu] | None = None
-) -> tuple[dict[str, Any], int]:
+    config_path: str | Path, night: str | None = None, console: Console | None = None, dry_run: bool = False,
+    gpus: list[Gpu] | None = None, track: Tracker | None = None,
+) -> tuple[dict[str, Any], int]:  # fmt: skip
     """Run every model of the suite for one night; return the leaderboard and the exit status. `dry_run`:
-    print and check the plan only (on `gpus`, when given, instead of the visible ones)."""
+    print and check the plan only (on `gpus`, when given, instead of the visible ones). `track` (or the file's
+    `track:`) logs each candidate to that tracker once the leaderboard is written."""
     console = console or Console(stderr=True, soft_wrap=True)  # plan lines and errors name paths: never wrapped
     cfg = load_model(NightlyConfig, config_path)  # unreadable: there is no night directory to write to
+    if track := track or cfg.track:
+        require_tracker(track)
     night = night or Date.today().isoformat()
     if not _DATE.match(night):
         raise ConfigError(f"--date {night!r}: expected YYYY-MM-DD")
@@ -281,10 +289,23 @@ def run_nightly(
             refused = check_candidates(cfg, configs)
             brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
         except ConfigError as e:
-            board = _board(night, night_dir, None, config_path, [not_run(n, f"the night did not start: {e}") for n in cfg.names()], error=str(e))
+            entries = [not_run(n, f"the night did not start: {e}", run_dir=run_dir_of(night_dir, n)) for n in cfg.names()]
+            board = _board(night, night_dir, None, config_path, entries, error=str(e))
             write_leaderboard(board, night_dir, root)
+            if track:
+                log_night(board, track, console)
             raise
-        return _run_night(cfg, configs, refused, brought, night, night_dir, root, config_path, console)
+        board, code = _run_night(cfg, configs, refused, brought, night, night_dir, root, config_path, console)
+        if track:
+            log_night(board, track, console)
+        return board, code
+
+
+def log_night(board: dict[str, Any], track: Tracker, console: Console) -> None:
+    """Each candidate of the night into the tracker, after the leaderboard: its failures are warnings."""
+    from cupid.eval import track as tracking
+
+    tracking.log(tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
 
 
 def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path) -> Brought:
@@ -379,7 +400,7 @@ def _change(entry: dict[str, Any], metric: str) -> str:
     return f"{_scale(metric) * entry['delta'][metric]:+.{1 if _scale(metric) == 100 else 2}f}"
 
 
-def _flags(entry: dict[str, Any]) -> str:
+def flags_text(entry: dict[str, Any]) -> str:
     flags = []
     if entry["regressions"]:
         flags.append("**REGRESSION** " + ", ".join(entry["regressions"]))
@@ -407,7 +428,7 @@ def leaderboard_markdown(board: dict[str, Any]) -> str:
         others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e["metrics"].items() if m != primary)
         lines.append(
             f"| {rank} | {e['model']} | {primary} | {_cell(e['metrics'].get(primary), primary)} | {_change(e, primary)} "
-            f"| {others or '-'} | {e['n_scored']} | {e['n_failed']} | {_flags(e)} |"
+            f"| {others or '-'} | {e['n_scored']} | {e['n_failed']} | {flags_text(e)} |"
         )
     served = [f"- {e['served']}" for e in board["models"] if e.get("served")]
     if served:
@@ -436,6 +457,7 @@ def main(
     date: str | None = typer.Option(None, "--date", help="the night's name, YYYY-MM-DD (default: today)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="print and check the plan (servers, GPUs, ports); start nothing"),
     gpus: int | None = typer.Option(None, "--gpus", help="with --dry-run: plan for this many 80 GiB GPUs instead of the visible ones"),
+    track: str | None = typer.Option(None, "--track", help="log each candidate's run to mlflow or wandb (overrides the file's track:)"),
 ) -> None:
     """Run the nightly suite; leaderboard with change since the previous night; exit 1 failures, 2 regression, 3 both."""
     if gpus is not None and not dry_run:
@@ -444,7 +466,9 @@ def main(
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the night's servers as Ctrl-C does
     assumed = [Gpu(i, "assumed GPU", 81920, 0) for i in range(gpus)] if gpus is not None else None
     try:
-        board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed)
+        if track is not None:
+            require_tracker(track)
+        board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed, track=track)  # type: ignore[arg-type]
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(EXIT_FAILURES)

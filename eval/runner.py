@@ -27,6 +27,8 @@ from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.summary import Table, markdown, summarize, tables
 from cupid.eval.tasks import TASKS, Task, candidate_constrained
+from cupid.eval import track as tracking
+from cupid.eval.track import Tracker
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
@@ -76,6 +78,9 @@ class RunConfig(BaseModel):
     cache: str | None = Field(default=None, description="SQLite request cache file; default .cupid/cache.sqlite")
     no_cache: bool = Field(default=False, description="neither read nor write the request cache")
     refresh: bool = Field(default=False, description="send every request again and overwrite the cache")
+    track: Tracker | None = Field(
+        default=None, description="log the finished run to an experiment tracker: mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb"
+    )
 
     @field_validator("serve", mode="before")
     @classmethod
@@ -197,6 +202,8 @@ async def arun(
     console = console or Console(stderr=True)
     if dry_run:
         return await _run(cfg, dry_run, console, brought, endpoints or {})
+    if cfg.track:
+        tracking.require(cfg.track)  # before anything starts
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
@@ -208,7 +215,7 @@ async def arun(
             for line in brought.lines():
                 console.print(line, highlight=False)
         try:
-            return await _run(cfg, dry_run, console, brought, endpoints or {})
+            result = await _run(cfg, dry_run, console, brought, endpoints or {})
         except Exception as e:
             if not disk_full(e):
                 raise
@@ -220,6 +227,14 @@ async def arun(
         finally:
             if own is not None:
                 own.fleet.stop_all()
+        if cfg.track and isinstance(result, RunResult):  # once the servers are stopped: the tracker is no request's
+            await asyncio.to_thread(_log, result, cfg.track, console)
+        return result
+
+
+def _log(result: RunResult, tracker: Tracker, console: Console) -> None:
+    run = tracking.of_run(result.out, records=result.records, summary=result.summary)
+    tracking.log([run], tracker, lambda m: console.print(m, highlight=False, markup=False))
 
 
 async def _run(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import Scoring, UnitRecord
+from cupid.eval.stats import Interval, mean_interval, prf_intervals
 from cupid.matcher.scores import PRF, macro, micro
 
 if TYPE_CHECKING:  # the task declarations name this module's blocks
@@ -38,6 +39,17 @@ def inference_block(scorings: list[Scoring]) -> dict[str, Any]:
 def generation_block(scorings: list[Scoring]) -> dict[str, Any]:
     scores = [s.score for s in scorings if s.scored]
     return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(scorings)}
+
+
+def inference_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
+    """The block's P/R/F1 figures (`micro_f1`, ...), each with its bootstrap interval over the scored instances."""
+    intervals = prf_intervals([s.match_counts() for s in scorings if s.scored]) or {}
+    return {f"{aggregate}_{name}": iv for aggregate, named in intervals.items() for name, iv in named.items()}
+
+
+def generation_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
+    interval = mean_interval([s.score for s in scorings if s.scored])
+    return {"mean_score": interval} if interval is not None else {}
 
 
 def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False) -> dict[str, Any]:

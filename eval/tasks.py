@@ -18,6 +18,7 @@ from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import History, relevant_sessions
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring, UnitRecord
+from cupid.eval.stats import Interval
 from cupid.matcher import prompts, schemas
 from cupid.serving.client import ChatRequest, Client, RequestFailed
 from cupid.serving.endpoints import Endpoint
@@ -38,7 +39,8 @@ class TaskSpec:
     roles: tuple[str, ...]  # the judge roles that score it
     scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
     block: Callable[[list[Scoring]], dict[str, Any]]  # its summary figures over scorings
-    primary_metric: str  # the nightly's ranking metric (of the first setting)
+    intervals: Callable[[list[Scoring]], dict[str, Interval]]  # its estimates with bootstrap intervals, named as in the block
+    headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
 
 
@@ -52,7 +54,8 @@ INFERENCE = TaskSpec(
         client, roles["decomposer"], roles["matcher"], matcher_dialect(client.endpoints[roles["matcher"]])
     ),
     block=summary.inference_block,
-    primary_metric="micro_f1",  # the published aggregate
+    intervals=summary.inference_intervals,
+    headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
 )
 GENERATION = TaskSpec(
@@ -63,7 +66,8 @@ GENERATION = TaskSpec(
     roles=("judge",),
     scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
     block=summary.generation_block,
-    primary_metric="mean_score",
+    intervals=summary.generation_intervals,
+    headline=("mean_score",),
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
 )
 TASKS = {spec.name: spec for spec in (INFERENCE, GENERATION)}  # in ranking order: the nightly ranks by the first a run has

@@ -1,0 +1,374 @@
+"""Runs into the lab's experiment tracker: MLflow (the default, a local store unless `MLFLOW_TRACKING_URI`
+says otherwise) or W&B (its usual environment: `WANDB_PROJECT`, `WANDB_MODE=offline`, ...).
+
+One tracker run per evaluation run (per candidate, for a night): its params (roles, data, tasks and
+settings, prompt versions, project version), every figure of `summary.json` named
+`<task>/<setting>[/<type>]/<figure>` with its bootstrap interval bounds (`..._low`, `..._high`), the
+per-unit table, the run's pages (summary, report, viewer) and, for a night, its date and each candidate's
+leaderboard flag as tags. Everything is read from the run's files after the run has written them: the
+tracker is never on the path of a request, and a tracker that fails is a warning naming it, never a
+failed run. The run directory keeps the tracker's run id (`tracker.json`), so logging it again updates
+that tracker run instead of adding a second.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import typer
+
+from cupid.eval.data import INSTANCE_TYPES
+from cupid.eval.files import write_atomic
+from cupid.eval.records import UnitRecord
+from cupid.eval.rundir import RunDir
+from cupid.eval.tasks import TASKS
+from cupid.serving.config import ConfigError
+
+Tracker = Literal["mlflow", "wandb"]
+TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
+INSTALL = "pip install -e '.[track]'  (in this project's .venv: .venv/bin/pip install -e '.[track]')"
+IDS_FILE = "tracker.json"
+TABLE = "units.json"  # the per-unit table's artifact name
+PROJECT = "cupid"  # the experiment (MLflow) or project (W&B) when the environment names none
+Say = Callable[[str], None]
+
+
+def require(tracker: str) -> None:
+    """Refuse a tracker whose package is not installed, before anything runs."""
+    if tracker not in TRACKERS:
+        raise ConfigError(f"unknown tracker {tracker!r}: choose {' or '.join(TRACKERS)}")
+    try:
+        found = importlib.util.find_spec(tracker) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (blocked)
+        found = False
+    if not found:
+        raise ConfigError(f"--track {tracker}: the {tracker} package is not installed; install the tracker extra: {INSTALL}")
+
+
+# ---------------------------------------------------------------- what one tracker run holds
+
+
+@dataclass
+class TrackedRun:
+    """One tracker run's content; `home` is the directory that keeps its tracker run ids (None: a run with no
+    directory, logged once)."""
+
+    name: str
+    home: Path | None
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    units: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[Path] = field(default_factory=list)
+
+
+def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """Every figure of a summary, named `[reference/]<task>/<setting>[/<type>]/<figure>`: P/R/F1 as
+    `micro_f1`, ..., the mean judge score, the counts scored and failed (and failed by stage); then the run's
+    counts and requests. A figure with no scored unit is absent, never a zero."""
+    metrics: dict[str, float] = {}
+    for prefix, scoring in (("", summary), ("reference/", summary.get("reference") or {})):
+        for task in TASKS:
+            for setting, block in (scoring.get(task) or {}).get("settings", {}).items():
+                groups = [("", block)] + [(f"/{t}", block["by_type"][t]) for t in INSTANCE_TYPES if t in block.get("by_type", {})]
+                for group, figures in groups:
+                    metrics.update(_figures(f"{prefix}{task}/{setting}{group}", figures))
+    for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
+        if isinstance(summary.get(name), (int, float)):
+            metrics[name] = summary[name]
+    metrics.update({f"requests_{k}": v for k, v in (summary.get("requests") or {}).items()})
+    return metrics
+
+
+def _figures(prefix: str, block: dict[str, Any]) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for name, value in block.items():
+        if name == "failed_by_stage":
+            figures.update({f"{prefix}/n_failed/{stage}": n for stage, n in value.items()})
+        elif isinstance(value, dict) and name != "by_type":  # micro/macro: {precision, recall, f1}
+            figures.update({f"{prefix}/{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            figures[f"{prefix}/{name}"] = value
+    return figures
+
+
+def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict[str, float]:
+    """`<figure>_low` and `<figure>_high` for each estimate the tasks declare, per setting and instance type,
+    from the records (the bootstrap over the scored instances that the report and the nightly use)."""
+    metrics: dict[str, float] = {}
+    prefix = "reference/" if reference else ""
+    for task, spec in TASKS.items():
+        for setting in dict.fromkeys(r.setting for r in records if r.task == task):
+            these = [r for r in records if (r.task, r.setting) == (task, setting)]
+            groups = [("", these)] + [(f"/{t}", [r for r in these if r.instance_type == t]) for t in INSTANCE_TYPES]
+            for group, chosen in groups:
+                for name, iv in spec.intervals([r.scoring(reference) for r in chosen]).items():
+                    metrics[f"{prefix}{task}/{setting}{group}/{name}_low"] = iv.low
+                    metrics[f"{prefix}{task}/{setting}{group}/{name}_high"] = iv.high
+    return metrics
+
+
+def unit_rows(records: list[UnitRecord]) -> list[dict[str, Any]]:
+    """One row per unit: what `instances.jsonl` says of it, without the texts."""
+    rows = []
+    for r in records:
+        scores = r.scores.model_dump() if r.scores is not None else {}
+        rows.append({
+            "key": r.key, "instance_type": r.instance_type, "task": r.task, "setting": r.setting, "status": r.status,
+            "failed_stage": r.error.stage if r.error else None, "failed_reason": r.error.reason if r.error else None,
+            "precision": scores.get("precision"), "recall": scores.get("recall"), "f1": scores.get("f1"), "score": r.score,
+        })  # fmt: skip
+    return rows
+
+
+def _params(summary: dict[str, Any], identity: dict[str, Any]) -> dict[str, str]:
+    roles = summary.get("roles") or identity.get("roles") or {}
+    params = {f"role.{role}": str(name) for role, name in roles.items()}
+    if "candidate" in roles:
+        params["candidate"] = str(roles["candidate"])
+    data = summary.get("data") or identity.get("data")
+    if data is not None:
+        params["data"] = str(data)
+    if "n_instances" in summary:
+        params["n_instances"] = str(summary["n_instances"])
+    tasks = [t for t in TASKS if t in summary] or list((identity.get("plan") or {}).get("settings", {}))
+    params["tasks"] = ",".join(tasks)
+    for task in tasks:
+        settings = list((summary.get(task) or {}).get("settings", {})) or (identity.get("plan") or {}).get("settings", {}).get(task, [])
+        params[f"settings.{task}"] = ",".join(settings)
+    for name, version in (summary.get("prompts") or identity.get("prompts") or {}).items():
+        params[f"prompt.{name}"] = str(version)
+    if summary.get("matcher_prompt"):
+        params["matcher_prompt"] = str(summary["matcher_prompt"])
+    if summary.get("candidate_constrained"):
+        params["candidate_constrained"] = ",".join(summary["candidate_constrained"])
+    params["cupid_version"] = importlib.metadata.version("cupid-local-eval")
+    return params
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except ValueError as e:
+        raise ConfigError(f"{path}: not JSON ({e})") from None
+
+
+def pages(run_dir: Path) -> list[Path]:
+    """The run's summary, report and viewer pages, made beside each other in `<run>/report/` where missing or
+    older than the run's records (each is derived from them)."""
+    from cupid.eval import report, view
+
+    found = [run_dir / "summary.md"] if (run_dir / "summary.md").exists() else []
+    if not (run_dir / "instances.jsonl").exists():
+        return found
+    newest = max((run_dir / n).stat().st_mtime for n in ("instances.jsonl", "summary.json") if (run_dir / n).exists())
+    for name, build in (("report.html", report.build), ("view.html", view.build)):
+        page = run_dir / "report" / name
+        if not page.exists() or page.stat().st_mtime < newest:
+            build([run_dir], run_dir / "report")
+        found.append(page)
+    return found
+
+
+def of_run(
+    run_dir: Path | None,
+    *,
+    records: list[UnitRecord] | None = None,
+    summary: dict[str, Any] | None = None,
+    name: str | None = None,
+    tags: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
+) -> TrackedRun:
+    """What a run's tracker run holds: from its directory's files, or from what a run computed (`records`,
+    `summary`) when it has no directory. A directory with no summary (a run cut short) gives its params, counts
+    and table from what it recorded."""
+    identity: dict[str, Any] = {}
+    if run_dir is not None:
+        identity = _read_json(run_dir / "run.json")
+        if summary is None:
+            summary = _read_json(run_dir / "summary.json")
+        if records is None:
+            records = list(RunDir(run_dir).records().values())
+    records, summary = records or [], summary or {}
+    metrics = summary_metrics(summary) if summary else {"n_scored": sum(r.scored for r in records), "n_failed": sum(not r.scored for r in records)}
+    if summary:
+        metrics.update(interval_metrics(records))
+        if "reference" in summary:
+            metrics.update(interval_metrics(records, reference=True))
+    roles = summary.get("roles") or identity.get("roles") or {}
+    run_name = name or str(roles.get("candidate") or (run_dir.name if run_dir else "cupid run"))
+    return TrackedRun(
+        name=run_name,
+        home=run_dir,
+        params={**_params(summary, identity), **(params or {})},
+        metrics=metrics,
+        tags={"cupid.status": "finished" if summary else ("stopped" if records else "not run"), **(tags or {})},
+        units=unit_rows(records),
+        artifacts=pages(run_dir) if run_dir is not None and run_dir.exists() else [],
+    )
+
+
+def flag(entry: dict[str, Any]) -> str:
+    """A candidate's leaderboard flag in one word or two: DID NOT RUN, REGRESSION, FAILURES or ok."""
+    if entry.get("status") == "error":
+        return "DID NOT RUN"
+    if entry.get("regressions"):
+        return "REGRESSION"
+    return "FAILURES" if entry.get("n_failed") else "ok"
+
+
+def of_night(board: dict[str, Any]) -> list[TrackedRun]:
+    """A night's candidates, each with the night's date and its leaderboard flag as tags; one that did not run
+    gets its tracker run too, with its reason, so a chart of nights shows the gap."""
+    from cupid.eval.nightly import flags_text, run_dir_of
+
+    runs = []
+    for entry in board["models"]:
+        run_dir = Path(entry.get("run_dir") or run_dir_of(Path(board["dir"]), entry["model"]))
+        tags = {"cupid.night": board["date"], "cupid.candidate": entry["model"], "cupid.flag": flag(entry),
+                "cupid.leaderboard": flags_text(entry).replace("**", "")}  # fmt: skip
+        if entry.get("error"):
+            tags["cupid.reason"] = entry["error"]
+        if entry.get("regressions"):
+            tags["cupid.regressions"] = ", ".join(entry["regressions"])
+        params = {"night.config": str(board.get("config")), **({"served": entry["served"]} if entry.get("served") else {})}
+        runs.append(of_run(run_dir, name=f"{entry['model']} {board['date']}", tags=tags, params=params))
+    return runs
+
+
+def read(path: str | Path) -> list[TrackedRun]:
+    """`cupid track PATH`: a run directory, or a night's (one holding `leaderboard.json`)."""
+    path = Path(path)
+    if (path / "leaderboard.json").exists():
+        return of_night(_read_json(path / "leaderboard.json"))
+    if not (path / "instances.jsonl").exists():
+        raise ConfigError(f"{path}: neither a run directory (no instances.jsonl) nor a night's (no leaderboard.json)")
+    return [of_run(path)]
+
+
+# ---------------------------------------------------------------- logging
+
+
+def log(runs: list[TrackedRun], tracker: Tracker, say: Say) -> list[str | None]:
+    """Each run into the tracker; its tracker run id, or None where the tracker failed (said as a warning that
+    names the tracker and where it writes). Never raises for the tracker's faults: the run's files stand."""
+    require(tracker)
+    logger = _mlflow if tracker == "mlflow" else _wandb
+    ids = []
+    for run in runs:
+        try:
+            ids.append(logger(run, say))
+        except Exception as e:  # an unreachable server, a bad URI, a full disk: the tracker's, not the run's
+            say(f"warning: {tracker} ({_where(tracker)}) did not log {run.name}: {type(e).__name__}: {e}. "
+                "The run's own files are complete; `cupid track RUN_DIR` logs it later")  # fmt: skip
+            ids.append(None)
+    return ids
+
+
+def _where(tracker: Tracker) -> str:
+    if tracker == "mlflow":
+        import mlflow
+
+        return f"tracking URI {mlflow.get_tracking_uri()}"
+    return f"project {os.environ.get('WANDB_PROJECT', PROJECT)}, mode {os.environ.get('WANDB_MODE', 'online')}"
+
+
+def _known_id(run: TrackedRun, tracker: Tracker, where: str) -> str | None:
+    return _read_json(run.home / IDS_FILE).get(tracker, {}).get(where) if run.home is not None else None
+
+
+def _keep_id(run: TrackedRun, tracker: Tracker, where: str, run_id: str) -> None:
+    if run.home is None:
+        return
+    ids = _read_json(run.home / IDS_FILE)
+    ids.setdefault(tracker, {})[where] = run_id
+    write_atomic(run.home / IDS_FILE, json.dumps(ids, indent=2))
+
+
+def _mlflow(run: TrackedRun, say: Say) -> str:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    where = mlflow.get_tracking_uri()
+    if not os.environ.get("MLFLOW_EXPERIMENT_ID"):
+        mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or PROJECT)
+    client = mlflow.MlflowClient()
+    run_id = _known_id(run, "mlflow", where)
+    existing = None
+    if run_id is not None:
+        try:
+            existing = client.get_run(run_id)
+        except MlflowException:  # the store lost it (another store at the same URI, a deleted run): log anew
+            run_id = None
+    with mlflow.start_run(run_id=run_id, run_name=None if run_id else run.name) as active:
+        _keep_id(run, "mlflow", where, active.info.run_id)
+        before = existing.data.params if existing is not None else {}
+        if changed := sorted(k for k, v in run.params.items() if k in before and before[k] != v):
+            say(f"mlflow: run {active.info.run_id} keeps its first value of {', '.join(changed)} (MLflow params never change)")
+        mlflow.log_params({k: v for k, v in run.params.items() if k not in before})
+        mlflow.set_tags(run.tags)
+        if run.metrics:
+            mlflow.log_metrics(run.metrics)
+        if run.units:
+            if existing is not None and any(a.path == TABLE for a in client.list_artifacts(active.info.run_id)):
+                # log_table appends to a table that exists: replace it whole, in the file format log_table writes
+                import pandas as pd
+
+                mlflow.log_text(pd.DataFrame(run.units).to_json(orient="split", index=False, date_format="iso"), TABLE)
+            else:
+                mlflow.log_table({c: [u[c] for u in run.units] for c in run.units[0]}, artifact_file=TABLE)
+        for path in run.artifacts:
+            mlflow.log_artifact(str(path))
+        return active.info.run_id
+
+
+def _wandb(run: TrackedRun, say: Say) -> str:
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    project = os.environ.get("WANDB_PROJECT") or PROJECT
+    where = f"{os.environ['WANDB_ENTITY']}/{project}" if os.environ.get("WANDB_ENTITY") else project
+    active = wandb.init(
+        project=project, id=_known_id(run, "wandb", where), resume="allow", name=run.name, job_type="cupid-eval",
+        config=run.params, tags=[run.tags[k] for k in ("cupid.flag", "cupid.night") if k in run.tags] or None,
+    )  # fmt: skip
+    try:
+        _keep_id(run, "wandb", where, active.id)
+        active.config.update({"cupid_tags": run.tags}, allow_val_change=True)  # W&B's own tags are words, not pairs
+        if run.units:
+            columns = list(run.units[0])
+            active.log({"units": wandb.Table(columns=columns, data=[[u[c] for c in columns] for u in run.units])}, commit=False)
+        active.log(run.metrics)
+        if run.artifacts:
+            artifact = wandb.Artifact(f"cupid-run-{active.id}", type="cupid-run")
+            for path in run.artifacts:
+                artifact.add_file(str(path), name=path.name)
+            active.log_artifact(artifact)
+        return active.id
+    finally:
+        active.finish()
+
+
+def main(
+    paths: list[str] = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)"),
+    to: str = typer.Option("mlflow", "--to", help="mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb (WANDB_PROJECT, WANDB_MODE, ...)"),
+) -> None:
+    """Log finished runs to an experiment tracker from their files; a run logged before updates its tracker run."""
+    try:
+        require(to)
+        runs = [run for path in paths for run in read(path)]
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]
+    for run, run_id in zip(runs, ids):
+        typer.echo(f"{run.name}: {to} run {run_id}" if run_id else f"{run.name}: not logged")
+    if None in ids:
+        raise typer.Exit(1)
