@@ -197,7 +197,8 @@ async def aevaluate(
     `Endpoint`, or a base URL; the candidate may also be a `ServedModel` the run serves and stops. Nothing
     is written unless asked: `out` is a run directory (resumable: a rerun keeps its scored units), `cache`
     a request-cache file. `options` are the other fields of a run config (`types`, `limit`, `concurrency`,
-    `executor`, `serve`, `refresh`, `profiles`); the progress bar goes to stderr."""
+    `executor`, `serve`, `refresh`, `profiles`, `track`: "mlflow" or "wandb" logs the finished run); the progress bar
+    goes to stderr."""
     bound: dict[str, Endpoint] = {}
 
     def bind(role: str, value: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, get_args, get_origin
 import typer
 from pydantic.fields import FieldInfo
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval import data as cupid_data
@@ -23,7 +24,7 @@ err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never 
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {message}", highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # a message's own brackets are text
     raise typer.Exit(code)
 
 

@@ -1,0 +1,199 @@
+"""Runs and nights in an experiment tracker: the real `mlflow` package on a local store in a temporary
+directory, the real `wandb` package in offline mode (nothing sent), read back through each tracker's own
+reader (`mlflow.search_runs`/`load_table`, `wandb leet inspect`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cupid.eval.data import INSTANCE_TYPES
+from cupid.eval.records import UnitRecord
+from cupid.eval.stats import mean_interval, prf_intervals
+from tests.conftest import REPO, write_endpoints
+
+CUPID = str(REPO / ".venv" / "bin" / "cupid")
+EXPERIMENT = "cupid-tests"
+
+
+@pytest.fixture
+def mlflow_store(tmp_path, monkeypatch):
+    """A local MLflow store in this test's directory, named by the environment as a user would (and its artifacts
+    there too: MLflow puts them under the working directory of the process that makes the experiment)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    yield mlflow
+    mlflow.set_tracking_uri(None)
+
+
+def cupid(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([CUPID, *args], capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def expected_metrics(summary: dict) -> dict[str, float]:
+    """The figures `summary.json` holds, under the names the tracker gives them (written out here, not derived
+    by the code under test)."""
+    expected = {name: summary[name] for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows")}
+    for task in ("inference", "generation"):
+        for setting, block in summary.get(task, {}).get("settings", {}).items():
+            for group, b in [("", block)] + [(f"/{t}", block["by_type"][t]) for t in INSTANCE_TYPES]:
+                prefix = f"{task}/{setting}{group}"
+                expected[f"{prefix}/n_scored"], expected[f"{prefix}/n_failed"] = b["n_scored"], b["n_failed"]
+                for stage, n in b["failed_by_stage"].items():
+                    expected[f"{prefix}/n_failed/{stage}"] = n
+                for aggregate in ("micro", "macro"):
+                    for name in ("precision", "recall", "f1"):
+                        if b.get(aggregate):
+                            expected[f"{prefix}/{aggregate}_{name}"] = b[aggregate][name]
+                if b.get("mean_score") is not None:
+                    expected[f"{prefix}/mean_score"] = b["mean_score"]
+    return expected
+
+
+def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps_one_run(tmp_path, tiny_server, mlflow_store, cupid_home):
+    mlflow = mlflow_store
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
+        judgeformat={**tiny_server, "structured_output": True, "matcher_prompt": "prefmatcher"},
+        freejudge=tiny_server,  # a 135M judge without its format: failures the table must show as such
+    )
+    run_dir = tmp_path / "run"
+    result = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "judgeformat",
+                   "--matcher", "judgeformat", "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",
+                   "--out", str(run_dir), "--cache", str(tmp_path / "cache.sqlite"), "--track", "mlflow", cwd=tmp_path)  # fmt: skip
+    assert (run_dir / "summary.json").exists(), result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert result.returncode == (1 if summary["n_failed"] else 0), result.stderr
+    assert "did not log" not in result.stderr
+
+    runs = mlflow.search_runs(experiment_names=[EXPERIMENT])
+    assert len(runs) == 1
+    tracked = runs.iloc[0]
+    assert json.loads((run_dir / "tracker.json").read_text())["mlflow"] == {os.environ["MLFLOW_TRACKING_URI"]: tracked.run_id}
+    metrics = {k.removeprefix("metrics."): v for k, v in tracked.items() if k.startswith("metrics.") and v == v}  # NaN: not this run's
+    expected = expected_metrics(summary)
+    assert {k: metrics.get(k) for k in expected} == pytest.approx(expected)
+    assert tracked["params.role.candidate"] == summary["roles"]["candidate"] and tracked["params.data"] == summary["data"]
+    assert tracked["params.tasks"] == "inference,generation" and tracked["params.settings.inference"] == "oracle"
+    assert tracked["params.prompt.prefmatcher"] == summary["prompts"]["prefmatcher"]
+
+    # every estimate with its bootstrap bounds, as the report and the nightly compute them
+    records = [UnitRecord.model_validate_json(line) for line in (run_dir / "instances.jsonl").read_text().splitlines()]
+    inference = [r for r in records if r.task == "inference" and r.scored]
+    if inference:
+        interval = prf_intervals([r.match_counts() for r in inference])["micro"]["f1"]
+        assert (metrics["inference/oracle/micro_f1_low"], metrics["inference/oracle/micro_f1_high"]) == pytest.approx((interval.low, interval.high))
+    if scores := [r.score for r in records if r.task == "generation" and r.scored]:
+        interval = mean_interval(scores)
+        assert (metrics["generation/oracle/mean_score_low"], metrics["generation/oracle/mean_score_high"]) == pytest.approx((interval.low, interval.high))
+    else:  # no judge answer parsed: no score at all, never a zero
+        assert not any(k.startswith("generation/oracle/mean_score") for k in metrics)
+
+    def table():
+        units = mlflow.load_table("units.json", run_ids=[tracked.run_id])
+        return {(u.key, u.task, u.setting): (u.status, None if u.failed_stage != u.failed_stage else u.failed_stage) for u in units.itertuples()}
+
+    statuses = {r.unit: (r.status, r.error.stage if r.error else None) for r in records}
+    assert len(mlflow.load_table("units.json", run_ids=[tracked.run_id])) == len(records) == summary["n_runs"] == 6
+    assert table() == statuses
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(tracked.run_id)}
+    assert {"summary.md", "report.html", "view.html", "units.json"} <= artifacts
+    assert (run_dir / "report" / "report.html").exists() and (run_dir / "report" / "view.html").exists()
+
+    for _ in range(2):  # logged again from its files: the same tracker run, its table replaced, not appended to
+        again = cupid("track", str(run_dir), "--to", "mlflow", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.strip().endswith(f"mlflow run {tracked.run_id}")
+    runs = mlflow.search_runs(experiment_names=[EXPERIMENT])
+    assert list(runs.run_id) == [tracked.run_id]
+    assert table() == statuses and len(mlflow.load_table("units.json", run_ids=[tracked.run_id])) == 6
+
+    # the same run into W&B, offline: its summary holds the same figures
+    wandb_dir = tmp_path / "wandb-home"
+    wandb_dir.mkdir()
+    offline = {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_PROJECT": "cupid-tests"}
+    logged = cupid("track", str(run_dir), "--to", "wandb", cwd=tmp_path, env=offline)
+    assert logged.returncode == 0, logged.stderr
+    run_id = json.loads((run_dir / "tracker.json").read_text())["wandb"]["cupid-tests"]
+    inspected = subprocess.run([str(REPO / ".venv" / "bin" / "wandb"), "leet", "inspect", "--summary", "--json", str(wandb_dir / "wandb")],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    state = json.loads(inspected.stdout)
+    assert (state["run_id"], state["project"], state["state"]) == (run_id, "cupid-tests", "finished")
+    assert {k: state["summary"].get(k) for k in expected} == pytest.approx(expected)
+    assert state["summary"]["units"]["nrows"] == 6
+    assert state["config"]["role.candidate"] == summary["roles"]["candidate"]
+
+
+def _run_args(endpoints: Path, out: Path, cache: Path) -> list[str]:
+    return ["eval", "run", "--endpoints", str(endpoints), "--candidate", "instant", "--decomposer", "instant", "--matcher", "pm",
+            "--out", str(out), "--cache", str(cache)]  # fmt: skip
+
+
+def test_a_tracker_that_fails_is_a_warning_and_the_run_stands(tmp_path, instant_url, cupid_home):
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
+                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    bad = {"MLFLOW_TRACKING_URI": "nowhere://tracker.invalid/x"}
+    result = cupid(*_run_args(endpoints, tmp_path / "run", tmp_path / "cache.sqlite"), "--track", "mlflow", cwd=tmp_path, env=bad)
+    assert result.returncode == 0, result.stderr  # the run's own status: every unit scored
+    assert "warning: mlflow (tracking URI nowhere://tracker.invalid/x) did not log" in result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["n_scored"] == 12 and len((tmp_path / "run" / "instances.jsonl").read_text().splitlines()) == 12
+    assert (tmp_path / "run" / "summary.md").exists()
+    later = cupid("track", str(tmp_path / "run"), cwd=tmp_path, env=bad)  # the command whose only job is the tracker fails
+    assert later.returncode == 1 and "did not log" in later.stderr
+
+
+def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_path):
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": "http://127.0.0.1:9/v1", "model": "instant"},
+                                pm={"base_url": "http://127.0.0.1:9/v1", "model": "pm"})  # fmt: skip
+    hidden = "import sys; sys.modules['wandb'] = None; from cupid.cli import app; app()"  # as if the extra were not installed
+    args = _run_args(endpoints, tmp_path / "run", tmp_path / "cache.sqlite") + ["--track", "wandb"]
+    result = subprocess.run([sys.executable, "-c", hidden, *args], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "the wandb package is not installed" in result.stderr and "pip install -e '.[track]'" in result.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache.sqlite").exists()
+
+
+def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_url, mlflow_store, cupid_home):
+    from cupid.eval.nightly import run_nightly
+
+    mlflow = mlflow_store
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
+                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    models = ["instant", {"name": "untrained", "profile": "tiny", "adapter": str(tmp_path / "no-adapter")}]
+    config = tmp_path / "night.yaml"
+    run = {"data": "sample", "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
+    config.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, "track": "mlflow"}))
+
+    boards = [run_nightly(config, night)[0] for night in ("2025-03-01", "2025-03-02")]
+    runs = mlflow.search_runs(experiment_names=[EXPERIMENT], order_by=["tags.`cupid.night` ASC"])
+    assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"])) == [
+        ("2025-03-01", "instant"), ("2025-03-01", "untrained"), ("2025-03-02", "instant"), ("2025-03-02", "untrained")]  # fmt: skip
+    broken = runs[runs["tags.cupid.candidate"] == "untrained"]
+    assert set(broken["tags.cupid.flag"]) == {"DID NOT RUN"} and set(broken["tags.cupid.status"]) == {"not run"}
+    assert all("no-adapter/adapter_config.json: not a LoRA adapter" in reason for reason in broken["tags.cupid.reason"])
+
+    # a metric's history across the nights, read back from the tracker
+    f1 = "inference/standard/micro_f1"
+    history = runs[runs["tags.cupid.candidate"] == "instant"]
+    assert list(history["tags.cupid.flag"]) == ["ok", "ok"]
+    on_board = [next(e for e in b["models"] if e["model"] == "instant")["metrics"][f1] for b in boards]
+    assert list(history[f"metrics.{f1}"]) == pytest.approx([m["estimate"] for m in on_board])
+    assert list(history[f"metrics.{f1}_low"]) == pytest.approx([m["low"] for m in on_board])
+
+    # the night's directory logged again: the same tracker runs, none added
+    again = cupid("track", str(tmp_path / "nightly" / "2025-03-02"), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert len(mlflow.search_runs(experiment_names=[EXPERIMENT])) == 4
