@@ -305,7 +305,7 @@ def log_night(board: dict[str, Any], track: Tracker, console: Console) -> None:
     """Each candidate of the night into the tracker, after the leaderboard: its failures are warnings."""
     from cupid.eval import track as tracking
 
-    tracking.log(tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
+    tracking.log_after(lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
 
 
 def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path) -> Brought:

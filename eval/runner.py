@@ -233,8 +233,8 @@ async def arun(
 
 
 def _log(result: RunResult, tracker: Tracker, console: Console) -> None:
-    run = tracking.of_run(result.out, records=result.records, summary=result.summary)
-    tracking.log([run], tracker, lambda m: console.print(m, highlight=False, markup=False))
+    make = lambda: [tracking.of_run(result.out, records=result.records, summary=result.summary)]  # noqa: E731
+    tracking.log_after(make, tracker, lambda m: console.print(m, highlight=False, markup=False))
 
 
 async def _run(

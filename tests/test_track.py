@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from cupid.cli import app
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import UnitRecord
 from cupid.eval.stats import mean_interval, prf_intervals
@@ -173,11 +175,15 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
     models = ["instant", {"name": "untrained", "profile": "tiny", "adapter": str(tmp_path / "no-adapter")}]
-    config = tmp_path / "night.yaml"
     run = {"data": "sample", "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
-    config.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, "track": "mlflow"}))
+    night = {"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run}
+    (tmp_path / "tracked.yaml").write_text(yaml.safe_dump({**night, "track": "mlflow"}))
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(night))
 
-    boards = [run_nightly(config, night)[0] for night in ("2025-03-01", "2025-03-02")]
+    first, _ = run_nightly(tmp_path / "tracked.yaml", "2025-03-01")  # the file's `track:`
+    second = CliRunner().invoke(app, ["nightly", "--config", str(tmp_path / "plain.yaml"), "--date", "2025-03-02", "--track", "mlflow"])
+    assert second.exit_code == 1, second.output  # the broken candidate's failure, not the tracker's
+    boards = [first, json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())]
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], order_by=["tags.`cupid.night` ASC"])
     assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"])) == [
         ("2025-03-01", "instant"), ("2025-03-01", "untrained"), ("2025-03-02", "instant"), ("2025-03-02", "untrained")]  # fmt: skip
@@ -193,7 +199,12 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     assert list(history[f"metrics.{f1}"]) == pytest.approx([m["estimate"] for m in on_board])
     assert list(history[f"metrics.{f1}_low"]) == pytest.approx([m["low"] for m in on_board])
 
-    # the night's directory logged again: the same tracker runs, none added
+    # the night's directory logged again, one of its runs torn meanwhile: the same tracker runs, none added, and
+    # the torn one still logged with its flag and what did not read
+    (tmp_path / "nightly" / "2025-03-02" / "instant" / "summary.json").write_text('{"n_runs": 1')
     again = cupid("track", str(tmp_path / "nightly" / "2025-03-02"), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert len(mlflow.search_runs(experiment_names=[EXPERIMENT])) == 4
+    runs = mlflow.search_runs(experiment_names=[EXPERIMENT])
+    assert len(runs) == 4
+    torn = runs[(runs["tags.cupid.candidate"] == "instant") & (runs["tags.cupid.night"] == "2025-03-02")].iloc[0]
+    assert "summary.json: not JSON" in torn["tags.cupid.unreadable"] and torn["tags.cupid.flag"] == "ok"
