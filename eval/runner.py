@@ -21,7 +21,7 @@ from cupid.eval import data as cupid_data
 from cupid.eval.chain import Roles
 from cupid.eval.files import DiskFull, disk_full, hold, write_atomic
 from cupid.eval.history import GENERATION_ONLY, History
-from cupid.eval.servers import Brought, bring, servers_for
+from cupid.eval.servers import Brought, bring, profile_fingerprints, servers_for
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
@@ -300,6 +300,8 @@ async def _run(
         "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
         "wall_s": round(time.monotonic() - started, 2),
     }
+    if cfg.serve or cfg.served_candidates:
+        meta["serve_profiles"] = profile_fingerprints(cfg.serve, cfg.served_candidates, cfg.profiles)
     plan = {TASKS[task]: cfg.units_of(task) for task in cfg.tasks}
     summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
     if out is not None:

@@ -8,6 +8,7 @@ servers then start on first need (`serving.fleet`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoints import Endpoint
-from cupid.serving.fleet import AdapterOnServer, Fleet, ServedModel, Server, by_address, endpoint_for
+from cupid.serving.fleet import AdapterOnServer, Fleet, ServedModel, Server, by_address, endpoint_for, fingerprint
 from cupid.serving.placement import Placement, place
 from cupid.serving.profiles import Gpu, Profile
 
@@ -70,6 +71,17 @@ def judge_profiles(serve: dict[str, dict], directory: str | Path = profiles.DEFA
             profile = validate(Profile, {**profile.model_dump(exclude_unset=True), **overrides}, where)
         out.append(profile)
     return out
+
+
+def profile_fingerprints(serve: dict[str, dict], candidates: list[ServedModel], directory: str | Path = profiles.DEFAULT_DIR) -> dict[str, str]:
+    """Each profile a run serves (its judges', its candidate's) -> eight hex digits that change when the profile's
+    fields or its weights' files change: what a tracker shows beside the scores, so two runs that served
+    differently never look alike."""
+    served = judge_profiles(serve, directory) + [c.to_profile(directory) for c in candidates]
+    return {
+        p.name: hashlib.sha256(f"{p.model_dump_json()} {fingerprint(p.model_path(), *p.adapter_paths().values())}".encode()).hexdigest()[:8]
+        for p in served
+    }
 
 
 def bring(

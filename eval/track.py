@@ -148,6 +148,7 @@ def _params(summary: dict[str, Any], identity: dict[str, Any]) -> dict[str, str]
         params["matcher_prompt"] = str(summary["matcher_prompt"])
     if summary.get("candidate_constrained"):
         params["candidate_constrained"] = ",".join(summary["candidate_constrained"])
+    params.update({f"serve.{name}": fp for name, fp in (summary.get("serve_profiles") or {}).items()})
     params["cupid_version"] = importlib.metadata.version("cupid-local-eval")
     return params
 

@@ -94,6 +94,8 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
         assert entries[name]["n_scored"] + entries[name]["n_failed"] == 1
         assert entries[name]["failures"].keys().isdisjoint({"inference/oracle candidate: server_not_started"})
     assert entries["lora-cand"]["requests"]["sent"] > 0 and "+ LoRA lora-cand@" in entries["lora-cand"]["served"]
+    fingerprints = json.loads((tmp_path / "nightly/2026-01-01/lora-cand/summary.json").read_text())["serve_profiles"]
+    assert set(fingerprints) == {"sessionjudge", "lora-cand"}  # what served it, for the tracker's params
     assert board["servers_started"] == ["lora-cand"]  # the judges' server was up already; the rider needed none
     served = entries["lora-rider"]["served"]
     assert entries["lora-rider"]["requests"]["sent"] > 0 and f"loaded into sessionjudge's server, :{port}" in served

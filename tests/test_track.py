@@ -208,3 +208,24 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     assert len(runs) == 4
     torn = runs[(runs["tags.cupid.candidate"] == "instant") & (runs["tags.cupid.night"] == "2025-03-02")].iloc[0]
     assert "summary.json: not JSON" in torn["tags.cupid.unreadable"] and torn["tags.cupid.flag"] == "ok"
+
+
+def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
+    from cupid.eval.servers import profile_fingerprints
+    from cupid.eval.track import of_run
+    from cupid.serving.fleet import ServedModel
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    candidate = ServedModel(name="cand", model=str(model), profile="tiny")
+    directory = REPO / "configs" / "serve"
+    first = profile_fingerprints({"tiny": {}}, [candidate], directory)
+    assert set(first) == {"tiny", "cand"} and first == profile_fingerprints({"tiny": {}}, [candidate], directory)
+    assert profile_fingerprints({"tiny": {"max_model_len": 4096}}, [candidate], directory)["tiny"] != first["tiny"]
+    (model / "model.safetensors").write_bytes(b"retrained")
+    retrained = profile_fingerprints({"tiny": {}}, [candidate], directory)
+    assert retrained["cand"] != first["cand"] and retrained["tiny"] == first["tiny"]
+    params = of_run(None, records=[], summary={"n_runs": 0, "serve_profiles": retrained}).params
+    assert (params["serve.tiny"], params["serve.cand"]) == (retrained["tiny"], retrained["cand"])
+
