@@ -122,6 +122,6 @@ def check_data(source: str = typer.Argument("sample", help="'sample', a local pa
     counts = {t: sum(i.instance_type == t for i in dataset.instances) for t in cupid_data.INSTANCE_TYPES}
     console.print(f"{dataset.source}: {len(dataset.instances)} valid instances {counts}, {len(dataset.bad_rows)} bad rows")
     for bad in dataset.bad_rows:
-        console.print(f"[red]bad row:[/red] {bad}", highlight=False)
+        console.print(f"[red]bad row:[/red] {escape(str(bad))}", highlight=False)
     if dataset.bad_rows:
         raise typer.Exit(1)

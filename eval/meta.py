@@ -23,6 +23,7 @@ from typing import Any, Iterable, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval.records import DIRECTIONS, UnitRecord, scored
@@ -295,7 +296,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Meta-evaluat
 
 
 def _fail(e: Exception) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}", highlight=False)  # paths and rows never wrapped
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # paths and rows never wrapped
     raise typer.Exit(2)
 
 

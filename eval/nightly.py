@@ -26,6 +26,7 @@ from typing import Any
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from cupid.eval.files import hold, write_atomic
 from cupid.eval.records import UnitRecord
@@ -208,7 +209,7 @@ def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str,
         summary = run_eval(run_cfg, console=console, brought=brought)
     except Exception as e:  # one model's broken setup must not cost the others their night
         entry["error"] = f"{type(e).__name__}: {e}"
-        console.print(f"[red]{name} did not run:[/red] {entry['error']}", highlight=False)
+        console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry['error'])}", highlight=False)
         if not isinstance(e, ConfigError):
             console.print(traceback.format_exc(), markup=False, highlight=False)
         summary = {}
@@ -328,7 +329,7 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
 
     entries = []
     for name, reason in refused.items():
-        console.print(f"[red]{name} did not run:[/red] {reason}", highlight=False)
+        console.print(f"[red]{escape(name)} did not run:[/red] {escape(reason)}", highlight=False)
         entries.append(not_run(name, reason, configs[name]))
     try:  # endpoints and riders first (they need only the judges), then the served candidates slot by slot
         entries += [run(name, console) for name in configs if name not in brought.candidate_servers and name not in refused]

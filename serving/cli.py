@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cupid.serving import lifecycle, profiles, tiny_model
@@ -19,7 +20,7 @@ console = Console(soft_wrap=True)  # messages carry paths and commands: never br
 
 
 def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}", highlight=False)
+    console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(1)
 
 

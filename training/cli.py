@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval.data import DataError
@@ -41,7 +42,7 @@ def _guarded(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except (ConfigError, DataError, SynthesisError, ServeError) as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)  # whole lines: paths stay greppable
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # whole lines: paths stay greppable
         raise typer.Exit(2)
 
 
