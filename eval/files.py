@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import sqlite3
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from cupid.serving.config import ConfigError
 from cupid.serving.lifecycle import alive
@@ -56,6 +58,16 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
             path.unlink()
             directory.rmdir()
         os.close(fd)  # releases the lock; otherwise the file stays (removing it would race with the next holder)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A run's JSON file (run.json, summary.json, ...): {} where it is absent, an error naming it where it does not parse."""
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
 def write_atomic(path: str | Path, text: str) -> None:

@@ -34,6 +34,7 @@ from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
 from cupid.eval.servers import Brought, bring
 from cupid.eval.tasks import TASKS
+from cupid.eval import track as tracking
 from cupid.eval.track import Tracker, require as require_tracker
 from cupid.eval.runner import run as run_eval
 from cupid.eval.stats import N_RESAMPLES, Interval
@@ -172,10 +173,9 @@ def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[
     return refused
 
 
-def not_run(name: str, reason: str, run_cfg: RunConfig | None = None, run_dir: Path | None = None) -> dict[str, Any]:
+def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> dict[str, Any]:
     """The leaderboard entry of a candidate that did not run: its reason, no scores (never zeros)."""
-    entry = {"model": name, "run_dir": run_cfg.out if run_cfg else str(run_dir) if run_dir else None,
-             "primary": primary_metric(run_cfg) if run_cfg else "-",
+    entry = {"model": name, "run_dir": run_cfg.out if run_cfg else None, "primary": primary_metric(run_cfg) if run_cfg else "-",
              "error": reason, "status": "error", "identity": {}, "metrics": {}, "n_scored": 0, "n_failed": 0, "failures": {},
              "requests": None, "wall_s": None}  # fmt: skip
     compare(entry, None)
@@ -290,8 +290,7 @@ def run_nightly(
             refused = check_candidates(cfg, configs)
             brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
         except ConfigError as e:
-            entries = [not_run(n, f"the night did not start: {e}", run_dir=run_dir_of(night_dir, n)) for n in cfg.names()]
-            board = _board(night, night_dir, None, config_path, entries, error=str(e))
+            board = _board(night, night_dir, None, config_path, [not_run(n, f"the night did not start: {e}") for n in cfg.names()], error=str(e))
             write_leaderboard(board, night_dir, root)
             if track:
                 log_night(board, track, console)
@@ -304,8 +303,6 @@ def run_nightly(
 
 def log_night(board: dict[str, Any], track: Tracker, console: Console) -> None:
     """Each candidate of the night into the tracker, after the leaderboard: its failures are warnings."""
-    from cupid.eval import track as tracking
-
     tracking.log_after(lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
 
 
@@ -399,6 +396,15 @@ def _change(entry: dict[str, Any], metric: str) -> str:
     if metric not in entry["delta"]:
         return "new"
     return f"{_scale(metric) * entry['delta'][metric]:+.{1 if _scale(metric) == 100 else 2}f}"
+
+
+def flag(entry: dict[str, Any]) -> str:
+    """A candidate's leaderboard flag in one word or two (a tracker's tag): DID NOT RUN, REGRESSION, FAILURES or ok."""
+    if entry.get("status") == "error":
+        return "DID NOT RUN"
+    if entry.get("regressions"):
+        return "REGRESSION"
+    return "FAILURES" if entry.get("n_failed") else "ok"
 
 
 def flags_text(entry: dict[str, Any]) -> str:

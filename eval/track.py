@@ -24,7 +24,7 @@ from typing import Any, Callable, Literal
 import typer
 
 from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.files import write_atomic
+from cupid.eval.files import read_json, write_atomic
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.tasks import TASKS
@@ -153,13 +153,6 @@ def _params(summary: dict[str, Any], identity: dict[str, Any]) -> dict[str, str]
     return params
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text()) if path.exists() else {}
-    except ValueError as e:
-        raise ConfigError(f"{path}: not JSON ({e})") from None
-
-
 def pages(run_dir: Path) -> list[Path]:
     """The run's summary, report and viewer pages, made beside each other in `<run>/report/` where missing or
     older than the run's records (each is derived from them)."""
@@ -191,9 +184,9 @@ def of_run(
     and table from what it recorded."""
     identity: dict[str, Any] = {}
     if run_dir is not None:
-        identity = _read_json(run_dir / "run.json")
+        identity = read_json(run_dir / "run.json")
         if summary is None:
-            summary = _read_json(run_dir / "summary.json")
+            summary = read_json(run_dir / "summary.json")
         if records is None:
             records = list(RunDir(run_dir).records().values())
     records, summary = records or [], summary or {}
@@ -215,19 +208,10 @@ def of_run(
     )
 
 
-def flag(entry: dict[str, Any]) -> str:
-    """A candidate's leaderboard flag in one word or two: DID NOT RUN, REGRESSION, FAILURES or ok."""
-    if entry.get("status") == "error":
-        return "DID NOT RUN"
-    if entry.get("regressions"):
-        return "REGRESSION"
-    return "FAILURES" if entry.get("n_failed") else "ok"
-
-
 def of_night(board: dict[str, Any]) -> list[TrackedRun]:
     """A night's candidates, each with the night's date and its leaderboard flag as tags; one that did not run
     gets its tracker run too, with its reason, so a chart of nights shows the gap."""
-    from cupid.eval.nightly import flags_text, run_dir_of
+    from cupid.eval.nightly import flag, flags_text, run_dir_of
 
     runs = []
     for entry in board["models"]:
@@ -251,7 +235,7 @@ def read(path: str | Path) -> list[TrackedRun]:
     """`cupid track PATH`: a run directory, or a night's (one holding `leaderboard.json`)."""
     path = Path(path)
     if (path / "leaderboard.json").exists():
-        return of_night(_read_json(path / "leaderboard.json"))
+        return of_night(read_json(path / "leaderboard.json"))
     if not (path / "instances.jsonl").exists():
         raise ConfigError(f"{path}: neither a run directory (no instances.jsonl) nor a night's (no leaderboard.json)")
     return [of_run(path)]
@@ -295,13 +279,13 @@ def _where(tracker: Tracker) -> str:
 
 
 def _known_id(run: TrackedRun, tracker: Tracker, where: str) -> str | None:
-    return _read_json(run.home / IDS_FILE).get(tracker, {}).get(where) if run.home is not None else None
+    return read_json(run.home / IDS_FILE).get(tracker, {}).get(where) if run.home is not None else None
 
 
 def _keep_id(run: TrackedRun, tracker: Tracker, where: str, run_id: str) -> None:
     if run.home is None:
         return
-    ids = _read_json(run.home / IDS_FILE)
+    ids = read_json(run.home / IDS_FILE)
     ids.setdefault(tracker, {})[where] = run_id
     write_atomic(run.home / IDS_FILE, json.dumps(ids, indent=2))
 

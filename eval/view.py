@@ -28,6 +28,7 @@ from typing import Any, Iterable
 import typer
 
 from cupid.eval import data as cupid_data
+from cupid.eval.files import read_json
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.serving.config import ConfigError
@@ -74,15 +75,6 @@ class LoadedRun:
         return str(self.identity.get("data") or self.summary.get("data") or "sample")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-
-
 def _planned(identity: dict[str, Any], summary: dict[str, Any], n_data: int | None) -> int | None:
     """Units the run set out to score: run.json's plan (instances x settings per task), else the summary's."""
     plan = identity.get("plan")
@@ -121,7 +113,7 @@ def load_run(path: str | Path) -> LoadedRun:
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"{path}: no such run directory")
-    run = LoadedRun(path, _read_json(path / "run.json"), _read_json(path / "summary.json"), read_records(path))
+    run = LoadedRun(path, read_json(path / "run.json"), read_json(path / "summary.json"), read_records(path))
     run.state = run_state(run)
     run.roles = dict(run.summary.get("roles") or run.identity.get("roles") or {})
     return run

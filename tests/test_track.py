@@ -207,7 +207,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT])
     assert len(runs) == 4
     torn = runs[(runs["tags.cupid.candidate"] == "instant") & (runs["tags.cupid.night"] == "2025-03-02")].iloc[0]
-    assert "summary.json: not JSON" in torn["tags.cupid.unreadable"] and torn["tags.cupid.flag"] == "ok"
+    assert "summary.json: not valid JSON" in torn["tags.cupid.unreadable"] and torn["tags.cupid.flag"] == "ok"
 
 
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
