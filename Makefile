@@ -39,7 +39,7 @@ $(VENV)/.setup: pyproject.toml | $(PY)
 # Everything `setup` installs and training's, the trackers' and the tests' libraries, in the same single pip run (a fresh
 # `make test` resolves once). The browser tests (tests/test_view.py) drive Debian's chromium; installed where we
 # are root, else they skip.
-DEV_EXTRAS := ,train,track,dev
+DEV_EXTRAS := ,train,track,inspect,dev
 $(VENV)/.setup-dev: pyproject.toml | $(PY)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"

@@ -3,6 +3,7 @@
 import typer
 
 from cupid.eval.cli import app as eval_app
+from cupid.eval.inspect_log import main as import_inspect_main
 from cupid.eval.meta import app as meta_app
 from cupid.eval.nightly import main as nightly_main
 from cupid.eval.report import main as report_main
@@ -22,4 +23,5 @@ app.command("report")(report_main)
 app.command("view")(view_main)
 app.command("nightly")(nightly_main)
 app.command("track")(track_main)
+app.command("import-inspect")(import_inspect_main)
 

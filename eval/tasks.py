@@ -111,17 +111,7 @@ class Task:
         return self._request(log, instance, setting)
 
     async def run(self, instance: Instance, setting: str) -> UnitRecord:
-        unit = UnitRecord(
-            key=instance.key,
-            persona_id=instance.persona_id,
-            instance_type=instance.instance_type,
-            task=self.name,
-            setting=setting,
-            n_sessions=len(instance.sessions(setting)) if setting != "oracle-preference" else 0,
-            relevant_sessions=relevant_sessions(instance),
-            gt_preference=instance.current_contextual_preference,
-            gt_checklist=list(instance.current_checklist),
-        )
+        unit = unit_record(self.spec, instance, setting)
         try:
             request = await self.candidate_request(instance, setting)
             try:
@@ -131,8 +121,28 @@ class Task:
         except StageFailed as e:
             unit.error = e.error
             return unit
-        scoring = await self.scorer.score(instance, answer)
-        record = unit.model_copy(update={**dict(scoring), "candidate_answer": answer})
-        if self.reference is not None:
-            record.reference = await self.reference.score(instance, answer)
-        return record
+        return await scored(unit, instance, answer, self.scorer, self.reference)
+
+
+def unit_record(spec: TaskSpec, instance: Instance, setting: str) -> UnitRecord:
+    """A unit before its answer: which one it is, and the ground truth its judges are shown."""
+    return UnitRecord(
+        key=instance.key,
+        persona_id=instance.persona_id,
+        instance_type=instance.instance_type,
+        task=spec.name,
+        setting=setting,
+        n_sessions=len(instance.sessions(setting)) if setting != "oracle-preference" else 0,
+        relevant_sessions=relevant_sessions(instance),
+        gt_preference=instance.current_contextual_preference,
+        gt_checklist=list(instance.current_checklist),
+    )
+
+
+async def scored(unit: UnitRecord, instance: Instance, answer: str, scorer: Scorer, reference: Scorer | None = None) -> UnitRecord:
+    """The unit's record once the candidate answered: the scorer's scoring (and the reference's) of the answer.
+    What every way of asking the candidate shares (this runner, inspect-ai's)."""
+    record = unit.model_copy(update={**dict(await scorer.score(instance, answer)), "candidate_answer": answer})
+    if reference is not None:
+        record.reference = await reference.score(instance, answer)
+    return record

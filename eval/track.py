@@ -77,8 +77,8 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
         for task in TASKS:
             for setting, block in (scoring.get(task) or {}).get("settings", {}).items():
                 groups = [("", block)] + [(f"/{t}", block["by_type"][t]) for t in INSTANCE_TYPES if t in block.get("by_type", {})]
-                for group, figures in groups:
-                    metrics.update(_figures(f"{prefix}{task}/{setting}{group}", figures))
+                for group, figured in groups:
+                    metrics.update(figures(f"{prefix}{task}/{setting}{group}", figured))
     for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
         if isinstance(summary.get(name), (int, float)):
             metrics[name] = summary[name]
@@ -86,16 +86,18 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def _figures(prefix: str, block: dict[str, Any]) -> dict[str, float]:
-    figures: dict[str, float] = {}
+def figures(prefix: str, block: dict[str, Any]) -> dict[str, float]:
+    """A task block's figures named `<prefix>/<figure>` (`micro_f1`, `mean_score`, `n_failed/<stage>`): the
+    tracker's names, and inspect's (`cupid.eval.inspect_tasks`) without the prefix."""
+    out: dict[str, float] = {}
     for name, value in block.items():
         if name == "failed_by_stage":
-            figures.update({f"{prefix}/n_failed/{stage}": n for stage, n in value.items()})
+            out.update({f"{prefix}/n_failed/{stage}": n for stage, n in value.items()})
         elif isinstance(value, dict) and name != "by_type":  # micro/macro: {precision, recall, f1}
-            figures.update({f"{prefix}/{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
+            out.update({f"{prefix}/{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            figures[f"{prefix}/{name}"] = value
-    return figures
+            out[f"{prefix}/{name}"] = value
+    return out
 
 
 def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict[str, float]:
@@ -149,7 +151,7 @@ def _params(summary: dict[str, Any], identity: dict[str, Any]) -> dict[str, str]
     if summary.get("candidate_constrained"):
         params["candidate_constrained"] = ",".join(summary["candidate_constrained"])
     params.update({f"serve.{name}": fp for name, fp in (summary.get("serve_profiles") or {}).items()})
-    params["cupid_version"] = importlib.metadata.version("cupid-local-eval")
+    params["cupid_version"] = importlib.metadata.version("cupid")
     return params
 
 

@@ -1,0 +1,295 @@
+"""CUPID as inspect-ai tasks: `inspect eval cupid/inference --model ANY_INSPECT_MODEL` (and `cupid/generation`).
+
+The candidate is inspect's model, so every provider inspect knows is a candidate without an endpoints
+file. The rest is this project's benchmark, not a look-alike: the sample's messages are the project's
+candidate prompt byte for byte, and the scorer is the project's (decomposer then PrefMatcher both ways, or
+the judge), through the same client and request cache as `cupid eval run`. The same answer therefore
+sends the same judge requests and gets the same score in both. A stage that fails is an unscored sample
+(inspect keeps it out of the metrics and counts it) that names the stage and the reason; it is never a
+zero. Each score's metadata is the unit's record as `instances.jsonl` holds it, which is what lets
+`cupid import-inspect` (`cupid.eval.inspect_log`) turn a log back into a run directory.
+
+Installed with the `inspect` extra; inspect finds these tasks through the `inspect_ai` entry point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inspect_ai import Task, task
+from inspect_ai.dataset import MemoryDataset, Sample
+from inspect_ai.hooks import Hooks, RunEnd, hooks
+from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, GenerateConfig
+from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
+from inspect_ai.solver import Generate, Solver, TaskState, solver
+
+from cupid.eval import data as cupid_data
+from cupid.eval.chain import StageFailed
+from cupid.eval.data import Instance
+from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
+from cupid.eval.inference import matcher_dialect
+from cupid.eval.records import Scoring, StageError, UnitRecord
+from cupid.eval.summary import GROUPS
+from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
+from cupid.eval.track import figures
+from cupid.matcher import prompts
+from cupid.serving.cache import Cache
+from cupid.serving.client import CONTEXT_MARKERS, Client
+from cupid.serving.config import ConfigError, read_yaml
+from cupid.serving.endpoints import DEFAULT_FILE, Endpoint
+from cupid.serving.lifecycle import state_dir
+
+DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
+METADATA_KEY = "cupid"  # the task's metadata (the log's `eval.metadata`) under this key: what `import-inspect` rebuilds a run from
+
+
+@task
+def inference(
+    data: str = "sample",
+    setting: str = "standard",
+    types: str | list[str] | None = None,
+    limit: int | None = None,
+    decomposer: str | None = None,
+    matcher: str | None = None,
+    summarizer: str | None = None,
+    endpoints: str = DEFAULT_FILE,
+    structured_output: bool = False,
+    constrain: bool = False,
+    max_tokens: int | None = None,
+    cache: str | None = None,
+    no_cache: bool = False,
+) -> Task:
+    """CUPID task 1: infer the user's preference from the prior sessions; scored by P/R/F1 of its checklist
+    against the ground truth's (micro: the published aggregate).
+
+    Args:
+        data: `sample`, a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID).
+        setting: standard, oracle or summary (needs `summarizer`).
+        types: only these instance types (consistent, contrastive, changing; a list or `a,b`).
+        limit: only the first N instances.
+        decomposer: endpoint name, running `cupid serve` profile, or base URL (default: the shipped run's).
+        matcher: the same, for PrefMatcher (default: the shipped run's).
+        summarizer: the same, for the summary setting.
+        endpoints: the endpoints file the names are looked up in.
+        structured_output: judges given as base URLs are vLLM servers that enforce answer formats.
+        constrain: hold the candidate's answers to the task's format (vLLM's `structured_outputs`; recorded).
+        max_tokens: the candidate's answer cap.
+        cache: request cache file (default: the one `cupid eval run` uses).
+        no_cache: neither read nor write the request cache.
+    """
+    roles = {"decomposer": decomposer, "matcher": matcher, "summarizer": summarizer}
+    return _task(INFERENCE, data, setting, types, limit, roles, endpoints, structured_output, constrain, max_tokens, cache, no_cache)
+
+
+@task
+def generation(
+    data: str = "sample",
+    setting: str = "standard",
+    types: str | list[str] | None = None,
+    limit: int | None = None,
+    judge: str | None = None,
+    summarizer: str | None = None,
+    endpoints: str = DEFAULT_FILE,
+    structured_output: bool = False,
+    max_tokens: int | None = None,
+    cache: str | None = None,
+    no_cache: bool = False,
+) -> Task:
+    """CUPID task 2: answer the current request as the user would prefer; scored 1-10 by the judge against
+    the ground-truth preference and its checklist.
+
+    Args:
+        data: `sample`, a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID).
+        setting: standard, oracle, oracle-preference or summary (needs `summarizer`).
+        types: only these instance types (consistent, contrastive, changing; a list or `a,b`).
+        limit: only the first N instances.
+        judge: endpoint name, running `cupid serve` profile, or base URL (default: the shipped run's).
+        summarizer: the same, for the summary setting.
+        endpoints: the endpoints file the names are looked up in.
+        structured_output: judges given as base URLs are vLLM servers that enforce answer formats.
+        max_tokens: the candidate's answer cap.
+        cache: request cache file (default: the one `cupid eval run` uses).
+        no_cache: neither read nor write the request cache.
+    """
+    roles = {"judge": judge, "summarizer": summarizer}
+    return _task(GENERATION, data, setting, types, limit, roles, endpoints, structured_output, False, max_tokens, cache, no_cache)
+
+
+def _task(
+    spec: TaskSpec, data: str, setting: str, types: str | list[str] | None, limit: int | None, roles: dict[str, str | None],
+    endpoints_file: str, structured_output: bool, constrain: bool, max_tokens: int | None, cache: str | None, no_cache: bool,
+) -> Task:  # fmt: skip
+    if setting not in SETTINGS or (setting in GENERATION_ONLY and spec is not GENERATION):
+        allowed = [s for s in SETTINGS if spec is GENERATION or s not in GENERATION_ONLY]
+        raise ConfigError(f"cupid/{spec.name}: no setting '{setting}' (one of {', '.join(allowed)})")
+    wanted = [*spec.roles, *(["summarizer"] if setting == "summary" else [])]
+    judges = Judges.bind({r: roles[r] for r in wanted}, endpoints_file, structured_output, None if no_cache else cache or str(state_dir() / "cache.sqlite"))
+    dataset = cupid_data.load(data).filter([types] if isinstance(types, str) else types, limit)
+    answer_format = spec.answer_format(max_tokens) if constrain and spec.answer_format else {}
+    meta = {
+        "task": spec.name,
+        "setting": setting,
+        "data": dataset.source,
+        "roles": {role: f"{judges.names[role]} ({e.model})" for role, e in judges.endpoints.items()},
+        "models": {role: e.model for role, e in judges.endpoints.items()},
+        "matcher_prompt": matcher_dialect(judges.endpoints["matcher"]) if "matcher" in judges.endpoints else None,
+        "candidate_constrained": [spec.name] if answer_format else [],
+        "prompts": prompts.versions(*spec.prompts, *(["summarizer"] if setting == "summary" else [])),
+        "n_instances": len(dataset.instances),
+        "n_invalid_rows": len(dataset.bad_rows),
+        "invalid_rows": [str(b) for b in dataset.bad_rows],
+    }
+    instances = {i.key: i for i in dataset.instances}
+    return Task(
+        dataset=MemoryDataset([_sample(spec, i, setting) for i in dataset.instances], name=f"cupid-{spec.name}", location=dataset.source),
+        solver=candidate_answer(spec, judges, instances),
+        scorer=cupid_scorer(spec, judges, instances),
+        metrics=[cupid_figures()],
+        config=GenerateConfig(temperature=0.0, max_tokens=max_tokens, extra_body=answer_format or None),  # as the runner asks
+        metadata={METADATA_KEY: meta},
+    )
+
+
+def _sample(spec: TaskSpec, instance: Instance, setting: str) -> Sample:
+    log = "" if setting in GENERATION_ONLY or setting == "summary" else prompts.format_interaction_log(instance.sessions(setting))
+    unit = {"key": instance.key, "persona_id": instance.persona_id, "instance_type": instance.instance_type, "setting": setting}
+    return Sample(id=instance.key, input=_messages(spec.messages(log, instance, setting)), metadata=unit)
+
+
+def _messages(messages: list[dict[str, str]]) -> list[ChatMessage]:
+    kinds = {"system": ChatMessageSystem, "user": ChatMessageUser, "assistant": ChatMessageAssistant}
+    return [kinds[m["role"]](content=m["content"]) for m in messages]
+
+
+@dataclass
+class Judges:
+    """The judge endpoints of one task, and their client, opened on first use in the eval's event loop
+    (an aiohttp session belongs to one loop) and closed when inspect's run ends."""
+
+    endpoints: dict[str, Endpoint]  # by role
+    names: dict[str, str]  # by role: the name or URL given
+    cache: str | None
+    _client: Client | None = field(default=None, repr=False)
+
+    @classmethod
+    def bind(cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None) -> "Judges":
+        from cupid.api import endpoint  # the API's one resolver: a name, a running profile, or a base URL
+
+        defaults = read_yaml(DEFAULT_RUN)
+        names = {role: given or defaults.get(role) for role, given in roles.items()}
+        bound = {}
+        for role, name in names.items():
+            if name is None:
+                raise ConfigError(f"the {role} role needs an endpoint: -T {role}=NAME|URL")
+            url = name.startswith(("http://", "https://"))
+            bound[role] = endpoint(name, endpoints_file=endpoints_file, **({"structured_output": True} if url and structured_output else {}))
+        return cls(bound, names, cache)
+
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.endpoints, Cache(self.cache) if self.cache else None)
+            _OPEN.append(self)
+        return self._client
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+            if client.cache is not None:
+                client.cache.close()
+
+
+_OPEN: list[Judges] = []
+
+
+@hooks(name="cupid_judges", description="closes the CUPID judges' connections and request cache when a run ends")
+class CloseJudges(Hooks):
+    async def on_run_end(self, data: RunEnd) -> None:
+        while _OPEN:
+            await _OPEN.pop().aclose()
+
+
+@solver
+def candidate_answer(spec: TaskSpec, judges: Judges, instances: dict[str, Instance]) -> Solver:
+    """inspect's model answers the sample's prompt. In the summary setting the prompt is built first, from
+    the summarizer's summaries of the prior sessions. A summary or a model call that fails ends the sample
+    with its stage and reason, as the runner records them; the scorer reports it as a failed unit."""
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        instance = instances[state.metadata["key"]]
+        try:
+            if state.metadata["setting"] == "summary":
+                log = await History(judges.client(), "summarizer").log(instance, "summary")
+                state.messages = _messages(spec.messages(log, instance, "summary"))
+            return await generate(state)
+        except StageFailed as e:
+            state.metadata["error"] = e.error.model_dump()
+        except Exception as e:  # noqa: BLE001 (the provider's error, whichever it is: the candidate gave no answer)
+            detail = str(e)[:2000]
+            reason = "context_length_exceeded" if any(m in detail.lower() for m in CONTEXT_MARKERS) else "request_failed"
+            state.metadata["error"] = StageError(stage=spec.candidate_stage, reason=reason, detail=detail).model_dump()
+        state.completed = True
+        return state
+
+    return solve
+
+
+@scorer(metrics=[])
+def cupid_scorer(spec: TaskSpec, judges: Judges, instances: dict[str, Instance]) -> Scorer:
+    """The project's scorer on the candidate's answer: P/R/F1 (inference) or the judge's score (generation)."""
+
+    async def score(state: TaskState, target: Target) -> Score:
+        instance = instances[state.metadata["key"]]
+        unit = unit_record(spec, instance, state.metadata["setting"])
+        if "error" in state.metadata:
+            unit.error = StageError(**state.metadata["error"])
+        else:
+            client = judges.client()
+            unit = await scored(unit, instance, state.output.completion, spec.scorer(client, {r: r for r in spec.roles}))
+        return to_score(unit)
+
+    return score
+
+
+def to_score(record: UnitRecord) -> Score:
+    """A unit record as inspect's score; its metadata is the record itself."""
+    metadata = record.model_dump(mode="json", exclude_none=True)
+    if not record.scored:
+        error = record.error or StageError(stage="?", reason="unknown", detail="")
+        return Score.unscored(reason=f"{error.stage}: {error.reason}", answer=record.candidate_answer, explanation=error.detail, metadata=metadata)
+    if record.task == INFERENCE.name:
+        assert record.scores is not None, "a scored inference record has P/R/F1"
+        return Score(value=record.scores.model_dump(), answer=record.inferred_preference, explanation=_matches(record), metadata=metadata)
+    return Score(value=record.score, answer=record.candidate_answer, explanation=record.judge_answer, metadata=metadata)
+
+
+def _matches(record: Scoring) -> str:
+    lines = [f"Inferred preference: {record.inferred_preference}"]
+    for title, items in (("Inferred checklist against the ground-truth preference", record.infer_to_gt),
+                         ("Ground-truth checklist against the inferred preference", record.gt_to_infer)):  # fmt: skip
+        lines += ["", f"{title}:"] + [f"{m.index}. {m.entry} [{m.label}]" for m in items or []]
+    return "\n".join(lines)
+
+
+def record_of(score: Score) -> UnitRecord:
+    return UnitRecord.model_validate(score.metadata or {})
+
+
+@metric
+def cupid_figures() -> Metric:
+    """The task's own figures over the scored samples, as `summary.json` holds them: micro and macro P/R/F1
+    (inference) or the mean judge score (generation), overall and by instance type. Unscored samples never
+    reach a metric: inspect counts them (`unscored_samples`)."""
+
+    def compute(scores: list[SampleScore]) -> dict[str, float]:
+        records = [record_of(s.score) for s in scores if s.score.metadata]
+        out: dict[str, float] = {}
+        for name in {r.task for r in records}:
+            for group in GROUPS:
+                chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
+                block = {k: v for k, v in TASKS[name].block(chosen).items() if k not in ("n_failed", "failed_by_stage")}
+                out.update({k.lstrip("/"): v for k, v in figures("" if group == "all" else group, block).items()})
+        return out
+
+    return compute
+
