@@ -34,7 +34,7 @@ from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, uni
 from cupid.eval.track import figures
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
-from cupid.serving.client import CONTEXT_MARKERS, Client
+from cupid.serving.client import Client, classify
 from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoints import DEFAULT_FILE, Endpoint
 from cupid.serving.lifecycle import state_dir
@@ -225,13 +225,19 @@ def candidate_answer(spec: TaskSpec, judges: Judges, instances: dict[str, Instan
         except StageFailed as e:
             state.metadata["error"] = e.error.model_dump()
         except Exception as e:  # noqa: BLE001 (the provider's error, whichever it is: the candidate gave no answer)
-            detail = str(e)[:2000]
-            reason = "context_length_exceeded" if any(m in detail.lower() for m in CONTEXT_MARKERS) else "request_failed"
-            state.metadata["error"] = StageError(stage=spec.candidate_stage, reason=reason, detail=detail).model_dump()
+            state.metadata["error"] = _no_answer(spec, e).model_dump()
         state.completed = True
         return state
 
     return solve
+
+
+def _no_answer(spec: TaskSpec, error: Exception) -> StageError:
+    """The runner's reason for a candidate that gave no answer: from the provider's HTTP status and message
+    where inspect kept them (`ModelGenerateError`), else `request_failed`."""
+    status, message = getattr(error, "status_code", None), getattr(error, "provider_message", None) or str(error)
+    reason = classify(status, message).reason if status else "request_failed"
+    return StageError(stage=spec.candidate_stage, reason=reason, detail=message[:2000])
 
 
 @scorer(metrics=[])

@@ -73,7 +73,8 @@ class Stats:
         return f"requests: {self.sent} sent, {self.cached} cached, {self.failed} failed, {self.sent / elapsed:.1f}/s"
 
 
-def _classify(status: int, text: str) -> RequestFailed:
+def classify(status: int, text: str) -> RequestFailed:
+    """An HTTP error as the reason a run counts it by (also for a candidate that inspect-ai asked)."""
     text = text[:2000]
     if status == 429:
         return RequestFailed("rate_limited", text, retryable=True)
@@ -211,7 +212,7 @@ class Client:
                 raise RequestFailed("connection", f"{type(e).__name__}: {e} ({endpoint.url})", True) from None
             latency = time.perf_counter() - started
         if status != 200:
-            raise _classify(status, text)
+            raise classify(status, text)
         try:
             data = json.loads(text)
             choice = data["choices"][0]

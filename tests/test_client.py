@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from cupid.serving.cache import Cache
-from cupid.serving.client import Client, RequestFailed, _classify
+from cupid.serving.client import Client, RequestFailed, classify
 from cupid.serving.endpoints import Endpoint
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -81,5 +81,5 @@ def test_request_carries_endpoint_defaults_and_overrides(instant_url):
     ],
 )
 def test_error_classification(status, text, reason, retryable):
-    failure = _classify(status, text)
+    failure = classify(status, text)
     assert (failure.reason, failure.retryable) == (reason, retryable)

@@ -1,0 +1,152 @@
+"""CUPID inside inspect-ai: the real `inspect eval cupid/inference cupid/generation` (found through the entry
+point), the candidate through inspect's OpenAI-compatible provider, the judges as a base URL and an endpoint
+name, all on the real tiny model under vLLM; logs read with inspect's own reader, and compared with
+`cupid eval run` on the same candidate sharing the same request cache."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from inspect_ai.log import EvalLog, read_eval_log
+
+from cupid.eval.records import UnitRecord
+from cupid.eval.rundir import RunDir
+from tests.conftest import REPO, write_endpoints
+
+BIN = Path(sys.executable).parent
+RUN_ONLY = ("roles", "requests", "wall_s", "inspect_logs")  # what says how a run was made, not what it found
+
+
+def inspect_eval(*args: str, cwd: Path, base_url: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TINY_BASE_URL": base_url, "TINY_API_KEY": "EMPTY"}  # inspect's openai-api/<service>/ variables
+    cmd = [str(BIN / "inspect"), "eval", *args, "--model", "openai-api/tiny/smollm2-135m-instruct", "--display", "none"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def cupid(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "cupid"), *args], capture_output=True, text=True, cwd=cwd)
+
+
+def logs(directory: Path) -> dict[str, EvalLog]:
+    found = [read_eval_log(str(p)) for p in sorted(directory.glob("*.eval"))]
+    return {log.eval.task: log for log in found}
+
+
+@pytest.fixture(scope="module")
+def both_ways(tmp_path_factory, tiny_server, session_home):
+    """inspect's eval of both tasks (3 sample instances, oracle setting), then `cupid eval run` of the same
+    candidate and judges on the same cache, then the logs imported as a run directory."""
+    tmp = tmp_path_factory.mktemp("inspect")
+    url = tiny_server["base_url"]
+    endpoints = write_endpoints(
+        tmp / "ep.yaml",
+        cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
+        judges={"base_url": url, "model": tiny_server["model"], "structured_output": True},  # what the base URL below makes
+        freejudge=tiny_server,  # a 135M judge without its format: failed stages, counted as such
+    )
+    cache = tmp / "cache.sqlite"
+    args = ["-T", "setting=oracle", "-T", "limit=3", "-T", "constrain=true", "-T", f"max_tokens={tiny_server['max_tokens']}",
+            "-T", f"decomposer={url}", "-T", f"matcher={url}", "-T", "structured_output=true",
+            "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", f"cache={cache}", "--log-dir", str(tmp / "logs")]  # fmt: skip
+    inspected = inspect_eval("cupid/inference", "cupid/generation", *args, cwd=tmp, base_url=url)
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "judges", "--matcher", "judges",
+                "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",
+                "--out", str(tmp / "run"), "--cache", str(cache), cwd=tmp)  # fmt: skip
+    assert ran.returncode == 1 and "failed at generation/judge" in ran.stdout, ran.stderr  # exit 1: some units failed
+    imported = cupid("import-inspect", *map(str, sorted((tmp / "logs").glob("*.eval"))), "--out", str(tmp / "imported"), cwd=tmp)
+    assert imported.returncode == 0, imported.stderr
+    return tmp
+
+
+def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(both_ways):
+    found = logs(both_ways / "logs")
+    assert set(found) == {"cupid/inference", "cupid/generation"} and all(log.status == "success" for log in found.values())
+    cli = {(r.key, r.task): r for r in RunDir(both_ways / "run").read()}
+    summary = json.loads((both_ways / "run" / "summary.json").read_text())
+    # every judge request of the CLI run was answered from the cache the inspect run filled: same requests
+    n_judge_requests = sum(3 if r.task == "inference" else 1 for r in cli.values() if r.candidate_answer)
+    assert summary["requests"]["cached"] == n_judge_requests and summary["requests"]["sent"] <= 6
+
+    inference = found["cupid/inference"]
+    assert inference.eval.metadata["cupid"]["candidate_constrained"] == ["inference"]
+    for sample in inference.samples:
+        score = sample.scores["cupid_scorer"]
+        record = cli[(sample.id, "inference")]
+        assert record.scored and UnitRecord.model_validate(score.metadata) == record  # the whole unit, answers and labels
+        assert score.value == record.scores.model_dump()
+        assert score.answer == record.inferred_preference and record.infer_to_gt[0].label in score.explanation
+    metrics = {name: m.value for name, m in inference.results.scores[0].metrics.items()}
+    block = summary["inference"]
+    assert inference.results.scores[0].scored_samples == block["n_scored"] == 3
+    assert metrics["micro_f1"] == pytest.approx(block["micro"]["f1"]) and metrics["macro_recall"] == pytest.approx(block["macro"]["recall"])
+    for t, b in block["by_type"].items():
+        assert metrics[f"{t}/micro_precision"] == pytest.approx(b["micro"]["precision"])
+
+
+def test_a_failed_stage_is_an_unscored_sample_with_its_reason_counted_out_as_the_cli_counts_it(both_ways):
+    generation = logs(both_ways / "logs")["cupid/generation"]
+    cli = {(r.key, r.task): r for r in RunDir(both_ways / "run").read()}
+    summary = json.loads((both_ways / "run" / "summary.json").read_text())["generation"]
+    failed = 0
+    for sample in generation.samples:
+        score, record = sample.scores["cupid_scorer"], cli[(sample.id, "generation")]
+        assert UnitRecord.model_validate(score.metadata) == record
+        if record.scored:
+            assert score.value == record.score
+        else:  # kept out of every figure, with the stage and the reason: never a zero
+            failed += 1
+            assert math.isnan(score.value) and score.reason == f"{record.error.stage}: {record.error.reason}"
+            assert score.explanation == record.error.detail
+    assert failed == summary["n_failed"] > 0  # a 135M judge without its format fails to answer in it
+    result = generation.results.scores[0]
+    assert (result.scored_samples, result.unscored_samples) == (summary["n_scored"], summary["n_failed"])
+    if summary["mean_score"] is not None:
+        assert result.metrics["mean_score"].value == pytest.approx(summary["mean_score"])
+    else:
+        assert "mean_score" not in result.metrics
+
+
+def test_the_imported_log_is_the_cli_runs_run_directory(both_ways):
+    cli = json.loads((both_ways / "run" / "summary.json").read_text())
+    imported = json.loads((both_ways / "imported" / "summary.json").read_text())
+    assert {k: v for k, v in imported.items() if k not in RUN_ONLY} == {k: v for k, v in cli.items() if k not in RUN_ONLY}
+    assert imported["roles"]["candidate"] == "openai-api/tiny/smollm2-135m-instruct (inspect-ai)"
+    assert sorted(RunDir(both_ways / "imported").read(), key=lambda r: r.unit) == sorted(RunDir(both_ways / "run").read(), key=lambda r: r.unit)
+    # what reads run directories reads it
+    report = cupid("report", str(both_ways / "imported"), cwd=both_ways)
+    assert report.returncode == 0 and Path(report.stdout.strip()).is_file(), report.stderr
+
+
+def test_a_candidate_that_gives_no_answer_fails_at_its_stage_as_in_the_runner(tmp_path, tiny_server, cupid_home):
+    """A cap beyond the model's window: vLLM refuses the request (HTTP 400), in inspect as in the runner."""
+    url = tiny_server["base_url"]
+    endpoints = write_endpoints(tmp_path / "ep.yaml", cand={**tiny_server, "max_tokens": 9000}, freejudge=tiny_server)
+    common = ["-T", "setting=oracle", "-T", "limit=1", "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", "no_cache=true"]
+    inspected = inspect_eval("cupid/generation", *common, "-T", "max_tokens=9000", "--log-dir", str(tmp_path / "logs"), cwd=tmp_path, base_url=url)
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--judge", "freejudge", "--task", "generation",
+                "--setting", "oracle", "--limit", "1", "--out", str(tmp_path / "run"), "--no-cache", cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 1, ran.stderr
+    [sample] = logs(tmp_path / "logs")["cupid/generation"].samples
+    score = sample.scores["cupid_scorer"]
+    [record] = RunDir(tmp_path / "run").read()
+    assert math.isnan(score.value) and score.reason == "generate: http_400" == f"{record.error.stage}: {record.error.reason}"
+    assert "max_model_len" in score.explanation and "max_model_len" in record.error.detail
+    imported = cupid("import-inspect", *map(str, (tmp_path / "logs").glob("*.eval")), "--out", str(tmp_path / "imported"), cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads((tmp_path / "imported" / "summary.json").read_text())["failures"] == {"generation/generate: http_400": 1}
+
+
+def test_import_refuses_what_is_not_a_cupid_log(tmp_path):
+    bogus = tmp_path / "x.json"
+    bogus.write_text("{}")
+    result = cupid("import-inspect", str(bogus), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert result.returncode == 2 and str(bogus) in result.stderr and not (tmp_path / "run").exists()
+
