@@ -150,3 +150,27 @@ def test_import_refuses_what_is_not_a_cupid_log(tmp_path):
     result = cupid("import-inspect", str(bogus), "--out", str(tmp_path / "run"), cwd=tmp_path)
     assert result.returncode == 2 and str(bogus) in result.stderr and not (tmp_path / "run").exists()
 
+
+
+def test_the_summary_setting_asks_the_candidate_with_the_runners_summaries(tmp_path, tiny_server, cupid_home):
+    """The prompt is built in inspect's solver from the summarizer's summaries: the CLI run of the same unit on the
+    same cache finds every summary there and gets the same answer and score."""
+    url = tiny_server["base_url"]
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml", cand=tiny_server, summarizer={**tiny_server, "structured_output": True}, freejudge=tiny_server
+    )
+    cache = tmp_path / "cache.sqlite"
+    inspected = inspect_eval("cupid/generation", "-T", "setting=summary", "-T", "limit=1", "-T", "summarizer=summarizer", "-T", "judge=freejudge",
+                             "-T", f"endpoints={endpoints}", "-T", f"cache={cache}", "-T", f"max_tokens={tiny_server['max_tokens']}",
+                             "--log-dir", str(tmp_path / "logs"), cwd=tmp_path, base_url=url)  # fmt: skip
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+    [sample] = logs(tmp_path / "logs")["cupid/generation"].samples
+    assert "### Session 1" in sample.messages[1].text  # the summaries' layout in place of the log
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--summarizer", "summarizer", "--judge", "freejudge",
+                "--task", "generation", "--setting", "summary", "--limit", "1", "--out", str(tmp_path / "run"), "--cache", str(cache),
+                "--allow-failures", cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    [record] = RunDir(tmp_path / "run").read()
+    assert UnitRecord.model_validate(sample.scores["cupid_scorer"].metadata) == record and record.candidate_answer
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["requests"]["cached"] == record.n_sessions + (record.judge_answer is not None)  # the summaries, the judge
