@@ -25,7 +25,7 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import StageFailed
-from cupid.eval.data import Instance
+from cupid.eval.data import INSTANCE_TYPES, Instance
 from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import Scoring, StageError, UnitRecord
@@ -122,9 +122,12 @@ def _task(
     if setting not in SETTINGS or (setting in GENERATION_ONLY and spec is not GENERATION):
         allowed = [s for s in SETTINGS if spec is GENERATION or s not in GENERATION_ONLY]
         raise ConfigError(f"cupid/{spec.name}: no setting '{setting}' (one of {', '.join(allowed)})")
+    types = [types] if isinstance(types, str) else types
+    if unknown := sorted(set(types or ()) - set(INSTANCE_TYPES)):
+        raise ConfigError(f"cupid/{spec.name}: no instance type {', '.join(unknown)} (types: {', '.join(INSTANCE_TYPES)})")
     wanted = [*spec.roles, *(["summarizer"] if setting == "summary" else [])]
     judges = Judges.bind({r: roles[r] for r in wanted}, endpoints_file, structured_output, None if no_cache else cache or str(state_dir() / "cache.sqlite"))
-    dataset = cupid_data.load(data).filter([types] if isinstance(types, str) else types, limit)
+    dataset = cupid_data.load(data).filter(types, limit)
     answer_format = spec.answer_format(max_tokens) if constrain and spec.answer_format else {}
     meta = {
         "task": spec.name,

@@ -1,6 +1,6 @@
 """CUPID inside inspect-ai: the real `inspect eval cupid/inference cupid/generation` (found through the entry
-point), the candidate through inspect's OpenAI-compatible provider, the judges as a base URL and an endpoint
-name, all on the real tiny model under vLLM; logs read with inspect's own reader, and compared with
+point), the candidate through inspect's OpenAI-compatible provider, the judges as a base URL and as endpoint
+names, all on the real tiny model under vLLM; logs read with inspect's own reader, and compared with
 `cupid eval run` on the same candidate sharing the same request cache."""
 
 from __future__ import annotations
@@ -15,8 +15,14 @@ from pathlib import Path
 import pytest
 from inspect_ai.log import EvalLog, read_eval_log
 
+from cupid.eval import inspect_tasks
+from cupid.eval.data import load
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig, build_tasks
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import load_endpoints
 from tests.conftest import REPO, write_endpoints
 
 BIN = Path(sys.executable).parent
@@ -48,15 +54,16 @@ def both_ways(tmp_path_factory, tiny_server, session_home):
         tmp / "ep.yaml",
         cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
         judges={"base_url": url, "model": tiny_server["model"], "structured_output": True},  # what the base URL below makes
+        decomposer={**tiny_server, "structured_output": True},  # by name, capped: its analysis is free text
         freejudge=tiny_server,  # a 135M judge without its format: failed stages, counted as such
     )
     cache = tmp / "cache.sqlite"
     args = ["-T", "setting=oracle", "-T", "limit=3", "-T", "constrain=true", "-T", f"max_tokens={tiny_server['max_tokens']}",
-            "-T", f"decomposer={url}", "-T", f"matcher={url}", "-T", "structured_output=true",
+            "-T", "decomposer=decomposer", "-T", f"matcher={url}", "-T", "structured_output=true",
             "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", f"cache={cache}", "--log-dir", str(tmp / "logs")]  # fmt: skip
     inspected = inspect_eval("cupid/inference", "cupid/generation", *args, cwd=tmp, base_url=url)
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
-    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "judges", "--matcher", "judges",
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "decomposer", "--matcher", "judges",
                 "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",
                 "--out", str(tmp / "run"), "--cache", str(cache), cwd=tmp)  # fmt: skip
     assert ran.returncode == 1 and "failed at generation/judge" in ran.stdout, ran.stderr  # exit 1: some units failed
@@ -174,3 +181,22 @@ def test_the_summary_setting_asks_the_candidate_with_the_runners_summaries(tmp_p
     assert UnitRecord.model_validate(sample.scores["cupid_scorer"].metadata) == record and record.candidate_answer
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["requests"]["cached"] == record.n_sessions + (record.judge_answer is not None)  # the summaries, the judge
+
+
+def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_arguments():
+    built = inspect_tasks.inference(setting="oracle", types=["changing", "contrastive"])
+    meta = built.metadata["cupid"]
+    assert meta["roles"] == {"decomposer": "qwen2.5-7b-instruct (Qwen/Qwen2.5-7B-Instruct)", "matcher": "prefmatcher (kixlab/prefmatcher-7b)"}
+    cfg = RunConfig(candidate="qwen2.5-7b-instruct", decomposer="qwen2.5-7b-instruct", matcher="prefmatcher", settings=["oracle"])
+    runner = build_tasks(cfg, Client(load_endpoints("configs/endpoints.yaml")))["inference"]
+    instances = {i.key: i for i in load("sample").instances}
+    assert {instances[s.id].instance_type for s in built.dataset} == {"changing", "contrastive"} and len(built.dataset) == meta["n_instances"]
+    for sample in built.dataset:  # the request the runner sends, message for message
+        sent = runner.plain_request(instances[sample.id], "oracle").body()["messages"]
+        assert [(m.role, m.text) for m in sample.input] == [(m["role"], m["content"]) for m in sent]
+    # the summary setting takes the shipped run's summarizer; a setting or type the task has not is refused
+    assert inspect_tasks.inference(setting="summary").metadata["cupid"]["roles"]["summarizer"].startswith("qwen2.5-7b-instruct")
+    with pytest.raises(ConfigError, match="oracle-preference"):
+        inspect_tasks.inference(setting="oracle-preference")
+    with pytest.raises(ConfigError, match="sometimes"):
+        inspect_tasks.inference(types="sometimes")
