@@ -17,6 +17,7 @@ Why the page is built the way it is (a full run is 756 instances x every setting
 from __future__ import annotations
 
 import functools
+import shlex
 import http.server
 import json
 import time
@@ -238,7 +239,13 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-def render(runs: list[LoadedRun]) -> str:
+REPORT_LINK = '<a id="report" href="report.html" title="the aggregate report (cupid report), in this folder">report (tables, intervals, figures)</a>'
+NO_REPORT = '<span id="report">no report here yet: <code>{command}</code> writes it, and this link</span>'
+
+
+def render(runs: list[LoadedRun], report_command: str | None = None) -> str:
+    """The page; `report_command` says how to make the report where none is beside the page (a link to a
+    missing report would be a new user's first dead click)."""
     head, instances, details = page_data(runs)
     template = resources.files(__package__).joinpath("view.html").read_text(encoding="utf-8")
     blocks = [f'<script type="application/json" id="i{n}">{text}</script>' for n, text in enumerate(instances.values())]
@@ -246,6 +253,7 @@ def render(runs: list[LoadedRun]) -> str:
     title = "CUPID view: " + " vs ".join(r.label for r in runs)
     return (
         template.replace("__TITLE__", _html_escape(title))
+        .replace("__REPORT__", REPORT_LINK if report_command is None else NO_REPORT.format(command=_html_escape(report_command)))
         .replace("__HEAD__", _json(head))
         .replace("__BLOCKS__", "\n".join(blocks))
     )
@@ -261,13 +269,15 @@ def default_out(run_dirs: list[str]) -> Path:
 
 
 def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
-    """Write `view.html` into `out`; return its path."""
+    """Write `view.html` into `out`; return its path. It links to the report in `out` where there is one."""
+    run_dirs = [str(p) for p in run_dirs]
     runs = [load_run(p) for p in run_dirs]
     if not runs:
         raise ConfigError("give at least one run directory")
     _labels(runs)
-    html = render(runs)
     out = Path(out)
+    make_report = None if (out / "report.html").exists() else f"cupid report {' '.join(map(shlex.quote, run_dirs))} --out {shlex.quote(str(out))}"
+    html = render(runs, make_report)
     out.mkdir(parents=True, exist_ok=True)
     page = out / "view.html"
     page.write_text(html, encoding="utf-8")

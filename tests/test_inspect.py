@@ -127,8 +127,9 @@ def test_the_imported_log_is_the_cli_runs_run_directory(both_ways):
     assert imported["roles"]["candidate"] == "openai-api/tiny/smollm2-135m-instruct (inspect-ai)"
     assert sorted(RunDir(both_ways / "imported").read(), key=lambda r: r.unit) == sorted(RunDir(both_ways / "run").read(), key=lambda r: r.unit)
     # what reads run directories reads it
-    report = cupid("report", str(both_ways / "imported"), cwd=both_ways)
-    assert report.returncode == 0 and Path(report.stdout.strip()).is_file(), report.stderr
+    for command in ("report", "view"):
+        page = cupid(command, str(both_ways / "imported"), cwd=both_ways)
+        assert page.returncode == 0 and Path(page.stdout.strip().splitlines()[-1]).is_file(), page.stderr
 
 
 def test_a_candidate_that_gives_no_answer_fails_at_its_stage_as_in_the_runner(tmp_path, tiny_server, cupid_home):

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
+from cupid.eval import report
 from cupid.eval.runner import RunConfig, run
 from cupid.eval.view import build
 from tests.conftest import REPO, write_endpoints
@@ -93,7 +94,12 @@ def test_unit_of_a_real_run_shows_what_instances_jsonl_holds(runs, page, tmp_pat
     page.goto(view.as_uri())
     assert shown_count(page) == len(rows) == 6
     assert "finished: 6 of 6 units have a record" in page.inner_text("#runs")
-    assert page.locator("#report").get_attribute("href") == "report.html"
+    # no report beside the page yet: it says how to make one, never a dead link; once made, the page links to it
+    assert page.locator("#report").get_attribute("href") is None
+    assert f"cupid report {run_a} --out {tmp_path}" in page.inner_text("#report")
+    report.build([run_a], tmp_path)
+    page.goto(build([run_a], tmp_path).as_uri())
+    assert page.locator("#report").get_attribute("href") == "report.html" and (tmp_path / "report.html").is_file()
     for r in rows:
         page.goto(unit_url(view, r))
         column = page.locator(".col").first
