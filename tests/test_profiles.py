@@ -325,7 +325,8 @@ def test_parallel_combinations_vllm_would_refuse_or_misplace_are_refused(tmp_pat
         with pytest.raises(ConfigError, match=message):
             profiles.load(str(path))
     # the CPU profile keeps its one-process executor
-    assert profiles.load(str(write(tmp_path, "cpu-uni", model="d", port=8011, device="cpu", distributed_executor_backend="uni")))
+    cpu_uni = profiles.load(str(write(tmp_path, "cpu-uni", model="d", port=8011, device="cpu", distributed_executor_backend="uni")))
+    assert vllm_args(command(cpu_uni)).distributed_executor_backend == "uni"
 
 
 def test_gpus_per_node(tmp_path, shipped):
