@@ -17,6 +17,7 @@ from cupid.serving.client import Client
 
 SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
 GENERATION_ONLY = {"oracle-preference"}
+SUMMARY_PROMPTS = ("summarizer",)  # the prompts the summary setting adds to a run's, whatever the task
 
 
 def relevant_sessions(instance: Instance) -> list[int]:
@@ -27,17 +28,20 @@ def relevant_sessions(instance: Instance) -> list[int]:
     ]  # fmt: skip
 
 
+def plain_log(instance: Instance, setting: str) -> str:
+    """The log of every setting but summary, which needs no model call to build (the summary setting's is
+    `History.log`'s)."""
+    return prompts.format_interaction_log(instance.sessions(setting))
+
+
 @dataclass(frozen=True)
 class History:
     client: Client
     summarizer: str | None = None
 
-    def plain_log(self, instance: Instance, setting: str) -> str:
-        return prompts.format_interaction_log(instance.sessions(setting))
-
     async def log(self, instance: Instance, setting: str) -> str:
         if setting != "summary":
-            return self.plain_log(instance, setting)
+            return plain_log(instance, setting)
         sessions = instance.sessions(setting)
         outcomes = await asyncio.gather(*(self.summary(s) for s in sessions), return_exceptions=True)
         for outcome in outcomes:  # all finished first: the summaries that worked are cached for the resume

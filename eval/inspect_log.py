@@ -10,7 +10,6 @@ other failure.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -73,13 +72,12 @@ def import_logs(logs: list[str | Path], out: str | Path) -> dict[str, Any]:
         "matcher_prompt": next((m["matcher_prompt"] for _, _, m in runs if m.get("matcher_prompt")), None),
         "candidate_constrained": [t for _, _, m in runs for t in m["candidate_constrained"]],
         "prompts": prompts,
-        "n_invalid_rows": meta["n_invalid_rows"],
+        "n_invalid_rows": len(meta["invalid_rows"]),
         "invalid_rows": meta["invalid_rows"],
         "wall_s": round((finished - started).total_seconds(), 2),
         "inspect_logs": [str(p) for p, _, _ in runs],
     })  # fmt: skip
-    write_atomic(run.path / "summary.json", json.dumps(summary, indent=2))
-    write_atomic(run.path / "summary.md", markdown(summary))
+    run.write_summary(summary)
     return summary
 
 

@@ -26,7 +26,7 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import StageFailed
 from cupid.eval.data import INSTANCE_TYPES, Instance
-from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
+from cupid.eval.history import GENERATION_ONLY, SETTINGS, SUMMARY_PROMPTS, History, plain_log
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import Scoring, StageError, UnitRecord
 from cupid.eval.summary import GROUPS
@@ -137,9 +137,8 @@ def _task(
         "models": {role: e.model for role, e in judges.endpoints.items()},
         "matcher_prompt": matcher_dialect(judges.endpoints["matcher"]) if "matcher" in judges.endpoints else None,
         "candidate_constrained": [spec.name] if answer_format else [],
-        "prompts": prompts.versions(*spec.prompts, *(["summarizer"] if setting == "summary" else [])),
+        "prompts": prompts.versions(*spec.prompts, *(SUMMARY_PROMPTS if setting == "summary" else ())),
         "n_instances": len(dataset.instances),
-        "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],
     }
     instances = {i.key: i for i in dataset.instances}
@@ -154,7 +153,7 @@ def _task(
 
 
 def _sample(spec: TaskSpec, instance: Instance, setting: str) -> Sample:
-    log = "" if setting in GENERATION_ONLY or setting == "summary" else prompts.format_interaction_log(instance.sessions(setting))
+    log = "" if setting == "summary" else plain_log(instance, setting)  # the summary setting's: the solver's, from its summaries
     unit = {"key": instance.key, "persona_id": instance.persona_id, "instance_type": instance.instance_type, "setting": setting}
     return Sample(id=instance.key, input=_messages(spec.messages(log, instance, setting)), metadata=unit)
 
@@ -297,7 +296,7 @@ def cupid_figures() -> Metric:
             for group in GROUPS:
                 chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
                 block = {k: v for k, v in TASKS[name].block(chosen).items() if k not in ("n_failed", "failed_by_stage")}
-                out.update({k.lstrip("/"): v for k, v in figures("" if group == "all" else group, block).items()})
+                out.update(figures(None if group == "all" else group, block))
         return out
 
     return compute

@@ -3,6 +3,7 @@
   run.json          what makes the run; a rerun into the directory must be the same run
   instances.jsonl   one line per record: an evaluation's unit records (appended as units finish, so a
                     crash can tear the last line), a synthesis run's CUPID rows (rewritten whole)
+  summary.json/.md  an evaluation's figures (`eval.summary`), written whole once its records are in
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import IO, Any
 
 from cupid.eval.files import write_atomic
 from cupid.eval.records import UnitRecord, parse_line
+from cupid.eval.summary import markdown
 from cupid.serving.config import ConfigError
 
 
@@ -46,6 +48,11 @@ class RunDir:
             if diff:
                 raise ConfigError(f"{self.path} holds another {what} (differs in {diff}); choose another --out")
         write_atomic(self.run_file, json.dumps(merged, indent=2))
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """An evaluation's summary, as data and as the tables people read (each replaced whole)."""
+        write_atomic(self.path / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(self.path / "summary.md", markdown(summary))
 
     def read(self) -> list[UnitRecord]:
         """The latest record of each unit, in order of first appearance, from a directory that must be a

@@ -19,8 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cupid.eval import data as cupid_data
 from cupid.eval.chain import Roles
-from cupid.eval.files import DiskFull, disk_full, hold, write_atomic
-from cupid.eval.history import GENERATION_ONLY, History
+from cupid.eval.files import DiskFull, disk_full, hold
+from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History
 from cupid.eval.servers import Brought, bring, profile_fingerprints, servers_for
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
@@ -41,7 +41,6 @@ from cupid.serving.offline import open_client
 
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
 Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
-SUMMARY_PROMPTS = ("summarizer",)  # the summary setting's, whatever the task
 
 
 class RunConfig(BaseModel):
@@ -305,8 +304,7 @@ async def _run(
     plan = {TASKS[task]: cfg.units_of(task) for task in cfg.tasks}
     summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
     if out is not None:
-        write_atomic(out.path / "summary.json", json.dumps(summary, indent=2))
-        write_atomic(out.path / "summary.md", markdown(summary))
+        out.write_summary(summary)
     return RunResult(records, summary, out.path if out is not None else None)
 
 

@@ -15,7 +15,7 @@ from cupid.eval import generation, inference, summary
 from cupid.eval.chain import StageFailed
 from cupid.eval.data import Instance
 from cupid.eval.generation import GenerationScorer
-from cupid.eval.history import History, relevant_sessions
+from cupid.eval.history import History, plain_log, relevant_sessions
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring, UnitRecord
 from cupid.eval.stats import Interval
@@ -104,7 +104,7 @@ class Task:
 
     def plain_request(self, instance: Instance, setting: str) -> ChatRequest:
         """The candidate's request where no model call is needed to build it (every setting but summary)."""
-        return self._request(self.history.plain_log(instance, setting), instance, setting)
+        return self._request(plain_log(instance, setting), instance, setting)
 
     async def candidate_request(self, instance: Instance, setting: str) -> ChatRequest:
         log = "" if setting == "oracle-preference" else await self.history.log(instance, setting)

@@ -86,17 +86,18 @@ def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
-def figures(prefix: str, block: dict[str, Any]) -> dict[str, float]:
+def figures(prefix: str | None, block: dict[str, Any]) -> dict[str, float]:
     """A task block's figures named `<prefix>/<figure>` (`micro_f1`, `mean_score`, `n_failed/<stage>`): the
-    tracker's names, and inspect's (`cupid.eval.inspect_tasks`) without the prefix."""
+    tracker's names, and inspect's (`cupid.eval.inspect_tasks`), whose overall figures have no prefix."""
+    at = f"{prefix}/" if prefix else ""
     out: dict[str, float] = {}
     for name, value in block.items():
         if name == "failed_by_stage":
-            out.update({f"{prefix}/n_failed/{stage}": n for stage, n in value.items()})
+            out.update({f"{at}n_failed/{stage}": n for stage, n in value.items()})
         elif isinstance(value, dict) and name != "by_type":  # micro/macro: {precision, recall, f1}
-            out.update({f"{prefix}/{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
+            out.update({f"{at}{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[f"{prefix}/{name}"] = value
+            out[f"{at}{name}"] = value
     return out
 
 
