@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cupid.serving import profiles
-from cupid.serving.config import ConfigError, validate
+from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import Endpoint
 from cupid.serving.fleet import AdapterOnServer, Fleet, ServedModel, Server, by_address, endpoint_for, fingerprint
 from cupid.serving.placement import Placement, place
@@ -68,7 +68,7 @@ def judge_profiles(serve: dict[str, dict], directory: str | Path = profiles.DEFA
             where = f"serve.{name}"
             if clash := sorted({"name", "model", "served_name"} & overrides.keys()):
                 raise ConfigError(f"{where}.{clash[0]}: a judge keeps its profile's model; write another profile for another model")
-            profile = validate(Profile, {**profile.model_dump(exclude_unset=True), **overrides}, where)
+            profile = profiles.override(profile, overrides, where)
         out.append(profile)
     return out
 

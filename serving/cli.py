@@ -62,11 +62,9 @@ def _profiles(
         if fields["engine"] == "vllm":
             fields["device"] = vllm_build() or "cuda"  # the build installed here decides
         chosen = [validate(Profile, fields, "--model/--name")]
-    out = []
-    for p in chosen:
-        data = {**p.model_dump(exclude_unset=True), **overrides, "name": p.name}
-        out.append(validate(Profile, data, f"profile '{p.name}' with the command-line options"))
-    return out
+    if (fraction := overrides.pop("gpu_memory_utilization", None)) is not None:
+        overrides["vllm"] = {"gpu_memory_utilization": fraction}
+    return [profiles.override(p, overrides, f"profile '{p.name}' with the command-line options") for p in chosen]
 
 
 ProfileOpt = typer.Option(None, "--profile", "-p", help="serve profile name (configs/serve/NAME.yaml) or YAML path; repeatable")

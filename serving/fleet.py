@@ -58,19 +58,18 @@ class ServedModel(BaseModel):
         the request cache never answers for a model that changed under the same name."""
         where = f"candidate '{self.name}'"
         base = profiles.load(self.profile, directory).model_dump(exclude_unset=True) if self.profile else {}
-        # A profile's GPU fraction is tuned for its own sharing; a candidate's comes from the plan (or `serve:`).
-        inherited = ("name", "lora_adapters", "max_lora_rank", "runtime_lora_rank", "served_name", "gpu_memory_utilization")
-        fields = {k: v for k, v in base.items() if k not in inherited}
+        # The profile's adapters are its own; its GPU fraction is tuned for its own sharing, and a candidate's
+        # comes from the plan (or `serve:`).
+        fields = {k: v for k, v in base.items() if k not in ("name", "lora_adapters", "runtime_lora_rank", "served_name")}
+        args = {k: v for k, v in base.get("vllm", {}).items() if k not in ("max_lora_rank", "gpu_memory_utilization")}
         fields.update(self.serve)
+        fields["vllm"] = {**args, **(self.serve.get("vllm") or {})}
         if self.model:
             fields["model"] = self.model
         served = f"{self.name}@{fingerprint(fields['model'], self.adapter)}"
         if self.adapter:
-            fields.update(
-                served_name=f"{self.name}-base",
-                lora_adapters={served: self.adapter},
-                max_lora_rank=fields.get("max_lora_rank") or _rank_for(self.adapter),
-            )
+            fields.update(served_name=f"{self.name}-base", lora_adapters={served: self.adapter})
+            fields["vllm"].setdefault("max_lora_rank", _rank_for(self.adapter))
         else:
             fields["served_name"] = served
         fields.setdefault("port", 8100)
@@ -110,7 +109,7 @@ def _rank_for(adapter: str) -> int:
 
 def fingerprint(*paths: str | None) -> str:
     """Eight hex digits that change when any file of the given local directories changes (name, size, mtime);
-    a Hub id counts as itself (pin a revision in the profile's engine_args for a moving one)."""
+    a Hub id counts as itself (pin a revision in the profile's `vllm: {revision: ...}` for a moving one)."""
     digest = hashlib.sha256()
     for path in filter(None, paths):
         local = Path(path).expanduser()

@@ -105,11 +105,10 @@ def place(judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], fir
     slots: list[list[Placed]] = [[] for _ in groups] or [[]]
     for i, profile in enumerate(candidates):
         slot = i % len(slots)
-        update: dict = {"port": first_port + slot}
         if profile.on_gpu and shared:
-            update["gpu_memory_utilization"] = round(min(profile.gpu_memory_utilization, SHARED_CEILING - judges_share), 2)
+            profile = profile.with_args(gpu_memory_utilization=round(min(profile.gpu_memory_utilization, SHARED_CEILING - judges_share), 2))
         gpu_ids = groups[slot][: profile.gpus_per_node] if groups else ()
-        slots[slot].append(Placed(profile.model_copy(update=update), gpu_ids))
+        slots[slot].append(Placed(profile.model_copy(update={"port": first_port + slot}), gpu_ids))
 
     problems += _memory_problems(placed_judges, slots, gpus, shared)
     return Placement(placed_judges, [s for s in slots if s], gpus, problems)

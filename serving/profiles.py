@@ -1,31 +1,38 @@
 """Serve profiles (`configs/serve/NAME.yaml`): how one model is served, and plans for several on one GPU.
 
-A profile is the one place that says how a model is loaded: `cupid serve up --profile NAME` turns it
-into a `vllm serve` command line, and the offline executor (`serving.offline`) turns the same fields
-into `vllm.LLM(...)` arguments, so a served run and an offline run load the model the same way.
+A profile is the one place that says how a model is loaded. Its `vllm:` mapping holds vLLM's own
+arguments under vLLM's own names, checked by vLLM's parser when the profile loads: `cupid serve up
+--profile NAME` turns it into `vllm serve` flags, and the offline executor (`serving.offline`) into
+`vllm.LLM(...)` arguments, so a served run and an offline run load the model the same way. The fields
+beside it are what vLLM has no argument for (where the server listens, its adapters, the environment).
 
 Several vLLM servers share a GPU by each taking a fraction of its memory (`gpu_memory_utilization`
 is a fraction of the whole GPU, weights and KV cache included); a plan refuses fractions that add up
 to more than the GPU, counting the vLLM servers already running.
 
-Scale-out is vLLM's own, asked for by profile fields that become its flags: tensor and pipeline
-parallelism split one copy of a model over GPUs (the largest model that fits), data parallelism runs
-several copies behind one API server that balances requests between them (requests/s), across nodes
-with a head and headless worker nodes; one copy larger than a node runs on a Ray cluster
-(`distributed_executor_backend: ray`) or over `nnodes` with vLLM's own multiprocessing.
+Scale-out is vLLM's own, asked for in `vllm:`: tensor and pipeline parallelism split one copy of a
+model over GPUs (the largest model that fits), data parallelism runs several copies behind one API
+server that balances requests between them (requests/s), across nodes with a head and headless worker
+nodes; one copy larger than a node runs on a Ray cluster (`distributed_executor_backend: ray`) or over
+`nnodes` with vLLM's own multiprocessing.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+from functools import cache
+from importlib import metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving.config import ConfigError, locate, read_yaml, validate
@@ -40,34 +47,23 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.
 RUNTIME_OVERHEAD_GIB = 1.5
 
-# vLLM's parallelism, in the spelling of its flags (`--data-parallel-size` ...); emitted when not the default.
-PARALLEL = (
-    "pipeline_parallel_size", "data_parallel_size", "data_parallel_size_local", "data_parallel_start_rank",
-    "data_parallel_address", "data_parallel_rpc_port", "headless", "nnodes", "node_rank", "master_addr", "master_port",
-    "distributed_executor_backend",
-)  # fmt: skip
 REGEX_COMPILATION_TIMEOUT_S = 120
 
-CPU_ONLY = ("cpu_kvcache_space_gib", "cpu_reserved_cores")  # vLLM's CPU build reads them from the environment
-VLLM_ONLY = (
-    "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed",
-    "api_key_env", "lora_adapters", "max_lora_rank", "runtime_lora_rank", "batch_invariant", "weights_gib", "device", "enforce_eager",
-    *CPU_ONLY, *PARALLEL,
-)  # fmt: skip
-GPU_ONLY = (
-    "gpu_memory_utilization", "tensor_parallel_size", "weights_gib", "batch_invariant",
-    *(k for k in PARALLEL if k != "distributed_executor_backend"),  # `uni` saves the CPU profile a process
-)  # fmt: skip
-
-# Engine arguments a profile sets through its own fields; `engine_args` may not set them again.
-MANAGED = {
-    "model", "served_model_name", "host", "port", "generation_config", "api_key", "dtype", "max_model_len",
-    "gpu_memory_utilization", "tensor_parallel_size", "enable_prefix_caching", "seed", "enable_lora",
-    "lora_modules", "max_lora_rank", "max_loras", "enforce_eager", *PARALLEL,
+# The vLLM arguments this project writes itself, from a profile's own fields (`vllm:` may not set them).
+OWN_ARGS = {
+    "model": "model", "model_tag": "model", "served_model_name": "served_name", "host": "host", "port": "port",
+    "api_key": "api_key_env", "lora_modules": "lora_adapters", "enable_lora": "lora_adapters",
+    "max_loras": "lora_adapters", "generation_config": "(always `vllm`: requests carry their own sampling)",
 }  # fmt: skip
 
 
 class Profile(BaseModel):
+    """One server: this project's fields, and `vllm:`, the engine's arguments in vLLM's own names.
+
+    `vllm:` becomes the `vllm serve` flags and the `vllm.LLM(...)` arguments as written; vLLM's own parser
+    checks it when the profile is loaded (where vLLM is installed). The fields beside it are what vLLM has
+    no argument for: where and how this project starts the server, and the environment vLLM reads."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="", description="the profile's name: its file name without .yaml")
@@ -77,35 +73,15 @@ class Profile(BaseModel):
     served_name: str | None = Field(default=None, description="the `model` of requests; default: `model`")
     host: str = "127.0.0.1"
     port: int = Field(ge=1, le=65535)
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    max_model_len: int | None = Field(default=None, ge=16)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="fraction of the whole GPU")
-    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one copy of the model is split over")
-    pipeline_parallel_size: int = Field(default=1, ge=1, description="stages of layers one copy is cut into")
-    data_parallel_size: int = Field(default=1, ge=1, description="copies of the model behind one API server")
-    data_parallel_size_local: int | None = Field(default=None, ge=1, description="the copies on this node (multi-node)")
-    data_parallel_start_rank: int | None = Field(default=None, ge=1, description="a headless node's first copy")
-    data_parallel_address: str | None = Field(default=None, min_length=1, description="the head node's address")
-    data_parallel_rpc_port: int | None = Field(default=None, ge=1, le=65535, description="the head's RPC port")
-    headless: bool = Field(default=False, description="a worker node: engines only, no API server")
-    nnodes: int = Field(default=1, ge=1, description="nodes one copy spans, without Ray")
-    node_rank: int = Field(default=0, ge=0, description="this node's index among nnodes")
-    master_addr: str | None = Field(default=None, min_length=1, description="node 0's address (nnodes > 1)")
-    master_port: int | None = Field(default=None, ge=1, le=65535, description="node 0's port (nnodes > 1)")
-    distributed_executor_backend: Literal["mp", "ray", "uni"] | None = Field(
-        default=None, description="mp: processes on this node; ray: a Ray cluster; uni: inside the engine process"
-    )
-    enable_prefix_caching: bool = True
-    seed: int = 0
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
-    lora_adapters: dict[str, str] = Field(default_factory=dict, description="adapter name -> local path or Hub id")
-    max_lora_rank: int | None = Field(default=None, description="at least the largest adapter rank")
+    lora_adapters: dict[str, str] = Field(
+        default_factory=dict, description="adapter name -> local path or Hub id (with vllm.max_lora_rank)"
+    )
     runtime_lora_rank: int | None = Field(
         default=None, description="also load LoRA adapters up to this rank while running (a night's LoRA candidates on this base)"
     )
     batch_invariant: bool = Field(default=False, description="VLLM_BATCH_INVARIANT=1: bit-reproducible batches")
     weights_gib: float | None = Field(default=None, gt=0, description="weights on the GPU, for the plan's check")
-    enforce_eager: bool = Field(default=False, description="no torch.compile / CUDA graphs: faster start, slower decode")
     cpu_kvcache_space_gib: int | None = Field(
         default=None, ge=1, description="device cpu: KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's default otherwise"
     )
@@ -113,85 +89,117 @@ class Profile(BaseModel):
         default=None, ge=0, description="device cpu: cores kept from the model (VLLM_CPU_NUM_OF_RESERVED_CPU); vLLM keeps one"
     )
     startup_timeout_s: float = Field(default=900.0, gt=0)
-    engine_args: dict[str, Any] = Field(default_factory=dict, description="further engine arguments, as is")
+    vllm: dict[str, Any] = Field(default_factory=dict, description="vLLM's engine and server arguments, in its own names")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _today_form(cls, data: Any) -> Any:
+        """A profile in the form before `vllm:` (vLLM's arguments as top-level fields, `engine_args`) is refused
+        with its new form, which it can be pasted as."""
+        if not isinstance(data, dict):
+            return data
+        moved = {k: v for k, v in data.items() if k not in cls.model_fields}
+        if not moved:
+            return data
+        args = {**dict(data.get("vllm") or {}), **{k: v for k, v in moved.items() if k != "engine_args"}}
+        args.update({k.replace("-", "_"): v for k, v in (moved.get("engine_args") or {}).items()})
+        kept = {k: v for k, v in data.items() if k in cls.model_fields and k not in ("name", "vllm")}
+        new = yaml.safe_dump({**kept, "vllm": args}, sort_keys=False).strip().replace("\n", "\n    ")
+        raise ValueError(
+            f"{', '.join(moved)}: vLLM's arguments go under `vllm:`, in vLLM's own names; this profile in that form:\n    {new}"
+        )
 
     @model_validator(mode="after")
     def _consistent(self) -> "Profile":
-        if self.engine == "transformers":
-            vllm_only = sorted(set(VLLM_ONLY) & self.model_fields_set)
-            if vllm_only:
-                raise ValueError(f"{', '.join(vllm_only)}: vllm engine only (this profile uses the transformers engine)")
-        if self.device == "cpu":
-            gpu_only = sorted(set(GPU_ONLY) & self.model_fields_set)
-            if gpu_only:
-                raise ValueError(f"{', '.join(gpu_only)}: GPU only (this profile runs on device cpu)")
-        elif cpu_only := [k for k in CPU_ONLY if getattr(self, k) is not None]:
+        if self.engine == "transformers" and (self.vllm or self.runtime_lora_rank or self.lora_adapters):
+            raise ValueError("vllm, lora_adapters, runtime_lora_rank: vllm engine only (this profile uses the transformers engine)")
+        if self.device != "cpu" and (cpu_only := [k for k in ("cpu_kvcache_space_gib", "cpu_reserved_cores") if getattr(self, k) is not None]):
             raise ValueError(f"{', '.join(cpu_only)}: device cpu only (this profile runs on device cuda)")
-        if self.lora_adapters and self.max_lora_rank is None:
-            raise ValueError("lora_adapters need max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)")
-        if self.max_lora_rank is not None and self.max_lora_rank not in LORA_RANKS:
-            raise ValueError(f"max_lora_rank {self.max_lora_rank} is not one vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
-        if self.max_lora_rank is not None and not self.lora_adapters:
-            raise ValueError("max_lora_rank is set but there are no lora_adapters")
-        if self.runtime_lora_rank is not None and self.runtime_lora_rank not in LORA_RANKS:
-            raise ValueError(f"runtime_lora_rank {self.runtime_lora_rank} is not one vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
-        clashes = sorted(k for k in self.engine_args if k.replace("-", "_") in MANAGED)
-        if clashes:
-            raise ValueError(f"engine_args may not set {', '.join(clashes)}: use the profile's own field")
-        if problem := self._parallel_problem():
+        if self.device == "cpu" and self.batch_invariant:
+            raise ValueError("batch_invariant: GPU only (this profile runs on device cpu)")
+        if own := sorted(set(self.vllm) & OWN_ARGS.keys()):
+            raise ValueError(f"vllm.{own[0]}: set by the profile's field {OWN_ARGS[own[0]]}")
+        if self.lora_adapters and self.arg("max_lora_rank") is None:
+            raise ValueError("lora_adapters need vllm.max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)")
+        if self.arg("max_lora_rank") is not None and not self.lora_adapters:
+            raise ValueError("vllm.max_lora_rank is set but there are no lora_adapters (runtime_lora_rank sets the rank of those loaded later)")
+        if problem := self._cluster_problem():
             raise ValueError(problem)
+        check_vllm_args(vllm_args(self))
         return self
 
-    def _parallel_problem(self) -> str | None:
-        """What vLLM would refuse, or start in a shape this project does not run, in the parallelism fields.
+    def arg(self, name: str, default: Any = None) -> Any:
+        """One of vLLM's arguments as this profile gives it (`default`, vLLM's, where it does not)."""
+        return self.vllm.get(name, default)
 
+    def with_args(self, **args: Any) -> "Profile":
+        """This profile with some of vLLM's arguments set otherwise (a plan's memory fraction, a test's model)."""
+        return self.model_copy(update={"vllm": {**self.vllm, **args}})
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return self.arg("gpu_memory_utilization", 0.9)  # vLLM's default
+
+    @property
+    def width(self) -> int:
+        """GPUs one copy of the model takes: tensor x pipeline parallel."""
+        return self.arg("tensor_parallel_size", 1) * self.arg("pipeline_parallel_size", 1)
+
+    @property
+    def scaled_out(self) -> bool:
+        """Data parallel or spread over nodes: only a server runs it (`vllm.LLM` runs one copy here)."""
+        return self.arg("data_parallel_size", 1) > 1 or self.arg("headless", False) or self.arg("nnodes", 1) > 1
+
+    def _cluster_problem(self) -> str | None:
+        """The cluster shapes this project refuses, before a start that would fail or hang for minutes.
+
+        Everything else about parallelism is vLLM's to check (its parser at load, its engine config at start).
         One way per shape: data parallel across nodes is a head (`data_parallel_size_local` of the copies,
         the API server) and headless nodes (`data_parallel_start_rank`); `nnodes` spreads one copy (tensor x
-        pipeline parallel) over nodes. vLLM's other spellings are refused here: a start rank without
-        `headless` turns on its hybrid balancing (an API server per node, balanced by something else), and
-        `nnodes` with data parallel infers the ranks the fields here state."""
-        dp, local, start = self.data_parallel_size, self.data_parallel_size_local, self.data_parallel_start_rank
-        width = self.tensor_parallel_size * self.pipeline_parallel_size
+        pipeline parallel) over nodes."""
+        a = self.arg
+        dp, local, start, headless = a("data_parallel_size", 1), a("data_parallel_size_local"), a("data_parallel_start_rank"), a("headless", False)
+        nnodes, node_rank = a("nnodes", 1), a("node_rank", 0)
         multi_dp = local is not None and local < dp
-        if local is not None and local > dp:
-            return f"data_parallel_size_local {local} is more than data_parallel_size {dp}"
-        if multi_dp and self.data_parallel_address is None:
+        # vLLM's head waits for engines that never come when the other nodes cannot find it.
+        if multi_dp and a("data_parallel_address") is None:
             return (f"data_parallel_size_local {local} of data_parallel_size {dp} puts the other copies on other nodes: "
                     "set data_parallel_address to the head node's address (the same on every node)")
         for name in ("data_parallel_address", "data_parallel_rpc_port", "data_parallel_start_rank"):
-            if getattr(self, name) is not None and not multi_dp:
+            if a(name) is not None and not multi_dp:
                 return f"{name}: only for data parallel across nodes (data_parallel_size_local below data_parallel_size)"
-        if start is not None and not self.headless:
+        # vLLM's hybrid balancing (a start rank without --headless): an API server per node that nothing here balances.
+        if start is not None and not headless:
             return ("data_parallel_start_rank is for a headless node (set headless: true); without it vLLM runs an "
                     "API server per node that something else must balance")
         if start is not None and start + local > dp:
             return f"data_parallel_start_rank {start} + data_parallel_size_local {local} is more than data_parallel_size {dp}"
-        if self.nnodes > 1:
+        if nnodes > 1:
+            # vLLM infers data parallel ranks from nnodes; this project states them (the fields above).
             if dp > 1:
                 return ("nnodes spreads one copy of the model over nodes; for data parallel across nodes use "
                         "data_parallel_size_local, data_parallel_start_rank and data_parallel_address")
-            if self.distributed_executor_backend in ("ray", "uni"):
+            if a("distributed_executor_backend") in ("ray", "uni"):
                 return (f"nnodes is vLLM's multiprocessing across nodes, not distributed_executor_backend "
-                        f"{self.distributed_executor_backend} (Ray places a copy over its cluster by itself)")
-            if width % self.nnodes:
-                return f"tensor_parallel_size x pipeline_parallel_size ({width}) does not split evenly over nnodes {self.nnodes}"
-            if self.master_addr is None:
+                        f"{a('distributed_executor_backend')} (Ray places a copy over its cluster by itself)")
+            # The ranks wait for each other until vLLM's timeout when these do not add up.
+            if self.width % nnodes:
+                return f"tensor_parallel_size x pipeline_parallel_size ({self.width}) does not split evenly over nnodes {nnodes}"
+            if a("master_addr") is None:
                 return "nnodes > 1 needs master_addr, node 0's address (the same on every node)"
-            if self.node_rank >= self.nnodes:
-                return f"node_rank {self.node_rank} is not below nnodes {self.nnodes}"
-            if (self.node_rank > 0) != self.headless:
-                return (f"node_rank {self.node_rank}: node 0 runs the API server, every other node is headless "
-                        f"(headless: {str(self.node_rank > 0).lower()})")
+            if node_rank >= nnodes:
+                return f"node_rank {node_rank} is not below nnodes {nnodes}"
+            if (node_rank > 0) != headless:
+                return (f"node_rank {node_rank}: node 0 runs the API server, every other node is headless "
+                        f"(headless: {str(node_rank > 0).lower()})")
         else:
             for name in ("node_rank", "master_addr", "master_port"):
-                if getattr(self, name) != Profile.model_fields[name].default:
+                if a(name) is not None:
                     return f"{name}: only with nnodes > 1"
-            if self.headless and start is None:
+            # A headless node with nothing to join starts engines and waits for a head forever.
+            if headless and start is None:
                 return ("headless: a worker node needs data_parallel_size_local, data_parallel_start_rank and "
                         "data_parallel_address (data parallel across nodes), or nnodes > 1 (one copy over nodes)")
-        if self.distributed_executor_backend == "uni" and width > 1:
-            return (f"distributed_executor_backend uni runs one worker: tensor_parallel_size x pipeline_parallel_size "
-                    f"is {width}; use mp (one node) or ray (a cluster)")
         return None
 
     @property
@@ -209,8 +217,8 @@ class Profile(BaseModel):
         whole server's: Ray, not this node, finds them (plans do not hold it against this node's GPUs)."""
         if not self.on_gpu:
             return 0
-        copies = self.data_parallel_size_local or self.data_parallel_size
-        return self.tensor_parallel_size * self.pipeline_parallel_size * copies // self.nnodes
+        copies = self.arg("data_parallel_size_local") or self.arg("data_parallel_size", 1)
+        return self.width * copies // self.arg("nnodes", 1)
 
     def adapter_paths(self) -> dict[str, str]:
         """Adapter paths as the server must see them: local ones absolute (servers run in their own directory)."""
@@ -228,13 +236,13 @@ class Profile(BaseModel):
             host=self.host,
             port=self.port,
             startup_timeout_s=self.startup_timeout_s,
-            extra_args=engine_args(self),
+            extra_args=vllm_args(self) if self.engine == "vllm" else [],
             env=engine_env(self),
             api_key_env=self.api_key_env,
             served_models=list(self.lora_adapters),
             gpu_memory_utilization=self.gpu_memory_utilization if self.on_gpu else None,
             device=self.device,
-            headless=self.headless,
+            headless=self.arg("headless", False),
         )
         fields.update(overrides)
         return ServeSpec(**fields)
@@ -253,10 +261,10 @@ class Profile(BaseModel):
                     f"{where}: LoRA adapter '{name}' not found at {local} (no adapter_config.json); "
                     "train it first (`make train`) or fix lora_adapters"
                 )
-            rank = json.loads((local / "adapter_config.json").read_text()).get("r")
-            if isinstance(rank, int) and self.max_lora_rank is not None and rank > self.max_lora_rank:
+            rank, limit = json.loads((local / "adapter_config.json").read_text()).get("r"), self.arg("max_lora_rank")
+            if isinstance(rank, int) and limit is not None and rank > limit:
                 raise ServeError(
-                    f"{where}: LoRA adapter '{name}' has rank {rank}, above max_lora_rank {self.max_lora_rank}: "
+                    f"{where}: LoRA adapter '{name}' has rank {rank}, above vllm.max_lora_rank {limit}: "
                     f"set max_lora_rank to {min(r for r in LORA_RANKS if r >= rank)}"
                 )
 
@@ -286,32 +294,75 @@ def flag(key: str, value: Any) -> list[str]:
     return [option, str(value)]
 
 
-def engine_args(profile: Profile) -> list[str]:
-    """The engine arguments after the engine's own (model, served name, host, port, generation config)."""
-    args: list[str] = []
-    if profile.engine == "vllm":
-        args += ["--dtype", profile.dtype]
-        if profile.on_gpu:
-            args += ["--gpu-memory-utilization", f"{profile.gpu_memory_utilization:g}"]
-            args += ["--tensor-parallel-size", str(profile.tensor_parallel_size)]
-        for key in PARALLEL:
-            value = getattr(profile, key)
-            if value != Profile.model_fields[key].default:
-                args += flag(key, value)
-        args += flag("max_model_len", profile.max_model_len)
-        args += flag("enforce_eager", profile.enforce_eager or None)
-        args += flag("enable_prefix_caching", profile.enable_prefix_caching)
-        args += ["--seed", str(profile.seed)]
-        if profile.lora_adapters or profile.runtime_lora_rank:
-            # One adapter slot more for those loaded while it runs (vLLM's default is one slot in all).
-            rank = max(r for r in (profile.max_lora_rank, profile.runtime_lora_rank) if r is not None)
-            args += ["--enable-lora", "--max-lora-rank", str(rank)]
-            args += ["--max-loras", str(len(profile.lora_adapters) + bool(profile.runtime_lora_rank))]
-        if profile.lora_adapters:
-            args += ["--lora-modules", *(f"{name}={path}" for name, path in profile.adapter_paths().items())]
-    for key, value in profile.engine_args.items():
-        args += flag(key, value)
+def vllm_args(profile: Profile) -> list[str]:
+    """The engine's arguments after those the engine module writes (model, served name, host, port, generation
+    config): the profile's `vllm:` mapping as written, then what its adapters ask for."""
+    mapping = dict(profile.vllm)
+    if profile.lora_adapters or profile.runtime_lora_rank:
+        # The larger rank holds both; one adapter slot more for those loaded while it runs (vLLM's default: one).
+        rank = max(r for r in (profile.arg("max_lora_rank"), profile.runtime_lora_rank) if r is not None)
+        slots = len(profile.lora_adapters) + bool(profile.runtime_lora_rank)
+        mapping.update(enable_lora=True, max_lora_rank=rank, max_loras=slots)
+    args = [part for key, value in mapping.items() for part in flag(key, value)]
+    if profile.lora_adapters:
+        args += ["--lora-modules", *(f"{name}={path}" for name, path in profile.adapter_paths().items())]
     return args
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cupid" / "vllm-args"
+
+
+def _vllm_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+@cache
+def _vllm_parser() -> Any:
+    """`vllm serve`'s own parser (make_arg_parser: its frontend and engine arguments), raising instead of exiting."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+    def error(message: str):
+        raise ValueError(message)
+
+    parser.error = error
+    return parser
+
+
+def check_vllm_args(args: list[str]) -> None:
+    """vLLM's parser reads these flags as `vllm serve` would: an unknown name is refused with vLLM's closest
+    one, a value of the wrong type or outside its choices with vLLM's message. Without vLLM installed nothing
+    is checked here (the server is started elsewhere). Importing vLLM's parser takes ~10 s of a core, so a
+    mapping that passed is remembered per vLLM release (`~/.cache/cupid/vllm-args/`)."""
+    version = _vllm_version()
+    if version is None or not args:
+        return
+    digest = hashlib.sha256(json.dumps([version, args]).encode()).hexdigest()[:32]
+    marker = _cache_dir() / digest
+    if marker.exists():
+        return
+    parser = _vllm_parser()
+    options = {option: action.dest for action in parser._actions for option in action.option_strings}
+    for part in args:
+        if part.startswith("--") and part not in options:
+            key = part[2:].replace("-", "_")
+            close = difflib.get_close_matches(key, {d for d in options.values()}, n=1)
+            hint = f" (vLLM's closest: {close[0]})" if close else ""
+            raise ValueError(f"vllm.{key}: not an argument of {version}{hint}")
+    try:
+        parser.parse_args(args)
+    except ValueError as e:
+        raise ValueError(f"vllm: {version} refuses it: {e}".replace("argument --", "--")) from None
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(args) + "\n")
 
 
 def engine_env(profile: Profile) -> dict[str, str]:
@@ -330,7 +381,7 @@ def engine_env(profile: Profile) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kvcache_space_gib)
     if profile.cpu_reserved_cores is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(profile.cpu_reserved_cores)
-    if profile.engine == "vllm" and profile.device == "cpu" and profile.distributed_executor_backend == "uni":
+    if profile.engine == "vllm" and profile.device == "cpu" and profile.arg("distributed_executor_backend") == "uni":
         # The model inside the engine process, as `uni` says: vLLM's CPU build swaps `uni` for its multiprocessing
         # executor (a worker process of its own) unless V1 multiprocessing is off, which its API server ignores for
         # the engine process and `vllm.LLM` honours (no process at all). Each spawned process imports vLLM afresh,
@@ -344,30 +395,28 @@ def engine_env(profile: Profile) -> dict[str, str]:
 
 
 def llm_kwargs(profile: Profile) -> dict[str, Any]:
-    """The same profile as keyword arguments of `vllm.LLM` (the offline executor).
+    """The same profile as keyword arguments of `vllm.LLM` (the offline executor): the `vllm:` mapping's engine
+    arguments (those of vLLM's `EngineArgs`; the server's own, like `headless`, are left out), the adapters'.
 
-    Data parallel and multi-node fields are a server's: `vllm.LLM` runs one copy in this process (it refuses
-    data_parallel_size > 1 for a dense model), so they are left out; `for_model` does not pick such profiles."""
-    kwargs: dict[str, Any] = {
-        "model": profile.model_path(),
-        "dtype": profile.dtype,
-        "enable_prefix_caching": profile.enable_prefix_caching,
-        "seed": profile.seed,
-        "generation_config": "vllm",
-        "enforce_eager": profile.enforce_eager,
-    }
-    if profile.on_gpu:
-        kwargs.update(gpu_memory_utilization=profile.gpu_memory_utilization, tensor_parallel_size=profile.tensor_parallel_size)
-        if profile.pipeline_parallel_size > 1:
-            kwargs["pipeline_parallel_size"] = profile.pipeline_parallel_size
-    if profile.distributed_executor_backend is not None:
-        kwargs["distributed_executor_backend"] = profile.distributed_executor_backend
-    if profile.max_model_len is not None:
-        kwargs["max_model_len"] = profile.max_model_len
+    `for_model` never picks a scaled-out profile: `vllm.LLM` runs one copy in this process."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    engine = {f.name for f in fields(EngineArgs)}
+    kwargs: dict[str, Any] = {"model": profile.model_path(), "generation_config": "vllm"}
+    kwargs.update({k: v for k, v in profile.vllm.items() if k in engine})
     if profile.lora_adapters:
-        kwargs.update(enable_lora=True, max_lora_rank=profile.max_lora_rank, max_loras=len(profile.lora_adapters))
-    kwargs.update({k.replace("-", "_"): v for k, v in profile.engine_args.items()})
+        kwargs.update(enable_lora=True, max_loras=len(profile.lora_adapters))
     return kwargs
+
+
+def override(profile: Profile, fields: dict[str, Any], where: str) -> Profile:
+    """`profile` with `fields` over it, `vllm:` merged argument by argument (a run's `serve:`, the CLI's options)."""
+    data = {**profile.model_dump(exclude_unset=True), **fields, "name": profile.name}
+    if isinstance(fields.get("vllm"), dict):
+        data["vllm"] = {**profile.vllm, **fields["vllm"]}
+    return validate(Profile, data, where)
 
 
 def load(name_or_path: str, directory: str | Path = DEFAULT_DIR) -> Profile:
@@ -397,7 +446,7 @@ def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile,
     A model no profile names is loaded as a plain Hub id or directory with the profile defaults. Profiles only
     a server runs (data parallel, or spread over nodes) are passed over: `vllm.LLM` runs one copy here."""
     for profile in load_all(directory).values() if locate(directory).is_dir() else []:
-        if profile.engine != "vllm" or profile.data_parallel_size > 1 or profile.headless or profile.nnodes > 1:
+        if profile.engine != "vllm" or profile.scaled_out:
             continue
         if profile.served == model:
             return profile, None
@@ -443,10 +492,10 @@ def gpus() -> list[Gpu]:
 
 def _shape(p: Profile) -> str:
     """How a profile's GPUs on one node come about, e.g. `tensor_parallel_size 2 x data_parallel_size 8`."""
-    dp = ("data_parallel_size_local", p.data_parallel_size_local) if p.data_parallel_size_local else ("data_parallel_size", p.data_parallel_size)
-    factors = [("tensor_parallel_size", p.tensor_parallel_size), ("pipeline_parallel_size", p.pipeline_parallel_size), dp]
+    dp = "data_parallel_size_local" if p.arg("data_parallel_size_local") else "data_parallel_size"
+    factors = [(k, p.arg(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size", dp)]
     text = " x ".join(f"{k} {v}" for k, v in factors if v > 1) or "tensor_parallel_size 1"
-    return text + (f" / nnodes {p.nnodes}" if p.nnodes > 1 else "")
+    return text + (f" / nnodes {p.arg('nnodes')}" if p.arg("nnodes", 1) > 1 else "")
 
 
 @dataclass
@@ -489,13 +538,13 @@ class Plan:
             for p in self.profiles:
                 if not p.on_gpu:
                     continue
-                if p.gpus_per_node > len(self.gpus) and p.distributed_executor_backend != "ray":
+                if p.gpus_per_node > len(self.gpus) and p.arg("distributed_executor_backend") != "ray":
                     out.append(f"'{p.name}': {p.gpus_per_node} GPUs on this node ({_shape(p)}), but {len(self.gpus)} GPU(s) visible")
                     continue
                 if p.weights_gib is None:
                     continue
                 share = p.gpu_memory_utilization * smallest
-                need = p.weights_gib / (p.tensor_parallel_size * p.pipeline_parallel_size) + RUNTIME_OVERHEAD_GIB
+                need = p.weights_gib / p.width + RUNTIME_OVERHEAD_GIB
                 if share < need:
                     out.append(
                         f"'{p.name}': {p.gpu_memory_utilization:g} of {smallest:.1f} GiB is {share:.1f} GiB, less than the "

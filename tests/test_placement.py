@@ -20,7 +20,7 @@ from cupid.serving.profiles import Gpu
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
-JUDGES = {"prefmatcher": {"gpu_memory_utilization": 0.25}, "qwen2.5-7b-instruct": {"gpu_memory_utilization": 0.3}}
+JUDGES = {"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.25}}, "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.3}}}
 
 
 def h100s(n: int) -> list[Gpu]:
@@ -67,19 +67,19 @@ def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
 
 
 def test_tensor_parallel_candidates_get_slots_of_their_width():
-    plan = bring(JUDGES, candidates(4, tensor_parallel_size=2), h100s(8), directory=SERVE_DIR).placement
+    plan = bring(JUDGES, candidates(4, vllm={"tensor_parallel_size": 2}), h100s(8), directory=SERVE_DIR).placement
     assert [slot[0].gpus for slot in plan.slots] == [(1, 2), (3, 4), (5, 6)]  # GPU 7 left: a slot needs two
     assert plan.slots[0][0].env == {"CUDA_VISIBLE_DEVICES": "1,2"}
 
 
 def test_plans_that_cannot_work_are_refused_before_anything_starts():
-    greedy = {"prefmatcher": {"gpu_memory_utilization": 0.5}, "qwen2.5-7b-instruct": {"gpu_memory_utilization": 0.45}}
+    greedy = {"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.5}}, "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.45}}}
     with pytest.raises(ServeError, match="leave it no GPU memory"):
         bring(greedy, candidates(1), h100s(1), directory=SERVE_DIR)
     with pytest.raises(ServeError, match="less than the"):  # 0.4 of a 24 GiB GPU cannot hold 15 GiB of weights
         bring(JUDGES, candidates(1), [Gpu(0, "NVIDIA GeForce RTX 4090", 24564, 0)], directory=SERVE_DIR)
     with pytest.raises(ServeError, match="needs 4 GPU"):
-        bring(JUDGES, candidates(1, tensor_parallel_size=4), h100s(2), directory=SERVE_DIR)
+        bring(JUDGES, candidates(1, vllm={"tensor_parallel_size": 4}), h100s(2), directory=SERVE_DIR)
     with pytest.raises(ServeError, match="no GPU is visible"):
         bring(JUDGES, candidates(1), [], directory=SERVE_DIR)
 
@@ -95,7 +95,7 @@ def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
 
 
 def test_judges_keep_their_model_and_take_field_overrides():
-    [judge] = judge_profiles({"prefmatcher": {"gpu_memory_utilization": 0.3}}, SERVE_DIR)
+    [judge] = judge_profiles({"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.3}}}, SERVE_DIR)
     assert judge.gpu_memory_utilization == 0.3 and judge.model == "kixlab/prefmatcher-7b"
     with pytest.raises(ConfigError, match="serve.prefmatcher.model"):
         judge_profiles({"prefmatcher": {"model": "other/model"}}, SERVE_DIR)
@@ -114,7 +114,7 @@ def test_a_lora_candidate_is_served_on_its_base_and_answers_as_itself(tmp_path):
     served = ServedModel(name="mine", profile="qwen2.5-7b-instruct", adapter=str(adapter(tmp_path / "a", rank=16)), endpoint={"max_tokens": 99})
     profile = served.to_profile(SERVE_DIR)
     [(name, path)] = profile.lora_adapters.items()
-    assert name.startswith("mine@") and path == str(tmp_path / "a") and profile.max_lora_rank == 16
+    assert name.startswith("mine@") and path == str(tmp_path / "a") and profile.arg("max_lora_rank") == 16
     assert profile.model == "Qwen/Qwen2.5-7B-Instruct" and profile.served == "mine-base"
     endpoint = served.to_endpoint(profile.model_copy(update={"port": 8105}))
     assert endpoint.model == name and endpoint.url == "http://127.0.0.1:8105/v1" and endpoint.max_tokens == 99
@@ -126,11 +126,11 @@ def test_a_lora_candidate_on_a_judge_that_loads_adapters_rides_on_the_judges_ser
     `serve:`), a LoRA candidate needs no server: it is asked at the judge's address under its own served name.
     Above that rank, with `serve:` fields of its own, or on a judge without the setting, it is served on its own."""
     small, large = str(adapter(tmp_path / "small", rank=16)), str(adapter(tmp_path / "large", rank=128))
-    judges = {**JUDGES, "qwen2.5-7b-instruct": {"gpu_memory_utilization": 0.3, "runtime_lora_rank": 64}}
+    judges = {**JUDGES, "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.3}, "runtime_lora_rank": 64}}
     cands = [
         ServedModel(name="rider", profile="qwen2.5-7b-instruct", adapter=small, endpoint={"max_tokens": 99}),
         ServedModel(name="big", profile="qwen2.5-7b-instruct", adapter=large),
-        ServedModel(name="tuned", profile="qwen2.5-7b-instruct", adapter=small, serve={"max_model_len": 2048}),
+        ServedModel(name="tuned", profile="qwen2.5-7b-instruct", adapter=small, serve={"vllm": {"max_model_len": 2048}}),
         ServedModel(name="on-pm", profile="prefmatcher", adapter=small),
     ]
     brought = bring(judges, cands, h100s(1), directory=SERVE_DIR)
@@ -167,8 +167,8 @@ def test_bad_candidates_are_refused_with_the_field_named(tmp_path):
         ServedModel(name="x", model="org/m", serve={"port": 9000})
     with pytest.raises(ConfigError, match="adapter_config.json"):
         ServedModel(name="x", profile="tiny", adapter=str(tmp_path / "missing")).to_profile(SERVE_DIR)
-    with pytest.raises(ConfigError, match="candidate 'x'"):
-        ServedModel(name="x", model="org/m", serve={"dtype": "int3"}).to_profile(SERVE_DIR)
+    with pytest.raises(ConfigError, match="(?s)candidate 'x'.*--dtype: invalid choice: 'int3'"):
+        ServedModel(name="x", model="org/m", serve={"vllm": {"dtype": "int3"}}).to_profile(SERVE_DIR)
 
 
 def test_nightly_dry_run_prints_the_plan_for_eight_gpus_and_starts_nothing(tmp_path, cupid_home):

@@ -51,7 +51,7 @@ def test_every_shipped_vllm_profile_builds_its_command(shipped):
         if profile.engine != "vllm":
             continue
         cmd = command(profile)
-        if profile.headless:  # engines only: `vllm serve`, which honours --headless (the api_server module does not)
+        if profile.arg("headless"):  # engines only: `vllm serve`, which honours --headless (the api_server module does not)
             assert cmd[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", profile.model_path()], name
         else:
             assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], name
@@ -106,13 +106,12 @@ def test_runtime_lora_rank_lets_a_server_load_adapters_while_it_runs(tmp_path, s
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in shipped["prefmatcher-lora"].spec().env  # off unless asked for
 
 
-def test_several_adapters_and_engine_args(tmp_path):
+def test_several_adapters_and_any_vllm_argument(tmp_path):
     path = write(
-        tmp_path, "two", model="Qwen/Qwen2.5-7B-Instruct", port=8005, max_lora_rank=32,
+        tmp_path, "two", model="Qwen/Qwen2.5-7B-Instruct", port=8005,
         lora_adapters={"a": "org/adapter-a", "b": str(tmp_path / "b")},
-        engine_args={"max_num_seqs": 128, "enable_chunked_prefill": False,
-                     "compilation_config": {"cudagraph_mode": "PIECEWISE"}},
-        enable_prefix_caching=False, enforce_eager=True,
+        vllm={"max_lora_rank": 32, "max_num_seqs": 128, "enable_chunked_prefill": False,
+              "compilation_config": {"cudagraph_mode": "PIECEWISE"}, "enable_prefix_caching": False, "enforce_eager": True},
     )  # fmt: skip
     cmd = command(profiles.load(str(path)))
     i = cmd.index("--lora-modules")
@@ -158,26 +157,90 @@ def test_vllm_own_parser_accepts_every_shipped_profile(shipped):
     for name, profile in shipped.items():
         args = vllm_args(command(profile))
         assert args.model == profile.model_path() and args.served_model_name == [profile.served], name
-        assert args.port == profile.port and args.generation_config == "vllm" and args.dtype == profile.dtype, name
-        assert args.enforce_eager == profile.enforce_eager, name
-        if profile.device == "cuda":
-            assert args.gpu_memory_utilization == profile.gpu_memory_utilization, name
+        assert args.port == profile.port and args.generation_config == "vllm", name
+        for key, want in profile.vllm.items():  # every argument a profile sets reaches vLLM as is
+            assert getattr(args, key) == want, (name, key)
         if profile.lora_adapters:
-            assert args.enable_lora and args.max_lora_rank == profile.max_lora_rank, name
-            assert {m.name: m.path for m in args.lora_modules} == profile.adapter_paths(), name
-        assert args.tensor_parallel_size == profile.tensor_parallel_size, name
-        for key in profiles.PARALLEL:  # every one a profile sets reaches vLLM as is
-            if getattr(profile, key) != Profile.model_fields[key].default:
-                assert getattr(args, key) == getattr(profile, key), (name, key)
+            assert args.enable_lora and {m.name: m.path for m in args.lora_modules} == profile.adapter_paths(), name
 
 
-def test_vllm_own_parser_refuses_what_vllm_would_refuse(tmp_path):
-    parser, _ = vllm_parser()
-    typo = command(profiles.load(str(write(tmp_path, "typo", model="m", port=8000, engine_args={"max_num_sequences": 8}))))
-    with pytest.raises(SystemExit):
-        parser.parse_args(typo[3:])
-    fine = command(profiles.load(str(write(tmp_path, "fine", model="m", port=8000, engine_args={"max_num_seqs": 8}))))
-    assert parser.parse_args(fine[3:]).max_num_seqs == 8
+def test_any_vllm_argument_reaches_the_command_and_vllms_parser_checks_it_at_load(tmp_path, monkeypatch):
+    """`vllm:` takes vLLM's own names, checked by vLLM's own parser when the profile loads: a misspelt one is
+    refused with the file, the key and vLLM's closest name; a wrong value with vLLM's message."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing remembered: the parser runs here
+    fields = {"max_num_batched_tokens": 4096, "kv_cache_dtype": "fp8"}
+    path = write(tmp_path, "mine", model="org/m-7b", port=8000, vllm={"dtype": "bfloat16", **fields})
+    result = runner.invoke(app, ["serve", "up", "--profile", str(path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "vllm.entrypoints" in line)
+    assert " --max-num-batched-tokens 4096 " in line + " " and " --kv-cache-dtype fp8" in line
+    assert len(list((tmp_path / "cache" / "cupid" / "vllm-args").iterdir())) == 1  # passed: remembered
+    args = vllm_args(command(profiles.load(str(path))))
+    assert (args.max_num_batched_tokens, args.kv_cache_dtype) == (4096, "fp8")
+
+    cases = {
+        "typo": ({"max_num_batched_token": 4096}, r"vllm\.max_num_batched_token: not an argument of vllm\S* 0\.32\.0 \(vLLM's closest: max_num_batched_tokens\)"),
+        "fraction": ({"gpu_memory_utilisation": 0.5}, r"vllm\.gpu_memory_utilisation: .*closest: gpu_memory_utilization"),
+        "choice": ({"kv_cache_dtype": "fp9"}, r"--kv-cache-dtype: invalid choice: 'fp9' \(choose from .*'fp8'"),
+        "type": ({"max_num_seqs": "many"}, r"--max-num-seqs: invalid int value: 'many'"),
+        "rank": ({"max_lora_rank": 48}, r"--max-lora-rank: invalid choice: 48"),
+    }
+    for name, (args, message) in cases.items():
+        bad = write(tmp_path, name, model="org/m-7b", port=8000, lora_adapters={"a": "org/a"}, vllm={"max_lora_rank": 16, **args})
+        with pytest.raises(ConfigError, match=message) as e:
+            profiles.load(str(bad))
+        assert str(bad) in str(e.value), name
+    result = runner.invoke(app, ["serve", "up", "--profile", str(tmp_path / "typo.yaml"), "--dry-run"])
+    assert result.exit_code == 1 and "max_num_batched_token" in result.output and str(tmp_path / "typo.yaml") in result.output
+    with pytest.raises(ConfigError, match=r"runtime_lora_rank.*--max-lora-rank: invalid choice: 48|--max-lora-rank: invalid choice: 48"):
+        profiles.load(str(write(tmp_path, "runtime", model="org/m-7b", port=8000, runtime_lora_rank=48)))
+    assert len(list((tmp_path / "cache" / "cupid" / "vllm-args").iterdir())) == 1  # refusals are not remembered
+
+
+def test_every_shipped_profile_builds_the_command_line_it_built_before_the_vllm_mapping(shipped):
+    """The shipped profiles, rewritten with `vllm:`, start vLLM exactly as before (flags in any order): recorded
+    from the earlier form in tests/data/serve_commands_before_vllm_mapping.json."""
+    from dataclasses import fields
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    before = json.loads((REPO / "tests" / "data" / "serve_commands_before_vllm_mapping.json").read_text().replace("{repo}", str(REPO)))
+    assert before.keys() == shipped.keys()
+
+    def flags(cmd: list[str]) -> tuple[list[str], list[tuple[str, ...]]]:
+        """The launcher (python -m module [serve MODEL]) and the flags each with its values, sorted."""
+        first = next(i for i, part in enumerate(cmd) if part.startswith("--"))
+        groups, group = [], []
+        for part in cmd[first:]:
+            if part.startswith("--") and group:
+                groups.append(tuple(group))
+                group = []
+            group.append(part)
+        return cmd[:first], sorted([*groups, tuple(group)])
+
+    defaults = {f.name: f.default for f in fields(EngineArgs)}
+    for name, profile in shipped.items():
+        spec = profile.spec()
+        assert flags(command(profile)[1:]) == flags(before[name]["command"]), name
+        env = {k: v for k, v in spec.env.items() if k != "OMP_NUM_THREADS"}
+        assert env == before[name]["env"], name
+        if not profile.scaled_out:  # what the offline executor may load: the same, less vLLM's own defaults
+            now, then = profiles.llm_kwargs(profile), before[name]["llm_kwargs"]
+            assert {k: v for k, v in then.items() if k not in now} == {k: defaults[k] for k in then.keys() - now.keys()}, name
+            assert {k: now[k] for k in then.keys() & now.keys()} == {k: then[k] for k in then.keys() & now.keys()}, name
+
+
+def test_a_profile_in_the_earlier_form_is_refused_with_its_new_form(tmp_path):
+    old = write(tmp_path, "old", model="org/m-7b", port=8000, dtype="bfloat16", max_model_len=4096, weights_gib=14.2,
+                engine_args={"max-num-seqs": 128})  # fmt: skip
+    with pytest.raises(ConfigError, match="vLLM's arguments go under `vllm:`") as e:
+        profiles.load(str(old))
+    message = str(e.value)
+    assert str(old) in message and "dtype, engine_args, max_model_len: vLLM's arguments go under" in message
+    pasted = yaml.safe_load(message.split("in that form:\n", 1)[1])
+    assert pasted == {"model": "org/m-7b", "port": 8000, "weights_gib": 14.2,
+                      "vllm": {"dtype": "bfloat16", "max_model_len": 4096, "max_num_seqs": 128}}  # fmt: skip
+    assert profiles.load(str(write(tmp_path, "new", **pasted))).arg("max_num_seqs") == 128
 
 
 def test_batch_invariant_and_api_key_go_to_the_environment_not_the_command(tmp_path, monkeypatch):
@@ -196,17 +259,15 @@ def test_batch_invariant_and_api_key_go_to_the_environment_not_the_command(tmp_p
 
 def test_bad_profiles_are_refused_with_file_and_field(tmp_path):
     cases = {
-        "typo": ({"model": "m", "port": 8000, "gpu_memory_utilisation": 0.5}, "gpu_memory_utilisation"),
-        "norank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}}, "need max_lora_rank"),
-        "oddrank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}, "max_lora_rank": 48}, "48 is not one vLLM accepts"),
-        "oddruntime": ({"model": "m", "port": 8000, "runtime_lora_rank": 48}, "runtime_lora_rank 48 is not one vLLM accepts"),
-        "cpu": ({"engine": "transformers", "model": "d", "port": 8011, "gpu_memory_utilization": 0.3}, "vllm engine only"),
-        "cpugpu": ({"device": "cpu", "model": "d", "port": 8011, "gpu_memory_utilization": 0.3}, "GPU only"),
+        "typo": ({"model": "m", "port": 8000, "gpu_memory_utilisation": 0.5}, "gpu_memory_utilisation: vLLM's arguments go under"),
+        "norank": ({"model": "m", "port": 8000, "lora_adapters": {"a": "org/a"}}, "need vllm.max_lora_rank"),
+        "rankless": ({"model": "m", "port": 8000, "vllm": {"max_lora_rank": 16}}, "max_lora_rank is set but there are no lora_adapters"),
+        "cpu": ({"engine": "transformers", "model": "d", "port": 8011, "vllm": {"max_model_len": 512}}, "vllm engine only"),
         "gpukv": ({"model": "d", "port": 8011, "cpu_kvcache_space_gib": 2}, "device cpu only"),
-        "clash": ({"model": "m", "port": 8000, "engine_args": {"port": 9000}}, "engine_args may not set port"),
-        "toomuch": ({"model": "m", "port": 8000, "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        "clash": ({"model": "m", "port": 8000, "vllm": {"port": 9000}}, "vllm.port: set by the profile's field port"),
+        "adapters": ({"model": "m", "port": 8000, "vllm": {"lora_modules": ["a=b"]}}, "vllm.lora_modules: set by the profile's field lora_adapters"),
         "named": ({"name": "x", "model": "m", "port": 8000}, "'name' comes from the file name"),
-        "twice": ({"model": "m", "port": 8000, "engine_args": {"data-parallel-size": 2}}, "engine_args may not set data-parallel-size"),
+        "cpubi": ({"device": "cpu", "model": "d", "port": 8011, "batch_invariant": True}, "batch_invariant: GPU only"),
     }
     for name, (fields, message) in cases.items():
         path = write(tmp_path, name, **fields)
@@ -237,9 +298,9 @@ def test_plan_refuses_a_fraction_too_small_for_the_weights(shipped):
     assert len(problems) == 1
     assert "0.45 of 24.0 GiB is 10.8 GiB, less than the ~15.7 GiB its weights and runtime need" in problems[0]
     assert "--gpu-memory-utilization 0.9" in problems[0]
-    alone = shipped["prefmatcher"].model_copy(update={"gpu_memory_utilization": 0.9})
+    alone = shipped["prefmatcher"].with_args(gpu_memory_utilization=0.9)
     assert Plan([alone], gpus=RTX).problems() == []
-    wide = shipped["prefmatcher"].model_copy(update={"tensor_parallel_size": 2})
+    wide = shipped["prefmatcher"].with_args(tensor_parallel_size=2)
     assert Plan([wide], gpus=H100).problems() == ["'prefmatcher': 2 GPUs on this node (tensor_parallel_size 2), but 1 GPU(s) visible"]
 
 
@@ -263,12 +324,12 @@ PARALLEL_SHAPES = {
 
 def test_every_parallelism_option_is_accepted_by_vllm_and_lands_in_its_namespace(tmp_path):
     for name, fields in PARALLEL_SHAPES.items():
-        profile = profiles.load(str(write(tmp_path, name, model="org/m-7b", port=8000, **fields)))
+        profile = profiles.load(str(write(tmp_path, name, model="org/m-7b", port=8000, vllm=fields)))
         args = vllm_args(command(profile))
         for key, want in fields.items():
             assert getattr(args, key) == want, (name, key)
         assert args.headless is fields.get("headless", False), name
-        assert (args.subparser == "serve") if profile.headless else not hasattr(args, "subparser"), name
+        assert (args.subparser == "serve") if profile.arg("headless") else not hasattr(args, "subparser"), name
     dp8 = vllm_args(command(profiles.load(str(tmp_path / "dp8.yaml"))))
     assert dp8.data_parallel_size == 8 and dp8.data_parallel_size_local is None and dp8.data_parallel_start_rank is None
     assert vllm_args(command(profiles.load(str(tmp_path / "ray.yaml")))).distributed_executor_backend == "ray"
@@ -297,7 +358,6 @@ def test_parallel_combinations_vllm_would_refuse_or_misplace_are_refused(tmp_pat
     head = {"data_parallel_size": 16, "data_parallel_size_local": 8, "data_parallel_address": "10.0.0.1"}
     nodes = {"pipeline_parallel_size": 2, "nnodes": 2, "master_addr": "10.0.0.1"}
     cases = {
-        "local-above": ({"data_parallel_size": 4, "data_parallel_size_local": 8}, "data_parallel_size_local 8 is more than data_parallel_size 4"),
         "no-address": ({"data_parallel_size": 16, "data_parallel_size_local": 8}, "set data_parallel_address to the head node's address"),
         "address-alone": ({"data_parallel_size": 8, "data_parallel_address": "10.0.0.1"}, "data_parallel_address: only for data parallel across nodes"),
         "port-alone": ({"data_parallel_rpc_port": 13345}, "data_parallel_rpc_port: only for data parallel across nodes"),
@@ -313,31 +373,29 @@ def test_parallel_combinations_vllm_would_refuse_or_misplace_are_refused(tmp_pat
         "nodes-worker-api": ({**nodes, "node_rank": 1}, "every other node is headless"),
         "nodes-head-headless": ({**nodes, "headless": True}, "node 0 runs the API server"),
         "rank-alone": ({"node_rank": 1}, "node_rank: only with nnodes > 1"),
-        "uni-wide": ({"tensor_parallel_size": 2, "distributed_executor_backend": "uni"}, "uni runs one worker"),
-        "backend-typo": ({"distributed_executor_backend": "multiprocessing"}, "distributed_executor_backend"),
-        "dp-zero": ({"data_parallel_size": 0}, "data_parallel_size"),
-        "cpu-dp": ({"device": "cpu", "data_parallel_size": 2}, "data_parallel_size: GPU only"),
-        "cpu-headless": ({"device": "cpu", "headless": True}, "headless: GPU only"),
-        "transformers-pp": ({"engine": "transformers", "pipeline_parallel_size": 2}, "pipeline_parallel_size: vllm engine only"),
+        "transformers-pp": ({"pipeline_parallel_size": 2}, "vllm engine only"),
     }  # fmt: skip
     for name, (fields, message) in cases.items():
-        path = write(tmp_path, name, model="org/m-7b", port=8000, **fields)
+        engine = {"engine": "transformers"} if name.startswith("transformers") else {}
+        path = write(tmp_path, name, model="org/m-7b", port=8000, vllm=fields, **engine)
         with pytest.raises(ConfigError, match=message):
             profiles.load(str(path))
     # the CPU profile keeps its one-process executor
-    cpu_uni = profiles.load(str(write(tmp_path, "cpu-uni", model="d", port=8011, device="cpu", distributed_executor_backend="uni")))
+    cpu_uni = profiles.load(str(write(tmp_path, "cpu-uni", model="d", port=8011, device="cpu", vllm={"distributed_executor_backend": "uni"})))
     assert vllm_args(command(cpu_uni)).distributed_executor_backend == "uni"
 
 
 def test_gpus_per_node(tmp_path, shipped):
     def gpus(**fields) -> int:
-        return profiles.load(str(write(tmp_path, "p", model="org/m-7b", port=8000, **fields))).gpus_per_node
+        return profiles.load(str(write(tmp_path, "p", model="org/m-7b", port=8000, vllm=fields))).gpus_per_node
 
     per_node = {n: p.gpus_per_node for n, p in shipped.items()}
     assert per_node == {"prefmatcher": 1, "qwen2.5-7b-instruct": 1, "prefmatcher-lora": 1, "tiny": 0, "prefmatcher-dp8": 8,
                         "prefmatcher-2node-head": 8, "prefmatcher-2node-worker": 8, "llama3.1-405b-ray": 16}  # fmt: skip
     assert [gpus(**PARALLEL_SHAPES[n]) for n in ("tp4", "tp4-pp2", "dp8", "tp2-dp4", "nodes-head", "nodes-worker")] == [4, 8, 8, 8, 8, 8]
-    assert gpus(engine="transformers") == 0 and gpus(device="cpu") == 0
+    transformers = profiles.load(str(write(tmp_path, "t", model="org/m-7b", port=8000, engine="transformers")))
+    cpu = profiles.load(str(write(tmp_path, "c", model="org/m-7b", port=8000, device="cpu", vllm={"tensor_parallel_size": 2})))
+    assert transformers.gpus_per_node == 0 and cpu.gpus_per_node == 0
 
 
 def test_plan_counts_every_gpu_a_server_takes_on_this_node(shipped, tmp_path):
@@ -351,16 +409,16 @@ def test_plan_counts_every_gpu_a_server_takes_on_this_node(shipped, tmp_path):
     for name in ("prefmatcher-dp8", "prefmatcher-2node-head", "prefmatcher-2node-worker", "llama3.1-405b-ray"):
         assert Plan([shipped[name]], gpus=h100s).problems() == [], name  # Ray finds the other node's 8 itself
     # weights per GPU: split over tensor x pipeline parallel, not over data parallel copies
-    big = profiles.load(str(write(tmp_path, "big", model="org/m-200b", port=8000, weights_gib=200, gpu_memory_utilization=0.45,
-                                  tensor_parallel_size=2, pipeline_parallel_size=2)))  # fmt: skip
+    big = profiles.load(str(write(tmp_path, "big", model="org/m-200b", port=8000, weights_gib=200,
+                                  vllm={"gpu_memory_utilization": 0.45, "tensor_parallel_size": 2, "pipeline_parallel_size": 2})))  # fmt: skip
     assert "less than the ~51.5 GiB its weights and runtime need" in Plan([big], gpus=h100s).problems()[0]
-    assert Plan([big.model_copy(update={"gpu_memory_utilization": 0.9})], gpus=h100s).problems() == []
+    assert Plan([big.with_args(gpu_memory_utilization=0.9)], gpus=h100s).problems() == []
 
 
 def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profile(tmp_path, shipped):
-    kwargs = profiles.llm_kwargs(profiles.load(str(write(tmp_path, "tp-pp", model="org/m", port=8000, **PARALLEL_SHAPES["tp4-pp2"]))))
+    kwargs = profiles.llm_kwargs(profiles.load(str(write(tmp_path, "tp-pp", model="org/m", port=8000, vllm=PARALLEL_SHAPES["tp4-pp2"]))))
     assert (kwargs["tensor_parallel_size"], kwargs["pipeline_parallel_size"], kwargs["distributed_executor_backend"]) == (4, 2, "mp")
-    assert not {k for k in profiles.llm_kwargs(shipped["prefmatcher-2node-head"]) if k.startswith("data_parallel")}
+    assert "headless" not in profiles.llm_kwargs(shipped["prefmatcher-2node-worker"])  # the server's, not the engine's
     assert profiles.llm_kwargs(shipped["tiny"])["distributed_executor_backend"] == "uni"
     # prefmatcher-2node-head, -2node-worker and -dp8 serve kixlab/prefmatcher-7b too, and sort before it
     assert profiles.for_model("kixlab/prefmatcher-7b", SERVE_DIR)[0].name == "prefmatcher"
@@ -397,7 +455,7 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
 
 
 def test_duplicate_ports_within_a_plan(tmp_path, shipped):
-    other = profiles.load(str(write(tmp_path, "other", model="org/other", port=8000, gpu_memory_utilization=0.3)))
+    other = profiles.load(str(write(tmp_path, "other", model="org/other", port=8000, vllm={"gpu_memory_utilization": 0.3})))
     assert Plan([shipped["prefmatcher"], other]).problems() == ["port 8000 on 127.0.0.1: wanted by 'other' and by 'prefmatcher'"]
 
 
@@ -414,13 +472,13 @@ def test_local_adapter_checks_use_the_adapters_own_config(tmp_path):
 
     adapter = tmp_path / "adapter"
     LoraConfig(r=64, lora_alpha=128, target_modules=["q_proj", "v_proj"]).save_pretrained(adapter)
-    path = write(tmp_path, "mine", model="Qwen/Qwen2.5-7B-Instruct", port=8003, lora_adapters={"mine": str(adapter)}, max_lora_rank=32)
-    with pytest.raises(ServeError, match="'mine' has rank 64, above max_lora_rank 32: set max_lora_rank to 64"):
+    path = write(tmp_path, "mine", model="Qwen/Qwen2.5-7B-Instruct", port=8003, lora_adapters={"mine": str(adapter)}, vllm={"max_lora_rank": 32})
+    with pytest.raises(ServeError, match="'mine' has rank 64, above vllm.max_lora_rank 32: set max_lora_rank to 64"):
         profiles.load(str(path)).check_local_files()
-    missing = write(tmp_path, "gone", model="Qwen/Qwen2.5-7B-Instruct", port=8003, lora_adapters={"gone": "runs/none/adapter"}, max_lora_rank=64)
+    missing = write(tmp_path, "gone", model="Qwen/Qwen2.5-7B-Instruct", port=8003, lora_adapters={"gone": "runs/none/adapter"}, vllm={"max_lora_rank": 64})
     with pytest.raises(ServeError, match=r"'gone' not found at .*runs/none/adapter .*make train"):
         profiles.load(str(missing)).check_local_files()
-    ok = write(tmp_path, "ok", model="Qwen/Qwen2.5-7B-Instruct", port=8003, lora_adapters={"mine": str(adapter)}, max_lora_rank=64)
+    ok = write(tmp_path, "ok", model="Qwen/Qwen2.5-7B-Instruct", port=8003, lora_adapters={"mine": str(adapter)}, vllm={"max_lora_rank": 64})
     profiles.load(str(ok)).check_local_files()
 
 
@@ -456,9 +514,9 @@ def test_cli_without_a_profile_builds_one_from_model_and_name(tiny_model_dir):
     assert result.exit_code == 0, result.output
     assert "m: vllm (cpu) m on 127.0.0.1:8100" in result.output  # vLLM, on the build this box has
     line = next(line for line in result.output.splitlines() if "vllm.entrypoints" in line)
-    assert line.startswith("m: VLLM_REGEX_COMPILATION_TIMEOUT_S=120 ") and line.split("=120 ", 1)[1].startswith(
+    assert line.startswith("m: VLLM_REGEX_COMPILATION_TIMEOUT_S=120 ") and line.split("=120 ", 1)[1] == (
         f"{sys.executable} -m vllm.entrypoints.openai.api_server --model org/m-7b --served-model-name m --host 127.0.0.1 "
-        "--port 8100 --generation-config vllm "
+        "--port 8100 --generation-config vllm"  # no `vllm:` mapping: vLLM's own defaults
     )
     result = runner.invoke(app, ["serve", "up", "--dry-run", "--engine", "transformers", "--model", str(tiny_model_dir),
                                  "--name", "t", "--port", "8101"])  # fmt: skip

@@ -222,7 +222,7 @@ def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tm
     directory = REPO / "configs" / "serve"
     first = profile_fingerprints({"tiny": {}}, [candidate], directory)
     assert set(first) == {"tiny", "cand"} and first == profile_fingerprints({"tiny": {}}, [candidate], directory)
-    assert profile_fingerprints({"tiny": {"max_model_len": 4096}}, [candidate], directory)["tiny"] != first["tiny"]
+    assert profile_fingerprints({"tiny": {"vllm": {"max_model_len": 4096}}}, [candidate], directory)["tiny"] != first["tiny"]
     (model / "model.safetensors").write_bytes(b"retrained")
     retrained = profile_fingerprints({"tiny": {}}, [candidate], directory)
     assert retrained["cand"] != first["cand"] and retrained["tiny"] == first["tiny"]
