@@ -345,9 +345,11 @@ def test_config_with_an_unknown_key_names_file_and_field(tmp_path):
 def test_check_server_settings_that_cannot_work_are_refused_when_the_config_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"agreement: .*serve\.port: set by the check"):
         config.load(_write_config(tmp_path / "a.yaml", agreement={"serve": {"device": "cpu", "port": 8000}}))
-    with pytest.raises(ConfigError, match=r"serve: gpu_memory_utilization: GPU only"):
+    with pytest.raises(ConfigError, match=r"serve: .*gpu_memory_utilization: vLLM's arguments go under `vllm:`"):
         config.load(_write_config(tmp_path / "b.yaml", agreement={"serve": {"device": "cpu", "gpu_memory_utilization": 0.5}}))
-    with pytest.raises(ConfigError, match=r"max_lora_rank 12 is not one vLLM accepts"):
+    with pytest.raises(ConfigError, match=r"serve: vllm: .*--max-num-seqs: invalid int value: 'many'"):  # vLLM's parser
+        config.load(_write_config(tmp_path / "b2.yaml", agreement={"serve": {"device": "cpu", "vllm": {"max_num_seqs": "many"}}}))
+    with pytest.raises(ConfigError, match=r"--max-lora-rank: invalid choice: 12"):
         config.load(_write_config(tmp_path / "c.yaml", agreement={"max_lora_rank": 12}))
     with pytest.raises(ConfigError, match=r"agreement.max_lora_rank 8 is below lora.r 16"):
         config.load(_write_config(tmp_path / "d.yaml", lora={"r": 16}, agreement={"max_lora_rank": 8}))

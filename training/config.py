@@ -97,7 +97,7 @@ class Export(_Section):
 
 
 # What the check sets itself in the servers it starts; a config's `agreement.serve` leaves them out.
-CHECK_OWNED = ("name", "model", "served_name", "host", "port", "lora_adapters", "max_lora_rank")
+CHECK_OWNED = ("name", "model", "served_name", "host", "port", "lora_adapters")
 
 
 class Agreement(_Section):
@@ -115,8 +115,8 @@ class Agreement(_Section):
     max_lora_rank: int = Field(default=64, description="vLLM's --max-lora-rank for the adapter: at least lora.r")
     serve: dict[str, Any] = Field(
         default_factory=dict,
-        description="serve-profile fields for the check's servers (engine, device, dtype, max_model_len, enforce_eager, "
-        "cpu_kvcache_space_gib, gpu_memory_utilization, engine_args, startup_timeout_s, ...); default: vLLM on CUDA",
+        description="serve-profile fields for the check's servers (engine, device, cpu_kvcache_space_gib, "
+        "startup_timeout_s, ..., and `vllm:`, vLLM's own arguments: dtype, max_model_len, ...); default: vLLM on CUDA",
     )
     max_tokens: int = Field(default=512, ge=1)
     concurrency: int = Field(default=64, ge=1)
@@ -125,13 +125,11 @@ class Agreement(_Section):
 
     @model_validator(mode="after")
     def _servable(self) -> "Agreement":
-        from cupid.serving.profiles import LORA_RANKS
-
         owned = sorted(set(CHECK_OWNED) & set(self.serve))
         if owned:
             raise ValueError(f"serve.{owned[0]}: set by the check (it serves the base, the adapter and the export on free ports)")
-        if self.max_lora_rank not in LORA_RANKS:
-            raise ValueError(f"max_lora_rank {self.max_lora_rank} is not one vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
+        if "max_lora_rank" in (self.serve.get("vllm") or {}):
+            raise ValueError("serve.vllm.max_lora_rank: set by the check from agreement.max_lora_rank")
         if self.adapter and self.serve.get("engine", "vllm") != "vllm":
             raise ValueError(f"adapter: serving the LoRA adapter needs the vllm engine (serve.engine is {self.serve['engine']}); set adapter: false")
         self.profile("check", "model", "model", {"adapter": "adapter"} if self.adapter else None, port=8000)
@@ -146,7 +144,7 @@ class Agreement(_Section):
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
         if adapters:
-            fields.update(lora_adapters=adapters, max_lora_rank=self.max_lora_rank)
+            fields.update(lora_adapters=adapters, vllm={**(self.serve.get("vllm") or {}), "max_lora_rank": self.max_lora_rank})
         try:
             return Profile.model_validate(fields)
         except ValidationError as e:
