@@ -111,7 +111,7 @@ def vllm_spec(model_dir: Path, label: str, *, eager: bool = True) -> ServeSpec:
     """The shipped tiny profile on a free port under its own name (a demo server on :8011 is left alone)."""
     profile = profiles.load(TINY_PROFILE)
     if not eager:
-        profile = profile.model_copy(update={"enforce_eager": False})
+        profile = profile.with_args(enforce_eager=False)
     return profile.spec(model=str(model_dir), label=label, port=free_port())
 
 

@@ -17,7 +17,7 @@ import httpx
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
-from cupid.eval.chain import StageFailed
+from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import MatchItem, Scoring, StageError
 from cupid.eval.runner import RunConfig, RunResult, arun

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupid.eval.chain import ask, constraint, parsed, stage_by_stage
+from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
 from cupid.eval.records import Scoring
 from cupid.matcher import parse, prompts, schemas

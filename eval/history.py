@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from cupid.eval.chain import StageFailed, ask, constraint, parsed
+from cupid.eval.stages import StageFailed, ask, constraint, parsed
 from cupid.eval.data import Instance
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from cupid.eval.chain import ask, constraint, parsed, stage_by_stage
+from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
 from cupid.eval.records import DIRECTIONS, Counts, MatchItem, Scores, Scoring
 from cupid.matcher import parse, prompts, schemas

@@ -24,7 +24,7 @@ from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from cupid.eval import data as cupid_data
-from cupid.eval.chain import StageFailed
+from cupid.eval.stages import StageFailed
 from cupid.eval.data import INSTANCE_TYPES, Instance
 from cupid.eval.history import GENERATION_ONLY, SETTINGS, SUMMARY_PROMPTS, History, plain_log
 from cupid.eval.inference import matcher_dialect

@@ -32,7 +32,7 @@ from cupid.eval.files import hold, write_atomic
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
-from cupid.eval.servers import Brought, bring
+from cupid.serving.run_servers import RunServers, plan_servers
 from cupid.eval.tasks import TASKS
 from cupid.eval import track as tracking
 from cupid.eval.track import Tracker, require as require_tracker
@@ -189,24 +189,24 @@ def check_cache(configs: dict[str, RunConfig]) -> None:
         Cache(first.cache or state_dir() / "cache.sqlite").close()
 
 
-def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None) -> Brought:
+def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None) -> RunServers:
     """The night's servers: its judges (`run.serve`) once, its served candidates (those in `configs`) in slots;
     checked, not started."""
     first = next(iter(configs.values()))
     served = [m for m in cfg.models if isinstance(m, ServedModel) and m.name in configs]
     say = (lambda message: console.print(f"nightly: {message}", highlight=False)) if console else None
-    return bring(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
+    return plan_servers(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
 
 
-def run_one(name: str, run_cfg: RunConfig, brought: Brought, previous: dict[str, Any] | None, console: Console) -> dict[str, Any]:
+def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: dict[str, Any] | None, console: Console) -> dict[str, Any]:
     """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after."""
     console.rule(f"nightly: {name}")
     entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
-    server = brought.server_of(name)
+    server = run_servers.server_of(name)
     if server is not None:
         entry["served"] = server.line()
     try:
-        summary = run_eval(run_cfg, console=console, brought=brought)
+        summary = run_eval(run_cfg, console=console, run_servers=run_servers)
     except Exception as e:  # one model's broken setup must not cost the others their night
         entry["error"] = f"{type(e).__name__}: {e}"
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry['error'])}", highlight=False)
@@ -281,21 +281,21 @@ def run_nightly(
         refused = check_candidates(cfg, configs)
         for name, reason in refused.items():
             console.print(f"nightly: {name} would not run: {reason}", highlight=False)
-        brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
-        return {"date": night, "plan": brought.lines(), "refused": refused}, 0
+        run_servers = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
+        return {"date": night, "plan": run_servers.lines(), "refused": refused}, 0
     with hold(night_dir, lambda m: console.print(f"nightly: {m}", highlight=False)):  # cron starting it twice runs it once
         try:  # what every candidate needs: a fault here is the whole night's, written down as such
             configs = run_configs(cfg, night_dir, str(config_path))
             check_cache(configs)
             refused = check_candidates(cfg, configs)
-            brought = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
+            run_servers = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
         except ConfigError as e:
             board = _board(night, night_dir, None, config_path, [not_run(n, f"the night did not start: {e}") for n in cfg.names()], error=str(e))
             write_leaderboard(board, night_dir, root)
             if track:
                 log_night(board, track, console)
             raise
-        board, code = _run_night(cfg, configs, refused, brought, night, night_dir, root, config_path, console)
+        board, code = _run_night(cfg, configs, refused, run_servers, night, night_dir, root, config_path, console)
         if track:
             log_night(board, track, console)
         return board, code
@@ -306,35 +306,35 @@ def log_night(board: dict[str, Any], track: Tracker, console: Console) -> None:
     tracking.log_after(lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
 
 
-def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path) -> Brought:
+def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path) -> RunServers:
     try:
-        brought = plan_night(cfg, configs, gpus, console)
+        run_servers = plan_night(cfg, configs, gpus, console)
     except ServeError as e:
         raise ConfigError(f"{config_path}: {e}") from None
-    for line in brought.lines():
+    for line in run_servers.lines():
         console.print(line, highlight=False)
-    return brought
+    return run_servers
 
 
-def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[str, str], brought: Brought, night: str,
+def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[str, str], run_servers: RunServers, night: str,
                night_dir: Path, root: Path, config_path: str | Path, console: Console) -> tuple[dict[str, Any], int]:  # fmt: skip
     prev_dir = previous_night(root, night)
     previous = {e["model"]: e for e in json.loads((prev_dir / "leaderboard.json").read_text())["models"]} if prev_dir else {}
 
     def run(name: str, out: Console) -> dict[str, Any]:
-        return run_one(name, configs[name], brought, previous.get(name), out)
+        return run_one(name, configs[name], run_servers, previous.get(name), out)
 
     entries = []
     for name, reason in refused.items():
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(reason)}", highlight=False)
         entries.append(not_run(name, reason, configs[name]))
     try:  # endpoints and riders first (they need only the judges), then the served candidates slot by slot
-        entries += [run(name, console) for name in configs if name not in brought.candidate_servers and name not in refused]
-        entries += _run_slots(brought.slots, run, night_dir, console)
+        entries += [run(name, console) for name in configs if name not in run_servers.candidate_servers and name not in refused]
+        entries += _run_slots(run_servers.slots, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
-        brought.fleet.stop_all()  # each says what it stopped
+        run_servers.fleet.stop_all()  # each says what it stopped
 
-    board = _board(night, night_dir, prev_dir, config_path, entries, brought=brought)
+    board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
     if cfg.report:
         from cupid.eval.report import build
@@ -346,7 +346,7 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
 
 
 def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[dict[str, Any]],
-           brought: Brought | None = None, error: str | None = None) -> dict[str, Any]:  # fmt: skip
+           run_servers: RunServers | None = None, error: str | None = None) -> dict[str, Any]:  # fmt: skip
     entries.sort(key=lambda e: -(e["metrics"].get(e["primary"], {}).get("estimate", -1.0)))
     regressions = [f"{e['model']}: {m}" for e in entries for m in e["regressions"]]
     with_failures = [e["model"] for e in entries if e["status"] != "ok"]
@@ -357,9 +357,9 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
         "previous": prev_dir.name if prev_dir else None,
         "config": str(config_path),
         "n_resamples": N_RESAMPLES,
-        "plan": brought.lines() if brought else [],
-        "servers_started": sorted({s.name for s in brought.fleet.servers if s.started}) if brought else [],
-        "servers_stopped_answering": {s.name: s.deaths for s in brought.fleet.servers if s.deaths} if brought else {},
+        "plan": run_servers.lines() if run_servers else [],
+        "servers_started": sorted({s.name for s in run_servers.fleet.servers if s.started}) if run_servers else [],
+        "servers_stopped_answering": {s.name: s.deaths for s in run_servers.fleet.servers if s.deaths} if run_servers else {},
         "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
         "models": entries,
         "regressions": regressions,

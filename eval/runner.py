@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cupid.eval import data as cupid_data
-from cupid.eval.chain import Roles
+from cupid.eval.stages import Roles
 from cupid.eval.files import DiskFull, disk_full, hold
 from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History
-from cupid.eval.servers import Brought, bring, profile_fingerprints, servers_for
+from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints, servers_for
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
@@ -182,39 +182,39 @@ class RunResult:
 
 
 def run(
-    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None,
+    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, run_servers: RunServers | None = None,
     endpoints: dict[str, Endpoint] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """`arun` from blocking code (the CLI, a night's slots): the summary, or what a dry run wrote."""
-    result = blocking(lambda: arun(cfg, dry_run=dry_run, console=console, brought=brought, endpoints=endpoints))
+    result = blocking(lambda: arun(cfg, dry_run=dry_run, console=console, run_servers=run_servers, endpoints=endpoints))
     return result if isinstance(result, dict) else result.summary
 
 
 async def arun(
-    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, brought: Brought | None = None,
+    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, run_servers: RunServers | None = None,
     endpoints: dict[str, Endpoint] | None = None,
 ) -> RunResult | dict[str, Any]:  # fmt: skip
     """One run. Servers it brings (`serve:`, a candidate that is a model) start on first need and stop at
-    the end; a night passes its own `brought` instead, to serve the judges once for all its runs.
+    the end; a night passes its own `run_servers` instead, to serve the judges once for all its runs.
     `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
     `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
     if dry_run:
-        return await _run(cfg, dry_run, console, brought, endpoints or {})
+        return await _run(cfg, dry_run, console, run_servers, endpoints or {})
     if cfg.track:
         tracking.require(cfg.track)  # before anything starts
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
         own = None
-        if brought is None and (cfg.serve or cfg.served_candidates):
+        if run_servers is None and (cfg.serve or cfg.served_candidates):
             if cfg.executor != "http":
                 raise ConfigError(f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}")
-            own = brought = bring(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=say)
-            for line in brought.lines():
+            own = run_servers = plan_servers(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=say)
+            for line in run_servers.lines():
                 console.print(line, highlight=False)
         try:
-            result = await _run(cfg, dry_run, console, brought, endpoints or {})
+            result = await _run(cfg, dry_run, console, run_servers, endpoints or {})
         except Exception as e:
             if not disk_full(e):
                 raise
@@ -237,14 +237,14 @@ def _log(result: RunResult, tracker: Tracker, console: Console) -> None:
 
 
 async def _run(
-    cfg: RunConfig, dry_run: str | None, console: Console, brought: Brought | None, given: dict[str, Endpoint]
+    cfg: RunConfig, dry_run: str | None, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]
 ) -> RunResult | dict[str, Any]:
     endpoints = {**load_endpoints(cfg.endpoints), **given}
-    if brought is not None:
+    if run_servers is not None:
         if clash := sorted(set(c.name for c in cfg.served_candidates) & endpoints.keys()):
             raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
-        endpoints = {**brought.endpoints, **endpoints}
-    for served in cfg.served_candidates if brought is None else []:  # a dry run: the requests name the served model
+        endpoints = {**run_servers.endpoints, **endpoints}
+    for served in cfg.served_candidates if run_servers is None else []:  # a dry run: the requests name the served model
         endpoints[served.name] = served.to_endpoint(served.to_profile(cfg.profiles))
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
     if names - endpoints.keys():  # a running server (`cupid serve up --profile NAME`) answers to its name
@@ -266,7 +266,7 @@ async def _run(
 
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
-        servers = servers_for(brought, used, cfg.candidate_name) if brought else None
+        servers = servers_for(run_servers, used, cfg.candidate_name) if run_servers else None
         client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, servers=servers)
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}

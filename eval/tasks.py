@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from cupid.eval import generation, inference, summary
-from cupid.eval.chain import StageFailed
+from cupid.eval.stages import StageFailed
 from cupid.eval.data import Instance
 from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import History, plain_log, relevant_sessions

@@ -11,7 +11,7 @@ import zipfile
 import pytest
 
 import cupid
-from cupid.eval.chain import StageFailed
+from cupid.eval.stages import StageFailed
 from cupid.eval.records import MatchItem, StageError
 from cupid.eval.runner import RunConfig, run
 from cupid.serving.config import ConfigError

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.servers import bring, judge_profiles
+from cupid.serving.run_servers import judge_profiles, plan_servers
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel, fingerprint
@@ -36,10 +36,10 @@ def gpus_of(placement) -> dict[str, tuple[int, ...]]:
 
 
 def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_leave():
-    brought = bring(JUDGES, candidates(3), h100s(1), directory=SERVE_DIR)
-    plan = brought.placement
+    run_servers = plan_servers(JUDGES, candidates(3), h100s(1), directory=SERVE_DIR)
+    plan = run_servers.placement
     assert set(gpus_of(plan).values()) == {(0,)}
-    assert brought.slots == [["cand-0", "cand-1", "cand-2"]]  # one slot: in turn
+    assert run_servers.slots == [["cand-0", "cand-1", "cand-2"]]  # one slot: in turn
     assert {c.profile.port for c in plan.candidates()} == {8100}
     assert all(c.profile.gpu_memory_utilization == pytest.approx(SHARED_CEILING - 0.55) for c in plan.candidates())
     assert [j.env for j in plan.judges] == [{"CUDA_VISIBLE_DEVICES": "0"}] * 2
@@ -47,7 +47,7 @@ def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_le
 
 
 def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_of_it():
-    plan = bring(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR).placement
+    plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR).placement
     assert [j.gpus for j in plan.judges] == [(0,), (0,)]
     assert [c.gpus for c in plan.candidates()] == [(1,)] * 3
     assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {0.9}  # not the base profile's 0.45
@@ -56,10 +56,10 @@ def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_
 
 
 def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
-    brought = bring(JUDGES, candidates(9), h100s(8), directory=SERVE_DIR)
-    plan = brought.placement
+    run_servers = plan_servers(JUDGES, candidates(9), h100s(8), directory=SERVE_DIR)
+    plan = run_servers.placement
     assert len(plan.slots) == 7
-    assert brought.slots[0] == ["cand-0", "cand-7"] and brought.slots[1] == ["cand-1", "cand-8"]  # two waves
+    assert run_servers.slots[0] == ["cand-0", "cand-7"] and run_servers.slots[1] == ["cand-1", "cand-8"]  # two waves
     assert [slot[0].gpus for slot in plan.slots] == [(g,) for g in range(1, 8)]
     assert [slot[0].profile.port for slot in plan.slots] == list(range(8100, 8107))
     text = "\n".join(plan.lines())
@@ -67,7 +67,7 @@ def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
 
 
 def test_tensor_parallel_candidates_get_slots_of_their_width():
-    plan = bring(JUDGES, candidates(4, vllm={"tensor_parallel_size": 2}), h100s(8), directory=SERVE_DIR).placement
+    plan = plan_servers(JUDGES, candidates(4, vllm={"tensor_parallel_size": 2}), h100s(8), directory=SERVE_DIR).placement
     assert [slot[0].gpus for slot in plan.slots] == [(1, 2), (3, 4), (5, 6)]  # GPU 7 left: a slot needs two
     assert plan.slots[0][0].env == {"CUDA_VISIBLE_DEVICES": "1,2"}
 
@@ -75,22 +75,22 @@ def test_tensor_parallel_candidates_get_slots_of_their_width():
 def test_plans_that_cannot_work_are_refused_before_anything_starts():
     greedy = {"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.5}}, "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.45}}}
     with pytest.raises(ServeError, match="leave it no GPU memory"):
-        bring(greedy, candidates(1), h100s(1), directory=SERVE_DIR)
+        plan_servers(greedy, candidates(1), h100s(1), directory=SERVE_DIR)
     with pytest.raises(ServeError, match="less than the"):  # 0.4 of a 24 GiB GPU cannot hold 15 GiB of weights
-        bring(JUDGES, candidates(1), [Gpu(0, "NVIDIA GeForce RTX 4090", 24564, 0)], directory=SERVE_DIR)
+        plan_servers(JUDGES, candidates(1), [Gpu(0, "NVIDIA GeForce RTX 4090", 24564, 0)], directory=SERVE_DIR)
     with pytest.raises(ServeError, match="needs 4 GPU"):
-        bring(JUDGES, candidates(1, vllm={"tensor_parallel_size": 4}), h100s(2), directory=SERVE_DIR)
+        plan_servers(JUDGES, candidates(1, vllm={"tensor_parallel_size": 4}), h100s(2), directory=SERVE_DIR)
     with pytest.raises(ServeError, match="no GPU is visible"):
-        bring(JUDGES, candidates(1), [], directory=SERVE_DIR)
+        plan_servers(JUDGES, candidates(1), [], directory=SERVE_DIR)
 
 
 def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
-    brought = bring({"tiny": {}}, [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")], [], directory=SERVE_DIR)
-    plan = brought.placement
-    assert brought.slots == [["a", "b"]]
+    run_servers = plan_servers({"tiny": {}}, [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")], [], directory=SERVE_DIR)
+    plan = run_servers.placement
+    assert run_servers.slots == [["a", "b"]]
     assert [c.gpus for c in plan.candidates()] == [(), ()] and all(c.env == {} for c in plan.candidates())
     assert plan.judges[0].profile.port == 8011 and {c.profile.port for c in plan.candidates()} == {8100}
-    spec = brought.candidate_servers["a"].spec
+    spec = run_servers.candidate_servers["a"].spec
     assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "3"
 
 
@@ -133,19 +133,19 @@ def test_a_lora_candidate_on_a_judge_that_loads_adapters_rides_on_the_judges_ser
         ServedModel(name="tuned", profile="qwen2.5-7b-instruct", adapter=small, serve={"vllm": {"max_model_len": 2048}}),
         ServedModel(name="on-pm", profile="prefmatcher", adapter=small),
     ]
-    brought = bring(judges, cands, h100s(1), directory=SERVE_DIR)
-    assert list(brought.riders) == ["rider"] and brought.slots == [["big", "tuned", "on-pm"]]
-    rider = brought.riders["rider"]
-    assert rider.host is next(s for s in brought.judges if s.profile.name == "qwen2.5-7b-instruct")
+    run_servers = plan_servers(judges, cands, h100s(1), directory=SERVE_DIR)
+    assert list(run_servers.riders) == ["rider"] and run_servers.slots == [["big", "tuned", "on-pm"]]
+    rider = run_servers.riders["rider"]
+    assert rider.host is next(s for s in run_servers.judges if s.profile.name == "qwen2.5-7b-instruct")
     assert [rider.served] == list(cands[0].to_profile(SERVE_DIR).lora_adapters) and rider.adapter == small  # its name on its own
-    endpoint = brought.endpoints["rider"]
+    endpoint = run_servers.endpoints["rider"]
     assert endpoint.model == rider.served and endpoint.url == "http://127.0.0.1:8001/v1" and endpoint.max_tokens == 99
-    assert brought.server_of("rider") is rider and brought.server_of("big") is brought.candidate_servers["big"]
-    lines = brought.lines()
+    assert run_servers.server_of("rider") is rider and run_servers.server_of("big") is run_servers.candidate_servers["big"]
+    lines = run_servers.lines()
     assert lines[lines.index("  candidates on a judge's server:") + 1] == f"    rider: {rider.served} (LoRA {small}) loaded into qwen2.5-7b-instruct's server, :8001"
-    alone = bring(judges, cands[:1], h100s(1), directory=SERVE_DIR).lines()
+    alone = plan_servers(judges, cands[:1], h100s(1), directory=SERVE_DIR).lines()
     assert not any(line.startswith("  candidates, ") for line in alone)  # no slot to list
-    assert bring(JUDGES, cands[:1], h100s(1), directory=SERVE_DIR).riders == {}  # the judge does not load adapters
+    assert plan_servers(JUDGES, cands[:1], h100s(1), directory=SERVE_DIR).riders == {}  # the judge does not load adapters
 
 
 def test_the_served_name_changes_when_the_weights_do(tmp_path):

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from cupid.eval import data as cupid_data
-from cupid.eval.chain import constraint
+from cupid.eval.stages import constraint
 from cupid.eval.runner import RunConfig, run
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client

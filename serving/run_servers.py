@@ -22,7 +22,7 @@ from cupid.serving.profiles import Gpu, Profile
 
 
 @dataclass
-class Brought:
+class RunServers:
     """A plan and its (not yet started) servers, and endpoints for them: each judge by its profile name,
     each candidate by its name."""
 
@@ -50,11 +50,11 @@ class Brought:
         return self.candidate_servers.get(candidate) or self.riders.get(candidate)
 
 
-def servers_for(brought: Brought, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server | AdapterOnServer]:
+def servers_for(run_servers: RunServers, endpoints: dict[str, Endpoint], candidate: str) -> dict[str, Server | AdapterOnServer]:
     """A run's endpoints that wait for a server: the judges' by address, its own candidate's by name
     (candidates in one slot share an address, one after another)."""
-    servers: dict[str, Server | AdapterOnServer] = dict(by_address(brought.judges, endpoints))
-    if own := brought.server_of(candidate):
+    servers: dict[str, Server | AdapterOnServer] = dict(by_address(run_servers.judges, endpoints))
+    if own := run_servers.server_of(candidate):
         servers[candidate] = own
     return servers
 
@@ -84,14 +84,14 @@ def profile_fingerprints(serve: dict[str, dict], candidates: list[ServedModel], 
     }
 
 
-def bring(
+def plan_servers(
     serve: dict[str, dict],
     candidates: list[ServedModel],
     gpus: list[Gpu] | None = None,
     first_port: int = 8100,
     directory: str | Path = profiles.DEFAULT_DIR,
     say: Callable[[str], None] | None = None,
-) -> Brought:
+) -> RunServers:
     """The plan for these judges and candidates, checked, and a fleet that can start each server."""
     judges = judge_profiles(serve, directory)
     hosts = {c.name: host for c in candidates if (host := c.rides_on(judges))}
@@ -101,19 +101,19 @@ def bring(
     placement = place(judges, candidate_profiles, gpus, first_port)
     placement.check()
     fleet = Fleet(say)
-    brought = Brought(placement, fleet)
+    run_servers = RunServers(placement, fleet)
     for judge in placement.judges:
-        brought.judges.append(fleet.add(judge))
-        brought.endpoints[judge.profile.name] = endpoint_for(judge.profile)  # an endpoints-file entry wins
+        run_servers.judges.append(fleet.add(judge))
+        run_servers.endpoints[judge.profile.name] = endpoint_for(judge.profile)  # an endpoints-file entry wins
     by_name = {c.name: c for c in candidates}
-    judge_servers = {server.profile.name: server for server in brought.judges}
+    judge_servers = {server.profile.name: server for server in run_servers.judges}
     for name, host in hosts.items():
         [(served, adapter)] = by_name[name].to_profile(directory).adapter_paths().items()  # named as if served on its own
-        brought.riders[name] = fleet.load(judge_servers[host.name], served, adapter)
-        brought.endpoints[name] = endpoint_for(host, served, **by_name[name].endpoint)
+        run_servers.riders[name] = fleet.load(judge_servers[host.name], served, adapter)
+        run_servers.endpoints[name] = endpoint_for(host, served, **by_name[name].endpoint)
     for slot in placement.slots:
         for placed in slot:
             served = by_name[placed.profile.name]
-            brought.candidate_servers[served.name] = fleet.add(placed)
-            brought.endpoints[served.name] = served.to_endpoint(placed.profile)
-    return brought
+            run_servers.candidate_servers[served.name] = fleet.add(placed)
+            run_servers.endpoints[served.name] = served.to_endpoint(placed.profile)
+    return run_servers

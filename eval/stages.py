@@ -1,4 +1,4 @@
-"""What every task chain shares: the roles of a run, and how a stage fails.
+"""How a task's chain of stages runs and fails: the roles of a run, a stage's request, its parse, its error.
 
 A stage that fails ends its chain with an error that names the stage, the reason and the raw
 answer; the instance is then counted as failed and kept out of every average.
