@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval import data as cupid_data
-from cupid.eval.runner import RunConfig, run as run_eval
+from cupid.eval.runner import RunConfig, dry_run as write_requests, run as run_eval
 from cupid.eval.summary import tables
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError, read_yaml, validate
@@ -71,11 +71,12 @@ def _run(config: Optional[str], dry_run: Optional[str], allow_failures: bool, **
     values.update({k: v for k, v in options.items() if v})
     try:
         cfg = validate(RunConfig, values, config or "command-line options")
-        summary = run_eval(cfg, dry_run=dry_run, console=err)
+        if dry_run:
+            write_requests(cfg, dry_run, console=err)
+            return
+        summary = run_eval(cfg, console=err).summary
     except (ConfigError, cupid_data.DataError) as e:
         _fail(str(e))
-    if dry_run:
-        return
     print_summary(summary)
     problems = summary["n_failed"] + summary["n_invalid_rows"]
     print(  # one plain line, never wrapped: scripts read it

@@ -206,7 +206,7 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: di
     if server is not None:
         entry["served"] = server.line()
     try:
-        summary = run_eval(run_cfg, console=console, run_servers=run_servers)
+        summary = run_eval(run_cfg, console=console, run_servers=run_servers).summary
     except Exception as e:  # one model's broken setup must not cost the others their night
         entry["error"] = f"{type(e).__name__}: {e}"
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry['error'])}", highlight=False)

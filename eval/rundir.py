@@ -18,7 +18,9 @@ from cupid.eval.summary import markdown
 from cupid.serving.config import ConfigError
 
 
-class RunDir:
+class OutputDir:
+    """What evaluation and synthesis runs share: run.json, checked on a rerun, beside instances.jsonl."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.run_file = self.path / "run.json"
@@ -48,6 +50,10 @@ class RunDir:
             if diff:
                 raise ConfigError(f"{self.path} holds another {what} (differs in {diff}); choose another --out")
         write_atomic(self.run_file, json.dumps(merged, indent=2))
+
+
+class RunDir(OutputDir):
+    """An evaluation run's directory: unit records appended as units finish, the summary once they are in."""
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """An evaluation's summary, as data and as the tables people read (each replaced whole)."""

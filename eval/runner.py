@@ -34,9 +34,9 @@ from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint, load_endpoints, missing_keys, require
+from cupid.serving.endpoints import Endpoint, lookup, missing_keys
 from cupid.serving.fleet import ServedModel
-from cupid.serving.lifecycle import live_endpoints, state_dir
+from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
 
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
@@ -182,25 +182,35 @@ class RunResult:
 
 
 def run(
-    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, run_servers: RunServers | None = None,
+    cfg: RunConfig, *, console: Console | None = None, run_servers: RunServers | None = None,
     endpoints: dict[str, Endpoint] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """`arun` from blocking code (the CLI, a night's slots): the summary, or what a dry run wrote."""
-    result = blocking(lambda: arun(cfg, dry_run=dry_run, console=console, run_servers=run_servers, endpoints=endpoints))
-    return result if isinstance(result, dict) else result.summary
+) -> RunResult:  # fmt: skip
+    """`arun` from blocking code (the CLI, a night's slots)."""
+    return blocking(lambda: arun(cfg, console=console, run_servers=run_servers, endpoints=endpoints))
+
+
+def dry_run(cfg: RunConfig, path: str | Path, *, console: Console | None = None, endpoints: dict[str, Endpoint] | None = None) -> int:
+    """A run's candidate requests, written as an OpenAI batch JSONL (`vllm run-batch`, the Batch API) and
+    counted: nothing is sent and no server starts."""
+    if "summary" in cfg.settings:
+        raise ConfigError("--dry-run cannot write summary-setting requests: they are built from summarizer answers")
+    used = _resolve(cfg, None, endpoints or {})
+    dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
+    units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]
+    n = write_dry_run(build_tasks(cfg, Client(used)), units, path)
+    (console or Console(stderr=True)).print(f"wrote {n} candidate requests to {path} (nothing sent)")
+    return n
 
 
 async def arun(
-    cfg: RunConfig, *, dry_run: str | None = None, console: Console | None = None, run_servers: RunServers | None = None,
+    cfg: RunConfig, *, console: Console | None = None, run_servers: RunServers | None = None,
     endpoints: dict[str, Endpoint] | None = None,
-) -> RunResult | dict[str, Any]:  # fmt: skip
+) -> RunResult:  # fmt: skip
     """One run. Servers it brings (`serve:`, a candidate that is a model) start on first need and stop at
     the end; a night passes its own `run_servers` instead, to serve the judges once for all its runs.
     `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
     `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
-    if dry_run:
-        return await _run(cfg, dry_run, console, run_servers, endpoints or {})
     if cfg.track:
         tracking.require(cfg.track)  # before anything starts
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
@@ -214,7 +224,7 @@ async def arun(
             for line in run_servers.lines():
                 console.print(line, highlight=False)
         try:
-            result = await _run(cfg, dry_run, console, run_servers, endpoints or {})
+            result = await _run(cfg, console, run_servers, endpoints or {})
         except Exception as e:
             if not disk_full(e):
                 raise
@@ -226,7 +236,7 @@ async def arun(
         finally:
             if own is not None:
                 own.fleet.stop_all()
-        if cfg.track and isinstance(result, RunResult):  # once the servers are stopped: the tracker is no request's
+        if cfg.track:  # once the servers are stopped: the tracker is no request's
             await asyncio.to_thread(_log, result, cfg.track, console)
         return result
 
@@ -236,30 +246,23 @@ def _log(result: RunResult, tracker: Tracker, console: Console) -> None:
     tracking.log_after(make, tracker, lambda m: console.print(m, highlight=False, markup=False))
 
 
-async def _run(
-    cfg: RunConfig, dry_run: str | None, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]
-) -> RunResult | dict[str, Any]:
-    endpoints = {**load_endpoints(cfg.endpoints), **given}
+def _resolve(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint]) -> dict[str, Endpoint]:
+    """The endpoint of each role (and the reference), through the one resolver (`serving.endpoints.lookup`)."""
     if run_servers is not None:
-        if clash := sorted(set(c.name for c in cfg.served_candidates) & endpoints.keys()):
-            raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
-        endpoints = {**run_servers.endpoints, **endpoints}
-    for served in cfg.served_candidates if run_servers is None else []:  # a dry run: the requests name the served model
-        endpoints[served.name] = served.to_endpoint(served.to_profile(cfg.profiles))
+        served = run_servers.endpoints
+    else:  # a dry run: the requests name the model a run would serve
+        served = {c.name: c.to_endpoint(c.to_profile(cfg.profiles)) for c in cfg.served_candidates}
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
-    if names - endpoints.keys():  # a running server (`cupid serve up --profile NAME`) answers to its name
-        endpoints = {**live_endpoints(), **endpoints}
-    used = {name: require(endpoints, name, cfg.endpoints) for name in sorted(names)}
+    used = lookup(names, cfg.endpoints, given=given, served=served)
+    if run_servers is not None and (clash := sorted(c.name for c in cfg.served_candidates if c.name in used and used[c.name] is not served[c.name])):
+        raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
+    return used
 
+
+async def _run(cfg: RunConfig, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]) -> RunResult:
+    used = _resolve(cfg, run_servers, given)
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
     units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]
-
-    if dry_run:
-        if "summary" in cfg.settings:
-            raise ConfigError("--dry-run cannot write summary-setting requests: they are built from summarizer answers")
-        n = write_dry_run(build_tasks(cfg, Client(used)), units, dry_run)
-        console.print(f"wrote {n} candidate requests to {dry_run} (nothing sent)")
-        return {"dry_run": dry_run, "n_requests": n}
 
     if missing := missing_keys(used):
         raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
@@ -272,7 +275,7 @@ async def _run(
         latest: dict[tuple[str, str, str], UnitRecord] = {}
         if out is not None:
             plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
-            out.check_same_run({**_identity(cfg, endpoints), "plan": plan}, growing=("roles", "prompts"), latest=("plan",))
+            out.check_same_run({**_identity(cfg, used), "plan": plan}, growing=("roles", "prompts"), latest=("plan",))
             latest = out.records()
         done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
@@ -285,14 +288,14 @@ async def _run(
             cache.close()
 
     records = [latest[(i.key, t, s)] for t, i, s in units if (i.key, t, s) in latest]
-    roles = {role: f"{name} ({endpoints[name].model})" for role, name in cfg.roles().bound().items()}
+    roles = {role: f"{name} ({used[name].model})" for role, name in cfg.roles().bound().items()}
     if cfg.reference:
-        roles["reference"] = f"{cfg.reference} ({endpoints[cfg.reference].model})"
+        roles["reference"] = f"{cfg.reference} ({used[cfg.reference].model})"
     meta = {
         "data": dataset.source,
         "roles": roles,
-        "matcher_prompt": matcher_dialect(endpoints[cfg.matcher]) if cfg.matcher else None,
-        "candidate_constrained": _constrained_tasks(cfg, endpoints),
+        "matcher_prompt": matcher_dialect(used[cfg.matcher]) if cfg.matcher else None,
+        "candidate_constrained": _constrained_tasks(cfg, used),
         "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],

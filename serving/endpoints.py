@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
@@ -57,11 +58,19 @@ def require(endpoints: dict[str, Endpoint], name: str, path: str | Path) -> Endp
     return endpoints[name]
 
 
-def lookup(names: Iterable[str], path: str | Path = DEFAULT_FILE) -> dict[str, Endpoint]:
-    """Endpoints by name: an entry of the endpoints file, else a server running under `cupid serve up`
-    (by its profile name, its served name or an adapter's), so a running profile needs no entry."""
+def lookup(
+    names: Iterable[str],
+    path: str | Path = DEFAULT_FILE,
+    *,
+    given: Mapping[str, Endpoint] | None = None,
+    served: Mapping[str, Endpoint] | None = None,
+) -> dict[str, Endpoint]:
+    """Endpoints by name, the one resolver of role names. A name is, first found: an endpoint `given` as an
+    object (the Python API's), an entry of the endpoints file, a server this run brings (`served`), or a
+    server running under `cupid serve up` (by its profile name, its served name or an adapter's), so a
+    running profile needs no entry."""
     names = sorted(set(names))
-    known = load_endpoints(path)
+    known = {**(served or {}), **load_endpoints(path), **(given or {})}
     if set(names) - known.keys():
         from cupid.serving.lifecycle import live_endpoints  # lifecycle builds on this module
 

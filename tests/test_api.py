@@ -136,7 +136,7 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
     monkeypatch.chdir(work)
     settings = ["standard", "oracle"]
     cli = run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", settings=settings,
-                        tasks=["inference", "generation"], judge="instant", out=str(tmp_path / "cli"), no_cache=True))  # fmt: skip
+                        tasks=["inference", "generation"], judge="instant", out=str(tmp_path / "cli"), no_cache=True)).summary  # fmt: skip
     cli_records = {(r["key"], r["task"], r["setting"]): r for r in map(json.loads, (tmp_path / "cli" / "instances.jsonl").read_text().splitlines())}
 
     # roles as a name, an Endpoint object and a base URL; no out, no cache: nothing is written anywhere

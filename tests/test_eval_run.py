@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from cupid.eval.records import UnitRecord
-from cupid.eval.runner import RunConfig, run
+from cupid.eval.runner import RunConfig, dry_run, run
 from cupid.eval.summary import inference_block
 from cupid.matcher.scores import MatchCounts, macro, micro
 from cupid.serving.config import ConfigError
@@ -25,7 +25,7 @@ def records(run_dir):
 
 
 def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
-    summary = run(config(endpoints, tmp_path, settings=["standard", "oracle"]))
+    summary = run(config(endpoints, tmp_path, settings=["standard", "oracle"])).summary
     assert (summary["n_instances"], summary["n_runs"], summary["n_scored"], summary["n_failed"]) == (12, 24, 24, 0)
     rows = records(tmp_path / "run")
     assert len(rows) == 24
@@ -49,23 +49,23 @@ def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
 
 def test_resume_reruns_only_what_is_missing_and_pays_nothing_twice(endpoints, tmp_path, cupid_home):
     cfg = config(endpoints, tmp_path)
-    first = run(cfg)
+    first = run(cfg).summary
     assert first["requests"]["sent"] > 0
     path = tmp_path / "run" / "instances.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:5]) + '\n{"key": "torn')  # a crash mid-write
-    again = run(cfg)
+    again = run(cfg).summary
     assert again["n_scored"] == 12
     assert again["requests"]["sent"] == 0  # every answer came from the cache
     assert 0 < again["requests"]["cached"] < first["requests"]["sent"]  # only the 7 missing instances asked
     assert again["inference"] == first["inference"]
-    third = run(cfg)
+    third = run(cfg).summary
     assert third["requests"] == {"sent": 0, "cached": 0, "failed": 0}
 
 
 def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoints, tmp_path, cupid_home):
     cfg = config(endpoints, tmp_path, candidate="tiny", limit=2)
-    summary = run(cfg)
+    summary = run(cfg).summary
     rows = records(tmp_path / "run")
     assert len(rows) == 2
     for row in rows:
@@ -76,12 +76,12 @@ def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoint
     assert summary["n_failed"] == n_failed and summary["n_scored"] == 2 - n_failed
     assert summary["failures"].get("inference/parse_preference: parse_error", 0) == n_failed
     assert summary["inference"]["n_scored"] == 2 - n_failed
-    rerun = run(cfg)  # failed instances run again, and their answers come from the cache
+    rerun = run(cfg).summary  # failed instances run again, and their answers come from the cache
     assert rerun["requests"]["sent"] == 0
 
 
 def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_home):
-    summary = run(config(endpoints, tmp_path, matcher="tinymatch", limit=1))
+    summary = run(config(endpoints, tmp_path, matcher="tinymatch", limit=1)).summary
     (row,) = records(tmp_path / "run")
     if row["status"] == "failed":
         assert row["error"]["stage"] in ("match_infer_to_gt", "match_gt_to_infer")
@@ -107,9 +107,9 @@ def test_cli_exit_code_and_last_line(endpoints, tmp_path, cupid_home):
 def test_dry_run_writes_batch_requests_and_sends_nothing(tmp_path, cupid_home):
     endpoints = write_endpoints(tmp_path / "ep.yaml", off={"base_url": "http://127.0.0.1:9/v1", "model": "cand", "max_tokens": 99})
     out = tmp_path / "batch.jsonl"
-    result = run(config(endpoints, tmp_path, candidate="off", decomposer="off", matcher="off", settings=["oracle"]), dry_run=str(out))
+    n = dry_run(config(endpoints, tmp_path, candidate="off", decomposer="off", matcher="off", settings=["oracle"]), out)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert result["n_requests"] == len(lines) == 12
+    assert n == len(lines) == 12
     assert lines[0]["url"] == "/v1/chat/completions" and lines[0]["method"] == "POST"
     assert lines[0]["body"]["model"] == "cand" and lines[0]["body"]["max_tokens"] == 99
     assert lines[0]["custom_id"].endswith("/oracle/inference")

@@ -55,7 +55,7 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
     entries = sqlite3.connect(cache).execute("SELECT COUNT(*) FROM responses").fetchone()[0]
     assert entries >= max(s["requests"]["sent"] for s in summaries) > 0
     third = run(RunConfig(endpoints=str(instant_endpoints), candidate="instant", decomposer="instant", matcher="pm",
-                          settings=["standard", "oracle"], out=str(tmp_path / "run3"), cache=str(cache)))  # fmt: skip
+                          settings=["standard", "oracle"], out=str(tmp_path / "run3"), cache=str(cache))).summary  # fmt: skip
     assert third["requests"]["sent"] == 0 and third["n_scored"] == 24  # every answer either run got is in the cache
 
 
@@ -103,7 +103,7 @@ def test_a_full_disk_stops_the_run_clearly_and_a_resume_loses_nothing(instant_en
     assert not (out / "summary.json").exists() and not list(out.glob(".*.tmp"))  # no half summary, no temp left
 
     filler.unlink()  # space freed: the same run resumes
-    summary = run(cfg)
+    summary = run(cfg).summary
     assert summary["n_scored"] == 12 and summary["n_failed"] == 0
     after = RunDir(out).records()
     assert all(after[r.unit] == r for r in kept)  # what was written before is still there, unchanged

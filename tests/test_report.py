@@ -31,7 +31,7 @@ def scored_run(tmp_path_factory, instant_url):
     cfg = RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", judge="judge",
                     reference="ref", tasks=["inference", "generation"], settings=["standard", "oracle"],
                     out=str(tmp / "run"), cache=str(tmp / "cache.sqlite"))  # fmt: skip
-    summary = run(cfg)
+    summary = run(cfg).summary
     assert summary["n_failed"] == 0
     return tmp / "run", summary
 

@@ -36,7 +36,7 @@ from cupid.training.synth.factors import PAIR, Factor, changed_shape, checklist_
 from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
 from cupid.training.synth.personas import read_description, template
 from cupid.training.synth.personas import shape as persona_shape
-from cupid.training.synth.pipeline import SynthRunDir, persona_id, run
+from cupid.training.synth.pipeline import SynthesisDir, persona_id, run
 from cupid.training.synth.sessions import FINAL, layout, request_shape
 
 REPO = Path(__file__).resolve().parents[1]
@@ -371,7 +371,7 @@ def test_failed_personas_are_recorded_whole_and_retried(tmp_path, instant_url):
     endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": instant_url, "model": "m"})
     cfg = cfg_for(tmp_path, endpoints, personas=2, retries=1)
     summary = run(cfg)
-    out = SynthRunDir(cfg.out)
+    out = SynthesisDir(cfg.out)
     assert summary["done"] == 0 and summary["failed"] == 2 and summary["failed_by_step"] == {"persona": 2}
     assert out.done_ids() == set() and out.records_file.read_text() == ""  # nothing half-written
     failure = json.loads((out.failed / f"{persona_id(0, 1)}.json").read_text())
@@ -510,7 +510,7 @@ def test_scripted_end_to_end_dialogue_rules_and_resume(tmp_path, scripted_url):
     second = run(cfg)  # the failed personas run again: everything before the judge comes from the cache
     assert second["done"] == 2 and second["failed"] == 0 and second["instances"] == 6
     assert second["requests"]["cached"] >= 2 * (1 + 8 + 1 + 9 + 13 + 12)
-    out = SynthRunDir(cfg.out)
+    out = SynthesisDir(cfg.out)
     dataset = cupid_data.load(out.records_file)
     assert dataset.bad_rows == [] and len(dataset.instances) == 6
     for record in out.persona_records():
@@ -547,7 +547,7 @@ def test_tiny_model_held_to_the_shapes_writes_a_persona_then_resumes(tmp_path, t
             "--out", str(tmp_path / "run"), "--cache", str(tmp_path / "c.sqlite")]  # fmt: skip
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
-    out = SynthRunDir(tmp_path / "run")
+    out = SynthesisDir(tmp_path / "run")
     dataset = cupid_data.load(out.records_file)
     assert dataset.bad_rows == [] and len(dataset.instances) == 3 and out.failures() == {}
     record = out.persona_records()[0]

@@ -8,7 +8,7 @@ import pytest
 
 from cupid.eval import data as cupid_data
 from cupid.eval.history import relevant_sessions
-from cupid.eval.runner import RunConfig, run
+from cupid.eval.runner import RunConfig, dry_run, run
 from cupid.matcher import prompts
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant
@@ -38,7 +38,7 @@ def sent(cache_file, prompt_name):
 
 
 def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tmp_path, cupid_home):
-    summary = run(config(endpoints, tmp_path, candidate="tiny", settings=SETTINGS, limit=1))
+    summary = run(config(endpoints, tmp_path, candidate="tiny", settings=SETTINGS, limit=1)).summary
     rows = {(r["task"], r["setting"]): r for r in records(tmp_path)}
     # oracle-preference is a generation setting only
     assert set(rows) == {("inference", s) for s in ("standard", "oracle", "summary")} | {("generation", s) for s in SETTINGS}
@@ -63,7 +63,7 @@ def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tmp_path
 
 def test_candidate_prompts_per_setting_and_summaries_cached_per_session(endpoints, tmp_path, cupid_home):
     cache_file = tmp_path / "cache.sqlite"
-    summary = run(config(endpoints, tmp_path, settings=SETTINGS))
+    summary = run(config(endpoints, tmp_path, settings=SETTINGS)).summary
     assert summary["n_failed"] == 0 and summary["n_runs"] == 12 * 3 + 12 * 4
     sample = cupid_data.load("sample").instances
     distinct_sessions = {json.dumps(s.model_dump(), sort_keys=True) for i in sample for s in i.prior_interactions}
@@ -92,7 +92,7 @@ def test_reference_rescoring_side_by_side_without_asking_the_candidate_again(end
     assert not (tmp_path / "run").exists()  # stopped before sending anything
 
     monkeypatch.setenv("CUPID_TEST_MISSING_KEY", "sk-test")
-    summary = run(config(endpoints, tmp_path, reference="paid", limit=3))
+    summary = run(config(endpoints, tmp_path, reference="paid", limit=3)).summary
     rows = records(tmp_path)
     assert all(r["reference"]["status"] == "scored" for r in rows)
     inference = [r for r in rows if r["task"] == "inference"]
@@ -110,7 +110,7 @@ def test_a_small_context_window_is_counted_not_crashed(tmp_path, cupid_home):
     try:
         endpoints = write_endpoints(tmp_path / "ep.yaml", small={"base_url": url, "model": "small", "max_tokens": 100, "matcher_prompt": "prefmatcher"})
         summary = run(config(endpoints, tmp_path, candidate="small", decomposer="small", matcher="small", judge="small", summarizer=None,
-                             settings=["standard", "oracle"]))  # fmt: skip
+                             settings=["standard", "oracle"])).summary  # fmt: skip
     finally:
         proc.terminate()
         proc.wait()
@@ -143,8 +143,8 @@ def test_offline_executor_without_vllm_is_refused_clearly(endpoints, tmp_path, c
 def test_a_running_server_is_an_endpoint_by_its_name(endpoints, tmp_path, tiny_server, session_home, monkeypatch):
     monkeypatch.setenv("CUPID_HOME", str(session_home))  # where the session's tiny server is recorded
     out = tmp_path / "batch.jsonl"
-    run(config(endpoints, tmp_path, candidate=TINY_NAME, tasks=["generation"], limit=2), dry_run=str(out))
+    dry_run(config(endpoints, tmp_path, candidate=TINY_NAME, tasks=["generation"], limit=2), out)
     bodies = [json.loads(line)["body"] for line in out.read_text().splitlines()]
     assert [b["model"] for b in bodies] == [TINY_NAME, TINY_NAME]
     with pytest.raises(ConfigError, match="no endpoint named 'nobody'"):
-        run(config(endpoints, tmp_path, candidate="nobody", tasks=["generation"]), dry_run=str(out))
+        dry_run(config(endpoints, tmp_path, candidate="nobody", tasks=["generation"]), out)

@@ -308,7 +308,7 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
                     concurrency=syn.concurrency, out=str(out), cache=str(cache_path),
                 ),  # fmt: skip
                 console=console,
-            )
+            ).summary
             runs[candidate] = {"dir": str(out), "n_scored": summary["n_scored"], "n_failed": summary["n_failed"], "failures": summary["failures"]}
 
     examples = []

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cupid.eval import data as cupid_data
 from cupid.eval.files import write_atomic
-from cupid.eval.rundir import RunDir
+from cupid.eval.rundir import OutputDir
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
@@ -56,7 +56,7 @@ def persona_id(seed: int, index: int) -> str:
     return f"synth-{seed}-{index:04d}"
 
 
-class SynthRunDir(RunDir):
+class SynthesisDir(OutputDir):
     """A synthesis run's directory: run.json and instances.jsonl as every run's (here the CUPID rows,
     rewritten whole), plus a file per finished or failed persona."""
 
@@ -199,7 +199,7 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     return record
 
 
-async def _run_all(cfg: SynthConfig, client: Client, out: SynthRunDir, todo: list[int], seeds: tables.Seeds, console: Console) -> None:
+async def _run_all(cfg: SynthConfig, client: Client, out: SynthesisDir, todo: list[int], seeds: tables.Seeds, console: Console) -> None:
     slots = asyncio.Semaphore(cfg.parallel_personas)
     columns = (TextColumn("synth"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -242,7 +242,7 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
     if missing := missing_keys(used):
         raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
     seeds = tables.load_seeds(cfg.seeds)
-    out = SynthRunDir(cfg.out)
+    out = SynthesisDir(cfg.out)
     out.check_same_run(identity(cfg, endpoints, seeds), what="synthesis run")
     done = out.done_ids()
     todo = [i for i in range(cfg.personas) if persona_id(cfg.seed, i) not in done]
