@@ -1,7 +1,7 @@
 """Local, cost-free evaluation for the CUPID benchmark (COLM 2025) with a vLLM-served PrefMatcher judge.
 
-The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run),
-`load_dataset`, `endpoint`. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
+The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run,
+giving a `RunResult`), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
 batched client, the request cache), `cupid.eval` (the benchmark), `cupid.training` (rebuilding PrefMatcher).
 """
 
@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["PrefMatcher", "evaluate", "aevaluate", "load_dataset", "endpoint", "Endpoint", "EvalResult"]
+__all__ = [
+    "PrefMatcher", "evaluate", "aevaluate", "load_dataset", "endpoint",
+    # the types the API's signatures name
+    "Endpoint", "RunResult", "ServedModel", "MatchItem", "Scoring", "StageError", "StageFailed", "Dataset",
+]  # fmt: skip
 
 if TYPE_CHECKING:
-    from cupid.api import EvalResult, PrefMatcher, aevaluate, endpoint, evaluate, load_dataset
+    from cupid.api import (
+        Dataset, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, aevaluate, endpoint,
+        evaluate, load_dataset,
+    )  # fmt: skip
     from cupid.serving.endpoints import Endpoint
 
 

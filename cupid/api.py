@@ -9,14 +9,16 @@ eval run` computes for the same inputs: the same scorer, the same requests, and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import weakref
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
 
 import httpx
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
+from cupid.eval.data import Dataset
 from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import MatchItem, Scoring, StageError
@@ -29,6 +31,7 @@ from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, lookup
 from cupid.serving.fleet import ServedModel
 
 T = TypeVar("T")
+P = ParamSpec("P")
 EndpointLike = Endpoint | str
 """An `Endpoint`, a base URL (`http://localhost:8000/v1`), or a name: an entry of the endpoints file
 (`configs/endpoints.yaml`), or a server running under `cupid serve up` (its profile name)."""
@@ -60,9 +63,14 @@ class PrefMatcher:
     """PrefMatcher, the CUPID preference-match judge, as an object to call.
 
     ```python
-    pm = cupid.PrefMatcher("http://localhost:8000/v1")   # or an Endpoint, or "prefmatcher"
-    pm.labels("Prefers concise answers", ["Is the answer short?"])   # [MatchItem(index=1, entry=..., label=...)]
+    with cupid.PrefMatcher("http://localhost:8000/v1") as pm:   # or an Endpoint, or "prefmatcher"
+        pm.labels("Prefers concise answers", ["Is the answer short?"])   # [MatchItem(index=1, entry=..., label=...)]
+    async with cupid.PrefMatcher("prefmatcher") as pm:         # the async forms: connections live until the end
+        await pm.alabels_batch(pairs)
     ```
+
+    A blocking call opens and closes its own connections; the async forms keep theirs open on their event
+    loop for the next call, until `aclose()` (or the end of `async with`). `close()` closes what is left.
 
     The matcher's prompt dialect and structured output come from the endpoint (a base URL: from the
     model's name and the fields passed). `score` also needs a `decomposer` to turn an inferred preference
@@ -101,12 +109,34 @@ class PrefMatcher:
         return self._clients[loop][1]
 
     async def aclose(self) -> None:
-        """Close this event loop's connections and cache."""
+        """Close this event loop's connections and cache (again: nothing to do)."""
         client, _ = self._clients.pop(asyncio.get_running_loop(), (None, None))
         if client is not None:
-            await client.aclose()
-            if client.cache is not None:
+            await _close(client)
+
+    def close(self) -> None:
+        """Close what async calls left open, on event loops no longer running (again: nothing to do). Inside a
+        running loop, `await aclose()` instead: its connections can only be closed on it."""
+        for loop, (client, _) in list(self._clients.items()):
+            if loop.is_running():
+                raise RuntimeError("PrefMatcher.close() inside a running event loop: use `await pm.aclose()` or `async with`")
+            if not loop.is_closed():
+                loop.run_until_complete(_close(client))
+            elif client.cache is not None:  # its sockets went with the loop
                 client.cache.close()
+            del self._clients[loop]
+
+    def __enter__(self) -> "PrefMatcher":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "PrefMatcher":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def _blocking(self, make: Callable[[], Awaitable[T]]) -> T:
         async def once() -> T:
@@ -164,14 +194,17 @@ class PrefMatcher:
         return self._blocking(lambda: self.ascore_batch(triples))
 
 
-def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None) -> cupid_data.Dataset:
+async def _close(client: Client) -> None:
+    await client.aclose()
+    if client.cache is not None:
+        client.cache.close()
+
+
+def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None) -> Dataset:
     """CUPID instances from the same sources as `--data`: `sample` (bundled), a local .jsonl/.json/.parquet
     file or directory, or a Hub id (`kixlab/CUPID`). Rows that do not fit the schema are in `.bad_rows`,
     each naming its file and row, never dropped silently."""
     return cupid_data.load(source).filter(types, limit)
-
-
-EvalResult = RunResult
 
 
 async def aevaluate(
@@ -190,7 +223,7 @@ async def aevaluate(
     endpoints_file: str | Path = DEFAULT_FILE,
     progress: bool = True,
     **options: Any,
-) -> EvalResult:
+) -> RunResult:
     """CUPID on one candidate, as `cupid eval run` runs it, returning what it computed.
 
     Each role is a name (an entry of `endpoints_file`, or a server running under `cupid serve up`), an
@@ -217,6 +250,16 @@ async def aevaluate(
     return await arun(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
 
 
-def evaluate(candidate: EndpointLike | ServedModel, **kwargs: Any) -> EvalResult:
-    """`aevaluate` from blocking code, inside a running event loop too (a notebook)."""
-    return blocking(lambda: aevaluate(candidate, **kwargs))
+def _blocking_form(afunc: Callable[P, Awaitable[T]]) -> Callable[P, T]:
+    """The blocking form of an async entry point, with its signature (for type checkers and `help()`)."""
+
+    @functools.wraps(afunc)
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        return blocking(lambda: afunc(*args, **kwargs))
+
+    call.__doc__ = f"`{afunc.__name__}` from blocking code, inside a running event loop too (a notebook)."
+    return call
+
+
+evaluate = _blocking_form(aevaluate)
+evaluate.__name__ = evaluate.__qualname__ = "evaluate"

@@ -146,7 +146,7 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
     for part in ("inference", "generation", "n_instances", "n_runs", "n_scored", "n_failed", "failures"):
         assert result.summary[part] == cli[part], part
     assert result.summary["n_scored"] == 12 * 2 * 2
-    assert result.tables == cupid.EvalResult([], cli, None).tables
+    assert result.tables == cupid.RunResult([], cli, None).tables
     assert result.summary["roles"]["decomposer"] == "decomposer (instant)"  # an object is bound under its role's name
     assert {r.unit for r in result.records} == cli_records.keys()
     for record in result.records:
@@ -165,3 +165,59 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
     assert awaited.summary["inference"] == blocking.summary["inference"]
     with pytest.raises(ValueError, match="needs endpoints for decomposer"):
         cupid.evaluate("instant", matcher="pm", endpoints_file=endpoints)
+
+
+SCRIPT = """
+import asyncio, sys
+import cupid
+
+url, leak = sys.argv[1], sys.argv[2] == "leak"
+tiny = cupid.endpoint(url, structured_output=True, max_tokens=64)
+pair = ("Prefers short answers", ["Is the answer short?"])
+
+if leak:  # the control: async calls on a PrefMatcher that is never closed
+    asyncio.run(cupid.PrefMatcher(tiny).alabels_batch([pair]))
+    sys.exit(0)
+
+pm = cupid.PrefMatcher(tiny)
+print(pm.labels(*pair))  # blocking: opens and closes its own connections
+with cupid.PrefMatcher(tiny) as pm:
+    pm.labels(*pair)
+result = cupid.evaluate(tiny, matcher=tiny, decomposer=tiny, limit=1, settings=["oracle"], progress=False)
+print(result.summary["n_runs"], type(result).__name__)
+
+
+async def main():
+    async with cupid.PrefMatcher(tiny) as apm:
+        await apm.alabels_batch([pair, pair])
+    await cupid.aevaluate(tiny, matcher=tiny, decomposer=tiny, limit=1, settings=["oracle"], progress=False)
+
+
+asyncio.run(main())
+own = asyncio.new_event_loop()  # a loop of the caller's: close() closes what async calls left on it
+pm = cupid.PrefMatcher(tiny)
+own.run_until_complete(pm.alabels(*pair))
+pm.close()
+pm.close()  # again: nothing left to close
+own.close()
+print("done")
+"""
+
+
+def test_a_script_using_the_api_ends_with_nothing_left_open(tiny_server, tmp_path):
+    """PrefMatcher (blocking, `with`, `async with`, `close()` on the caller's loop) and evaluate close their
+    connections: the script prints no ResourceWarning and no aiohttp "Unclosed" message. The control, an async
+    PrefMatcher never closed, shows that the check sees a leak."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+
+    def python(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-W", "always::ResourceWarning", str(script), tiny_server["base_url"], mode],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+    clean = python("clean")
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    assert clean.stdout.splitlines()[-2:] == ["1 RunResult", "done"]
+    assert "Unclosed" not in clean.stderr and "ResourceWarning" not in clean.stderr, clean.stderr[-3000:]
+    leak = python("leak")
+    assert leak.returncode == 0 and "Unclosed client session" in leak.stderr, leak.stderr[-3000:]
