@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import weakref
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
 
 import httpx
 from rich.console import Console
@@ -23,6 +22,7 @@ from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import MatchItem, Scoring, StageError
 from cupid.eval.runner import RunConfig, RunResult, arun
+from cupid.eval.tasks import INFERENCE
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
@@ -69,8 +69,10 @@ class PrefMatcher:
         await pm.alabels_batch(pairs)
     ```
 
-    A blocking call opens and closes its own connections; the async forms keep theirs open on their event
-    loop for the next call, until `aclose()` (or the end of `async with`). `close()` closes what is left.
+    A blocking call opens and closes its own connections. The async forms keep theirs open on their event loop
+    for the next call, until `await aclose()` (or the end of `async with`), at the latest until the loop
+    finalizes its async generators (`asyncio.run` does before it returns): a script that never closes leaves
+    nothing open. `close()` (or the end of `with`) closes what they left on loops not running now.
 
     The matcher's prompt dialect and structured output come from the endpoint (a base URL: from the
     model's name and the fields passed). `score` also needs a `decomposer` to turn an inferred preference
@@ -93,38 +95,54 @@ class PrefMatcher:
         self.dialect = matcher_dialect(self.endpoint)
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
-        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[Client, InferenceScorer]] = weakref.WeakKeyDictionary()
+        # per event loop: its scorer, the generator that closes what it opened, its client
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[InferenceScorer, AsyncGenerator[None, None], Client]] = {}
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
 
-    def _scorer(self) -> InferenceScorer:
-        """This event loop's client and scorer (aiohttp sessions belong to one loop)."""
+    async def _scorer(self) -> InferenceScorer:
+        """This event loop's client and scorer (aiohttp sessions belong to one loop), opened on its first call.
+
+        Its closing is an async generator suspended at its `yield`: the loop holds it among the generators it
+        finalizes (`shutdown_asyncgens`, which `asyncio.run` calls before closing the loop), so what the loop's
+        calls opened is closed on it, at `aclose()`/`close()` or at the latest when `asyncio.run` ends, once."""
         loop = asyncio.get_running_loop()
         if loop not in self._clients:
             endpoints = {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
             cache = Cache(self.cache_path) if self.cache_path is not None else None
             client = Client(endpoints, cache, concurrency=self.concurrency)
-            self._clients[loop] = (client, InferenceScorer(client, "decomposer", "matcher", self.dialect))
-        return self._clients[loop][1]
+            held = self._held(loop, client)
+            self._clients[loop] = (InferenceScorer(client, "decomposer", "matcher", self.dialect), held, client)
+            await anext(held)  # runs to its `yield` at once: the loop now finalizes it
+        return self._clients[loop][0]
+
+    async def _held(self, loop: asyncio.AbstractEventLoop, client: Client) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            if self._clients.get(loop, (None, None, None))[2] is client:
+                del self._clients[loop]
+            await _close(client)
 
     async def aclose(self) -> None:
         """Close this event loop's connections and cache (again: nothing to do)."""
-        client, _ = self._clients.pop(asyncio.get_running_loop(), (None, None))
-        if client is not None:
-            await _close(client)
+        opened = self._clients.get(asyncio.get_running_loop())
+        if opened is not None:
+            await opened[1].aclose()
 
     def close(self) -> None:
-        """Close what async calls left open, on event loops no longer running (again: nothing to do). Inside a
-        running loop, `await aclose()` instead: its connections can only be closed on it."""
-        for loop, (client, _) in list(self._clients.items()):
+        """Close what async calls left open on event loops not running now (again: nothing to do). On a running
+        loop, `await pm.aclose()` instead (or `async with`): its connections can only be closed on it."""
+        for loop, (_, held, client) in list(self._clients.items()):
             if loop.is_running():
-                raise RuntimeError("PrefMatcher.close() inside a running event loop: use `await pm.aclose()` or `async with`")
+                raise RuntimeError("PrefMatcher.close() while its event loop runs: use `await pm.aclose()` or `async with`")
             if not loop.is_closed():
-                loop.run_until_complete(_close(client))
-            elif client.cache is not None:  # its sockets went with the loop
-                client.cache.close()
-            del self._clients[loop]
+                loop.run_until_complete(held.aclose())
+            else:  # closed without finalizing its generators: its sockets cannot be closed any more, the cache can
+                self._clients.pop(loop, None)
+                if client.cache is not None:
+                    client.cache.close()
 
     def __enter__(self) -> "PrefMatcher":
         return self
@@ -152,7 +170,7 @@ class PrefMatcher:
         """Each checklist item labelled against the preference (`Fully Covered`, `Partially Covered`,
         `Not Covered`), in checklist order. Raises `StageFailed` when the request fails or the answer
         does not parse (its `.error` says which, with the raw answer)."""
-        matched = await self._scorer().match("match", preference, list(checklist))
+        matched = await (await self._scorer()).match("match", preference, list(checklist))
         return [MatchItem.of(m) for m in matched]
 
     async def alabels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
@@ -180,7 +198,7 @@ class PrefMatcher:
         its `error`, with what came before it kept; it is never a zero score."""
         if self.decomposer is None:
             raise ConfigError("PrefMatcher.score needs a decomposer: PrefMatcher(..., decomposer=ENDPOINT)")
-        return await self._scorer().score_preference(inferred, preference, list(checklist))
+        return await (await self._scorer()).score_preference(inferred, preference, list(checklist))
 
     async def ascore_batch(self, triples: Iterable[tuple[str, str, Sequence[str]]]) -> list[Scoring]:
         """`ascore` for many (inferred, preference, checklist) triples at once, in order."""
@@ -216,7 +234,7 @@ async def aevaluate(
     summarizer: EndpointLike | None = None,
     reference: EndpointLike | None = None,
     data: str = "sample",
-    tasks: Sequence[str] = ("inference",),
+    tasks: Sequence[str] = (INFERENCE.name,),
     settings: Sequence[str] = ("standard",),
     out: str | Path | None = None,
     cache: str | Path | None = None,

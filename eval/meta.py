@@ -28,6 +28,7 @@ from rich.table import Table
 
 from cupid.eval.records import DIRECTIONS, UnitRecord, scored
 from cupid.eval.rundir import RunDir
+from cupid.eval.tasks import INFERENCE
 from cupid.matcher.scores import macro, micro
 from cupid.serving.config import ConfigError
 
@@ -67,7 +68,7 @@ def run_labels(run_dir: str | Path, *, reference: bool = False) -> dict[PairKey,
     for record in RunDir(run_dir).read():
         key, task, setting = record.unit
         scoring = record.scoring(reference)
-        if task != "inference" or not scoring.scored:
+        if task != INFERENCE.name or not scoring.scored:
             continue
         criteria = {"infer_to_gt": record.gt_preference, "gt_to_infer": record.inferred_preference}
         for direction in DIRECTIONS:
@@ -191,7 +192,7 @@ def _role(run_dir: Path, role: str) -> str | None:
 
 def run_f1(records: Iterable[UnitRecord], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
     """(F1, n_scored, n_failed) of a run's inference records in one setting."""
-    rows = [r for r in records if r.task == "inference" and r.setting == setting]
+    rows = [r for r in records if r.task == INFERENCE.name and r.setting == setting]
     counts = [s.match_counts() for s in scored(rows, reference)]
     value = (micro if aggregate == "micro" else macro)(counts)
     return (value.f1 if value else None), len(counts), len(rows) - len(counts)

@@ -24,6 +24,7 @@ from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import UnitRecord, scored
 from cupid.eval.rundir import RunDir
 from cupid.eval.stats import Interval, mean_interval, prf_intervals
+from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.serving.config import ConfigError
 
 SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
@@ -91,23 +92,15 @@ def _groups(records: list[UnitRecord]) -> list[tuple[str, list[UnitRecord]]]:
     return [("all", records)] + [(t, [r for r in records if r.instance_type == t]) for t in INSTANCE_TYPES]
 
 
-def inference_rows(run: Run, reference: bool = False) -> list[Row]:
+def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[Row]:
+    """The task's estimates with their intervals (`TaskSpec.intervals`) per setting and instance type."""
     rows = []
-    for setting in run.settings("inference"):
-        for group, records in _groups(run.of("inference", setting)):
-            counts = [s.match_counts() for s in scored(records, reference)]
-            intervals = prf_intervals(counts) or {}
-            cells = {f"{name} {agg}": intervals.get(agg, {}).get(name) for agg in ("micro", "macro") for name in ("precision", "recall", "f1")}
-            rows.append(Row(setting, group, len(counts), len(records) - len(counts), cells))
-    return rows
-
-
-def generation_rows(run: Run, reference: bool = False) -> list[Row]:
-    rows = []
-    for setting in run.settings("generation"):
-        for group, records in _groups(run.of("generation", setting)):
-            scores = [s.score for s in scored(records, reference)]
-            rows.append(Row(setting, group, len(scores), len(records) - len(scores), {"mean score": mean_interval(scores)}))
+    for setting in run.settings(task.name):
+        for group, records in _groups(run.of(task.name, setting)):
+            scorings = [r.scoring(reference) for r in records]
+            n_scored = sum(s.scored for s in scorings)
+            intervals = task.intervals(scorings)
+            rows.append(Row(setting, group, n_scored, len(records) - n_scored, {m: intervals.get(m) for m in task.metrics}))
     return rows
 
 
@@ -173,7 +166,7 @@ def figure3(runs: list[Run]) -> Figure:
     lines: dict[str, dict[int, list[float]]] = {}
     notes, no_relevant, width = [], 0, 1
     for run in runs:
-        records = [r for r in run.of("inference", FIGURE_SETTING) if r.scored]
+        records = [r for r in run.of(INFERENCE.name, FIGURE_SETTING) if r.scored]
         if not records:
             continue
         known: dict[str, list[int]] = {}
@@ -229,10 +222,10 @@ def model_points(runs: list[Run], setting: str = FIGURE_SETTING) -> tuple[dict[s
     for run in runs:
         scorings = [(run.role("matcher") or "matcher", False)] + ([(run.role("reference") or "reference", True)] if run.has_reference else [])
         for matcher, reference in scorings:
-            counts = [s.match_counts() for s in scored(run.of("inference", setting), reference)]
+            counts = [s.match_counts() for s in scored(run.of(INFERENCE.name, setting), reference)]
             if (intervals := prf_intervals(counts)) is not None:
                 f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro"]["f1"])
-        scores = [s.score for s in scored(run.of("generation", setting))]
+        scores = [s.score for s in scored(run.of(GENERATION.name, setting))]
         if (interval := mean_interval(scores)) is not None:
             gen.setdefault(run.candidate, interval)
     return f1, gen
@@ -352,23 +345,18 @@ Failed instances are counted and never averaged in.</p>
 </body></html>
 """
 
-PRF_HEADERS = [f"{name} {agg}" for agg in ("micro", "macro") for name in ("precision", "recall", "f1")]
-
-
 def _fmt(value: float, scale: float) -> str:
     return f"{scale * value:.1f}" if scale != 1 else f"{value:.2f}"
 
 
 def _run_view(run: Run) -> dict[str, Any]:
     blocks = []
-    if rows := inference_rows(run):
-        blocks.append({"title": f"Inference: preference match, matcher {run.role('matcher') or '?'}", "headers": PRF_HEADERS, "rows": rows, "scale": 100})
-    if run.has_reference and (rows := inference_rows(run, reference=True)):
-        blocks.append({"title": f"Inference, reference scoring ({run.role('reference') or 'reference'})", "headers": PRF_HEADERS, "rows": rows, "scale": 100})
-    if rows := generation_rows(run):
-        blocks.append({"title": f"Generation: judge score, judge {run.role('judge') or '?'}", "headers": ["mean score"], "rows": rows, "scale": 1})
-    if run.has_reference and (rows := generation_rows(run, reference=True)):
-        blocks.append({"title": f"Generation, reference scoring ({run.role('reference') or 'reference'})", "headers": ["mean score"], "rows": rows, "scale": 1})
+    for task in TASKS.values():
+        judge = task.roles[-1]  # the role whose answers make the score (matcher, judge)
+        for reference in (False, True) if run.has_reference else (False,):
+            if rows := task_rows(run, task, reference):
+                who = f"reference scoring ({run.role('reference') or 'reference'})" if reference else f"{judge} {run.role(judge) or '?'}"
+                blocks.append({"title": f"{task.title}, {who}", "headers": list(task.metrics), "rows": rows, "scale": task.scale})
     n_failed = sum(not r.scored for r in run.records)
     return {
         "path": run.path,

@@ -26,7 +26,7 @@ from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.summary import Table, markdown, summarize, tables
-from cupid.eval.tasks import TASKS, Task, candidate_constrained
+from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, candidate_constrained
 from cupid.eval import track as tracking
 from cupid.eval.track import Tracker
 from cupid.matcher import prompts
@@ -61,7 +61,7 @@ class RunConfig(BaseModel):
     judge: str | None = Field(default=None, description="generation: scores the response 1-10")
     summarizer: str | None = Field(default=None, description="summary setting: summarizes each prior session")
     reference: str | None = Field(default=None, description="endpoint that re-scores the same answers (decomposer, matcher, judge)")
-    tasks: list[TaskName] = Field(default_factory=lambda: ["inference"], min_length=1, description="inference, generation or both")
+    tasks: list[TaskName] = Field(default_factory=lambda: [INFERENCE.name], min_length=1, description="inference, generation or both")
     settings: list[Setting] = Field(
         default_factory=lambda: ["standard"], min_length=1, description="standard, oracle, oracle-preference (generation) or summary"
     )
@@ -92,7 +92,7 @@ class RunConfig(BaseModel):
         needed = {role for task in self.tasks for role in TASKS[task].roles} | ({"summarizer"} if "summary" in self.settings else set())
         if missing := [f.name for f in fields(Roles) if f.name in needed and getattr(self, f.name) is None]:
             raise ValueError(f"this run needs endpoints for {', '.join(missing)} (options --{' --'.join(missing)})")
-        if not self.units_of("inference") and not self.units_of("generation"):
+        if not any(self.units_of(task) for task in TASKS):
             raise ValueError(f"no task runs in these settings: {', '.join(GENERATION_ONLY)} is for generation only")
         return self
 
@@ -100,7 +100,7 @@ class RunConfig(BaseModel):
         """The settings a task runs in; oracle-preference exists for generation only (spec §1)."""
         if task not in self.tasks:
             return []
-        return [s for s in self.settings if task == "generation" or s not in GENERATION_ONLY]
+        return [s for s in self.settings if task == GENERATION.name or s not in GENERATION_ONLY]
 
     @property
     def candidate_name(self) -> str:

@@ -119,6 +119,14 @@ def _groups(setting_block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [("all", setting_block)] + [(t, setting_block["by_type"][t]) for t in INSTANCE_TYPES]
 
 
+def inference_tables(title: str, block: dict[str, Any]) -> list[Table]:
+    return [_inference_table(title, block, average) for average in ("micro", "macro")]
+
+
+def generation_tables(title: str, block: dict[str, Any]) -> list[Table]:
+    return [_generation_table(title, block)]
+
+
 def _inference_table(title: str, block: dict[str, Any], average: str) -> Table:
     settings = block["settings"]
     headers = ["instances"] + [f"{s} {m}" for s in settings for m in ("P", "R", "F1", "n")]
@@ -157,11 +165,12 @@ def tables(summary: dict[str, Any]) -> list[Table]:
     def name(title: str, task: str) -> str:
         return f"{title} {task}" + (" (candidate answers constrained to the task's format)" if task in constrained else "")
 
+    from cupid.eval.tasks import TASKS  # the tasks declare their blocks with this module's functions
+
     for title, scoring in scorings:
-        if "inference" in scoring:
-            out += [_inference_table(name(title, "inference"), scoring["inference"], a) for a in ("micro", "macro")]
-        if "generation" in scoring:
-            out.append(_generation_table(name(title, "generation"), scoring["generation"]))
+        for task in TASKS.values():
+            if task.name in scoring:
+                out += task.tables(name(title, task.name), scoring[task.name])
     return out
 
 

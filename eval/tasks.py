@@ -33,6 +33,7 @@ class TaskSpec:
     """A task, declared once: what the runner, the summary and the nightly need to know about it."""
 
     name: str
+    title: str  # what it measures, as report titles say it
     candidate_stage: str  # the stage a candidate that gave no answer failed at
     messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
     answer_format: Callable[[int | None], dict[str, Any]] | None  # what a constrained candidate is held to; None: free text
@@ -40,12 +41,17 @@ class TaskSpec:
     scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
     block: Callable[[list[Scoring]], dict[str, Any]]  # its summary figures over scorings
     intervals: Callable[[list[Scoring]], dict[str, Interval]]  # its estimates with bootstrap intervals, named as in the block
+    metrics: tuple[str, ...]  # the names `intervals` gives, in the order tables show them
+    scale: float  # how a figure is shown (100: as a percentage)
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
+    tables: Callable[[str, dict[str, Any]], list[summary.Table]]  # summary.md's tables of its block, under a title
+    unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
 
 
 INFERENCE = TaskSpec(
     name="inference",
+    title="Inference: preference match",
     candidate_stage="infer",
     messages=inference.candidate_messages,
     answer_format=schemas.inference_answer,
@@ -55,11 +61,16 @@ INFERENCE = TaskSpec(
     ),
     block=summary.inference_block,
     intervals=summary.inference_intervals,
+    metrics=tuple(f"{aggregate}_{name}" for aggregate in ("micro", "macro") for name in ("precision", "recall", "f1")),
+    scale=100,
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
+    tables=summary.inference_tables,
+    unit_score=lambda record: round(100 * record.scores.f1, 1) if record.scores else None,  # F1 in %
 )
 GENERATION = TaskSpec(
     name="generation",
+    title="Generation: judge score",
     candidate_stage="generate",
     messages=generation.candidate_messages,
     answer_format=None,  # generation answers are free text: nothing to constrain
@@ -67,8 +78,12 @@ GENERATION = TaskSpec(
     scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
     block=summary.generation_block,
     intervals=summary.generation_intervals,
+    metrics=("mean_score",),
+    scale=1,
     headline=("mean_score",),
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
+    tables=summary.generation_tables,
+    unit_score=lambda record: record.score,  # the judge's 1-10
 )
 TASKS = {spec.name: spec for spec in (INFERENCE, GENERATION)}  # in ranking order: the nightly ranks by the first a run has
 

@@ -32,10 +32,11 @@ from cupid.eval import data as cupid_data
 from cupid.eval.files import read_json
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
 
 SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
-TASKS_ORDER = ("inference", "generation")
+TASKS_ORDER = tuple(TASKS)
 RECENT_S = 120  # a run whose records changed this recently is "in progress"; older, it stopped before the end
 UNIT_FIELDS_IN_DATA = {"key", "persona_id", "instance_type", "task", "setting", "n_sessions", "relevant_sessions", "gt_preference", "gt_checklist"}
 
@@ -164,12 +165,8 @@ def _stub_instance(record: UnitRecord) -> dict[str, Any]:
 
 
 def _score(record: UnitRecord) -> float | None:
-    """The list's score: F1 in % for inference, the judge's 1-10 for generation."""
-    if not record.scored:
-        return None
-    if record.task == "inference":
-        return round(100 * record.scores.f1, 1) if record.scores else None
-    return record.score
+    """The list's score: the task's own figure for one unit (`TaskSpec.unit_score`)."""
+    return TASKS[record.task].unit_score(record) if record.scored else None
 
 
 def _order(values: Iterable[str], known: tuple[str, ...]) -> list[str]:

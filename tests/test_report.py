@@ -52,7 +52,7 @@ def test_report_of_a_real_run_has_tables_intervals_and_three_figures(scored_run,
     assert [c[0] for c in cells[:3]] == [f"{100 * micro[k]:.1f}" for k in ("precision", "recall", "f1")]
     for estimate, low, high in cells:
         assert float(low) <= float(estimate) <= float(high)
-    assert "Inference, reference scoring (ref-4o)" in html and "Generation: judge score, judge judge" in html
+    assert "Inference: preference match, reference scoring (ref-4o)" in html and "Generation: judge score, judge judge" in html
     assert "No failures: all 48 records scored." in html  # 2 tasks x 2 settings x 12 instances
     figures = images(html)
     assert set(figures) == {
