@@ -51,7 +51,7 @@ class RunConfig(BaseModel):
     data: str = Field(default="sample", description="'sample', a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID)")
     endpoints: str = Field(default="configs/endpoints.yaml", description="endpoints YAML")
     candidate: str | ServedModel = Field(description="endpoint name, or a model this run serves: {name, model, profile, adapter}")
-    profiles: str = Field(default="configs/serve", description="directory of the serve profiles that `serve:` and served candidates name")
+    profiles: str = Field(default="configs/serve", description="directory of the serve profiles that `serve:`, served candidates and the offline executors name")
     serve: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="serve profiles this run starts on first need (its judges) and stops at the end: name -> field overrides",
@@ -270,7 +270,7 @@ async def _run(cfg: RunConfig, console: Console, run_servers: RunServers | None,
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
         servers = servers_for(run_servers, used, cfg.candidate_name) if run_servers else None
-        client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, servers=servers)
+        client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, profiles_dir=cfg.profiles, servers=servers)
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}
         if out is not None:

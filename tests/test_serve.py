@@ -335,8 +335,9 @@ def test_request_fields_map_to_sampling_params_or_fail_clearly():
 def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, tiny_model_dir):
     """`cupid eval run --executor vllm-offline`: vLLM's CPU build inside the run's process, no server, every role
     the tiny model with answer formats enforced, so the unit is scored; a second run over HTTP (to a port where
-    nothing listens) finds every request in the cache: both executors build the same requests."""
-    profiles_dir = tmp_path / "configs" / "serve"  # the run looks its models up in ./configs/serve
+    nothing listens) finds every request in the cache: both executors build the same requests. The model comes from
+    the profile in `--profiles DIR` (the default, ./configs/serve, does not exist where the run starts)."""
+    profiles_dir = tmp_path / "my-profiles"
     profiles_dir.mkdir(parents=True)
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
     (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({**shipped, "model": str(tiny_model_dir)}))
@@ -347,7 +348,7 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, tiny_
         "max_retries": 0,
     }}))  # fmt: skip
     common = ["--endpoints", str(endpoints), "--candidate", "t", "--decomposer", "t", "--matcher", "t", "--limit", "1",
-              "--cache", str(tmp_path / "cache.sqlite")]  # fmt: skip
+              "--cache", str(tmp_path / "cache.sqlite"), "--profiles", str(profiles_dir)]  # fmt: skip
     env = {**os.environ, "CUPID_HOME": str(tmp_path / "home")}
     cupid = [sys.executable, "-m", "cupid", "eval", "run"]
     first = subprocess.run(cupid + common + ["--executor", "vllm-offline", "--out", str(tmp_path / "offline")],

@@ -38,7 +38,7 @@ from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.lifecycle import free_port
 from tests.conftest import REPO, TINY_NAME, write_endpoints
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
-from cupid.training.matchdata import SynthesisError
+from cupid.training.matchdata import LabellingError
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
 
@@ -53,7 +53,7 @@ def chain(tiny_model_dir, tmp_path_factory, request):
     the adapter on the session's tiny server (the same model directory, run-time LoRA loading on), asked for only
     then: another worker may have started it meanwhile."""
     work = tmp_path_factory.mktemp("train")
-    cfg = _load(TINY, out=str(work / "run"), base_model=str(tiny_model_dir), synthesis__cache=str(work / "cache.sqlite"))
+    cfg = _load(TINY, out=str(work / "run"), base_model=str(tiny_model_dir), labelling__cache=str(work / "cache.sqlite"))
     # The chain's own state directory, only while it runs: a module-long setting would be undone after the
     # session's `tiny_server` set its own (the state directory of the session server, shared by the workers).
     with pytest.MonkeyPatch.context() as mp:
@@ -78,7 +78,7 @@ def _rows(path: Path) -> list[dict]:
 
 def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
     cfg, reports = chain
-    report = reports["synth"]
+    report = reports["label"]
     assert report["runs"]["instant"]["n_scored"] == 6 and report["runs"]["instant"]["n_failed"] == 0
     # 6 instances x 2 directions; consistent and contrastive share the ground truth, so 4 prompts repeat.
     assert (report["n_examples_raw"], report["n_duplicates"], report["n_conflicting_duplicates"]) == (12, 4, 0)
@@ -333,13 +333,46 @@ def _write_config(path: Path, **sections) -> Path:
     return path
 
 
-def test_config_with_an_unknown_key_names_file_and_field(tmp_path):
-    path = _write_config(tmp_path / "bad.yaml", sft={"learning_rte": 0.1})
-    with pytest.raises(ConfigError) as e:
-        config.load(path)
-    assert str(path) in str(e.value) and "sft.learning_rte" in str(e.value)
-    result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path)])
-    assert result.exit_code == 2 and "sft.learning_rte" in result.output
+def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one(tmp_path):
+    """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it; an unknown name or a
+    value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with TRL's message."""
+    from cupid.training.sft import sft_config
+
+    extra = {"neftune_noise_alpha": 5, "lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}
+    path = _write_config(tmp_path / "more.yaml", sft=extra)
+    args = sft_config(config.load(path), "fp32")
+    assert (args.neftune_noise_alpha, args.lr_scheduler_type, args.lr_scheduler_kwargs) == (5, "cosine_with_min_lr", {"min_lr_rate": 0.1})
+    result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path), "--dry-run"])
+    assert result.exit_code == 0 and "neftune_noise_alpha=5" in result.output and "lr_scheduler_type=cosine_with_min_lr" in result.output
+
+    cases = {
+        "name": ({"learning_rte": 0.1}, r"sft\.learning_rte: not an argument of TRL's SFTConfig .*unexpected keyword argument 'learning_rte'"),
+        "value": ({"lr_scheduler_type": "nonsense"}, r"sft: TRL/transformers refuse it: nonsense is not a valid SchedulerType"),
+    }
+    for name, (sft, message) in cases.items():
+        bad = _write_config(tmp_path / f"{name}.yaml", sft=sft)
+        with pytest.raises(ConfigError, match=message):
+            sft_config(config.load(bad), "fp32")
+        for command in (["--dry-run"], []):  # the run refuses it before the match data are made
+            result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(bad), *command, "--out", str(tmp_path / name)])
+            assert result.exit_code == 2 and str(bad) in result.output and message.split(":")[0].replace("\\", "") in result.output
+            assert not (tmp_path / name).exists(), name
+    with pytest.raises(ConfigError, match=r"sft.*output_dir: set by the chain itself"):
+        config.load(_write_config(tmp_path / "owned.yaml", sft={"output_dir": "elsewhere"}))
+
+
+def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_trl_arguments():
+    """What each shipped config gave SFTConfig when `sft:` was a copy of its fields (recorded then in
+    tests/data/sft_args_before_trl_passthrough.json), it gives now as TRL's own arguments."""
+    from cupid.training.sft import sft_config
+
+    before = json.loads((REPO / "tests" / "data" / "sft_args_before_trl_passthrough.json").read_text())
+    for name, recipe in before.items():
+        cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
+        args = sft_config(cfg, "fp32")
+        project = recipe.pop("_project")
+        assert {k: getattr(args, k) for k in recipe} == recipe, name
+        assert (cfg.sft.precision, cfg.sft.resume, cfg.sft.measure_loss_on) == (project["precision"], project["resume"], project["measure_loss_on"])
 
 
 def test_check_server_settings_that_cannot_work_are_refused_when_the_config_loads(tmp_path):
@@ -374,14 +407,9 @@ def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, tin
     assert lifecycle.records() == [] and not (copy / "agreement.json").exists()  # refused before any start
 
 
-def test_fractional_warmup_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="sft.warmup_steps"):
-        config.load(_write_config(tmp_path / "bad.yaml", sft={"warmup_steps": 0.1}))
-
-
 def test_missing_base_model_directory_fails_before_loading_anything(tmp_path):
     path = _write_config(tmp_path / "c.yaml", base_model=str(tmp_path / "no-such-model"), out=str(tmp_path / "run"),
-                         synthesis=None, match_data=str(tmp_path / "data"))  # fmt: skip
+                         labelling=None, match_data=str(tmp_path / "data"))  # fmt: skip
     cfg = config.load(path)
     with pytest.raises(ConfigError, match=r"base_model: directory .*no-such-model does not exist"):
         sft.train(cfg)
@@ -402,7 +430,7 @@ def test_match_data_with_missing_fields_names_line_and_field(tmp_path, tiny_mode
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(broken) + "\n")
-    path = _write_config(tmp_path / "c.yaml", base_model=str(tiny_model_dir), out=str(tmp_path / "run"), synthesis=None, match_data=str(data))
+    path = _write_config(tmp_path / "c.yaml", base_model=str(tiny_model_dir), out=str(tmp_path / "run"), labelling=None, match_data=str(data))
     with pytest.raises(ConfigError) as e:
         sft.train(config.load(path))
     assert f"{data / 'train.jsonl'}:2: completion: Field required" in str(e.value)
@@ -413,11 +441,11 @@ def test_cupid_rows_with_missing_fields_stop_synthesis_before_anything_is_sent(t
     del rows[1]["current_checklist"]
     source = tmp_path / "cupid.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = _load(TINY, out=str(tmp_path / "run"), synthesis__data=str(source), synthesis__instant_server=False)
+    cfg = _load(TINY, out=str(tmp_path / "run"), labelling__data=str(source), labelling__instant_server=False)
     with pytest.raises(DataError) as e:
-        matchdata.synthesize(cfg)
+        matchdata.label(cfg)
     assert f"{source}:2" in str(e.value) and "current_checklist: Field required" in str(e.value)
-    assert not (tmp_path / "run" / "synth" / "instant").exists()
+    assert not (tmp_path / "run" / "label" / "instant").exists()
 
 
 def test_unreachable_teacher_fails_clearly_and_runs_nothing(tmp_path, instant_url):
@@ -426,11 +454,11 @@ def test_unreachable_teacher_fails_clearly_and_runs_nothing(tmp_path, instant_ur
         instant={"base_url": instant_url, "model": "instant"},
         closed={"base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "gpt-4o", "max_retries": 0},
     )
-    cfg = _load(TINY, out=str(tmp_path / "run"), synthesis__endpoints=str(endpoints), synthesis__instant_server=False,
-                synthesis__candidates=["instant"], synthesis__decomposer="instant", synthesis__teacher="closed")  # fmt: skip
-    with pytest.raises(SynthesisError, match=r"endpoint 'closed' \(http://127\.0\.0\.1:\d+/v1\) cannot be reached"):
-        matchdata.synthesize(cfg)
-    assert not (tmp_path / "run" / "synth" / "instant").exists()
+    cfg = _load(TINY, out=str(tmp_path / "run"), labelling__endpoints=str(endpoints), labelling__instant_server=False,
+                labelling__candidates=["instant"], labelling__decomposer="instant", labelling__teacher="closed")  # fmt: skip
+    with pytest.raises(LabellingError, match=r"endpoint 'closed' \(http://127\.0\.0\.1:\d+/v1\) cannot be reached"):
+        matchdata.label(cfg)
+    assert not (tmp_path / "run" / "label" / "instant").exists()
 
 
 def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
@@ -439,11 +467,11 @@ def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
     local.mkdir(parents=True)
     shutil.copy(REPO / "eval" / "sample" / "cupid_sample.jsonl", local / "test.jsonl")
     monkeypatch.chdir(tmp_path)
-    path = _write_config(tmp_path / "c.yaml", out=str(tmp_path / "run"), synthesis={"data": "kixlab/CUPID", "cache": str(tmp_path / "c.sqlite")})
-    refused = CliRunner().invoke(cupid_app, ["train", "synth", "-c", str(path)])
+    path = _write_config(tmp_path / "c.yaml", out=str(tmp_path / "run"), labelling={"data": "kixlab/CUPID", "cache": str(tmp_path / "c.sqlite")})
+    refused = CliRunner().invoke(cupid_app, ["train", "label", "-c", str(path)])
     assert refused.exit_code == 2 and "allow_test_split" in refused.output and "--force" in refused.output
-    assert not (tmp_path / "run" / "synth").exists()
-    forced = CliRunner().invoke(cupid_app, ["train", "synth", "-c", str(path), "--force"])
+    assert not (tmp_path / "run" / "label").exists()
+    forced = CliRunner().invoke(cupid_app, ["train", "label", "-c", str(path), "--force"])
     assert forced.exit_code == 0, forced.output
     assert len(_rows(tmp_path / "run" / "data" / "train.jsonl")) == 4
 
@@ -452,13 +480,13 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
     """SmolLM2-135M as candidate: its answer has no `### Most Likely Preference`, the runner records the
     failure, nothing reaches the teacher, and synthesis says why instead of writing an empty data set."""
     endpoints = write_endpoints(tmp_path / "endpoints.yaml", tiny=tiny_server, instant={"base_url": instant_url, "model": "instant"})
-    cfg = _load(TINY, out=str(tmp_path / "run"), synthesis__endpoints=str(endpoints), synthesis__instant_server=False,
-                synthesis__candidates=["tiny"], synthesis__limit=1, synthesis__settings=["oracle"],
-                synthesis__cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
-    with pytest.raises(SynthesisError) as e:
-        matchdata.synthesize(cfg)
+    cfg = _load(TINY, out=str(tmp_path / "run"), labelling__endpoints=str(endpoints), labelling__instant_server=False,
+                labelling__candidates=["tiny"], labelling__limit=1, labelling__settings=["oracle"],
+                labelling__cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    with pytest.raises(LabellingError) as e:
+        matchdata.label(cfg)
     assert "no match data" in str(e.value) and "parse_preference: parse_error: 1" in str(e.value)
-    record = _rows(tmp_path / "run" / "synth" / "tiny" / "instances.jsonl")[0]
+    record = _rows(tmp_path / "run" / "label" / "tiny" / "instances.jsonl")[0]
     assert record["status"] == "failed" and record["error"]["raw"]  # the raw answer is kept
     assert json.loads((tmp_path / "run" / "data" / "report.json").read_text())["error"].startswith("no scored instance")
     assert not (tmp_path / "run" / "data" / "train.jsonl").exists()

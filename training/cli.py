@@ -1,12 +1,13 @@
 """`cupid train ...`: rebuild PrefMatcher from one config (configs/train/*.yaml).
 
-`run` does the whole chain; `synth`, `sft`, `export` and `check` run one stage each, reading what
+`run` does the whole chain; `label`, `sft`, `export` and `check` run one stage each, reading what
 the stages before them left in the run directory.
 """
 
 from __future__ import annotations
 
 import json
+from enum import Enum
 from typing import Any, Callable, Optional
 
 import typer
@@ -18,21 +19,21 @@ from cupid.eval.data import DataError
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError
 from cupid.training import agreement, config, pipeline
-from cupid.training.matchdata import SynthesisError
+from cupid.training.matchdata import LabellingError
 
 app = typer.Typer(no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement.")
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never wrapped
 
 ConfigOption = typer.Option(..., "--config", "-c", help="training config YAML (configs/train/*.yaml)")
-ForceOption = typer.Option(False, "--force", help="allow kixlab/CUPID (the benchmark's test split) as synthesis input")
+ForceOption = typer.Option(False, "--force", help="allow kixlab/CUPID (the benchmark's test split) as input to label")
 OutOption = typer.Option(None, "--out", help="run directory (overrides the config's `out`)")
 
 
 def _load(path: str, force: bool = False, out: str | None = None) -> config.TrainConfig:
     overrides: dict[str, Any] = {}
     if force:
-        overrides["synthesis.allow_test_split"] = True
+        overrides["labelling.allow_test_split"] = True
     if out:
         overrides["out"] = out
     return config.load(path, overrides)
@@ -41,12 +42,12 @@ def _load(path: str, force: bool = False, out: str | None = None) -> config.Trai
 def _guarded(action: Callable[[], Any]) -> Any:
     try:
         return action()
-    except (ConfigError, DataError, SynthesisError, ServeError) as e:
+    except (ConfigError, DataError, LabellingError, ServeError) as e:
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # whole lines: paths stay greppable
         raise typer.Exit(2)
 
 
-def _print_synthesis(report: dict[str, Any] | None) -> None:
+def _print_labelling(report: dict[str, Any] | None) -> None:
     if not report:
         return
     table = Table("split", "examples", "personas", "items", *agreement_labels(), title="match data (label balance)")
@@ -96,12 +97,22 @@ def run(
     force: bool = ForceOption,
     out: Optional[str] = OutOption,
     skip_check: bool = typer.Option(False, "--skip-check", help="stop after the export"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="check the config (TRL's SFTConfig arguments included) and say what would run; run nothing"),
 ) -> None:
-    """The whole chain: synthesize -> fine-tune -> export -> agreement check."""
+    """The whole chain: label match data -> fine-tune -> export -> agreement check."""
     cfg = _guarded(lambda: _load(config_path, force, out))
     stages = pipeline.STAGES[:-1] if skip_check else pipeline.STAGES
+    if dry_run:
+        from cupid.training import sft as sft_stage
+
+        args = _guarded(lambda: sft_stage.sft_config(cfg))
+        value = lambda v: v.value if isinstance(v, Enum) else v  # noqa: E731 (transformers' str enums)
+        given = ", ".join(f"{k}={value(getattr(args, k))}" for k in cfg.sft.args)
+        console.print(f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True)
+        console.print(f"sft: TRL's SFTConfig accepts {given}", highlight=False, soft_wrap=True)
+        return
     reports = _guarded(lambda: pipeline.run(cfg, err, stages))
-    _print_synthesis(reports.get("synth"))
+    _print_labelling(reports.get("label"))
     _print_sft(reports.get("sft"))
     if reports.get("export"):
         console.print(f"export: {reports['export']['export']} ({reports['export']['method']})", highlight=False)
@@ -110,12 +121,12 @@ def run(
 
 
 @app.command()
-def synth(config_path: str = ConfigOption, force: bool = ForceOption, out: Optional[str] = OutOption) -> None:
+def label(config_path: str = ConfigOption, force: bool = ForceOption, out: Optional[str] = OutOption) -> None:
     """Match data only: candidates -> decomposer -> teacher labels -> train/validation JSONL."""
     cfg = _guarded(lambda: _load(config_path, force, out))
     from cupid.training import matchdata
 
-    _print_synthesis(_guarded(lambda: matchdata.synthesize(cfg, err)))
+    _print_labelling(_guarded(lambda: matchdata.label(cfg, err)))
 
 
 @app.command()

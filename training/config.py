@@ -1,4 +1,4 @@
-"""A training run as one YAML file (`configs/train/*.yaml`): synthesis, fine-tune, export, check.
+"""A training run as one YAML file (`configs/train/*.yaml`): labelling (match data), fine-tune, export, check.
 
 Every section forbids unknown keys, so a misspelt hyperparameter fails before anything runs
 instead of silently taking its default. Paths are kept as written and resolved when used.
@@ -21,8 +21,9 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Synthesis(_Section):
-    """Match-data synthesis: candidates run the inference task, the teacher labels both directions."""
+class Labelling(_Section):
+    """Match data, labelled: candidates run the inference task, the teacher labels both directions (`cupid train
+    label`; "synth" is the synthesis of new CUPID instances, `cupid synth`)."""
 
     data: str = Field(default="sample", description="'sample', a local CUPID-format file/dir, or a Hub id")
     split: str = Field(default="train", description="Hub split (local files have none)")
@@ -64,32 +65,38 @@ class Lora(_Section):
     )
 
 
-class Sft(_Section):
-    """Table 4 of the paper by default; field names follow transformers' TrainingArguments where they map 1:1."""
+# SFTConfig arguments the chain sets itself, whatever a config says: checkpoints in the run directory, the
+# precision `precision` picks, the loss on the answer only (the matcher's completion), no packing (see
+# sft._loss), no tracker inside the trainer and no evaluation in it (the chain measures the loss itself).
+SET_BY_THE_CHAIN = ("output_dir", "bf16", "fp16", "completion_only_loss", "packing", "report_to", "eval_strategy")
 
-    num_train_epochs: float = Field(default=1, gt=0)
-    max_steps: int | None = Field(default=None, ge=1, description="overrides epochs when set")
-    per_device_train_batch_size: int = Field(default=4, ge=1)
-    gradient_accumulation_steps: int = Field(default=8, ge=1)
-    learning_rate: float = Field(default=3e-4, gt=0)
-    weight_decay: float = Field(default=0.01, ge=0)
-    optim: Literal["adamw_torch", "adamw_torch_fused", "paged_adamw_8bit", "adamw_8bit"] = "adamw_torch"
-    lr_scheduler_type: Literal["cosine", "linear", "constant_with_warmup"] = "cosine"
-    warmup_steps: int = Field(default=100, ge=0, description="optimizer steps; an integer, never a ratio")
-    max_grad_norm: float | None = Field(default=None, gt=0, description="null: no gradient clipping (the recipe's)")
-    max_length: int = Field(default=1024, ge=16, description="tokens per example; longer ones are counted and cut")
+
+class Sft(_Section):
+    """`sft:` is TRL's `SFTConfig` (transformers' `TrainingArguments` included) under TRL's own names, as given:
+    any of its arguments reaches the trainer, and TRL checks them when the run starts and at `cupid train run
+    --dry-run` (`sft.sft_config`), not a copy of their types here. The shipped configs hold the paper's
+    recipe. Beside them, three fields of this project's own, which SFTConfig has no argument for."""
+
+    model_config = ConfigDict(extra="allow")
+
     precision: Literal["auto", "bf16", "fp32"] = Field(
-        default="auto", description="auto: bf16 on a GPU that supports it, else fp32"
+        default="auto", description="auto: bf16 on a GPU that supports it, else fp32 (sets SFTConfig's bf16)"
     )
-    gradient_checkpointing: bool = True
-    logging_steps: int = Field(default=1, ge=1)
-    save_steps: int = Field(default=50, ge=1)
-    save_total_limit: int | None = Field(default=2, ge=1)
     resume: bool = Field(default=True, description="continue from the newest checkpoint in the run directory")
     measure_loss_on: list[Literal["train", "validation"]] = Field(
         default_factory=lambda: ["train", "validation"], description="splits whose mean loss is reported before and after"
     )
-    seed: int = 0
+
+    @model_validator(mode="after")
+    def _not_the_chains(self) -> "Sft":
+        if owned := sorted(set(self.args) & set(SET_BY_THE_CHAIN)):
+            raise ValueError(f"{owned[0]}: set by the chain itself ({', '.join(SET_BY_THE_CHAIN)} are)")
+        return self
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The SFTConfig arguments as the config gives them."""
+        return dict(self.model_extra or {})
 
 
 class Export(_Section):
@@ -157,9 +164,9 @@ class TrainConfig(_Section):
     out: str = Field(description="run directory: match data, checkpoints, adapter, export, reports")
     base_model: str = Field(min_length=1, description="local model directory, Hub id, or `tiny` (SmolLM2-135M)")
     match_data: str | None = Field(
-        default=None, description="an existing match-data directory (train.jsonl, validation.jsonl): skips synthesis"
+        default=None, description="an existing match-data directory (train.jsonl, validation.jsonl): skips labelling"
     )
-    synthesis: Synthesis | None = None
+    labelling: Labelling | None = None
     quantization: Quantization = Field(default_factory=Quantization)
     lora: Lora = Field(default_factory=Lora)
     sft: Sft = Field(default_factory=Sft)
@@ -167,10 +174,17 @@ class TrainConfig(_Section):
     agreement: Agreement = Field(default_factory=Agreement)
     source: str = Field(default="(inline)", exclude=True, description="the file this config came from")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "synthesis" in data:
+            raise ValueError("`synthesis` is now `labelling` (the same fields): rename the section")
+        return data
+
     @model_validator(mode="after")
     def _data_source(self) -> "TrainConfig":
-        if (self.synthesis is None) == (self.match_data is None):
-            raise ValueError("give exactly one of `synthesis` (build match data) or `match_data` (use existing)")
+        if (self.labelling is None) == (self.match_data is None):
+            raise ValueError("give exactly one of `labelling` (build match data) or `match_data` (use existing)")
         if self.agreement.enabled and self.agreement.adapter and self.lora.r > self.agreement.max_lora_rank:
             raise ValueError(
                 f"agreement.max_lora_rank {self.agreement.max_lora_rank} is below lora.r {self.lora.r}: vLLM would refuse "
@@ -188,7 +202,7 @@ def is_test_split(data: str) -> bool:
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """The config at `path`, with dotted `overrides` (`{"synthesis.allow_test_split": True}`) applied first."""
+    """The config at `path`, with dotted `overrides` (`{"labelling.allow_test_split": True}`) applied first."""
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of training settings")

@@ -28,19 +28,20 @@ from cupid.eval import data as cupid_data
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.tasks import INFERENCE
 from cupid.eval.runner import RunConfig, run as run_eval
 from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import load_endpoints, require
 from cupid.serving.lifecycle import state_dir
-from cupid.training.config import Synthesis, TrainConfig, is_test_split
+from cupid.training.config import Labelling, TrainConfig, is_test_split
 
 Direction = Literal["infer_to_gt", "gt_to_infer"]
 SPLITS = ("train", "validation")
 
 
-class SynthesisError(RuntimeError):
+class LabellingError(RuntimeError):
     pass
 
 
@@ -114,7 +115,7 @@ def examples_from_record(record: UnitRecord, candidate: str, teacher: str, teach
         if not items or not labels:
             continue
         if [m["entry"] for m in labels] != list(items):
-            raise SynthesisError(f"{record.key}: {direction} labels do not follow the checklist order")
+            raise LabellingError(f"{record.key}: {direction} labels do not follow the checklist order")
         prompt = prompts.matcher(preference, items, "prefmatcher")
         out.append(
             {
@@ -157,7 +158,7 @@ def deduplicate(examples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
 def split_by_persona(examples: list[dict[str, Any]], fraction: float, seed: int) -> dict[str, list[dict[str, Any]]]:
     personas = sorted({e["persona_id"] for e in examples})
     if len(personas) < 2:
-        raise SynthesisError(f"match data covers {len(personas)} persona(s): at least 2 are needed to split by persona")
+        raise LabellingError(f"match data covers {len(personas)} persona(s): at least 2 are needed to split by persona")
     random.Random(seed).shuffle(personas)
     n_val = min(max(1, round(fraction * len(personas))), len(personas) - 1)
     held_out = set(personas[:n_val])
@@ -215,7 +216,7 @@ def data_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.match_data) if cfg.match_data else cfg.out_dir / "data"
 
 
-# --- synthesis -------------------------------------------------------------------------------
+# --- labelling -------------------------------------------------------------------------------
 
 
 def _slug(name: str) -> str:
@@ -223,7 +224,7 @@ def _slug(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _endpoints_file(syn: Synthesis, work: Path) -> Iterator[Path]:
+def _endpoints_file(syn: Labelling, work: Path) -> Iterator[Path]:
     """The endpoints the runs use, as one file in the run directory: the configured file, the inline
     ones, and the instant-answer server (started here, stopped on exit) when the config asks for it."""
     found = load_endpoints(syn.endpoints) if syn.endpoints else {}
@@ -253,7 +254,7 @@ def _reachable(name: str, url: str) -> str | None:
         return f"endpoint '{name}' ({url}) cannot be reached: {type(e).__name__}: {e}"
 
 
-def _input_file(syn: Synthesis, work: Path) -> tuple[Path, int]:
+def _input_file(syn: Labelling, work: Path) -> tuple[Path, int]:
     """The CUPID instances to run, validated and written locally (the runner then needs no split)."""
     dataset = cupid_data.load(syn.data, split=syn.split)
     if dataset.bad_rows:
@@ -267,22 +268,22 @@ def _input_file(syn: Synthesis, work: Path) -> tuple[Path, int]:
     return path, len(instances)
 
 
-def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     """Run every candidate on the inference task with the teacher as matcher; write the match data.
 
     Resumable: the runner keeps scored instances and the cache answers every request already made.
     """
     console = console or Console(stderr=True)
-    syn = cfg.synthesis
+    syn = cfg.labelling
     if syn is None:
-        raise ConfigError(f"{cfg.source}: no `synthesis` section (this config uses match_data: {cfg.match_data})")
+        raise ConfigError(f"{cfg.source}: no `labelling` section (this config uses match_data: {cfg.match_data})")
     if is_test_split(syn.data) and not syn.allow_test_split:
         raise ConfigError(
-            f"{cfg.source}: synthesis.data is {syn.data}, the CUPID benchmark itself: training on it contaminates "
+            f"{cfg.source}: labelling.data is {syn.data}, the CUPID benchmark itself: training on it contaminates "
             "every later evaluation. Use kixlab/CUPID-Unverified or your own data, or force it with "
             "`allow_test_split: true` / `--force`."
         )
-    work = cfg.out_dir / "synth"
+    work = cfg.out_dir / "label"
     work.mkdir(parents=True, exist_ok=True)
     input_path, n_instances = _input_file(syn, work)
     cache_path = Path(syn.cache) if syn.cache else state_dir() / "cache.sqlite"
@@ -293,14 +294,14 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
         for name in sorted(roles):
             require(endpoints, name, endpoints_path)
         if unreachable := [p for name in sorted(roles) if (p := _reachable(name, endpoints[name].url))]:
-            raise SynthesisError("nothing was run:\n  " + "\n  ".join(unreachable))
+            raise LabellingError("nothing was run:\n  " + "\n  ".join(unreachable))
         teacher = endpoints[syn.teacher]
         dialect = matcher_dialect(teacher)
 
         runs: dict[str, dict[str, Any]] = {}
         for candidate in syn.candidates:
             out = work / _slug(candidate)
-            console.print(f"[bold]synthesis[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}")
+            console.print(f"[bold]label[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}")
             summary = run_eval(
                 RunConfig(
                     data=str(input_path), endpoints=str(endpoints_path), candidate=candidate,
@@ -315,7 +316,7 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
     for candidate in syn.candidates:
         records = RunDir(runs[candidate]["dir"]).records()
         for (_, task, _), record in sorted(records.items()):
-            if task == "inference" and record.scored:
+            if task == INFERENCE.name and record.scored:
                 examples += examples_from_record(record, candidate, syn.teacher, dialect)
 
     report: dict[str, Any] = {"data": syn.data, "n_instances": n_instances, "teacher": f"{syn.teacher} ({teacher.model})",
@@ -329,7 +330,7 @@ def synthesize(cfg: TrainConfig, console: Console | None = None) -> dict[str, An
         report["error"] = "no scored instance: no match data"
         (out_dir / "report.json").write_text(json.dumps(report, indent=2))
         listed = "\n  ".join(f"{what}: {n}" for what, n in failures.most_common()) or "(none recorded)"
-        raise SynthesisError(
+        raise LabellingError(
             f"no match data: none of the {n_instances} instance(s) x {len(syn.candidates)} candidate(s) was scored, so the "
             f"teacher labelled nothing. Failures by stage:\n  {listed}\nrecords with the raw answers: {work}/*/instances.jsonl"
         )

@@ -1,6 +1,6 @@
-"""The whole chain from one config: synthesize -> fine-tune -> export -> agreement check.
+"""The whole chain from one config: label match data -> fine-tune -> export -> agreement check.
 
-Every stage writes its own report into the run directory and can be run alone (`cupid train synth`,
+Every stage writes its own report into the run directory and can be run alone (`cupid train label`,
 `sft`, `export`, `check`); the chain is those stages in order, timed.
 """
 
@@ -15,14 +15,16 @@ from rich.console import Console
 from cupid.training import agreement, export, matchdata, sft
 from cupid.training.config import TrainConfig
 
-STAGES = ("synth", "sft", "export", "check")
+STAGES = ("label", "sft", "export", "check")
 
 
 def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: dict[str, Any] | None = None) -> dict[str, Any]:
     """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
+    if "sft" in stages:
+        sft.sft_config(cfg)  # TRL refuses a wrong argument now, not after the match data are made
     steps = {
-        "synth": lambda: matchdata.synthesize(cfg, console) if cfg.synthesis is not None else None,
+        "label": lambda: matchdata.label(cfg, console) if cfg.labelling is not None else None,
         "sft": lambda: sft.train(cfg, console),
         "export": lambda: export.export(cfg, console),
         "check": lambda: agreement.check(cfg, console, running) if cfg.agreement.enabled else None,

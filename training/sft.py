@@ -143,6 +143,36 @@ def _too_long(tokenizer, examples, max_length: int) -> int:
     return n
 
 
+# The chain's own defaults of SFTConfig arguments, which a config's `sft:` may change (the recipe's are in the YAML).
+CHAIN_DEFAULTS: dict[str, Any] = {
+    "gradient_checkpointing_kwargs": {"use_reentrant": False},
+    "dataloader_num_workers": 0,
+    "disable_tqdm": False,
+}
+
+
+def sft_config(cfg: TrainConfig, prec: str | None = None):
+    """The `trl.SFTConfig` of this run: the config's `sft:` arguments over the chain's defaults, and what the
+    chain sets itself (`config.SET_BY_THE_CHAIN`). TRL and transformers check the arguments here: an unknown
+    one, or a value they refuse, is a ConfigError with their message."""
+    from trl import SFTConfig
+
+    prec = prec or precision(cfg)
+    args = {**CHAIN_DEFAULTS, **cfg.sft.args}
+    args.setdefault("data_seed", args.get("seed"))  # the data order follows the seed unless given
+    chain = {
+        "output_dir": str(cfg.out_dir / "checkpoints"), "bf16": prec == "bf16", "fp16": False, "completion_only_loss": True,
+        "packing": False, "report_to": "none", "eval_strategy": "no",
+    }  # fmt: skip
+    try:
+        return SFTConfig(**args, **chain)
+    except TypeError as e:  # an argument SFTConfig does not have
+        name = str(e).rsplit(" ", 1)[-1].strip("'")
+        raise ConfigError(f"{cfg.source}: sft.{name}: not an argument of TRL's SFTConfig ({e})") from None
+    except ValueError as e:
+        raise ConfigError(f"{cfg.source}: sft: TRL/transformers refuse it: {e}") from None
+
+
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     """Fine-tune, save the adapter to `<out>/adapter`, write `<out>/train_report.json`; return the report."""
     console = console or Console(stderr=True)
@@ -158,7 +188,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     from peft import LoraConfig
     from transformers import AutoTokenizer
     from transformers.trainer_utils import get_last_checkpoint
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     files = {"train": str(ddir / "train.jsonl")} | ({"validation": str(val_path)} if val_examples else {})
     # Only the two columns the trainer reads: provenance columns differ in type across rows (raw: null).
@@ -171,37 +201,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     s, lora = cfg.sft, cfg.lora
     out = cfg.out_dir
     checkpoints = out / "checkpoints"
-    args = SFTConfig(
-        output_dir=str(checkpoints),
-        num_train_epochs=s.num_train_epochs,
-        max_steps=s.max_steps or -1,
-        per_device_train_batch_size=s.per_device_train_batch_size,
-        per_device_eval_batch_size=s.per_device_train_batch_size,
-        gradient_accumulation_steps=s.gradient_accumulation_steps,
-        learning_rate=s.learning_rate,
-        weight_decay=s.weight_decay,
-        optim=s.optim,
-        lr_scheduler_type=s.lr_scheduler_type,
-        warmup_steps=s.warmup_steps,
-        max_grad_norm=s.max_grad_norm or 0.0,  # 0 turns clipping off in transformers' Trainer
-        max_length=s.max_length,
-        completion_only_loss=True,
-        packing=False,
-        bf16=prec == "bf16",
-        fp16=False,
-        gradient_checkpointing=s.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False},
-        logging_steps=s.logging_steps,
-        save_strategy="steps",
-        save_steps=s.save_steps,
-        save_total_limit=s.save_total_limit,
-        eval_strategy="no",
-        report_to="none",
-        seed=s.seed,
-        data_seed=s.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=False,
-    )
+    args = sft_config(cfg, prec)
     peft_config = LoraConfig(
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
@@ -217,14 +217,14 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         callbacks=[throughput],
     )
     n_trainable, n_total = trainer.model.get_nb_trainable_parameters()
-    n_long = _too_long(tokenizer, train_examples, s.max_length)
+    n_long = _too_long(tokenizer, train_examples, args.max_length)
     n_kept = len(trainer.train_dataset)
     train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
     completion_tokens = sum(sum(label != -100 for label in labels) for labels in trainer.train_dataset["labels"])
     console.print(
         f"[bold]sft[/bold]: {base}, {'4-bit ' + cfg.quantization.quant_type if cfg.quantization.load_in_4bit else 'unquantized'} "
         f"base, LoRA r={lora.r}: {n_trainable:,} trainable of {n_total:,} parameters; {n_kept} examples "
-        f"({train_tokens:,} tokens, {completion_tokens:,} in completions), {n_long} over max_length {s.max_length}; {prec}",
+        f"({train_tokens:,} tokens, {completion_tokens:,} in completions), {n_long} over max_length {args.max_length}; {prec}",
         highlight=False,
     )
 
@@ -274,7 +274,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         "mean_tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
         "train_runtime_s": round(result.metrics.get("train_runtime", wall), 2),
         "wall_s": round(wall, 2),
-        "hyperparameters": s.model_dump(),
+        "hyperparameters": {**s.model_dump(), "sft_config": args.to_dict()},
     }
     (out / "train_report.json").write_text(json.dumps(report, indent=2))
     if any(v is not None and not math.isfinite(v) for v in after.values()):
