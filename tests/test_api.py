@@ -170,32 +170,53 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
 SCRIPT = """
 import asyncio, sys
 import cupid
+from cupid.serving.client import Client
 
-url, leak = sys.argv[1], sys.argv[2] == "leak"
+url, mode, cache = sys.argv[1], sys.argv[2], sys.argv[3]
 tiny = cupid.endpoint(url, structured_output=True, max_tokens=64)
 pair = ("Prefers short answers", ["Is the answer short?"])
+run = dict(matcher=tiny, decomposer=tiny, limit=1, settings=["oracle"], progress=False)
 
-if leak:  # the control: async calls on a PrefMatcher that is never closed
-    asyncio.run(cupid.PrefMatcher(tiny).alabels_batch([pair]))
+if mode == "leak":  # the control: a client whose session is never closed
+    asyncio.run(Client({"m": tiny}).chat("m", [{"role": "user", "content": "Hi"}], max_tokens=4))
     sys.exit(0)
 
-pm = cupid.PrefMatcher(tiny)
-print(pm.labels(*pair))  # blocking: opens and closes its own connections
+pm = cupid.PrefMatcher(tiny, cache=cache)
+print(pm.labels(*pair))  # blocking, never closed: opens and closes its own connections
+print(asyncio.run(pm.alabels(*pair)))  # async, never closed: closed when asyncio.run ends
 with cupid.PrefMatcher(tiny) as pm:
     pm.labels(*pair)
-result = cupid.evaluate(tiny, matcher=tiny, decomposer=tiny, limit=1, settings=["oracle"], progress=False)
+    asyncio.run(pm.alabels_batch([pair, pair]))
+result = cupid.evaluate(tiny, cache=cache, **run)
 print(result.summary["n_runs"], type(result).__name__)
 
 
 async def main():
-    async with cupid.PrefMatcher(tiny) as apm:
+    async with cupid.PrefMatcher(tiny, cache=cache) as apm:
         await apm.alabels_batch([pair, pair])
-    await cupid.aevaluate(tiny, matcher=tiny, decomposer=tiny, limit=1, settings=["oracle"], progress=False)
+        await apm.alabels(*pair)
+    await cupid.aevaluate(tiny, **run)
+    sending, post = asyncio.Event(), Client._post  # stopped with its first request in flight: it closes all the same
+
+    async def first_sent(self, *args):
+        sending.set()
+        return await post(self, *args)
+
+    Client._post = first_sent
+    stopped = asyncio.create_task(cupid.aevaluate(tiny, cache=cache, **{**run, "refresh": True}))
+    await sending.wait()
+    await asyncio.sleep(0.05)
+    stopped.cancel()
+    try:
+        await stopped
+    except asyncio.CancelledError:
+        print("stopped")
+    Client._post = post
 
 
 asyncio.run(main())
 own = asyncio.new_event_loop()  # a loop of the caller's: close() closes what async calls left on it
-pm = cupid.PrefMatcher(tiny)
+pm = cupid.PrefMatcher(tiny, cache=cache)
 own.run_until_complete(pm.alabels(*pair))
 pm.close()
 pm.close()  # again: nothing left to close
@@ -205,19 +226,89 @@ print("done")
 
 
 def test_a_script_using_the_api_ends_with_nothing_left_open(tiny_server, tmp_path):
-    """PrefMatcher (blocking, `with`, `async with`, `close()` on the caller's loop) and evaluate close their
-    connections: the script prints no ResourceWarning and no aiohttp "Unclosed" message. The control, an async
-    PrefMatcher never closed, shows that the check sees a leak."""
+    """PrefMatcher (blocking, async never closed, `with`, `async with`, `close()` on the caller's loop) and evaluate
+    (also stopped mid-run) close their connections and caches: the script, run with ResourceWarnings shown,
+    prints none and no aiohttp "Unclosed" message. The control, a client never closed, shows that the check sees a leak."""
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
 
     def python(mode: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-W", "always::ResourceWarning", str(script), tiny_server["base_url"], mode],
+        return subprocess.run([sys.executable, "-W", "always::ResourceWarning", str(script), tiny_server["base_url"], mode, str(tmp_path / "c.sqlite")],
                               cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
 
     clean = python("clean")
     assert clean.returncode == 0, clean.stderr[-3000:]
-    assert clean.stdout.splitlines()[-2:] == ["1 RunResult", "done"]
+    assert clean.stdout.splitlines()[-3:] == ["1 RunResult", "stopped", "done"], clean.stdout
     assert "Unclosed" not in clean.stderr and "ResourceWarning" not in clean.stderr, clean.stderr[-3000:]
     leak = python("leak")
     assert leak.returncode == 0 and "Unclosed client session" in leak.stderr, leak.stderr[-3000:]
+
+
+def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, monkeypatch):
+    """Each client (and its SQLite cache) a PrefMatcher opens is closed exactly once: per blocking call; at the end
+    of `async with`; when `asyncio.run` ends; at `close()` for a loop of the caller's. Closing again does nothing."""
+    from cupid import api
+
+    opened: list = []
+    closes: dict[int, int] = {}
+
+    class Counted(api.Client):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+        async def aclose(self):
+            closes[id(self)] = closes.get(id(self), 0) + 1
+            await super().aclose()
+
+    class CountedCache(api.Cache):
+        def close(self):
+            closes[id(self)] = closes.get(id(self), 0) + 1
+            super().close()
+
+    monkeypatch.setattr(api, "Client", Counted)
+    monkeypatch.setattr(api, "Cache", CountedCache)
+
+    def each_closed_once(n: int) -> None:
+        assert len(opened) == n
+        for client in opened:
+            assert closes.get(id(client)) == 1 and closes.get(id(client.cache)) == 1 and not client._http
+
+    pair = ("Prefers short answers", ["Is the answer short?"])
+    with cupid.PrefMatcher(instant_url, model="local-prefmatcher", cache=tmp_path / "c.sqlite") as pm:
+        assert pm.labels(*pair)[0].label in LABELS
+        pm.labels_batch([pair, pair])
+        each_closed_once(2)  # one client per blocking call, closed at its end
+    pm.close()
+    each_closed_once(2)
+
+    async def twice():
+        async with pm:
+            await pm.alabels(*pair)
+            await pm.alabels_batch([pair, pair])
+            assert len(opened) == 3 and not closes.get(id(opened[-1]))  # one client, open for the next call
+        each_closed_once(3)
+        await pm.aclose()
+        await pm.alabels(*pair)  # left open: closed when asyncio.run ends
+
+    asyncio.run(twice())
+    each_closed_once(4)
+    pm.close()
+    each_closed_once(4)
+
+    own = asyncio.new_event_loop()
+    own.run_until_complete(pm.alabels(*pair))
+    assert len(opened) == 5 and not closes.get(id(opened[-1]))
+    pm.close()
+    pm.close()
+    each_closed_once(5)
+    own.close()
+
+    async def inside():  # a running loop: close() cannot close its connections and says so
+        await pm.alabels(*pair)
+        with pytest.raises(RuntimeError, match="aclose"):
+            pm.close()
+        await pm.aclose()
+
+    asyncio.run(inside())
+    each_closed_once(6)
