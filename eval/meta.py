@@ -29,7 +29,7 @@ from rich.table import Table
 from cupid.eval.records import DIRECTIONS, UnitRecord, scored
 from cupid.eval.rundir import RunDir
 from cupid.eval.tasks import INFERENCE
-from cupid.matcher.scores import macro, micro
+from cupid.eval.summary import prf
 from cupid.serving.config import ConfigError
 
 LABELS = ("Yes", "Partial", "No")
@@ -193,9 +193,9 @@ def _role(run_dir: Path, role: str) -> str | None:
 def run_f1(records: Iterable[UnitRecord], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
     """(F1, n_scored, n_failed) of a run's inference records in one setting."""
     rows = [r for r in records if r.task == INFERENCE.name and r.setting == setting]
-    counts = [s.match_counts() for s in scored(rows, reference)]
-    value = (micro if aggregate == "micro" else macro)(counts)
-    return (value.f1 if value else None), len(counts), len(rows) - len(counts)
+    points = prf(r.scoring(reference) for r in rows)
+    n_scored = len(scored(rows, reference))
+    return (points[aggregate].f1 if points else None), n_scored, len(rows) - n_scored
 
 
 @dataclass

@@ -18,7 +18,6 @@ import re
 import signal
 import threading
 import traceback
-from collections import Counter
 from datetime import date as Date
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from cupid.eval import track as tracking
 from cupid.eval.track import Tracker, require as require_tracker
 from cupid.eval.runner import run as run_eval
 from cupid.eval.stats import N_RESAMPLES, Interval
+from cupid.eval.summary import failure_counts
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
@@ -108,10 +108,9 @@ def metrics(records: list[UnitRecord]) -> dict[str, Interval]:
     return result
 
 
-def failure_counts(records: list[UnitRecord]) -> dict[str, int]:
+def failures_by_setting(records: list[UnitRecord]) -> dict[str, int]:
     """Failed records by `task/setting stage: reason` (from the records, so a run cut short still counts)."""
-    counts = Counter(f"{r.task}/{r.setting} {r.error.stage}: {r.error.reason}" for r in records if not r.scored and r.error)
-    return dict(sorted(counts.items()))
+    return dict(sorted((f"{f.task}/{f.setting} {f.stage}: {f.reason}", n) for f, n in failure_counts(records).items()))
 
 
 def primary_metric(cfg: RunConfig) -> str:
@@ -227,7 +226,7 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: di
         metrics={k: v.as_dict() for k, v in metrics(records).items()},
         n_scored=sum(r.scored for r in records),
         n_failed=sum(not r.scored for r in records),
-        failures=failure_counts(records),
+        failures=failures_by_setting(records),
         requests=summary.get("requests"),
         wall_s=summary.get("wall_s"),
     )

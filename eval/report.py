@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterable
 import typer
 
 from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.records import UnitRecord, scored
+from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
-from cupid.eval.stats import Interval, mean_interval, prf_intervals
+from cupid.eval.stats import Interval
+from cupid.eval.summary import failure_counts
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.serving.config import ConfigError
 
@@ -104,15 +105,14 @@ def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[Row]:
     return rows
 
 
-def failure_counts(run: Run) -> list[tuple[str, str, str, int]]:
-    """(scoring, task/setting, "stage: reason", n): the run's own failures, then its reference scoring's."""
-    counts: Counter[tuple[str, str, str]] = Counter()
-    for r in run.records:
-        where = f"{r.task} / {r.setting}"
-        for scoring, failed in (("own", r), ("reference", r.reference)):
-            if failed is not None and not failed.scored and failed.error is not None:
-                counts[scoring, where, f"{failed.error.stage}: {failed.error.reason}"] += 1
-    return [(*k, n) for k, n in sorted(counts.items())]
+def failures_table(run: Run) -> list[tuple[str, str, str, int]]:
+    """(scoring, task/setting, "stage: reason", n): the run's own failures, then its reference scoring's (of the
+    units the reference scored: a failed candidate is the run's own failure, counted once)."""
+    rows = []
+    for scoring, records in (("own", run.records), ("reference", [r for r in run.records if r.reference is not None])):
+        counts = failure_counts(records, reference=scoring == "reference")
+        rows += [(scoring, f"{f.task} / {f.setting}", f"{f.stage}: {f.reason}", n) for f, n in counts.items()]
+    return sorted(rows)
 
 
 # ---------------------------------------------------------------- figures
@@ -222,11 +222,10 @@ def model_points(runs: list[Run], setting: str = FIGURE_SETTING) -> tuple[dict[s
     for run in runs:
         scorings = [(run.role("matcher") or "matcher", False)] + ([(run.role("reference") or "reference", True)] if run.has_reference else [])
         for matcher, reference in scorings:
-            counts = [s.match_counts() for s in scored(run.of(INFERENCE.name, setting), reference)]
-            if (intervals := prf_intervals(counts)) is not None:
-                f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro"]["f1"])
-        scores = [s.score for s in scored(run.of(GENERATION.name, setting))]
-        if (interval := mean_interval(scores)) is not None:
+            intervals = INFERENCE.intervals([r.scoring(reference) for r in run.of(INFERENCE.name, setting)])
+            if "micro_f1" in intervals:
+                f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro_f1"])
+        if (interval := GENERATION.intervals([r.scoring() for r in run.of(GENERATION.name, setting)]).get("mean_score")) is not None:
             gen.setdefault(run.candidate, interval)
     return f1, gen
 
@@ -368,7 +367,7 @@ def _run_view(run: Run) -> dict[str, Any]:
         "n_failed": n_failed,
         "n_invalid": run.summary.get("n_invalid_rows", "?"),
         "blocks": blocks,
-        "failures": failure_counts(run),
+        "failures": failures_table(run),
     }
 
 

@@ -31,9 +31,30 @@ def _counts(scorings: list[Scoring]) -> dict[str, Any]:
     return {"n_scored": scored, "n_failed": len(scorings) - scored, "failed_by_stage": dict(stages)}
 
 
-def inference_block(scorings: list[Scoring]) -> dict[str, Any]:
+def prf(scorings: Iterable[Scoring]) -> dict[str, PRF] | None:
+    """Micro and macro P/R/F1 over the scored inference scorings (None: none scored): every point figure's one
+    computation (`inference_intervals` gives the same with bootstrap intervals)."""
     counts = [s.match_counts() for s in scorings if s.scored]
-    return {"micro": _prf(micro(counts)), "macro": _prf(macro(counts)), **_counts(scorings)}
+    return {"micro": micro(counts), "macro": macro(counts)} if counts else None  # type: ignore[dict-item]
+
+
+class Failure(NamedTuple):
+    task: str
+    setting: str
+    stage: str
+    reason: str
+
+
+def failure_counts(records: Iterable[UnitRecord], reference: bool = False) -> Counter[Failure]:
+    """Failed units by task, setting, stage and reason, of the run's own scoring or its reference's: the one count
+    that every list of failures (summary, report, nightly) formats."""
+    failed = ((r, r.scoring(reference)) for r in records)
+    return Counter(Failure(r.task, r.setting, s.error.stage, s.error.reason) for r, s in failed if not s.scored and s.error is not None)
+
+
+def inference_block(scorings: list[Scoring]) -> dict[str, Any]:
+    points = prf(scorings) or {}
+    return {"micro": _prf(points.get("micro")), "macro": _prf(points.get("macro")), **_counts(scorings)}
 
 
 def generation_block(scorings: list[Scoring]) -> dict[str, Any]:
@@ -67,9 +88,11 @@ def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], r
 
 
 def failures(records: Iterable[UnitRecord], reference: bool = False) -> dict[str, int]:
-    """Failed units counted by `task/stage: reason`."""
-    failed = [(r.task, r.scoring(reference).error) for r in records if not r.scoring(reference).scored]
-    return dict(Counter(f"{task}/{error.stage}: {error.reason}" for task, error in failed if error is not None))
+    """Failed units counted by `task/stage: reason` (all settings together)."""
+    out: Counter[str] = Counter()
+    for f, n in failure_counts(records, reference).items():
+        out[f"{f.task}/{f.stage}: {f.reason}"] += n
+    return dict(out)
 
 
 def summarize(
