@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from cupid.eval.stages import StageFailed, ask, constraint, parsed
 from cupid.eval.data import Instance
@@ -16,6 +17,8 @@ from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 
 SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
+Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
+SETTINGS: tuple[str, ...] = get_args(Setting)  # in the order tables and pages show them
 GENERATION_ONLY = {"oracle-preference"}
 SUMMARY_PROMPTS = ("summarizer",)  # the prompts the summary setting adds to a run's, whatever the task
 

@@ -179,17 +179,6 @@ def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level =
 # ---------------------------------------------------------------- model-wise F1 tables
 
 
-def _role(run_dir: Path, role: str) -> str | None:
-    """A role's model: run.json's model id, else summary.json's "name (model)"."""
-    for name in ("run.json", "summary.json"):
-        path = run_dir / name
-        if path.exists():
-            value = json.loads(path.read_text()).get("roles", {}).get(role)
-            if value:
-                return value
-    return None
-
-
 def run_f1(records: Iterable[UnitRecord], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
     """(F1, n_scored, n_failed) of a run's inference records in one setting."""
     rows = [r for r in records if r.task == INFERENCE.name and r.setting == setting]
@@ -221,17 +210,16 @@ def f1_table(run_dirs: Iterable[str | Path], setting: str = "standard", aggregat
     reference scoring fills two columns). The first run to give a (model, matcher) cell keeps it."""
     table = F1Table()
     for run_dir in map(Path, run_dirs):
-        records = list(RunDir(run_dir).records().values())
-        if not records:
-            raise ConfigError(f"{run_dir}: no instance records (instances.jsonl missing or empty)")
-        model = _role(run_dir, "candidate") or run_dir.name
-        scorings = [(_role(run_dir, "matcher") or "matcher", False)]
-        if any(r.reference is not None for r in records):
-            scorings.append((_role(run_dir, "reference") or "reference", True))
+        run = RunDir(run_dir).load()
+        if not run.records:
+            raise ConfigError(f"{run_dir}: no instance records (instances.jsonl is empty)")
+        scorings = [(run.role("matcher") or "matcher", False)]
+        if run.has_reference:
+            scorings.append((run.role("reference") or "reference", True))
         for matcher, reference in scorings:
-            value, _, _ = run_f1(records, setting, aggregate, reference)
+            value, _, _ = run_f1(run.records, setting, aggregate, reference)
             if value is not None:
-                table.add(model, matcher, value, str(run_dir))
+                table.add(run.candidate, matcher, value, str(run_dir))
     return table
 
 

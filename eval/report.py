@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,48 +21,17 @@ import typer
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir
+from cupid.eval.rundir import Run, RunDir
 from cupid.eval.stats import Interval
 from cupid.eval.summary import failure_counts
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.serving.config import ConfigError
 
-SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
 FIGURE_SETTING = "standard"
 
 
-@dataclass
-class Run:
-    path: Path
-    identity: dict[str, Any]  # run.json
-    summary: dict[str, Any]  # summary.json ({} when the run never finished)
-    records: list[UnitRecord]
-    label: str = ""
-
-    def role(self, role: str) -> str | None:
-        return self.identity.get("roles", {}).get(role) or self.summary.get("roles", {}).get(role)
-
-    @property
-    def candidate(self) -> str:
-        return self.role("candidate") or self.path.name
-
-    def of(self, task: str, setting: str | None = None) -> list[UnitRecord]:
-        return [r for r in self.records if r.task == task and (setting is None or r.setting == setting)]
-
-    def settings(self, task: str) -> list[str]:
-        present = {r.setting for r in self.of(task)}
-        return [s for s in SETTINGS_ORDER if s in present] + sorted(present - set(SETTINGS_ORDER))
-
-    @property
-    def has_reference(self) -> bool:
-        return any(r.reference is not None for r in self.records)
-
-
 def load_run(path: str | Path) -> Run:
-    path = Path(path)
-    records = RunDir(path).read()
-    read = lambda name: json.loads((path / name).read_text()) if (path / name).exists() else {}  # noqa: E731
-    return Run(path, read("run.json"), read("summary.json"), records)
+    return RunDir(path).load()
 
 
 def _label_runs(runs: list[Run]) -> None:

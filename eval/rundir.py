@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cupid.eval.files import write_atomic
+from cupid.eval.files import read_json, write_atomic
+from cupid.eval.history import SETTINGS
 from cupid.eval.records import UnitRecord, parse_line
 from cupid.eval.summary import markdown
 from cupid.serving.config import ConfigError
@@ -52,8 +54,54 @@ class OutputDir:
         write_atomic(self.run_file, json.dumps(merged, indent=2))
 
 
+@dataclass
+class Run:
+    """A run directory read back (`RunDir.load`): run.json, summary.json ({} until the run finishes) and the
+    latest record of each unit. What the report, the viewer and the meta-evaluation read."""
+
+    path: Path
+    identity: dict[str, Any]
+    summary: dict[str, Any]
+    records: list[UnitRecord]
+    label: str = ""
+
+    def role(self, role: str) -> str | None:
+        """A role's model: run.json's model id, else summary.json's "name (model)"."""
+        return self.identity.get("roles", {}).get(role) or self.summary.get("roles", {}).get(role)
+
+    @property
+    def roles(self) -> dict[str, str]:
+        """Every role as people read it: summary.json's "name (model)", else run.json's model ids."""
+        return dict(self.summary.get("roles") or self.identity.get("roles") or {})
+
+    @property
+    def candidate(self) -> str:
+        return self.role("candidate") or self.path.name
+
+    @property
+    def data(self) -> str:
+        return str(self.identity.get("data") or self.summary.get("data") or "sample")
+
+    def of(self, task: str, setting: str | None = None) -> list[UnitRecord]:
+        return [r for r in self.records if r.task == task and (setting is None or r.setting == setting)]
+
+    def settings(self, task: str) -> list[str]:
+        present = {r.setting for r in self.of(task)}
+        return [s for s in SETTINGS if s in present] + sorted(present - set(SETTINGS))
+
+    @property
+    def has_reference(self) -> bool:
+        return any(r.reference is not None for r in self.records)
+
+
 class RunDir(OutputDir):
     """An evaluation run's directory: unit records appended as units finish, the summary once they are in."""
+
+    def load(self) -> Run:
+        """The run as it stands: every file it has, read once (a directory without records is an error)."""
+        if not self.path.is_dir():
+            raise ConfigError(f"{self.path}: no such run directory")
+        return Run(self.path, read_json(self.run_file), read_json(self.path / "summary.json"), self.read())
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """An evaluation's summary, as data and as the tables people read (each replaced whole)."""

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cupid.eval import data as cupid_data
 from cupid.eval.stages import Roles
 from cupid.eval.files import DiskFull, disk_full, hold
-from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History
+from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
 from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints, servers_for
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
@@ -40,7 +40,6 @@ from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
 
 TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
-Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
 
 
 class RunConfig(BaseModel):

@@ -21,7 +21,7 @@ import shlex
 import http.server
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
@@ -29,21 +29,15 @@ from typing import Any, Iterable
 import typer
 
 from cupid.eval import data as cupid_data
-from cupid.eval.files import read_json
 from cupid.eval.records import RecordError, UnitRecord
-from cupid.eval.rundir import RunDir
+from cupid.eval.history import SETTINGS
+from cupid.eval.rundir import Run, RunDir
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
 
-SETTINGS_ORDER = ("standard", "oracle", "oracle-preference", "summary")
 TASKS_ORDER = tuple(TASKS)
 RECENT_S = 120  # a run whose records changed this recently is "in progress"; older, it stopped before the end
 UNIT_FIELDS_IN_DATA = {"key", "persona_id", "instance_type", "task", "setting", "n_sessions", "relevant_sessions", "gt_preference", "gt_checklist"}
-
-
-def read_records(run_dir: Path) -> list[UnitRecord]:
-    """The latest record of each unit, in file order of first appearance: the run directory's reader."""
-    return RunDir(run_dir).read()
 
 
 @dataclass
@@ -63,18 +57,10 @@ class RunState:
 
 
 @dataclass
-class LoadedRun:
-    path: Path
-    identity: dict[str, Any]
-    summary: dict[str, Any]
-    records: list[UnitRecord]
-    state: RunState | None = None
-    label: str = ""
-    roles: dict[str, str] = field(default_factory=dict)
+class LoadedRun(Run):
+    """A run as the viewer shows it: the run, and how far it got."""
 
-    @property
-    def data(self) -> str:
-        return str(self.identity.get("data") or self.summary.get("data") or "sample")
+    state: RunState | None = None
 
 
 def _planned(identity: dict[str, Any], summary: dict[str, Any], n_data: int | None) -> int | None:
@@ -115,9 +101,8 @@ def load_run(path: str | Path) -> LoadedRun:
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"{path}: no such run directory")
-    run = LoadedRun(path, read_json(path / "run.json"), read_json(path / "summary.json"), read_records(path))
+    run = LoadedRun(**vars(RunDir(path).load()))
     run.state = run_state(run)
-    run.roles = dict(run.summary.get("roles") or run.identity.get("roles") or {})
     return run
 
 
@@ -193,7 +178,7 @@ def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], li
             units.setdefault(record.unit, [None] * len(runs))[n] = record
     data_order = {k: n for n, k in enumerate(by_key)}
     tasks = _order((u[1] for u in units), TASKS_ORDER)
-    settings = _order((u[2] for u in units), SETTINGS_ORDER)
+    settings = _order((u[2] for u in units), SETTINGS)
     keys = sorted({u[0] for u in units}, key=lambda k: (data_order.get(k, len(data_order)), k))
     key_index = {k: n for n, k in enumerate(keys)}
     ordered = sorted(units, key=lambda u: (key_index[u[0]], tasks.index(u[1]), settings.index(u[2])))

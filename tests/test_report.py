@@ -122,4 +122,7 @@ def test_figures_across_runs_and_the_cli(tmp_path):
     assert "Instances per bin (all runs): [3, 4): 3, [4, 5): 6." in html
     assert "one point per candidate model (3)" in html
     missing = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")])
-    assert missing.exit_code == 2 and "instances.jsonl" in missing.output
+    assert missing.exit_code == 2 and f"{tmp_path / 'nothing'}: no such run directory" in missing.output
+    (tmp_path / "empty").mkdir()
+    empty = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and f"{tmp_path / 'empty' / 'instances.jsonl'}: no such file" in empty.output
