@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import Any, AsyncGenerator, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, ParamSpec, Sequence, TypeVar
 
 import httpx
 from rich.console import Console
@@ -21,6 +21,7 @@ from cupid.eval.data import Dataset
 from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import MatchItem, Scoring, StageError
+from cupid.eval.history import Setting
 from cupid.eval.runner import RunConfig, RunResult, arun
 from cupid.eval.tasks import INFERENCE
 from cupid.serving.aio import blocking
@@ -43,7 +44,7 @@ def endpoint(spec: EndpointLike, *, model: str | None = None, endpoints_file: st
     if isinstance(spec, Endpoint):
         return spec.model_copy(update=fields) if fields else spec
     if spec.startswith(("http://", "https://")):
-        return Endpoint(base_url=spec, model=model or _served_model(spec), **fields)
+        return Endpoint.model_validate({"base_url": spec, "model": model or _served_model(spec), **fields})
     found = lookup([spec], endpoints_file)[spec]
     return found.model_copy(update=fields) if fields else found
 
@@ -235,7 +236,7 @@ async def aevaluate(
     reference: EndpointLike | None = None,
     data: str = "sample",
     tasks: Sequence[str] = (INFERENCE.name,),
-    settings: Sequence[str] = ("standard",),
+    settings: Sequence[Setting] = ("standard",),
     out: str | Path | None = None,
     cache: str | Path | None = None,
     endpoints_file: str | Path = DEFAULT_FILE,
@@ -268,7 +269,7 @@ async def aevaluate(
     return await arun(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
 
 
-def _blocking_form(afunc: Callable[P, Awaitable[T]]) -> Callable[P, T]:
+def _blocking_form(afunc: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:
     """The blocking form of an async entry point, with its signature (for type checkers and `help()`)."""
 
     @functools.wraps(afunc)

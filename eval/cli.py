@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import shutil
-from typing import Any, Callable, Optional, get_args, get_origin
+from typing import Any, Callable, NoReturn, Optional, get_args, get_origin
 
 import typer
 from pydantic.fields import FieldInfo
@@ -23,7 +23,7 @@ console = Console(width=max(120, shutil.get_terminal_size().columns))  # the tab
 err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never wrapped
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False)  # a message's own brackets are text
     raise typer.Exit(code)
 
@@ -51,6 +51,7 @@ def _option(name: str, field: FieldInfo) -> inspect.Parameter:
     given (the config file's value or the field's default stands)."""
     flag = "--" + _FLAG_NAMES.get(name, name).replace("_", "-")
     args = get_args(field.annotation)
+    annotation: Any
     if field.annotation is bool:
         annotation, default = bool, typer.Option(False, flag, help=field.description)
     elif name == "tasks":  # one option, not repeated: a task or both

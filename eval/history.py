@@ -16,7 +16,6 @@ from cupid.eval.data import Instance
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 
-SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
 Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
 SETTINGS: tuple[str, ...] = get_args(Setting)  # in the order tables and pages show them
 GENERATION_ONLY = {"oracle-preference"}
@@ -50,7 +49,7 @@ class History:
         for outcome in outcomes:  # all finished first: the summaries that worked are cached for the resume
             if isinstance(outcome, BaseException):
                 raise outcome
-        return prompts.format_summary_log(outcomes)
+        return prompts.format_summary_log(outcomes)  # type: ignore[arg-type]  # every failure was raised above
 
     async def summary(self, session: dict) -> dict[str, list[str]]:
         """One request per session: identical sessions across instances cost one call (cache, in-flight dedup)."""

@@ -104,7 +104,7 @@ def main(
 ) -> None:
     """Turn inspect-ai logs of the cupid/* tasks into a run directory (`cupid view`, `report`, `track`)."""
     try:
-        summary = import_logs(logs, out)
+        summary = import_logs(list(logs), out)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

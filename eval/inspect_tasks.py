@@ -184,7 +184,7 @@ class Judges:
             if name is None:
                 raise ConfigError(f"the {role} role needs an endpoint: -T {role}=NAME|URL")
             url = name.startswith(("http://", "https://"))
-            bound[role] = endpoint(name, endpoints_file=endpoints_file, **({"structured_output": True} if url and structured_output else {}))
+            bound[role] = endpoint(name, endpoints_file=endpoints_file, **({"structured_output": True} if url and structured_output else {}))  # type: ignore[arg-type]
         return cls(bound, names, cache)
 
     def client(self) -> Client:
@@ -268,7 +268,8 @@ def to_score(record: UnitRecord) -> Score:
     if record.task == INFERENCE.name:
         assert record.scores is not None, "a scored inference record has P/R/F1"
         return Score(value=record.scores.model_dump(), answer=record.inferred_preference, explanation=_matches(record), metadata=metadata)
-    return Score(value=record.score, answer=record.candidate_answer, explanation=record.judge_answer, metadata=metadata)
+    score = record.score  # scored: it has one
+    return Score(value=score, answer=record.candidate_answer, explanation=record.judge_answer, metadata=metadata)  # type: ignore[arg-type]
 
 
 def _matches(record: Scoring) -> str:
@@ -295,7 +296,7 @@ def cupid_figures() -> Metric:
         for name in {r.task for r in records}:
             for group in GROUPS:
                 chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
-                block = {k: v for k, v in TASKS[name].block(chosen).items() if k not in ("n_failed", "failed_by_stage")}
+                block = {k: v for k, v in TASKS[name].block([r.scoring() for r in chosen]).items() if k not in ("n_failed", "failed_by_stage")}
                 out.update(figures(None if group == "all" else group, block))
         return out
 

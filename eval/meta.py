@@ -19,7 +19,7 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -152,7 +152,8 @@ class Agreement:
 
 
 def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level = "ordinal") -> Agreement:
-    shared, mismatched = [], []
+    shared: list[tuple[str, str]] = []
+    mismatched: list[PairKey] = []
     for pair in sorted(a.keys() & b.keys()):
         x, y = a[pair], b[pair]
         if (x.entry and y.entry and x.entry.strip() != y.entry.strip()) or (
@@ -162,8 +163,8 @@ def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level =
             continue
         shared.append((x.label, y.label))
     confusion = [[0] * len(LABELS) for _ in LABELS]
-    for x, y in shared:
-        confusion[LABELS.index(x)][LABELS.index(y)] += 1
+    for label_a, label_b in shared:
+        confusion[LABELS.index(label_a)][LABELS.index(label_b)] += 1
     return Agreement(
         n=len(shared),
         alpha=krippendorff_alpha([x for x, _ in shared], [y for _, y in shared], level),
@@ -284,7 +285,7 @@ def correlate(table: F1Table, columns: tuple[str, str] | None = None) -> Correla
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Meta-evaluation: matcher agreement and model-wise correlation.")
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception) -> NoReturn:
     Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # paths and rows never wrapped
     raise typer.Exit(2)
 
@@ -337,7 +338,7 @@ def correlate_cmd(
         f1s = read_table(table) if table else f1_table(run_dirs, setting, aggregate)
         if f1s.duplicates:
             raise ConfigError("two runs give the same model under the same matcher: " + "; ".join(f1s.duplicates))
-        result = correlate(f1s, tuple(columns) if columns else None)
+        result = correlate(f1s, (columns[0], columns[1]) if columns else None)
     except ConfigError as e:
         _fail(e)
     out = Table(title=f"model-wise F1 ({'table' if table else aggregate + ', ' + setting})")

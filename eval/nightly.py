@@ -174,7 +174,7 @@ def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[
 
 def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> dict[str, Any]:
     """The leaderboard entry of a candidate that did not run: its reason, no scores (never zeros)."""
-    entry = {"model": name, "run_dir": run_cfg.out if run_cfg else None, "primary": primary_metric(run_cfg) if run_cfg else "-",
+    entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out if run_cfg else None, "primary": primary_metric(run_cfg) if run_cfg else "-",
              "error": reason, "status": "error", "identity": {}, "metrics": {}, "n_scored": 0, "n_failed": 0, "failures": {},
              "requests": None, "wall_s": None}  # fmt: skip
     compare(entry, None)
@@ -219,6 +219,7 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: di
         entry["error"] = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
         entry["server_error"] = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
+    assert run_cfg.out is not None, "a night sets every run's directory"
     records = list(RunDir(run_cfg.out).records().values())
     identity_file = Path(run_cfg.out) / "run.json"
     entry.update(
@@ -338,7 +339,7 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
     if cfg.report:
         from cupid.eval.report import build
 
-        ran = [c.out for c in configs.values() if (Path(c.out) / "instances.jsonl").exists()]
+        ran = [c.out for c in configs.values() if c.out and (Path(c.out) / "instances.jsonl").exists()]
         if ran:
             board["report"] = str(build(ran, night_dir / "report"))
     return board, board["exit_code"]

@@ -139,7 +139,7 @@ def figure3(runs: list[Run]) -> Figure:
             continue
         known: dict[str, list[int]] = {}
         if any(r.relevant_sessions is None for r in records):
-            source = run.identity.get("data") or run.summary.get("data")
+            source = run.data
             try:
                 known = _relevant_from_data(source)
             except Exception as e:  # the data may be unreachable here: say so, draw the rest

@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, AsyncIterator, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
@@ -39,7 +39,10 @@ from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
 
-TaskName = Literal[tuple(TASKS)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    TaskName = str
+else:  # checked against the declared tasks
+    TaskName = Literal[tuple(TASKS)]
 
 
 class RunConfig(BaseModel):
@@ -62,7 +65,7 @@ class RunConfig(BaseModel):
     reference: str | None = Field(default=None, description="endpoint that re-scores the same answers (decomposer, matcher, judge)")
     tasks: list[TaskName] = Field(default_factory=lambda: [INFERENCE.name], min_length=1, description="inference, generation or both")
     settings: list[Setting] = Field(
-        default_factory=lambda: ["standard"], min_length=1, description="standard, oracle, oracle-preference (generation) or summary"
+        default_factory=lambda: ["standard"], min_length=1, description="standard, oracle, oracle-preference (generation) or summary"  # type: ignore[arg-type]
     )
     types: list[Literal["consistent", "contrastive", "changing"]] = Field(default_factory=list, description="only these instance types")
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
@@ -273,8 +276,8 @@ async def _run(cfg: RunConfig, console: Console, run_servers: RunServers | None,
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}
         if out is not None:
-            plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
-            out.check_same_run({**_identity(cfg, used), "plan": plan}, growing=("roles", "prompts"), latest=("plan",))
+            todo_plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
+            out.check_same_run({**_identity(cfg, used), "plan": todo_plan}, growing=("roles", "prompts"), latest=("plan",))
             latest = out.records()
         done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]

@@ -58,7 +58,7 @@ def inference_block(scorings: list[Scoring]) -> dict[str, Any]:
 
 
 def generation_block(scorings: list[Scoring]) -> dict[str, Any]:
-    scores = [s.score for s in scorings if s.scored]
+    scores = [s.score for s in scorings if s.scored and s.score is not None]
     return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(scorings)}
 
 
@@ -69,7 +69,7 @@ def inference_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
 
 
 def generation_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
-    interval = mean_interval([s.score for s in scorings if s.scored])
+    interval = mean_interval([s.score for s in scorings if s.scored and s.score is not None])
     return {"mean_score": interval} if interval is not None else {}
 
 

@@ -193,7 +193,7 @@ def of_run(
         if records is None:
             records = list(RunDir(run_dir).records().values())
     records, summary = records or [], summary or {}
-    metrics = summary_metrics(summary) if summary else {"n_scored": sum(r.scored for r in records), "n_failed": sum(not r.scored for r in records)}
+    metrics: dict[str, float] = summary_metrics(summary) if summary else {"n_scored": sum(r.scored for r in records), "n_failed": sum(not r.scored for r in records)}
     if summary:
         metrics.update(interval_metrics(records))
         if "reference" in summary:
@@ -262,7 +262,7 @@ def log(runs: list[TrackedRun], tracker: Tracker, say: Say) -> list[str | None]:
     names the tracker and where it writes). Never raises for the tracker's faults: the run's files stand."""
     require(tracker)
     logger = _mlflow if tracker == "mlflow" else _wandb
-    ids = []
+    ids: list[str | None] = []
     for run in runs:
         try:
             ids.append(logger(run, say))
@@ -346,7 +346,8 @@ def _wandb(run: TrackedRun, say: Say) -> str:
         active.config.update({"cupid_tags": run.tags}, allow_val_change=True)  # W&B's own tags are words, not pairs
         if run.units:
             columns = list(run.units[0])
-            active.log({"units": wandb.Table(columns=columns, data=[[u[c] for c in columns] for u in run.units])}, commit=False)
+            rows = [[u[c] for c in columns] for u in run.units]
+            active.log({"units": wandb.Table(columns=columns, data=rows)}, commit=False)  # type: ignore[arg-type]
         active.log(run.metrics)
         if run.artifacts:
             artifact = wandb.Artifact(f"cupid-run-{active.id}", type="cupid-run")

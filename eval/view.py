@@ -201,7 +201,7 @@ def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], li
         details.append(_json([None if r is None else r.model_dump(mode="json", exclude_none=True, exclude=keep) for r in records]))
     head = {
         "runs": [
-            {"label": r.label, "path": str(r.path), "roles": r.roles, "state": vars(r.state), "state_line": r.state.line(),
+            {"label": r.label, "path": str(r.path), "roles": r.roles, "state": vars(r.state), "state_line": r.state.line() if r.state else "",
              "has_reference": any(rec.reference is not None for rec in r.records)}
             for r in runs
         ],  # fmt: skip
@@ -258,7 +258,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
         raise ConfigError("give at least one run directory")
     _labels(runs)
     out = Path(out)
-    make_report = None if (out / "report.html").exists() else f"cupid report {' '.join(map(shlex.quote, run_dirs))} --out {shlex.quote(str(out))}"
+    make_report = None if (out / "report.html").exists() else f"cupid report {' '.join(shlex.quote(str(d)) for d in run_dirs)} --out {shlex.quote(str(out))}"
     html = render(runs, make_report)
     out.mkdir(parents=True, exist_ok=True)
     page = out / "view.html"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Awaitable, Callable, TypeVar
+from typing import Any, Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
 
 
-def blocking(make: Callable[[], Awaitable[T]]) -> T:
+def blocking(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine to its end from blocking code. Where an event loop already runs in this thread (a
     notebook, an async server), it cannot be blocked on: the coroutine then gets a loop of its own on a
     worker thread. `make` builds the coroutine in the thread that runs it."""

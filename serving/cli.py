@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -19,7 +19,7 @@ app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local Open
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     raise typer.Exit(1)
 
@@ -37,7 +37,7 @@ def _profiles(
     directory: Path,
 ) -> list[Profile]:
     """The profiles to act on: named ones from `directory`, or one built from --model/--name; options override."""
-    overrides = {
+    overrides: dict[str, Any] = {
         k: v
         for k, v in dict(
             host=host, port=port, startup_timeout_s=timeout, gpu_memory_utilization=gpu_memory_utilization
@@ -58,11 +58,11 @@ def _profiles(
     else:
         if not (model and name):
             raise ConfigError("give --profile NAME (see configs/serve/), or both --model and --name")
-        fields = {"name": name, "engine": engine or "vllm", "model": model, "served_name": name, "port": 8000}
+        fields: dict[str, Any] = {"name": name, "engine": engine or "vllm", "model": model, "served_name": name, "port": 8000}
         if fields["engine"] == "vllm":
             fields["device"] = vllm_build() or "cuda"  # the build installed here decides
         chosen = [validate(Profile, fields, "--model/--name")]
-    if (fraction := overrides.pop("gpu_memory_utilization", None)) is not None:
+    if (fraction := overrides.pop("gpu_memory_utilization", None)) is not None:  # a vLLM argument
         overrides["vllm"] = {"gpu_memory_utilization": fraction}
     return [profiles.override(p, overrides, f"profile '{p.name}' with the command-line options") for p in chosen]
 

@@ -68,9 +68,9 @@ def answer(messages: list[dict[str, str]], preference: str = PREFERENCE) -> str:
         summary = {"session_id": 1, "analysis": "First message.", "context": [first[:200]], "preferences": [PREFERENCE]}
         return "```json\n" + json.dumps({"summaries": [summary]}, indent=2) + "\n```"
     if "#### Checklist" in user:
-        head, checklist = user.split("#### Checklist", 1)
+        head, listed = user.split("#### Checklist", 1)
         preference = head.split("\n\n", 1)[1].strip()
-        items = [re.sub(r"^\d+\.\s*", "", line) for line in checklist.strip().splitlines()]
+        items = [re.sub(r"^\d+\.\s*", "", line) for line in listed.strip().splitlines()]
         results = [{"index": i, "entry": item, "label": label(item, preference)} for i, item in enumerate(items, 1)]
         if system == prompts.load("prefmatcher").system:
             return "```json\n" + json.dumps(results, indent=2) + "\n```"

@@ -125,10 +125,10 @@ class VllmBackend:
         if todo:
             started = time.perf_counter()
             outputs = self.llm.chat(
-                [r.messages for _, r, _ in todo],
+                [r.messages for _, r, _ in todo],  # type: ignore[arg-type]  # OpenAI chat messages, as dicts
                 sampling_params=[p for _, _, p in todo],
                 use_tqdm=False,
-                lora_request=[self.loras.get(r.model) for _, r, _ in todo] if self.loras else None,
+                lora_request=[self.loras.get(r.model) for _, r, _ in todo] if self.loras else None,  # type: ignore[misc]  # None: the base
             )
             elapsed = time.perf_counter() - started
             for (i, _, _), output in zip(todo, outputs):
@@ -182,7 +182,7 @@ class TransformersBackend:
                 results[i] = e
         for (max_tokens, temperature, top_p, seed), members in groups.items():
             started = time.perf_counter()
-            inputs = self.tokenizer.apply_chat_template(
+            inputs: Any = self.tokenizer.apply_chat_template(  # a BatchEncoding (return_dict)
                 [requests[i].messages for i in members],
                 add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True,
             )  # fmt: skip
@@ -200,7 +200,7 @@ class TransformersBackend:
                 stop = next((k for k, t in enumerate(tokens) if t in self.eos), None)
                 kept = tokens if stop is None else tokens[:stop]
                 prompt_tokens = int(inputs["attention_mask"][row].sum())
-                text = self.tokenizer.decode(kept, skip_special_tokens=True)
+                text: str = self.tokenizer.decode(kept, skip_special_tokens=True)  # type: ignore[assignment]  # one sequence: one string
                 results[i] = Answer(text, "length" if stop is None else "stop", _usage(prompt_tokens, len(kept)), elapsed, cached=False)
         return results  # type: ignore[return-value]
 

@@ -333,7 +333,7 @@ def _vllm_parser() -> Any:
     def error(message: str):
         raise ValueError(message)
 
-    parser.error = error
+    parser.error = error  # type: ignore[method-assign]
     return parser
 
 

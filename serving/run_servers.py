@@ -113,7 +113,7 @@ def plan_servers(
         run_servers.endpoints[name] = endpoint_for(host, served, **by_name[name].endpoint)
     for slot in placement.slots:
         for placed in slot:
-            served = by_name[placed.profile.name]
-            run_servers.candidate_servers[served.name] = fleet.add(placed)
-            run_servers.endpoints[served.name] = served.to_endpoint(placed.profile)
+            candidate = by_name[placed.profile.name]
+            run_servers.candidate_servers[candidate.name] = fleet.add(placed)
+            run_servers.endpoints[candidate.name] = candidate.to_endpoint(placed.profile)
     return run_servers

@@ -112,7 +112,7 @@ def plan(cfg: TrainConfig) -> list[Server]:
     a = cfg.agreement
     names = served_names(cfg)
     out = []
-    on_base = {k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)}
+    on_base: dict[str, str] = {k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)}
     if on_base:
         adapters = {names["adapter"]: str(adapter_dir(cfg))} if a.adapter else None
         out.append(Server(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
@@ -265,7 +265,7 @@ def check(cfg: TrainConfig, console: Console | None = None, running: dict[str, A
 
 
 def table(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for which in MODELS:
         if which in report:
             r = report[which]

@@ -39,7 +39,7 @@ class Labelling(_Section):
     candidates: list[str] = Field(min_length=1, description="endpoints whose inferred preferences get labelled")
     decomposer: str
     teacher: str = Field(description="the matcher endpoint whose labels become the training targets")
-    settings: list[Literal["standard", "oracle"]] = Field(default_factory=lambda: ["standard"], min_length=1)
+    settings: list[Literal["standard", "oracle"]] = Field(default_factory=lambda: ["standard"], min_length=1)  # type: ignore[arg-type]
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
     concurrency: int | None = Field(default=None, ge=1)
     cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
@@ -84,7 +84,7 @@ class Sft(_Section):
     )
     resume: bool = Field(default=True, description="continue from the newest checkpoint in the run directory")
     measure_loss_on: list[Literal["train", "validation"]] = Field(
-        default_factory=lambda: ["train", "validation"], description="splits whose mean loss is reported before and after"
+        default_factory=lambda: ["train", "validation"], description="splits whose mean loss is reported before and after"  # type: ignore[arg-type]
     )
 
     @model_validator(mode="after")

@@ -109,10 +109,10 @@ def examples_from_record(record: UnitRecord, candidate: str, teacher: str, teach
         ("gt_to_infer", record.inferred_preference, record.gt_checklist or []),
     )
     raw = record.matcher_answers or {}
-    out = []
+    out: list[dict[str, Any]] = []
     for direction, preference, items in directions:
         labels = [m.model_dump() for m in getattr(record, direction) or []]
-        if not items or not labels:
+        if not items or not labels or preference is None:
             continue
         if [m["entry"] for m in labels] != list(items):
             raise LabellingError(f"{record.key}: {direction} labels do not follow the checklist order")
@@ -133,7 +133,7 @@ def examples_from_record(record: UnitRecord, candidate: str, teacher: str, teach
                 "candidate": candidate,
                 "teacher": teacher,
                 "teacher_prompt": teacher_prompt,
-                "teacher_raw": raw.get(direction),
+                "teacher_raw": raw.get(direction),  # type: ignore[call-overload]
             }
         )
     return out
@@ -324,7 +324,7 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     out_dir = cfg.out_dir / "data"
     out_dir.mkdir(parents=True, exist_ok=True)
     if not examples:
-        failures = Counter()
+        failures: Counter[str] = Counter()
         for r in runs.values():
             failures.update(r["failures"])
         report["error"] = "no scored instance: no match data"

@@ -160,7 +160,7 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
     prec = prec or precision(cfg)
     args = {**CHAIN_DEFAULTS, **cfg.sft.args}
     args.setdefault("data_seed", args.get("seed"))  # the data order follows the seed unless given
-    chain = {
+    chain: dict[str, Any] = {
         "output_dir": str(cfg.out_dir / "checkpoints"), "bf16": prec == "bf16", "fp16": False, "completion_only_loss": True,
         "packing": False, "report_to": "none", "eval_strategy": "no",
     }  # fmt: skip
@@ -207,7 +207,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
     )  # fmt: skip
     throughput = _throughput_callback(console)
-    trainer = SFTTrainer(
+    trainer: Any = SFTTrainer(  # its datasets and model are set by now (typed optional in TRL)
         model=model,
         args=args,
         train_dataset=data["train"],
@@ -231,7 +231,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     def losses() -> dict[str, float]:
         """Mean completion-token loss over whole splits: the same examples before and after, so the
         two numbers compare (the logged per-step losses are over different batches)."""
-        out = {}
+        out: dict[str, float] = {}
         for split in s.measure_loss_on:
             dataset = trainer.train_dataset if split == "train" else trainer.eval_dataset
             if dataset is not None:

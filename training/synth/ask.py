@@ -139,7 +139,7 @@ async def all_of(*coroutines: Awaitable[T]) -> list[T]:
     """Results in order; on the first failure the others are cancelled and that failure is raised."""
     try:
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(c) for c in coroutines]
+            tasks: list[asyncio.Task[T]] = [group.create_task(c) for c in coroutines]  # type: ignore[arg-type]  # coroutines
     except BaseExceptionGroup as eg:
         first = eg.exceptions[0]
         while isinstance(first, BaseExceptionGroup):

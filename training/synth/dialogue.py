@@ -128,7 +128,7 @@ async def simulate(
             msgs = prompts.load("project_synth_closing").render(
                 persona=persona, factor=factor, conversation=conversation, items="\n".join(f"- {checklist[i]}" for i in items)
             )
-            kind = "closing"
+            kind: Literal["feedback", "closing"] = "closing"
         else:
             items = [pick_unmet(verdicts, mentioned)]
             msgs = prompts.load("project_synth_feedback").render(

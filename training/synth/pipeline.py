@@ -36,7 +36,7 @@ from cupid.serving.endpoints import load_endpoints, missing_keys, require
 from cupid.serving.lifecycle import state_dir
 from cupid.training.synth import tables
 from cupid.training.synth.ask import Asker, StepFailed, all_of
-from cupid.training.synth.config import SynthConfig
+from cupid.training.synth.config import Role, SynthConfig
 from cupid.training.synth.dialogue import simulate
 from cupid.training.synth.factors import change_preference, checklist, generate_factors
 from cupid.training.synth.parse import sentences
@@ -44,7 +44,7 @@ from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_ch
 from cupid.training.synth.personas import expand, template
 from cupid.training.synth.sessions import layout, write_requests
 
-ROLES = ("generator", "user_simulator", "assistant_simulator")
+ROLES: tuple[Role, ...] = ("generator", "user_simulator", "assistant_simulator")
 PROMPTS_USED = (
     "synth_persona", "project_synth_persona", "project_synth_factor", "project_synth_contrastive_factor",
     "project_synth_changed_preference", "project_synth_checklist", "project_synth_request",
@@ -139,10 +139,12 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     changed = await change_preference(asker, current, factors)
     preferences = [f.preference for f in factors] + [changed]
     slots = layout(choices.positions, choices.current_factor, choices.contrastive_factor)
-    checklists, requests = await all_of(
+    both: list[Any] = await all_of(  # the checklists and the requests, side by side
         all_of(*(checklist(asker, f"checklist[{i}]", p) for i, p in enumerate(preferences))),
         write_requests(asker, persona, slots, factors, choices.task_types, preferences),
     )
+    checklists: list[list[str]] = both[0]
+    requests: dict[int, str] = both[1]
     for factor, items in zip(factors, checklists):
         factor.checklist = items
     changed_checklist = checklists[-1]
