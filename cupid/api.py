@@ -172,7 +172,7 @@ class PrefMatcher:
         `Not Covered`), in checklist order. Raises `StageFailed` when the request fails or the answer
         does not parse (its `.error` says which, with the raw answer)."""
         matched = await (await self._scorer()).match("match", preference, list(checklist))
-        return [MatchItem.of(m) for m in matched]
+        return matched
 
     async def alabels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
         """`alabels` for many (preference, checklist) pairs at once, in order; a failed pair is its `StageError`."""

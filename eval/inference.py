@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
-from cupid.eval.records import DIRECTIONS, Counts, MatchItem, Scores, Scoring
+from cupid.eval.records import DIRECTIONS, Scoring
 from cupid.matcher import parse, prompts, schemas
 from cupid.matcher.prompts import MatcherDialect
 from cupid.matcher.scores import MatchCounts
@@ -44,7 +44,7 @@ class InferenceScorer:
     async def decompose(self, preference: str) -> list[str]:
         return parsed("decompose", parse.checklist, await self.ask_decomposer(preference))
 
-    async def match(self, stage: str, preference: str, items: list[str]) -> list[parse.Match]:
+    async def match(self, stage: str, preference: str, items: list[str]) -> list[parse.MatchItem]:
         return parsed(stage, parse.matches, await self.ask_matcher(stage, preference, items), items)
 
     async def score(self, instance: Instance, answer: str) -> Scoring:
@@ -81,10 +81,10 @@ class InferenceScorer:
             if isinstance(outcome, BaseException):
                 raise outcome
             labelled[direction] = parsed(f"match_{direction}", parse.matches, outcome, asked[direction][1])
-            setattr(scoring, direction, [MatchItem.of(m) for m in labelled[direction]])
+            setattr(scoring, direction, list(labelled[direction]))
         labels = [[m.label for m in labelled[d]] for d in DIRECTIONS]
         _counted(scoring, MatchCounts.from_labels(*labels))
 
 
 def _counted(scoring: Scoring, counts: MatchCounts) -> None:
-    scoring.counts, scoring.scores = Counts.of(counts), Scores.of(counts.prf())
+    scoring.counts, scoring.scores = counts, counts.prf()

@@ -267,7 +267,7 @@ def to_score(record: UnitRecord) -> Score:
         return Score.unscored(reason=f"{error.stage}: {error.reason}", answer=record.candidate_answer, explanation=error.detail, metadata=metadata)
     if record.task == INFERENCE.name:
         assert record.scores is not None, "a scored inference record has P/R/F1"
-        return Score(value=record.scores.model_dump(), answer=record.inferred_preference, explanation=_matches(record), metadata=metadata)
+        return Score(value=record.scores.as_dict(), answer=record.inferred_preference, explanation=_matches(record), metadata=metadata)
     score = record.score  # scored: it has one
     return Score(value=score, answer=record.candidate_answer, explanation=record.judge_answer, metadata=metadata)  # type: ignore[arg-type]
 

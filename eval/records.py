@@ -15,7 +15,7 @@ from typing import Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from cupid.matcher.parse import Match
+from cupid.matcher.parse import MatchItem
 from cupid.matcher.scores import PRF, MatchCounts
 
 Status = Literal["scored", "failed"]
@@ -40,42 +40,6 @@ class StageError(_Model):
     raw: str | None = None
 
 
-class MatchItem(_Model):
-    """One checklist item as the matcher labelled it against a preference."""
-
-    index: int
-    entry: str
-    label: str
-
-    @classmethod
-    def of(cls, match: Match) -> "MatchItem":
-        return cls(index=match.index, entry=match.entry, label=match.label)
-
-
-class Counts(_Model):
-    predicted_matched: float
-    n_predicted: int
-    true_matched: float
-    n_true: int
-
-    @classmethod
-    def of(cls, counts: MatchCounts) -> "Counts":
-        return cls(**vars(counts))
-
-    def match_counts(self) -> MatchCounts:
-        return MatchCounts(self.predicted_matched, self.n_predicted, self.true_matched, self.n_true)
-
-
-class Scores(_Model):
-    precision: float
-    recall: float
-    f1: float
-
-    @classmethod
-    def of(cls, prf: PRF) -> "Scores":
-        return cls(**prf.as_dict())
-
-
 class Scoring(_Model):
     """One scoring of a candidate answer, filled stage by stage: a failure keeps what came before it.
 
@@ -91,8 +55,8 @@ class Scoring(_Model):
     matcher_answers: dict[Direction, str] | None = None
     infer_to_gt: list[MatchItem] | None = None
     gt_to_infer: list[MatchItem] | None = None
-    counts: Counts | None = None
-    scores: Scores | None = None
+    counts: MatchCounts | None = None  # the matcher's own result types, kept as they are (one set of types)
+    scores: PRF | None = None
     judge_answer: str | None = None
     score: int | None = None
 
@@ -103,7 +67,7 @@ class Scoring(_Model):
     def match_counts(self) -> MatchCounts:
         """A scored inference scoring's counts, for the aggregates."""
         assert self.counts is not None, "an inference scoring that was scored has counts"
-        return self.counts.match_counts()
+        return self.counts
 
 
 class _Unit(_Model):

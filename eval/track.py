@@ -121,7 +121,7 @@ def unit_rows(records: list[UnitRecord]) -> list[dict[str, Any]]:
     """One row per unit: what `instances.jsonl` says of it, without the texts."""
     rows = []
     for r in records:
-        scores = r.scores.model_dump() if r.scores is not None else {}
+        scores = r.scores.as_dict() if r.scores is not None else {}
         rows.append({
             "key": r.key, "instance_type": r.instance_type, "task": r.task, "setting": r.setting, "status": r.status,
             "failed_stage": r.error.stage if r.error else None, "failed_reason": r.error.reason if r.error else None,

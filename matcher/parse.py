@@ -25,7 +25,9 @@ class ParseError(ValueError):
 
 
 @dataclass(frozen=True)
-class Match:
+class MatchItem:
+    """One checklist item as the matcher labelled it against a preference (a record keeps these as they are)."""
+
     index: int
     entry: str
     label: str
@@ -85,7 +87,7 @@ def label(text: Any, raw: str) -> str:
     return _LABEL_KEYS[key]
 
 
-def matches(answer: str, items: Sequence[str]) -> list[Match]:
+def matches(answer: str, items: Sequence[str]) -> list[MatchItem]:
     """Labels for `items`, in order, from either dialect: `{"results": [...]}` or a bare list.
 
     The answer must label every item exactly once; entries are keyed by their 1-based `index`
@@ -109,7 +111,7 @@ def matches(answer: str, items: Sequence[str]) -> list[Match]:
         if not 1 <= index <= len(items) or index in by_index:
             raise ParseError(f"result {position} has index {index}: out of range or repeated", answer)
         by_index[index] = label(result["label"], answer)
-    return [Match(i, items[i - 1], by_index[i]) for i in range(1, len(items) + 1)]
+    return [MatchItem(i, items[i - 1], by_index[i]) for i in range(1, len(items) + 1)]
 
 
 SCORE_HEADER = "### Evaluation Score"

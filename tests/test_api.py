@@ -60,7 +60,7 @@ def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, 
     assert batch == [want_infer, want_gt]
     assert scored.status == "scored"
     assert scored.inferred_checklist == record["inferred_checklist"]
-    assert scored.scores.model_dump() == record["scores"] and scored.counts.model_dump() == record["counts"]
+    assert scored.scores.as_dict() == record["scores"] and vars(scored.counts) == record["counts"]
 
 
 def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_server, tmp_path):

@@ -87,7 +87,7 @@ def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(b
         score = sample.scores["cupid_scorer"]
         record = cli[(sample.id, "inference")]
         assert record.scored and UnitRecord.model_validate(score.metadata) == record  # the whole unit, answers and labels
-        assert score.value == record.scores.model_dump()
+        assert score.value == record.scores.as_dict()
         assert score.answer == record.inferred_preference and record.infer_to_gt[0].label in score.explanation
     metrics = {name: m.value for name, m in inference.results.scores[0].metrics.items()}
     block = summary["inference"]

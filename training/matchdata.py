@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from dataclasses import asdict
 import random
 from collections import Counter
 from pathlib import Path
@@ -111,7 +112,7 @@ def examples_from_record(record: UnitRecord, candidate: str, teacher: str, teach
     raw = record.matcher_answers or {}
     out: list[dict[str, Any]] = []
     for direction, preference, items in directions:
-        labels = [m.model_dump() for m in getattr(record, direction) or []]
+        labels = [asdict(m) for m in getattr(record, direction) or []]
         if not items or not labels or preference is None:
             continue
         if [m["entry"] for m in labels] != list(items):
