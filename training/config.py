@@ -75,7 +75,11 @@ class Sft(_Section):
     """`sft:` is TRL's `SFTConfig` (transformers' `TrainingArguments` included) under TRL's own names, as given:
     any of its arguments reaches the trainer, and TRL checks them when the run starts and at `cupid train run
     --dry-run` (`sft.sft_config`), not a copy of their types here. The shipped configs hold the paper's
-    recipe. Beside them, three fields of this project's own, which SFTConfig has no argument for."""
+    recipe. Beside them, three fields of this project's own, which SFTConfig has no argument for, typed here.
+    They stay in this section rather than one of their own because each is about the fine-tune and is read
+    beside its arguments; every other key is SFTConfig's, so the two cannot be confused. The arguments the
+    chain sets itself (`SET_BY_THE_CHAIN`) are refused by name. Loading a config does not import TRL (seconds):
+    that waits for the run and `--dry-run`."""
 
     model_config = ConfigDict(extra="allow")
 
