@@ -81,12 +81,12 @@ def cached_rerun(url: str) -> dict:
         common = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="instant", cache=str(Path(tmp) / "cache.sqlite"))
         run(RunConfig(**common, out=str(Path(tmp) / "first")))
         started = time.perf_counter()
-        summary = run(RunConfig(**common, out=str(Path(tmp) / "again")))
+        summary = run(RunConfig(**common, out=str(Path(tmp) / "again"))).summary
         wall = time.perf_counter() - started
-    assert summary["requests"]["sent"] == 0, "the re-run sent requests"
+    assert summary.requests is not None and summary.requests["sent"] == 0, "the re-run sent requests"
     return {
         "instances": SAMPLE_SIZE,
-        "cached_requests": summary["requests"]["cached"],
+        "cached_requests": summary.requests["cached"],
         "wall_s": round(wall, 3),
         "extrapolated_wall_s_per_756": round(wall * BENCHMARK_SIZE / SAMPLE_SIZE, 2),
     }
@@ -137,7 +137,7 @@ def demo_workload(base_url: str, workdir: Path, *, free: bool = False) -> dict[s
     (workdir / "endpoints.yaml").write_text(json.dumps(endpoints, indent=2))
     cfg.update(endpoints=str(workdir / "endpoints.yaml"), out=str(workdir / "run"), cache=str(workdir / "cache.sqlite"), no_cache=False)
     started = time.perf_counter()
-    summary = run(RunConfig(**cfg))
+    summary = run(RunConfig(**cfg)).summary
     wall = time.perf_counter() - started
     # One example of each failure reason, as the run recorded it.
     examples: dict[str, str] = {}
@@ -147,13 +147,13 @@ def demo_workload(base_url: str, workdir: Path, *, free: bool = False) -> dict[s
             examples.setdefault(key, str(error.detail or error.raw or "")[:300])
     return {
         "wall_s": round(wall, 1),
-        "units": summary["n_runs"],
-        "scored": summary["n_scored"],
-        "failed": summary["n_failed"],
-        "by_task": {t: {"scored": summary[t]["n_scored"], "failed": summary[t]["n_failed"]} for t in cfg["tasks"]},
-        "failures": summary["failures"],
+        "units": summary.n_runs,
+        "scored": summary.n_scored,
+        "failed": summary.n_failed,
+        "by_task": {t: {"scored": b.overall.n_scored, "failed": b.overall.n_failed} for t, b in summary.tasks.items()},
+        "failures": summary.failures,
         "failure_examples": examples,
-        "requests": summary["requests"],
+        "requests": summary.requests,
     }
 
 

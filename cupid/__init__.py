@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "PrefMatcher", "evaluate", "aevaluate", "load_dataset", "endpoint",
     # the types the API's signatures name
-    "Endpoint", "RunResult", "ServedModel", "MatchItem", "Scoring", "StageError", "StageFailed", "Dataset",
+    "Endpoint", "RunResult", "Summary", "ServedModel", "MatchItem", "Labels", "Scoring", "StageError", "StageFailed", "Dataset",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
     from cupid.api import (
-        Dataset, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, aevaluate, endpoint,
-        evaluate, load_dataset,
+        Dataset, Labels, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, Summary,
+        aevaluate, endpoint, evaluate, load_dataset,
     )  # fmt: skip
     from cupid.serving.endpoints import Endpoint
 

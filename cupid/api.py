@@ -20,9 +20,10 @@ from cupid.eval import data as cupid_data
 from cupid.eval.data import Dataset
 from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
-from cupid.eval.records import MatchItem, Scoring, StageError
+from cupid.eval.records import Labels, MatchItem, Scoring, StageError
 from cupid.eval.history import Setting
 from cupid.eval.runner import RunConfig, RunResult, arun
+from cupid.eval.summary import Summary
 from cupid.eval.tasks import INFERENCE
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
@@ -174,21 +175,22 @@ class PrefMatcher:
         matched = await (await self._scorer()).match("match", preference, list(checklist))
         return matched
 
-    async def alabels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
-        """`alabels` for many (preference, checklist) pairs at once, in order; a failed pair is its `StageError`."""
+    async def alabels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[Labels]:
+        """`alabels` for many (preference, checklist) pairs at once, in order. As `ascore_batch`, an item never raises:
+        each is `status="scored"` with its `items`, or `status="failed"` with its `error`."""
 
-        async def one(preference: str, checklist: Sequence[str]) -> list[MatchItem] | StageError:
+        async def one(preference: str, checklist: Sequence[str]) -> Labels:
             try:
-                return await self.alabels(preference, checklist)
+                return Labels(status="scored", items=await self.alabels(preference, checklist))
             except StageFailed as e:
-                return e.error
+                return Labels(status="failed", error=e.error)
 
         return list(await asyncio.gather(*(one(p, c) for p, c in pairs)))
 
     def labels(self, preference: str, checklist: Sequence[str]) -> list[MatchItem]:
         return self._blocking(lambda: self.alabels(preference, checklist))
 
-    def labels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[list[MatchItem] | StageError]:
+    def labels_batch(self, pairs: Iterable[tuple[str, Sequence[str]]]) -> list[Labels]:
         pairs = list(pairs)
         return self._blocking(lambda: self.alabels_batch(pairs))
 
@@ -202,7 +204,8 @@ class PrefMatcher:
         return await (await self._scorer()).score_preference(inferred, preference, list(checklist))
 
     async def ascore_batch(self, triples: Iterable[tuple[str, str, Sequence[str]]]) -> list[Scoring]:
-        """`ascore` for many (inferred, preference, checklist) triples at once, in order."""
+        """`ascore` for many (inferred, preference, checklist) triples at once, in order (a failed one is `status="failed"`
+        with its `error`, as in `alabels_batch`)."""
         return list(await asyncio.gather(*(self.ascore(i, p, c) for i, p, c in triples)))
 
     def score(self, inferred: str, preference: str, checklist: Sequence[str]) -> Scoring:

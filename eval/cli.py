@@ -14,7 +14,7 @@ from rich.table import Table
 
 from cupid.eval import data as cupid_data
 from cupid.eval.runner import RunConfig, dry_run as write_requests, run as run_eval
-from cupid.eval.summary import tables
+from cupid.eval.summary import Summary, tables
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError, read_yaml, validate
 
@@ -28,15 +28,15 @@ def _fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: Summary) -> None:
     for spec in tables(summary):
         table = Table(*spec.headers, title=spec.title)
         for row in spec.rows:
             table.add_row(*row)
         console.print(table)
-    for line in summary["invalid_rows"]:
+    for line in summary.invalid_rows:
         console.print(f"[yellow]invalid row:[/yellow] {line}", highlight=False)
-    for what, n in summary["failures"].items():
+    for what, n in summary.failures.items():
         console.print(f"[yellow]failed at {what}:[/yellow] {n}", highlight=False)
 
 
@@ -79,10 +79,10 @@ def _run(config: Optional[str], dry_run: Optional[str], allow_failures: bool, **
     except (ConfigError, cupid_data.DataError) as e:
         _fail(str(e))
     print_summary(summary)
-    problems = summary["n_failed"] + summary["n_invalid_rows"]
+    problems = summary.n_failed + summary.n_invalid_rows
     print(  # one plain line, never wrapped: scripts read it
-        f"{summary['n_failed']} failed, {summary['n_invalid_rows']} invalid rows, "
-        f"{summary['n_scored']} scored of {summary['n_runs']}; results in {cfg.out}"
+        f"{summary.n_failed} failed, {summary.n_invalid_rows} invalid rows, "
+        f"{summary.n_scored} scored of {summary.n_runs}; results in {cfg.out}"
     )
     if problems and not allow_failures:
         raise typer.Exit(1)

@@ -19,14 +19,14 @@ import typer
 from cupid.eval.files import write_atomic
 from cupid.eval.records import StageError, UnitRecord
 from cupid.eval.rundir import RunDir
-from cupid.eval.summary import markdown, summarize
+from cupid.eval.summary import Summary, markdown, summarize
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
 
 SCORER = "cupid_scorer"
 
 
-def import_logs(logs: list[str | Path], out: str | Path) -> dict[str, Any]:
+def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
     """The logs' records into the run directory `out` (new, or the same run's); returns the summary."""
     try:
         from inspect_ai.log import read_eval_log

@@ -296,7 +296,7 @@ def cupid_figures() -> Metric:
         for name in {r.task for r in records}:
             for group in GROUPS:
                 chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
-                block = {k: v for k, v in TASKS[name].block([r.scoring() for r in chosen]).items() if k not in ("n_failed", "failed_by_stage")}
+                block = TASKS[name].figures.of([r.scoring() for r in chosen]).model_dump(exclude={"n_failed", "failed_by_stage"})
                 out.update(figures(None if group == "all" else group, block))
         return out
 

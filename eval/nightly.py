@@ -20,14 +20,14 @@ import threading
 import traceback
 from datetime import date as Date
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from cupid.eval.files import hold, write_atomic
+from cupid.eval.files import hold, read_json, write_atomic
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
@@ -67,6 +67,64 @@ class NightlyConfig(BaseModel):
 
     def names(self) -> list[str]:
         return [m.name if isinstance(m, ServedModel) else m for m in self.models]
+
+
+Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
+
+
+class Entry(BaseModel):
+    """A candidate's line on a night's leaderboard (`leaderboard.json`'s `models`): its figures with their intervals,
+    its counts and failures, and how it moved since the previous night. One that did not run has its reason and
+    no figures (never zeros)."""
+
+    model: str
+    run_dir: str | None = None
+    primary: str  # the ranking metric, `<task>/<setting>/<figure>`
+    error: str | None = None  # why it did not run (or what stopped its server)
+    status: Status = "ok"
+    served: str | None = None  # the server the night brought for it
+    server_error: str | None = None  # with the server log's last lines
+    identity: dict[str, Any] = Field(default_factory=dict)  # its run.json
+    metrics: dict[str, Interval] = Field(default_factory=dict)
+    n_scored: int = 0
+    n_failed: int = 0
+    failures: dict[str, int] = Field(default_factory=dict)  # `task/setting stage: reason` -> units
+    requests: dict[str, int] | None = None
+    wall_s: float | None = None
+    previous: dict[str, Interval] | None = None  # last night's metrics
+    delta: dict[str, float] = Field(default_factory=dict)
+    regressions: list[str] = Field(default_factory=list)
+    setup_changed: list[str] = Field(default_factory=list)
+
+    def estimate(self, metric: str) -> float | None:
+        return interval.estimate if (interval := self.metrics.get(metric)) else None
+
+
+class Leaderboard(BaseModel):
+    """A night's `leaderboard.json`: its candidates ranked, what it served, and its exit code."""
+
+    date: str
+    dir: str
+    error: str | None = None  # why the night did not start
+    previous: str | None = None  # the night compared with
+    config: str
+    n_resamples: int = N_RESAMPLES
+    plan: list[str] = Field(default_factory=list)
+    servers_started: list[str] = Field(default_factory=list)
+    servers_stopped_answering: dict[str, list[str]] = Field(default_factory=dict)
+    requests: dict[str, int] = Field(default_factory=dict)
+    models: list[Entry] = Field(default_factory=list)
+    regressions: list[str] = Field(default_factory=list)
+    with_failures: list[str] = Field(default_factory=list)
+    exit_code: int = 0
+    report: str | None = None
+
+    @classmethod
+    def read(cls, path: Path) -> "Leaderboard":
+        try:
+            return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValidationError) as e:
+            raise ConfigError(f"{path}: not a leaderboard ({e})") from None
 
 
 def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, RunConfig]:
@@ -143,21 +201,21 @@ def _ran(night_dir: Path) -> bool:
         return False
 
 
-def compare(entry: dict[str, Any], before: dict[str, Any] | None) -> None:
+def compare(entry: Entry, before: Entry | None) -> None:
     """Fill an entry's previous values, deltas, regressions and setup changes from last night's entry."""
-    entry.update(previous=None, delta={}, regressions=[], setup_changed=[])
-    if not before:
+    entry.previous, entry.delta, entry.regressions, entry.setup_changed = None, {}, [], []
+    if before is None:
         return
-    entry["previous"] = before.get("metrics", {})
-    for name, now in entry["metrics"].items():
-        then = entry["previous"].get(name)
+    entry.previous = before.metrics
+    for name, now in entry.metrics.items():
+        then = entry.previous.get(name)
         if then is None:
             continue
-        entry["delta"][name] = now["estimate"] - then["estimate"]
-        if now["estimate"] < then["low"]:
-            entry["regressions"].append(name)
-    old, new = _setup(before.get("identity", {})), _setup(entry.get("identity", {}))
-    entry["setup_changed"] = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        entry.delta[name] = now.estimate - then.estimate
+        if now.estimate < then.low:
+            entry.regressions.append(name)
+    old, new = _setup(before.identity), _setup(entry.identity)
+    entry.setup_changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
@@ -172,13 +230,9 @@ def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[
     return refused
 
 
-def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> dict[str, Any]:
+def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> Entry:
     """The leaderboard entry of a candidate that did not run: its reason, no scores (never zeros)."""
-    entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out if run_cfg else None, "primary": primary_metric(run_cfg) if run_cfg else "-",
-             "error": reason, "status": "error", "identity": {}, "metrics": {}, "n_scored": 0, "n_failed": 0, "failures": {},
-             "requests": None, "wall_s": None}  # fmt: skip
-    compare(entry, None)
-    return entry
+    return Entry(model=name, run_dir=run_cfg.out if run_cfg else None, primary=primary_metric(run_cfg) if run_cfg else "-", error=reason, status="error")
 
 
 def check_cache(configs: dict[str, RunConfig]) -> None:
@@ -197,51 +251,49 @@ def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu
     return plan_servers(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
 
 
-def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: dict[str, Any] | None, console: Console) -> dict[str, Any]:
+def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: Entry | None, console: Console) -> Entry:
     """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after."""
     console.rule(f"nightly: {name}")
-    entry: dict[str, Any] = {"model": name, "run_dir": run_cfg.out, "primary": primary_metric(run_cfg), "error": None}
+    assert run_cfg.out is not None, "a night sets every run's directory"
+    entry = Entry(model=name, run_dir=run_cfg.out, primary=primary_metric(run_cfg))
     server = run_servers.server_of(name)
     if server is not None:
-        entry["served"] = server.line()
+        entry.served = server.line()
+    summary = None
     try:
         summary = run_eval(run_cfg, console=console, run_servers=run_servers).summary
     except Exception as e:  # one model's broken setup must not cost the others their night
-        entry["error"] = f"{type(e).__name__}: {e}"
-        console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry['error'])}", highlight=False)
+        entry.error = f"{type(e).__name__}: {e}"
+        console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry.error)}", highlight=False)
         if not isinstance(e, ConfigError):
             console.print(traceback.format_exc(), markup=False, highlight=False)
-        summary = {}
     finally:
         if server is not None:
             server.stop()
     if server is not None and server.error is not None:  # every unit failed for this reason: say it once
-        entry["error"] = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
-        entry["server_error"] = str(server.error)  # with the log's last lines
+        entry.error = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
+        entry.server_error = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
-    assert run_cfg.out is not None, "a night sets every run's directory"
-    records = list(RunDir(run_cfg.out).records().values())
-    identity_file = Path(run_cfg.out) / "run.json"
-    entry.update(
-        identity=json.loads(identity_file.read_text()) if identity_file.exists() else {},
-        metrics={k: v.as_dict() for k, v in metrics(records).items()},
-        n_scored=sum(r.scored for r in records),
-        n_failed=sum(not r.scored for r in records),
-        failures=failures_by_setting(records),
-        requests=summary.get("requests"),
-        wall_s=summary.get("wall_s"),
-    )
-    entry["status"] = "error" if entry["error"] else "failed" if entry["n_failed"] else "ok"
+    run = RunDir(run_cfg.out)
+    records = list(run.records().values())
+    entry.identity = read_json(run.run_file)
+    entry.metrics = metrics(records)
+    entry.n_scored = sum(r.scored for r in records)
+    entry.n_failed = sum(not r.scored for r in records)
+    entry.failures = failures_by_setting(records)
+    if summary is not None:
+        entry.requests, entry.wall_s = summary.requests, summary.wall_s
+    entry.status = "error" if entry.error else "failed" if entry.n_failed else "ok"
     compare(entry, previous)
     return entry
 
 
-def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[dict[str, Any]]:
+def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[Entry]:
     """Slots side by side, each in its own thread with its console in `<night>/<slot>.log`; a slot's
     candidates one after another. Daemon threads, joined in short waits: Ctrl-C still reaches this thread."""
     if len(slots) <= 1:
         return [run(name, console) for slot in slots for name in slot]
-    entries: list[dict[str, Any]] = []
+    entries: list[Entry] = []
 
     def work(number: int, names: list[str]) -> None:
         night_dir.mkdir(parents=True, exist_ok=True)
@@ -263,9 +315,10 @@ def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Conso
 def run_nightly(
     config_path: str | Path, night: str | None = None, console: Console | None = None, dry_run: bool = False,
     gpus: list[Gpu] | None = None, track: Tracker | None = None,
-) -> tuple[dict[str, Any], int]:  # fmt: skip
+) -> tuple[Leaderboard, int]:  # fmt: skip
     """Run every model of the suite for one night; return the leaderboard and the exit status. `dry_run`:
-    print and check the plan only (on `gpus`, when given, instead of the visible ones). `track` (or the file's
+    print and check the plan only (on `gpus`, when given, instead of the visible ones): a leaderboard of no model
+    with the plan, and exit status 0; a candidate refused is one that did not run. `track` (or the file's
     `track:`) logs each candidate to that tracker once the leaderboard is written."""
     console = console or Console(stderr=True, soft_wrap=True)  # plan lines and errors name paths: never wrapped
     cfg = load_model(NightlyConfig, config_path)  # unreadable: there is no night directory to write to
@@ -282,7 +335,9 @@ def run_nightly(
         for name, reason in refused.items():
             console.print(f"nightly: {name} would not run: {reason}", highlight=False)
         run_servers = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
-        return {"date": night, "plan": run_servers.lines(), "refused": refused}, 0
+        planned = Leaderboard(date=night, dir=str(night_dir), config=str(config_path), plan=run_servers.lines())
+        planned.models = [not_run(name, reason, configs[name]) for name, reason in refused.items()]
+        return planned, 0
     with hold(night_dir, lambda m: console.print(f"nightly: {m}", highlight=False)):  # cron starting it twice runs it once
         try:  # what every candidate needs: a fault here is the whole night's, written down as such
             configs = run_configs(cfg, night_dir, str(config_path))
@@ -301,7 +356,7 @@ def run_nightly(
         return board, code
 
 
-def log_night(board: dict[str, Any], track: Tracker, console: Console) -> None:
+def log_night(board: Leaderboard, track: Tracker, console: Console) -> None:
     """Each candidate of the night into the tracker, after the leaderboard: its failures are warnings."""
     tracking.log_after(lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
 
@@ -317,11 +372,11 @@ def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | N
 
 
 def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[str, str], run_servers: RunServers, night: str,
-               night_dir: Path, root: Path, config_path: str | Path, console: Console) -> tuple[dict[str, Any], int]:  # fmt: skip
+               night_dir: Path, root: Path, config_path: str | Path, console: Console) -> tuple[Leaderboard, int]:  # fmt: skip
     prev_dir = previous_night(root, night)
-    previous = {e["model"]: e for e in json.loads((prev_dir / "leaderboard.json").read_text())["models"]} if prev_dir else {}
+    previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
-    def run(name: str, out: Console) -> dict[str, Any]:
+    def run(name: str, out: Console) -> Entry:
         return run_one(name, configs[name], run_servers, previous.get(name), out)
 
     entries = []
@@ -341,36 +396,36 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
 
         ran = [c.out for c in configs.values() if c.out and (Path(c.out) / "instances.jsonl").exists()]
         if ran:
-            board["report"] = str(build(ran, night_dir / "report"))
-    return board, board["exit_code"]
+            board.report = str(build(ran, night_dir / "report"))
+    return board, board.exit_code
 
 
-def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[dict[str, Any]],
-           run_servers: RunServers | None = None, error: str | None = None) -> dict[str, Any]:  # fmt: skip
-    entries.sort(key=lambda e: -(e["metrics"].get(e["primary"], {}).get("estimate", -1.0)))
-    regressions = [f"{e['model']}: {m}" for e in entries for m in e["regressions"]]
-    with_failures = [e["model"] for e in entries if e["status"] != "ok"]
-    return {
-        "date": night,
-        "dir": str(night_dir),
-        "error": error,
-        "previous": prev_dir.name if prev_dir else None,
-        "config": str(config_path),
-        "n_resamples": N_RESAMPLES,
-        "plan": run_servers.lines() if run_servers else [],
-        "servers_started": sorted({s.name for s in run_servers.fleet.servers if s.started}) if run_servers else [],
-        "servers_stopped_answering": {s.name: s.deaths for s in run_servers.fleet.servers if s.deaths} if run_servers else {},
-        "requests": {k: sum((e["requests"] or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
-        "models": entries,
-        "regressions": regressions,
-        "with_failures": with_failures,
-        "exit_code": (EXIT_FAILURES if with_failures or error else 0) | (EXIT_REGRESSION if regressions else 0),
-    }
+def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
+           run_servers: RunServers | None = None, error: str | None = None) -> Leaderboard:  # fmt: skip
+    entries.sort(key=lambda e: -(e.estimate(e.primary) or -1.0))
+    regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions]
+    with_failures = [e.model for e in entries if e.status != "ok"]
+    servers = run_servers.fleet.servers if run_servers else []
+    return Leaderboard(
+        date=night,
+        dir=str(night_dir),
+        error=error,
+        previous=prev_dir.name if prev_dir else None,
+        config=str(config_path),
+        plan=run_servers.lines() if run_servers else [],
+        servers_started=sorted({s.name for s in servers if s.started}),
+        servers_stopped_answering={s.name: s.deaths for s in servers if s.deaths},
+        requests={k: sum((e.requests or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
+        models=entries,
+        regressions=regressions,
+        with_failures=with_failures,
+        exit_code=(EXIT_FAILURES if with_failures or error else 0) | (EXIT_REGRESSION if regressions else 0),
+    )
 
 
-def write_leaderboard(board: dict[str, Any], night_dir: Path, root: Path) -> None:
+def write_leaderboard(board: Leaderboard, night_dir: Path, root: Path) -> None:
     """The night's leaderboard, and the latest one at a fixed path; each file replaced whole."""
-    text = {"leaderboard.json": json.dumps(board, indent=2), "leaderboard.md": leaderboard_markdown(board)}
+    text = {"leaderboard.json": board.model_dump_json(indent=2, exclude={"report"}), "leaderboard.md": leaderboard_markdown(board)}
     for directory in (night_dir, root):
         for name, content in text.items():
             write_atomic(directory / name, content)
@@ -380,78 +435,79 @@ def write_leaderboard(board: dict[str, Any], night_dir: Path, root: Path) -> Non
 
 
 def _scale(metric: str) -> float:
-    return 100 if metric.endswith("f1") else 1
+    """How the metric's task shows it (`<task>/<setting>/<figure>`: F1 in %, the judge's score as it is)."""
+    task = TASKS.get(metric.split("/", 1)[0])
+    return task.scale if task else 1
 
 
-def _cell(value: dict[str, float] | None, metric: str) -> str:
+def _cell(value: Interval | None, metric: str) -> str:
     if not value:
         return "-"
     fmt = (lambda v: f"{100 * v:.1f}") if _scale(metric) == 100 else (lambda v: f"{v:.2f}")
-    return f"{fmt(value['estimate'])} [{fmt(value['low'])}, {fmt(value['high'])}]"
+    return f"{fmt(value.estimate)} [{fmt(value.low)}, {fmt(value.high)}]"
 
 
-def _change(entry: dict[str, Any], metric: str) -> str:
-    if metric not in entry["metrics"]:
+def _change(entry: Entry, metric: str) -> str:
+    if metric not in entry.metrics:
         return "-"
-    if metric not in entry["delta"]:
+    if metric not in entry.delta:
         return "new"
-    return f"{_scale(metric) * entry['delta'][metric]:+.{1 if _scale(metric) == 100 else 2}f}"
+    return f"{_scale(metric) * entry.delta[metric]:+.{1 if _scale(metric) == 100 else 2}f}"
 
 
-def flag(entry: dict[str, Any]) -> str:
+def flag(entry: Entry) -> str:
     """A candidate's leaderboard flag in one word or two (a tracker's tag): DID NOT RUN, REGRESSION, FAILURES or ok."""
-    if entry.get("status") == "error":
+    if entry.status == "error":
         return "DID NOT RUN"
-    if entry.get("regressions"):
+    if entry.regressions:
         return "REGRESSION"
-    return "FAILURES" if entry.get("n_failed") else "ok"
+    return "FAILURES" if entry.n_failed else "ok"
 
 
-def flags_text(entry: dict[str, Any]) -> str:
+def flags_text(entry: Entry) -> str:
     flags = []
-    if entry["regressions"]:
-        flags.append("**REGRESSION** " + ", ".join(entry["regressions"]))
-    if entry["status"] == "error":
-        flags.append(f"**DID NOT RUN**: {entry['error']}")
-    elif entry["n_failed"]:
-        flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry["failures"].items()))
-    if entry["setup_changed"]:
-        flags.append("setup changed: " + ", ".join(entry["setup_changed"]))
+    if entry.regressions:
+        flags.append("**REGRESSION** " + ", ".join(entry.regressions))
+    if entry.status == "error":
+        flags.append(f"**DID NOT RUN**: {entry.error}")
+    elif entry.n_failed:
+        flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry.failures.items()))
+    if entry.setup_changed:
+        flags.append("setup changed: " + ", ".join(entry.setup_changed))
     return "; ".join(flags) or "ok"
 
 
-def leaderboard_markdown(board: dict[str, Any]) -> str:
+def leaderboard_markdown(board: Leaderboard) -> str:
     lines = [
-        f"# CUPID nightly {board['date']}",
+        f"# CUPID nightly {board.date}",
         "",
-        f"Change since {board['previous'] or 'nothing (first night)'}. Bootstrap 95% intervals over scored instances; "
+        f"Change since {board.previous or 'nothing (first night)'}. Bootstrap 95% intervals over scored instances; "
         "**REGRESSION**: tonight's estimate is below the previous night's interval. F1 in % (micro: the published aggregate).",
         "",
         "| # | model | metric | tonight | change | other metrics (change) | scored | failed | flag |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for rank, e in enumerate(board["models"], start=1):
-        primary = e["primary"]
-        others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e["metrics"].items() if m != primary)
+    for rank, e in enumerate(board.models, start=1):
+        others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e.metrics.items() if m != e.primary)
         lines.append(
-            f"| {rank} | {e['model']} | {primary} | {_cell(e['metrics'].get(primary), primary)} | {_change(e, primary)} "
-            f"| {others or '-'} | {e['n_scored']} | {e['n_failed']} | {flags_text(e)} |"
+            f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} | {_change(e, e.primary)} "
+            f"| {others or '-'} | {e.n_scored} | {e.n_failed} | {flags_text(e)} |"
         )
-    served = [f"- {e['served']}" for e in board["models"] if e.get("served")]
+    served = [f"- {e.served}" for e in board.models if e.served]
     if served:
         lines += ["", "Served by the night:", *served]
-    requests = board.get("requests") or {}
-    started = ", ".join(board.get("servers_started") or []) or "none"
+    requests = board.requests
+    started = ", ".join(board.servers_started) or "none"
     lines += [
         "",
         f"Requests: {requests.get('sent', 0)} sent, {requests.get('cached', 0)} from the cache, {requests.get('failed', 0)} failed; "
         f"servers started: {started}.",
-        f"{len(board['regressions'])} regression(s), {len(board['with_failures'])} model(s) with failures; exit {board['exit_code']}.",
+        f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures; exit {board.exit_code}.",
     ]
-    for name, deaths in (board.get("servers_stopped_answering") or {}).items():
+    for name, deaths in board.servers_stopped_answering.items():
         lines.append(f"Server {name} stopped answering {len(deaths)} time(s): " + " | ".join(deaths) + ".")
-    if board.get("error"):
-        lines[1:1] = ["", f"**THE NIGHT DID NOT START**: {board['error']}"]
+    if board.error:
+        lines[1:1] = ["", f"**THE NIGHT DID NOT START**: {board.error}"]
     return "\n".join(lines) + "\n"
 
 
@@ -483,7 +539,7 @@ def main(
         return
     typer.echo(leaderboard_markdown(board))
     typer.echo(
-        f"nightly {board['date']}: {len(board['models'])} models, {len(board['regressions'])} regression(s), "
-        f"{len(board['with_failures'])} with failures -> {Path(board['dir']) / 'leaderboard.md'}"
+        f"nightly {board.date}: {len(board.models)} models, {len(board.regressions)} regression(s), "
+        f"{len(board.with_failures)} with failures -> {Path(board.dir) / 'leaderboard.md'}"
     )
     raise typer.Exit(code)

@@ -70,6 +70,19 @@ class Scoring(_Model):
         return self.counts
 
 
+class Labels(_Model):
+    """The matcher's labels of one (preference, checklist) pair of a batch (`PrefMatcher.labels_batch`): the items in
+    checklist order, or, failed, why. What a batch gives for each item, as `Scoring` is for `score_batch`."""
+
+    status: Status = "failed"
+    error: StageError | None = None
+    items: list[MatchItem] | None = None
+
+    @property
+    def scored(self) -> bool:
+        return self.status == "scored"
+
+
 class _Unit(_Model):
     """The unit a record belongs to and what its judges were shown; declared apart from `Scoring` only so
     that a line of `instances.jsonl` starts with them (pydantic orders fields base class first)."""

@@ -328,12 +328,12 @@ def _run_view(run: Run) -> dict[str, Any]:
     return {
         "path": run.path,
         "label": run.label,
-        "roles": run.identity.get("roles") or run.summary.get("roles", {}),
-        "data": run.identity.get("data") or run.summary.get("data", "?"),
+        "roles": run.identity.get("roles") or run.roles,
+        "data": run.identity.get("data") or (run.summary.data if run.summary else None) or "?",
         "n_records": len(run.records),
         "n_scored": len(run.records) - n_failed,
         "n_failed": n_failed,
-        "n_invalid": run.summary.get("n_invalid_rows", "?"),
+        "n_invalid": run.summary.n_invalid_rows if run.summary else "?",
         "blocks": blocks,
         "failures": failures_table(run),
     }

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from pydantic import ValidationError
+
 from cupid.eval.files import read_json, write_atomic
 from cupid.eval.history import SETTINGS
 from cupid.eval.records import UnitRecord, parse_line
-from cupid.eval.summary import markdown
+from cupid.eval.summary import Summary, markdown
 from cupid.serving.config import ConfigError
 
 
@@ -56,23 +58,23 @@ class OutputDir:
 
 @dataclass
 class Run:
-    """A run directory read back (`RunDir.load`): run.json, summary.json ({} until the run finishes) and the
+    """A run directory read back (`RunDir.load`): run.json, summary.json (None until the run finishes) and the
     latest record of each unit. What the report, the viewer and the meta-evaluation read."""
 
     path: Path
     identity: dict[str, Any]
-    summary: dict[str, Any]
+    summary: Summary | None
     records: list[UnitRecord]
     label: str = ""
 
     def role(self, role: str) -> str | None:
         """A role's model: run.json's model id, else summary.json's "name (model)"."""
-        return self.identity.get("roles", {}).get(role) or self.summary.get("roles", {}).get(role)
+        return self.identity.get("roles", {}).get(role) or self.roles.get(role)
 
     @property
     def roles(self) -> dict[str, str]:
         """Every role as people read it: summary.json's "name (model)", else run.json's model ids."""
-        return dict(self.summary.get("roles") or self.identity.get("roles") or {})
+        return dict((self.summary.roles if self.summary else None) or self.identity.get("roles") or {})
 
     @property
     def candidate(self) -> str:
@@ -80,7 +82,7 @@ class Run:
 
     @property
     def data(self) -> str:
-        return str(self.identity.get("data") or self.summary.get("data") or "sample")
+        return str(self.identity.get("data") or (self.summary.data if self.summary else None) or "sample")
 
     def of(self, task: str, setting: str | None = None) -> list[UnitRecord]:
         return [r for r in self.records if r.task == task and (setting is None or r.setting == setting)]
@@ -101,11 +103,22 @@ class RunDir(OutputDir):
         """The run as it stands: every file it has, read once (a directory without records is an error)."""
         if not self.path.is_dir():
             raise ConfigError(f"{self.path}: no such run directory")
-        return Run(self.path, read_json(self.run_file), read_json(self.path / "summary.json"), self.read())
+        return Run(self.path, read_json(self.run_file), self.summary(), self.read())
 
-    def write_summary(self, summary: dict[str, Any]) -> None:
+    def summary(self) -> Summary | None:
+        """summary.json read back typed; None where the run has not finished (or never summarized)."""
+        data = read_json(self.path / "summary.json")
+        if not data:
+            return None
+        try:
+            return Summary.model_validate(data)
+        except ValidationError as e:
+            where = ".".join(map(str, e.errors()[0]["loc"]))
+            raise ConfigError(f"{self.path / 'summary.json'}: {where}: {e.errors()[0]['msg']}") from None
+
+    def write_summary(self, summary: Summary) -> None:
         """An evaluation's summary, as data and as the tables people read (each replaced whole)."""
-        write_atomic(self.path / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(self.path / "summary.json", summary.to_json())
         write_atomic(self.path / "summary.md", markdown(summary))
 
     def read(self) -> list[UnitRecord]:

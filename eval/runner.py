@@ -25,7 +25,7 @@ from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerpr
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
-from cupid.eval.summary import Table, markdown, summarize, tables
+from cupid.eval.summary import Summary, Table, markdown, summarize, tables
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, candidate_constrained
 from cupid.eval import track as tracking
 from cupid.eval.track import Tracker
@@ -171,7 +171,7 @@ class RunResult:
     (`summary.json`'s content) and, when it wrote one, its directory."""
 
     records: list[UnitRecord]
-    summary: dict[str, Any]
+    summary: Summary
     out: Path | None
 
     @property

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections import Counter
 from statistics import fmean
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, Iterable, NamedTuple, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import Scoring, UnitRecord
@@ -21,14 +23,149 @@ if TYPE_CHECKING:  # the task declarations name this module's blocks
 GROUPS = ("all", *INSTANCE_TYPES)
 
 
-def _prf(value: PRF | None) -> dict[str, float] | None:
-    return value.as_dict() if value is not None else None
+class Figures(BaseModel):
+    """What every block states: how many units it covers (a failed unit is counted, never averaged in)."""
+
+    n_scored: int
+    n_failed: int
+    failed_by_stage: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def n(self) -> str:
+        """`scored/run`, as the tables show it."""
+        return f"{self.n_scored}/{self.n_scored + self.n_failed}"
+
+    @classmethod
+    def of(cls, scorings: list[Scoring]) -> Self:
+        """The figures of these scorings (each task's own)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _counts(scorings: list[Scoring]) -> dict[str, Any]:
+        scored = sum(s.scored for s in scorings)
+        stages = Counter(s.error.stage for s in scorings if not s.scored and s.error is not None)
+        return {"n_scored": scored, "n_failed": len(scorings) - scored, "failed_by_stage": dict(stages)}
 
 
-def _counts(scorings: list[Scoring]) -> dict[str, Any]:
-    scored = sum(s.scored for s in scorings)
-    stages = Counter(s.error.stage for s in scorings if not s.scored and s.error is not None)
-    return {"n_scored": scored, "n_failed": len(scorings) - scored, "failed_by_stage": dict(stages)}
+class InferenceFigures(Figures):
+    micro: PRF | None = None  # sums over instances: the reference code's, the published numbers
+    macro: PRF | None = None  # mean of per-instance scores: the paper's text
+
+    @classmethod
+    def of(cls, scorings: list[Scoring]) -> Self:
+        points = prf(scorings) or {}
+        return cls(**cls._counts(scorings), micro=points.get("micro"), macro=points.get("macro"))
+
+
+class GenerationFigures(Figures):
+    mean_score: float | None = None  # the judge's 1-10
+
+    @classmethod
+    def of(cls, scorings: list[Scoring]) -> Self:
+        scores = [s.score for s in scorings if s.scored and s.score is not None]
+        return cls(**cls._counts(scorings), mean_score=round(fmean(scores), 4) if scores else None)
+
+
+F = TypeVar("F", bound=Figures)
+
+
+class SettingBlock(BaseModel, Generic[F]):
+    """One setting's figures over all its instances (in JSON: beside `by_type`) and by instance type."""
+
+    overall: F
+    by_type: dict[str, F]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "overall" not in data:
+            return {"overall": {k: v for k, v in data.items() if k != "by_type"}, "by_type": data.get("by_type", {})}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _write(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {**data.pop("overall"), **data}
+
+    def group(self, name: str) -> F:
+        """`all` or an instance type."""
+        return self.overall if name == "all" else self.by_type[name]
+
+
+class TaskBlock(BaseModel, Generic[F]):
+    """A task's figures per setting; in JSON the first setting's are also its top level (`setting` names it)."""
+
+    setting: str
+    settings: dict[str, SettingBlock[F]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, data: Any) -> Any:
+        return {"setting": data["setting"], "settings": data["settings"]} if isinstance(data, dict) and "settings" in data else data
+
+    @model_serializer(mode="wrap")
+    def _write(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {**data["settings"][self.setting], **data}
+
+    @property
+    def overall(self) -> F:
+        """The first setting's figures over all its instances."""
+        return self.settings[self.setting].overall
+
+
+class Summary(BaseModel):
+    """`summary.json`: each task's block (at the top level, under the task's name), the reference scoring's, the
+    counts of units and failures, and what identifies the run. `RunResult.summary` and `RunDir.load` give it."""
+
+    model_config = ConfigDict(extra="allow")  # a run's further facts (e.g. an imported run's `inspect_logs`)
+
+    tasks: dict[str, TaskBlock[Any]] = Field(default_factory=dict)
+    reference: dict[str, TaskBlock[Any]] | None = None
+    reference_failures: dict[str, int] | None = None
+    n_instances: int
+    n_runs: int
+    n_scored: int
+    n_failed: int
+    failures: dict[str, int] = Field(default_factory=dict)  # `task/stage: reason` -> units
+    data: str | None = None
+    roles: dict[str, str] = Field(default_factory=dict)  # role -> "endpoint (model)"
+    matcher_prompt: str | None = None
+    candidate_constrained: list[str] = Field(default_factory=list)
+    prompts: dict[str, str] = Field(default_factory=dict)  # prompt -> version
+    n_invalid_rows: int = 0
+    invalid_rows: list[str] = Field(default_factory=list)
+    requests: dict[str, int] | None = None  # sent, cached, failed
+    wall_s: float | None = None
+    serve_profiles: dict[str, str] | None = None  # profile -> fingerprint of its fields and weights
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read(cls, data: Any) -> Any:
+        """The task blocks are read with the figures their task declares."""
+        if not isinstance(data, dict) or "tasks" in data:
+            return data
+        from cupid.eval.tasks import TASKS  # the tasks declare their figures with this module's classes
+
+        def blocks(where: dict[str, Any]) -> dict[str, TaskBlock[Any]]:
+            return {name: TaskBlock[spec.figures].model_validate(where[name]) for name, spec in TASKS.items() if name in where}  # type: ignore[name-defined]
+
+        data = dict(data)
+        tasks = blocks(data)
+        for name in tasks:
+            del data[name]
+        if isinstance(data.get("reference"), dict):
+            data["reference"] = blocks(data["reference"])
+        return {"tasks": tasks, **data}
+
+    @model_serializer(mode="wrap")
+    def _write(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {**data.pop("tasks", {}), **data}
+
+    def to_json(self) -> str:
+        """summary.json: the fields a run set (a reference scoring's only where it had one)."""
+        return self.model_dump_json(indent=2, exclude_unset=True)
 
 
 def prf(scorings: Iterable[Scoring]) -> dict[str, PRF] | None:
@@ -52,16 +189,6 @@ def failure_counts(records: Iterable[UnitRecord], reference: bool = False) -> Co
     return Counter(Failure(r.task, r.setting, s.error.stage, s.error.reason) for r, s in failed if not s.scored and s.error is not None)
 
 
-def inference_block(scorings: list[Scoring]) -> dict[str, Any]:
-    points = prf(scorings) or {}
-    return {"micro": _prf(points.get("micro")), "macro": _prf(points.get("macro")), **_counts(scorings)}
-
-
-def generation_block(scorings: list[Scoring]) -> dict[str, Any]:
-    scores = [s.score for s in scorings if s.scored and s.score is not None]
-    return {"mean_score": round(fmean(scores), 4) if scores else None, **_counts(scorings)}
-
-
 def inference_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
     """The block's P/R/F1 figures (`micro_f1`, ...), each with its bootstrap interval over the scored instances."""
     intervals = prf_intervals([s.match_counts() for s in scorings if s.scored]) or {}
@@ -73,18 +200,17 @@ def generation_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
     return {"mean_score": interval} if interval is not None else {}
 
 
-def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False) -> dict[str, Any]:
-    """The task's block per setting, overall and by instance type, of the run's own scoring or its
-    reference's; the top-level figures are the first setting's."""
-    block = task.block
+def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False) -> TaskBlock[Any]:
+    """The task's block per setting, overall and by instance type, of the run's own scoring or its reference's."""
+
+    def figures(chosen: list[UnitRecord]) -> Figures:
+        return task.figures.of([r.scoring(reference) for r in chosen])
+
     by_setting = {}
     for setting in settings:
         chosen = [r for r in records if r.setting == setting]
-        by_setting[setting] = {
-            **block([r.scoring(reference) for r in chosen]),
-            "by_type": {t: block([r.scoring(reference) for r in chosen if r.instance_type == t]) for t in INSTANCE_TYPES},
-        }
-    return {**by_setting[settings[0]], "setting": settings[0], "settings": by_setting}
+        by_setting[setting] = SettingBlock(overall=figures(chosen), by_type={t: figures([r for r in chosen if r.instance_type == t]) for t in INSTANCE_TYPES})
+    return TaskBlock(setting=settings[0], settings=by_setting)
 
 
 def failures(records: Iterable[UnitRecord], reference: bool = False) -> dict[str, int]:
@@ -101,27 +227,24 @@ def summarize(
     n_instances: int,
     meta: dict[str, Any],
     reference: bool = False,
-) -> dict[str, Any]:
-    """`plan` maps each task of the run to its settings."""
-    summary: dict[str, Any] = {}
-    for task, settings in plan.items():
-        summary[task.name] = task_block(task, [r for r in records if r.task == task.name], settings)
-    if reference:
-        summary["reference"] = {
-            task.name: task_block(task, [r for r in records if r.task == task.name], settings, reference=True)
-            for task, settings in plan.items()
-        }
-        summary["reference_failures"] = failures(records, reference=True)
+) -> Summary:
+    """`plan` maps each task of the run to its settings; `meta` is what identifies the run (`Summary`'s fields)."""
+
+    def blocks(reference: bool) -> dict[str, TaskBlock[Any]]:
+        return {task.name: task_block(task, [r for r in records if r.task == task.name], settings, reference) for task, settings in plan.items()}
+
     n_failed = sum(not r.scored for r in records)
-    return {
-        **summary,
+    scored_by_reference = {"reference": blocks(True), "reference_failures": failures(records, reference=True)} if reference else {}
+    return Summary.model_validate({
+        "tasks": blocks(False),
+        **scored_by_reference,
         "n_instances": n_instances,
         "n_runs": len(records),
         "n_scored": len(records) - n_failed,
         "n_failed": n_failed,
         "failures": failures(records),
         **meta,
-    }
+    })  # fmt: skip
 
 
 class Table(NamedTuple):
@@ -130,85 +253,74 @@ class Table(NamedTuple):
     rows: list[list[str]]
 
 
-def _pct(value: dict[str, float] | None, name: str) -> str:
-    return f"{100 * value[name]:.1f}" if value else "-"
+def _pct(value: PRF | None, name: str) -> str:
+    return f"{100 * getattr(value, name):.1f}" if value else "-"
 
 
-def _n(block: dict[str, Any]) -> str:
-    return f"{block['n_scored']}/{block['n_scored'] + block['n_failed']}"
-
-
-def _groups(setting_block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [("all", setting_block)] + [(t, setting_block["by_type"][t]) for t in INSTANCE_TYPES]
-
-
-def inference_tables(title: str, block: dict[str, Any]) -> list[Table]:
+def inference_tables(title: str, block: TaskBlock[InferenceFigures]) -> list[Table]:
     return [_inference_table(title, block, average) for average in ("micro", "macro")]
 
 
-def generation_tables(title: str, block: dict[str, Any]) -> list[Table]:
+def generation_tables(title: str, block: TaskBlock[GenerationFigures]) -> list[Table]:
     return [_generation_table(title, block)]
 
 
-def _inference_table(title: str, block: dict[str, Any], average: str) -> Table:
-    settings = block["settings"]
-    headers = ["instances"] + [f"{s} {m}" for s in settings for m in ("P", "R", "F1", "n")]
+def _inference_table(title: str, block: TaskBlock[InferenceFigures], average: str) -> Table:
+    headers = ["instances"] + [f"{s} {m}" for s in block.settings for m in ("P", "R", "F1", "n")]
     rows = []
-    for i, group in enumerate(GROUPS):
+    for group in GROUPS:
         cells = [group]
-        for setting_block in settings.values():
-            b = _groups(setting_block)[i][1]
-            cells += [_pct(b[average], k) for k in ("precision", "recall", "f1")] + [_n(b)]
+        for setting in block.settings.values():
+            figures = setting.group(group)
+            cells += [_pct(getattr(figures, average), k) for k in ("precision", "recall", "f1")] + [figures.n]
         rows.append(cells)
     return Table(f"{title}: preference match, {average} (%)", headers, rows)
 
 
-def _generation_table(title: str, block: dict[str, Any]) -> Table:
-    settings = block["settings"]
-    headers = ["instances"] + [f"{s} {m}" for s in settings for m in ("score", "n")]
+def _generation_table(title: str, block: TaskBlock[GenerationFigures]) -> Table:
+    headers = ["instances"] + [f"{s} {m}" for s in block.settings for m in ("score", "n")]
     rows = []
-    for i, group in enumerate(GROUPS):
+    for group in GROUPS:
         cells = [group]
-        for setting_block in settings.values():
-            b = _groups(setting_block)[i][1]
-            cells += ["-" if b["mean_score"] is None else f"{b['mean_score']:.2f}", _n(b)]
+        for setting in block.settings.values():
+            figures = setting.group(group)
+            cells += ["-" if figures.mean_score is None else f"{figures.mean_score:.2f}", figures.n]
         rows.append(cells)
     return Table(f"{title}: preference alignment, judge score 1-10", headers, rows)
 
 
-def tables(summary: dict[str, Any]) -> list[Table]:
+def tables(summary: Summary) -> list[Table]:
     """The paper's layout: one table per task (and average), settings as column groups.
     `n` is scored/run: failed units are not in the averages."""
     out = []
-    scorings = [("CUPID", summary)]
-    if "reference" in summary:
-        scorings.append((f"Reference ({summary.get('roles', {}).get('reference', '?')})", summary["reference"]))
-    constrained = set(summary.get("candidate_constrained", []))
+    scorings = [("CUPID", summary.tasks)]
+    if summary.reference is not None:
+        scorings.append((f"Reference ({summary.roles.get('reference', '?')})", summary.reference))
+    constrained = set(summary.candidate_constrained)
 
     def name(title: str, task: str) -> str:
         return f"{title} {task}" + (" (candidate answers constrained to the task's format)" if task in constrained else "")
 
     from cupid.eval.tasks import TASKS  # the tasks declare their blocks with this module's functions
 
-    for title, scoring in scorings:
+    for title, blocks in scorings:
         for task in TASKS.values():
-            if task.name in scoring:
-                out += task.tables(name(title, task.name), scoring[task.name])
+            if task.name in blocks:
+                out += task.tables(name(title, task.name), blocks[task.name])
     return out
 
 
-def markdown(summary: dict[str, Any]) -> str:
-    roles = summary.get("roles", {})
+def markdown(summary: Summary) -> str:
     lines = [
         "# CUPID results",
         "",
-        "Roles: " + "; ".join(f"{role} `{name}`" for role, name in roles.items()) + ".",
+        "Roles: " + "; ".join(f"{role} `{name}`" for role, name in summary.roles.items()) + ".",
     ]
-    if summary.get("matcher_prompt"):
-        lines.append(f"Matcher prompt: {summary['matcher_prompt']}.")
-    if summary.get("candidate_constrained"):
+    if summary.matcher_prompt:
+        lines.append(f"Matcher prompt: {summary.matcher_prompt}.")
+    if summary.candidate_constrained:
         lines.append(
-            f"The candidate's answers were constrained to the task's answer format ({', '.join(summary['candidate_constrained'])}): "
+            f"The candidate's answers were constrained to the task's answer format ({', '.join(summary.candidate_constrained)}): "
             "not comparable with free answers, where following the format is part of what CUPID measures."
         )
     lines += [
@@ -218,11 +330,11 @@ def markdown(summary: dict[str, Any]) -> str:
     for table in tables(summary):
         lines += ["", f"## {table.title}", "", "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
         lines += ["| " + " | ".join(row) + " |" for row in table.rows]
-    lines += ["", f"{summary['n_scored']} scored, {summary['n_failed']} failed of {summary['n_runs']} units."]
-    if summary.get("n_invalid_rows"):
-        lines.append(f"{summary['n_invalid_rows']} data rows were invalid and not run (see summary.json).")
-    for what, n in summary["failures"].items():
+    lines += ["", f"{summary.n_scored} scored, {summary.n_failed} failed of {summary.n_runs} units."]
+    if summary.n_invalid_rows:
+        lines.append(f"{summary.n_invalid_rows} data rows were invalid and not run (see summary.json).")
+    for what, n in summary.failures.items():
         lines.append(f"- failed at {what}: {n}")
-    for what, n in summary.get("reference_failures", {}).items():
+    for what, n in (summary.reference_failures or {}).items():
         lines.append(f"- reference scoring failed at {what}: {n}")
     return "\n".join(lines) + "\n"

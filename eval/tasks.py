@@ -39,13 +39,13 @@ class TaskSpec:
     answer_format: Callable[[int | None], dict[str, Any]] | None  # what a constrained candidate is held to; None: free text
     roles: tuple[str, ...]  # the judge roles that score it
     scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
-    block: Callable[[list[Scoring]], dict[str, Any]]  # its summary figures over scorings
+    figures: type[summary.Figures]  # its summary figures (`.of(scorings)`), as summary.json holds them
     intervals: Callable[[list[Scoring]], dict[str, Interval]]  # its estimates with bootstrap intervals, named as in the block
     metrics: tuple[str, ...]  # the names `intervals` gives, in the order tables show them
     scale: float  # how a figure is shown (100: as a percentage)
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
-    tables: Callable[[str, dict[str, Any]], list[summary.Table]]  # summary.md's tables of its block, under a title
+    tables: Callable[[str, Any], list[summary.Table]]  # summary.md's tables of its block, under a title
     unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
 
 
@@ -59,7 +59,7 @@ INFERENCE = TaskSpec(
     scorer=lambda client, roles: InferenceScorer(
         client, roles["decomposer"], roles["matcher"], matcher_dialect(client.endpoints[roles["matcher"]])
     ),
-    block=summary.inference_block,
+    figures=summary.InferenceFigures,
     intervals=summary.inference_intervals,
     metrics=tuple(f"{aggregate}_{name}" for aggregate in ("micro", "macro") for name in ("precision", "recall", "f1")),
     scale=100,
@@ -76,7 +76,7 @@ GENERATION = TaskSpec(
     answer_format=None,  # generation answers are free text: nothing to constrain
     roles=("judge",),
     scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
-    block=summary.generation_block,
+    figures=summary.GenerationFigures,
     intervals=summary.generation_intervals,
     metrics=("mean_score",),
     scale=1,

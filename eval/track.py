@@ -19,7 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import typer
 
@@ -27,8 +27,12 @@ from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import read_json, write_atomic
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.summary import Summary
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
+
+if TYPE_CHECKING:  # the nightly logs through this module
+    from cupid.eval.nightly import Leaderboard
 
 Tracker = Literal["mlflow", "wandb"]
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
@@ -68,21 +72,21 @@ class TrackedRun:
     artifacts: list[Path] = field(default_factory=list)
 
 
-def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
+def summary_metrics(summary: Summary) -> dict[str, float]:
     """Every figure of a summary, named `[reference/]<task>/<setting>[/<type>]/<figure>`: P/R/F1 as
     `micro_f1`, ..., the mean judge score, the counts scored and failed (and failed by stage); then the run's
     counts and requests. A figure with no scored unit is absent, never a zero."""
     metrics: dict[str, float] = {}
-    for prefix, scoring in (("", summary), ("reference/", summary.get("reference") or {})):
-        for task in TASKS:
-            for setting, block in (scoring.get(task) or {}).get("settings", {}).items():
-                groups = [("", block)] + [(f"/{t}", block["by_type"][t]) for t in INSTANCE_TYPES if t in block.get("by_type", {})]
+    for prefix, blocks in (("", summary.tasks), ("reference/", summary.reference or {})):
+        for task, block in blocks.items():
+            for setting, by_group in block.settings.items():
+                groups = [("", by_group.overall)] + [(f"/{t}", by_group.by_type[t]) for t in INSTANCE_TYPES if t in by_group.by_type]
                 for group, figured in groups:
-                    metrics.update(figures(f"{prefix}{task}/{setting}{group}", figured))
+                    metrics.update(figures(f"{prefix}{task}/{setting}{group}", figured.model_dump()))
     for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
-        if isinstance(summary.get(name), (int, float)):
-            metrics[name] = summary[name]
-    metrics.update({f"requests_{k}": v for k, v in (summary.get("requests") or {}).items()})
+        if isinstance(value := getattr(summary, name), (int, float)):
+            metrics[name] = value
+    metrics.update({f"requests_{k}": v for k, v in (summary.requests or {}).items()})
     return metrics
 
 
@@ -130,28 +134,29 @@ def unit_rows(records: list[UnitRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def _params(summary: dict[str, Any], identity: dict[str, Any]) -> dict[str, str]:
-    roles = summary.get("roles") or identity.get("roles") or {}
+def _params(summary: Summary | None, identity: dict[str, Any]) -> dict[str, str]:
+    roles = (summary.roles if summary else None) or identity.get("roles") or {}
     params = {f"role.{role}": str(name) for role, name in roles.items()}
     if "candidate" in roles:
         params["candidate"] = str(roles["candidate"])
-    data = summary.get("data") or identity.get("data")
+    data = (summary.data if summary else None) or identity.get("data")
     if data is not None:
         params["data"] = str(data)
-    if "n_instances" in summary:
-        params["n_instances"] = str(summary["n_instances"])
-    tasks = [t for t in TASKS if t in summary] or list((identity.get("plan") or {}).get("settings", {}))
+    if summary is not None:
+        params["n_instances"] = str(summary.n_instances)
+    planned = (identity.get("plan") or {}).get("settings", {})
+    tasks = [t for t in TASKS if summary is not None and t in summary.tasks] or list(planned)
     params["tasks"] = ",".join(tasks)
     for task in tasks:
-        settings = list((summary.get(task) or {}).get("settings", {})) or (identity.get("plan") or {}).get("settings", {}).get(task, [])
+        settings = list(summary.tasks[task].settings) if summary is not None and task in summary.tasks else planned.get(task, [])
         params[f"settings.{task}"] = ",".join(settings)
-    for name, version in (summary.get("prompts") or identity.get("prompts") or {}).items():
+    for name, version in ((summary.prompts if summary else None) or identity.get("prompts") or {}).items():
         params[f"prompt.{name}"] = str(version)
-    if summary.get("matcher_prompt"):
-        params["matcher_prompt"] = str(summary["matcher_prompt"])
-    if summary.get("candidate_constrained"):
-        params["candidate_constrained"] = ",".join(summary["candidate_constrained"])
-    params.update({f"serve.{name}": fp for name, fp in (summary.get("serve_profiles") or {}).items()})
+    if summary is not None and summary.matcher_prompt:
+        params["matcher_prompt"] = str(summary.matcher_prompt)
+    if summary is not None and summary.candidate_constrained:
+        params["candidate_constrained"] = ",".join(summary.candidate_constrained)
+    params.update({f"serve.{name}": fp for name, fp in ((summary.serve_profiles if summary else None) or {}).items()})
     params["cupid_version"] = importlib.metadata.version("cupid")
     return params
 
@@ -177,7 +182,7 @@ def of_run(
     run_dir: Path | None,
     *,
     records: list[UnitRecord] | None = None,
-    summary: dict[str, Any] | None = None,
+    summary: Summary | None = None,
     name: str | None = None,
     tags: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
@@ -189,16 +194,16 @@ def of_run(
     if run_dir is not None:
         identity = read_json(run_dir / "run.json")
         if summary is None:
-            summary = read_json(run_dir / "summary.json")
+            summary = RunDir(run_dir).summary()
         if records is None:
             records = list(RunDir(run_dir).records().values())
-    records, summary = records or [], summary or {}
+    records = records or []
     metrics: dict[str, float] = summary_metrics(summary) if summary else {"n_scored": sum(r.scored for r in records), "n_failed": sum(not r.scored for r in records)}
     if summary:
         metrics.update(interval_metrics(records))
-        if "reference" in summary:
+        if summary.reference is not None:
             metrics.update(interval_metrics(records, reference=True))
-    roles = summary.get("roles") or identity.get("roles") or {}
+    roles = (summary.roles if summary else None) or identity.get("roles") or {}
     run_name = name or str(roles.get("candidate") or (run_dir.name if run_dir else "cupid run"))
     return TrackedRun(
         name=run_name,
@@ -211,22 +216,22 @@ def of_run(
     )
 
 
-def of_night(board: dict[str, Any]) -> list[TrackedRun]:
+def of_night(board: Leaderboard) -> list[TrackedRun]:
     """A night's candidates, each with the night's date and its leaderboard flag as tags; one that did not run
     gets its tracker run too, with its reason, so a chart of nights shows the gap."""
     from cupid.eval.nightly import flag, flags_text, run_dir_of
 
     runs = []
-    for entry in board["models"]:
-        run_dir = Path(entry.get("run_dir") or run_dir_of(Path(board["dir"]), entry["model"]))
-        tags = {"cupid.night": board["date"], "cupid.candidate": entry["model"], "cupid.flag": flag(entry),
+    for entry in board.models:
+        run_dir = Path(entry.run_dir or run_dir_of(Path(board.dir), entry.model))
+        tags = {"cupid.night": board.date, "cupid.candidate": entry.model, "cupid.flag": flag(entry),
                 "cupid.leaderboard": flags_text(entry).replace("**", "")}  # fmt: skip
-        if entry.get("error"):
-            tags["cupid.reason"] = entry["error"]
-        if entry.get("regressions"):
-            tags["cupid.regressions"] = ", ".join(entry["regressions"])
-        params = {"night.config": str(board.get("config")), **({"served": entry["served"]} if entry.get("served") else {})}
-        name = f"{entry['model']} {board['date']}"
+        if entry.error:
+            tags["cupid.reason"] = entry.error
+        if entry.regressions:
+            tags["cupid.regressions"] = ", ".join(entry.regressions)
+        params = {"night.config": board.config, **({"served": entry.served} if entry.served else {})}
+        name = f"{entry.model} {board.date}"
         try:
             runs.append(of_run(run_dir, name=name, tags=tags, params=params))
         except Exception as e:  # its files do not read (a torn summary, a record of another version): its flag still counts
@@ -236,9 +241,11 @@ def of_night(board: dict[str, Any]) -> list[TrackedRun]:
 
 def read(path: str | Path) -> list[TrackedRun]:
     """`cupid track PATH`: a run directory, or a night's (one holding `leaderboard.json`)."""
+    from cupid.eval.nightly import Leaderboard
+
     path = Path(path)
     if (path / "leaderboard.json").exists():
-        return of_night(read_json(path / "leaderboard.json"))
+        return of_night(Leaderboard.read(path / "leaderboard.json"))
     if not (path / "instances.jsonl").exists():
         raise ConfigError(f"{path}: neither a run directory (no instances.jsonl) nor a night's (no leaderboard.json)")
     return [of_run(path)]

@@ -32,6 +32,7 @@ from cupid.eval import data as cupid_data
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.history import SETTINGS
 from cupid.eval.rundir import Run, RunDir
+from cupid.eval.summary import Summary
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
 
@@ -63,14 +64,13 @@ class LoadedRun(Run):
     state: RunState | None = None
 
 
-def _planned(identity: dict[str, Any], summary: dict[str, Any], n_data: int | None) -> int | None:
+def _planned(identity: dict[str, Any], summary: Summary | None, n_data: int | None) -> int | None:
     """Units the run set out to score: run.json's plan (instances x settings per task), else the summary's."""
     plan = identity.get("plan")
     if plan:
         return plan["n_instances"] * sum(len(s) for s in plan["settings"].values())
-    if summary.get("n_instances") is not None:
-        tasks = [summary[t] for t in TASKS_ORDER if isinstance(summary.get(t), dict)]
-        return summary["n_instances"] * sum(len(t.get("settings", {})) for t in tasks)
+    if summary is not None:
+        return summary.n_instances * sum(len(block.settings) for block in summary.tasks.values())
     return None
 
 
@@ -84,7 +84,7 @@ def run_state(run: LoadedRun, now: float | None = None) -> RunState:
     total = _planned(run.identity, run.summary, None)
     if total is not None:
         total = max(total, done)
-    finished = bool(run.summary) and run.summary.get("n_runs", 0) >= done
+    finished = run.summary is not None and run.summary.n_runs >= done
     if finished and summary_file.stat().st_mtime + 1 < records_file.stat().st_mtime:
         finished = False  # records appended after the summary: the directory is being re-run
     if finished:
@@ -92,7 +92,7 @@ def run_state(run: LoadedRun, now: float | None = None) -> RunState:
     else:
         age = (now or time.time()) - records_file.stat().st_mtime
         note = "in progress" if age < RECENT_S else f"stopped before the end (last record {age / 60:.0f} min ago)"
-        if run.summary:
+        if run.summary is not None:
             note += ", records written after its summary.json"
     return RunState(finished, done, total, scored, done - scored, note)
 

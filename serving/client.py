@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
@@ -85,6 +85,23 @@ def classify(status: int, text: str) -> RequestFailed:
     return RequestFailed(f"http_{status}", text)
 
 
+class ManagedServer(Protocol):
+    """A server a run brings, as its requests see it (`serving.fleet.Server`, or `AdapterOnServer`: a LoRA candidate
+    in a judge's server): started on the first request that needs it, restarted when it stops answering."""
+
+    @property
+    def generation(self) -> int: ...  # restarts so far: a request that failed before one is sent again
+
+    @property
+    def died(self) -> bool: ...  # stopped answering and did not come back
+
+    async def wait_ready(self) -> None: ...
+
+    async def revived(self, seen: int) -> bool: ...
+
+    def gone(self) -> bool: ...
+
+
 class Client:
     def __init__(
         self,
@@ -93,7 +110,7 @@ class Client:
         *,
         refresh: bool = False,
         concurrency: int | None = None,
-        servers: dict[str, Any] | None = None,
+        servers: dict[str, ManagedServer] | None = None,
     ):
         self.endpoints = endpoints
         self.cache = cache
@@ -103,7 +120,7 @@ class Client:
         self._http: dict[str, aiohttp.ClientSession] = {}
         self._slots: dict[str, asyncio.Semaphore] = {}
         self._in_flight: dict[str, asyncio.Future[Answer]] = {}
-        self.servers = servers or {}  # endpoint name -> serving.fleet.Server, started on the first cache miss
+        self.servers = servers or {}  # endpoint name -> the server a run brings for it, started on the first cache miss
         self._starting: dict[str, asyncio.Future[None]] = {}
 
     def limit(self, name: str) -> int:
@@ -179,7 +196,7 @@ class Client:
                 raise
         return await self._attempts(name, request, server)
 
-    async def _attempts(self, name: str, request: ChatRequest, server: Any = None) -> Answer:
+    async def _attempts(self, name: str, request: ChatRequest, server: ManagedServer | None = None) -> Answer:
         endpoint = self.endpoints[name]
 
         def worth_retrying(e: BaseException) -> bool:

@@ -57,7 +57,7 @@ def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, 
 
     blocking, awaited, batch, scored = asyncio.run(notebook_cell())
     assert blocking == awaited == want_gt
-    assert batch == [want_infer, want_gt]
+    assert [labels.items for labels in batch] == [want_infer, want_gt] and all(labels.scored for labels in batch)
     assert scored.status == "scored"
     assert scored.inferred_checklist == record["inferred_checklist"]
     assert scored.scores.as_dict() == record["scores"] and vars(scored.counts) == record["counts"]
@@ -65,7 +65,7 @@ def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, 
 
 def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_server, tmp_path):
     """No cache: real requests. The served model is found on the server; a 135M model without the format held
-    fails to parse now and then, which the batch form returns as a `StageError`, never as labels."""
+    fails to parse now and then, which the batch form returns as a failed item with its `StageError`, never as labels."""
     pm = cupid.PrefMatcher(tiny_server["base_url"], structured_output=True, max_tokens=64)
     assert pm.endpoint.model == tiny_server["model"]
     items = ["Is the answer short?", "Does it use bullet points?"]
@@ -73,7 +73,8 @@ def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_ser
     assert [m.entry for m in labels] == items and {m.label for m in labels} <= LABELS
     free = cupid.PrefMatcher(tiny_server["base_url"], matcher_prompt="prefmatcher", max_tokens=16)  # cut short: unparseable
     (outcome,) = free.labels_batch([("Prefers short answers", items)])
-    assert isinstance(outcome, StageError) and outcome.stage == "match" and outcome.reason == "parse_error"
+    assert outcome.status == "failed" and outcome.items is None and isinstance(outcome.error, StageError)
+    assert (outcome.error.stage, outcome.error.reason) == ("match", "parse_error")
     with pytest.raises(StageFailed):
         free.labels("Prefers short answers", items)
     with pytest.raises(ConfigError, match="needs a decomposer"):
@@ -143,11 +144,11 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
     result = cupid.evaluate("instant", decomposer=Endpoint(base_url=instant_url, model="instant"), matcher="pm", judge=instant_url,
                             endpoints_file=endpoints, settings=settings, tasks=["inference", "generation"], progress=False)  # fmt: skip
     assert not list(work.iterdir()) and not home.exists() and result.out is None
-    for part in ("inference", "generation", "n_instances", "n_runs", "n_scored", "n_failed", "failures"):
-        assert result.summary[part] == cli[part], part
-    assert result.summary["n_scored"] == 12 * 2 * 2
+    for part in ("tasks", "n_instances", "n_runs", "n_scored", "n_failed", "failures"):
+        assert getattr(result.summary, part) == getattr(cli, part), part
+    assert result.summary.n_scored == 12 * 2 * 2 and list(result.summary.tasks) == ["inference", "generation"]
     assert result.tables == cupid.RunResult([], cli, None).tables
-    assert result.summary["roles"]["decomposer"] == "decomposer (instant)"  # an object is bound under its role's name
+    assert result.summary.roles["decomposer"] == "decomposer (instant)"  # an object is bound under its role's name
     assert {r.unit for r in result.records} == cli_records.keys()
     for record in result.records:
         assert record.model_dump(mode="json", exclude_none=True) == cli_records[record.unit]
@@ -161,8 +162,8 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
 
     blocking, awaited = asyncio.run(notebook_cell())
     assert blocking.out == tmp_path / "api" and len((tmp_path / "api" / "instances.jsonl").read_text().splitlines()) == 2
-    assert awaited.summary["requests"] == {"sent": 0, "cached": 0, "failed": 0}  # resumed: both units were scored
-    assert awaited.summary["inference"] == blocking.summary["inference"]
+    assert awaited.summary.requests == {"sent": 0, "cached": 0, "failed": 0}  # resumed: both units were scored
+    assert awaited.summary.tasks == blocking.summary.tasks
     with pytest.raises(ValueError, match="needs endpoints for decomposer"):
         cupid.evaluate("instant", matcher="pm", endpoints_file=endpoints)
 
@@ -188,7 +189,7 @@ with cupid.PrefMatcher(tiny) as pm:
     pm.labels(*pair)
     asyncio.run(pm.alabels_batch([pair, pair]))
 result = cupid.evaluate(tiny, cache=cache, **run)
-print(result.summary["n_runs"], type(result).__name__)
+print(result.summary.n_runs, type(result).__name__)
 
 
 async def main():

@@ -7,7 +7,7 @@ import pytest
 
 from cupid.eval.records import UnitRecord
 from cupid.eval.runner import RunConfig, dry_run, run
-from cupid.eval.summary import inference_block
+from cupid.eval.summary import InferenceFigures
 from cupid.matcher.scores import MatchCounts, macro, micro
 from cupid.serving.config import ConfigError
 from tests.conftest import REPO, write_endpoints
@@ -26,7 +26,7 @@ def records(run_dir):
 
 def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
     summary = run(config(endpoints, tmp_path, settings=["standard", "oracle"])).summary
-    assert (summary["n_instances"], summary["n_runs"], summary["n_scored"], summary["n_failed"]) == (12, 24, 24, 0)
+    assert (summary.n_instances, summary.n_runs, summary.n_scored, summary.n_failed) == (12, 24, 24, 0)
     rows = records(tmp_path / "run")
     assert len(rows) == 24
     row = rows[0]
@@ -35,13 +35,14 @@ def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
     assert [m["entry"] for m in row["gt_to_infer"]] == row["gt_checklist"]
     standard = [r for r in rows if r["setting"] == "standard"]
     counts = [MatchCounts(**r["counts"]) for r in standard]
-    assert summary["inference"]["micro"] == micro(counts).as_dict()
-    assert summary["inference"]["macro"] == macro(counts).as_dict()
-    assert summary["inference"]["micro"]["f1"] != pytest.approx(summary["inference"]["macro"]["f1"])
-    assert summary["inference"]["by_type"]["changing"]["n_scored"] == 4
-    oracle = inference_block([UnitRecord.model_validate(r) for r in rows if r["setting"] == "oracle"])
-    assert {k: summary["inference"]["settings"]["oracle"][k] for k in oracle} == oracle
-    assert summary["roles"]["matcher"] == "pm (local-prefmatcher)" and summary["matcher_prompt"] == "prefmatcher"
+    inference = summary.tasks["inference"]
+    assert inference.setting == "standard" and inference.overall.micro == micro(counts)
+    assert inference.overall.macro == macro(counts)
+    assert inference.overall.micro.f1 != pytest.approx(inference.overall.macro.f1)
+    assert inference.settings["standard"].by_type["changing"].n_scored == 4
+    oracle = InferenceFigures.of([UnitRecord.model_validate(r) for r in rows if r["setting"] == "oracle"])
+    assert inference.settings["oracle"].overall == oracle
+    assert summary.roles["matcher"] == "pm (local-prefmatcher)" and summary.matcher_prompt == "prefmatcher"
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "| instances | standard P | standard R | standard F1 | standard n | oracle P |" in md
     assert md.count("| changing |") == 2  # micro and macro tables
@@ -50,17 +51,17 @@ def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
 def test_resume_reruns_only_what_is_missing_and_pays_nothing_twice(endpoints, tmp_path, cupid_home):
     cfg = config(endpoints, tmp_path)
     first = run(cfg).summary
-    assert first["requests"]["sent"] > 0
+    assert first.requests is not None and first.requests["sent"] > 0
     path = tmp_path / "run" / "instances.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:5]) + '\n{"key": "torn')  # a crash mid-write
     again = run(cfg).summary
-    assert again["n_scored"] == 12
-    assert again["requests"]["sent"] == 0  # every answer came from the cache
-    assert 0 < again["requests"]["cached"] < first["requests"]["sent"]  # only the 7 missing instances asked
-    assert again["inference"] == first["inference"]
+    assert again.n_scored == 12 and again.requests is not None
+    assert again.requests["sent"] == 0  # every answer came from the cache
+    assert 0 < again.requests["cached"] < first.requests["sent"]  # only the 7 missing instances asked
+    assert again.tasks == first.tasks
     third = run(cfg).summary
-    assert third["requests"] == {"sent": 0, "cached": 0, "failed": 0}
+    assert third.requests == {"sent": 0, "cached": 0, "failed": 0}
 
 
 def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoints, tmp_path, cupid_home):
@@ -73,11 +74,11 @@ def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoint
             assert row["error"]["stage"] == "parse_preference"
             assert row["error"]["raw"] == row["candidate_answer"] and row["candidate_answer"]
     n_failed = sum(r["status"] == "failed" for r in rows)
-    assert summary["n_failed"] == n_failed and summary["n_scored"] == 2 - n_failed
-    assert summary["failures"].get("inference/parse_preference: parse_error", 0) == n_failed
-    assert summary["inference"]["n_scored"] == 2 - n_failed
+    assert summary.n_failed == n_failed and summary.n_scored == 2 - n_failed
+    assert summary.failures.get("inference/parse_preference: parse_error", 0) == n_failed
+    assert summary.tasks["inference"].overall.n_scored == 2 - n_failed
     rerun = run(cfg).summary  # failed instances run again, and their answers come from the cache
-    assert rerun["requests"]["sent"] == 0
+    assert rerun.requests is not None and rerun.requests["sent"] == 0
 
 
 def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_home):
@@ -86,9 +87,9 @@ def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_ho
     if row["status"] == "failed":
         assert row["error"]["stage"] in ("match_infer_to_gt", "match_gt_to_infer")
         assert row["error"]["reason"] == "parse_error" and row["error"]["raw"] is not None
-        assert summary["inference"]["micro"] is None
+        assert summary.tasks["inference"].overall.micro is None
     else:
-        assert summary["inference"]["micro"] is not None
+        assert summary.tasks["inference"].overall.micro is not None
 
 
 def test_cli_exit_code_and_last_line(endpoints, tmp_path, cupid_home):

@@ -56,7 +56,7 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
     assert entries >= max(s["requests"]["sent"] for s in summaries) > 0
     third = run(RunConfig(endpoints=str(instant_endpoints), candidate="instant", decomposer="instant", matcher="pm",
                           settings=["standard", "oracle"], out=str(tmp_path / "run3"), cache=str(cache))).summary  # fmt: skip
-    assert third["requests"]["sent"] == 0 and third["n_scored"] == 24  # every answer either run got is in the cache
+    assert third.requests is not None and third.requests["sent"] == 0 and third.n_scored == 24  # every answer either run got is in the cache
 
 
 def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(instant_endpoints, tmp_path, cupid_home):
@@ -104,6 +104,6 @@ def test_a_full_disk_stops_the_run_clearly_and_a_resume_loses_nothing(instant_en
 
     filler.unlink()  # space freed: the same run resumes
     summary = run(cfg).summary
-    assert summary["n_scored"] == 12 and summary["n_failed"] == 0
+    assert summary.n_scored == 12 and summary.n_failed == 0
     after = RunDir(out).records()
     assert all(after[r.unit] == r for r in kept)  # what was written before is still there, unchanged

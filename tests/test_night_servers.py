@@ -84,6 +84,7 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     cache = tmp_path / "cache.sqlite"
 
     board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora, rider], cache, "sessionjudge"), "2026-01-01")
+    board = board.model_dump(mode="json")  # as leaderboard.json holds it
     entries = {e["model"]: e for e in board["models"]}
     assert code & 1  # failures: the broken candidate
     failed = entries["broken-cand"]
@@ -109,9 +110,9 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     assert "lora-cand" in board_md and "broken-cand" in board_md and "servers started: lora-cand" in board_md
 
     again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora, rider], cache, "sessionjudge"), "2026-01-02")
-    assert again["requests"]["sent"] == 0 and again["requests"]["cached"] > 0
-    assert again["servers_started"] == []  # every answer was in the cache: no server was needed
-    assert {e["model"]: e["status"] for e in again["models"]} == {n: entries[n]["status"] for n in ("judge", "lora-cand", "lora-rider")}
+    assert again.requests["sent"] == 0 and again.requests["cached"] > 0
+    assert again.servers_started == []  # every answer was in the cache: no server was needed
+    assert {e.model: e.status for e in again.models} == {n: entries[n]["status"] for n in ("judge", "lora-cand", "lora-rider")}
 
 
 def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_path, cupid_home):
@@ -170,6 +171,7 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(ni
         for proc, _ in instants:
             proc.terminate()
             proc.wait()
+    board = board.model_dump(mode="json")  # as leaderboard.json holds it
     entries = {e["model"]: e for e in board["models"]}
     assert len(killed) == 2 and len(set(killed)) == 2  # the second kill hit the restarted server
     assert (entries["cand-1"]["status"], entries["cand-1"]["n_scored"]) == ("ok", 1), entries["cand-1"]

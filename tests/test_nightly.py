@@ -8,7 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.nightly import run_nightly
+from cupid.eval.nightly import Leaderboard, run_nightly
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant
 from tests.conftest import REPO, write_endpoints
@@ -33,7 +33,8 @@ def suite(tmp_path, name, endpoints, models, **extra):
 
 
 def by_model(board):
-    return {e["model"]: e for e in board["models"]}
+    """A leaderboard's entries by model: typed (what `run_nightly` returns) or as leaderboard.json holds them."""
+    return {e.model: e for e in board.models} if isinstance(board, Leaderboard) else {e["model"]: e for e in board["models"]}
 
 
 def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path, instant_url, drifted_url, cupid_home):
@@ -47,26 +48,26 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
                             down={"base_url": "http://127.0.0.1:9/v1", "model": "down", "max_retries": 0, "timeout_s": 5})  # fmt: skip
 
     first, code = run_nightly(suite(tmp_path, "n1", before, ["steady", "drifting"]), "2025-03-01")
-    assert code == 0 and first["previous"] is None
+    assert code == 0 and first.previous is None
     f1 = "inference/standard/micro_f1"
-    for entry in first["models"]:
-        assert entry["status"] == "ok" and (entry["n_scored"], entry["n_failed"]) == (12, 0)
-        assert entry["delta"] == {} and entry["regressions"] == []
-        assert entry["metrics"][f1]["low"] > 0  # an interval the drop can fall below
+    for entry in first.models:
+        assert entry.status == "ok" and (entry.n_scored, entry.n_failed) == (12, 0)
+        assert entry.delta == {} and entry.regressions == []
+        assert entry.metrics[f1].low > 0  # an interval the drop can fall below
 
     second, code = run_nightly(suite(tmp_path, "n2", after, ["steady", "drifting"]), "2025-03-02")
     assert code == 2  # a regression, no failures
-    assert second["previous"] == "2025-03-01"
+    assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
-    assert steady["requests"]["sent"] == 0  # everything came from the cache
-    assert steady["delta"][f1] == 0 and steady["regressions"] == []
-    assert drifting["metrics"][f1]["estimate"] == 0.0
-    assert drifting["delta"][f1] == pytest.approx(-by_model(first)["drifting"]["metrics"][f1]["estimate"])
-    assert f1 in drifting["regressions"] and second["regressions"][0] == f"drifting: {f1}"
-    assert [e["model"] for e in second["models"]] == ["steady", "drifting"]  # ranked by F1
+    assert steady.requests == {"sent": 0, "cached": 48, "failed": 0}  # everything came from the cache
+    assert steady.delta[f1] == 0 and steady.regressions == []
+    assert drifting.metrics[f1].estimate == 0.0
+    assert drifting.delta[f1] == pytest.approx(-by_model(first)["drifting"].metrics[f1].estimate)
+    assert f1 in drifting.regressions and second.regressions[0] == f"drifting: {f1}"
+    assert [e.model for e in second.models] == ["steady", "drifting"]  # ranked by F1
     board = (tmp_path / "nightly" / "2025-03-02" / "leaderboard.md").read_text()
     drifting_row = next(line for line in board.splitlines() if "| drifting |" in line)
-    assert "**REGRESSION**" in drifting_row and f"{-100 * by_model(first)['drifting']['metrics'][f1]['estimate']:+.1f}" in drifting_row
+    assert "**REGRESSION**" in drifting_row and f"{-100 * by_model(first)['drifting'].metrics[f1].estimate:+.1f}" in drifting_row
     assert (tmp_path / "nightly" / "leaderboard.json").read_text() == (tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()
 
     # Night 3 through the CLI: drifting holds steady at its new level; a model whose server is down fails.
@@ -90,8 +91,8 @@ def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(
     run_nightly(config, "2025-03-01")
     board, code = run_nightly(config, "2025-03-02")
     again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
-    assert (code, code_again) == (0, 0) and again["previous"] == "2025-03-01"
-    assert by_model(again)["instant"]["requests"]["sent"] == 0
+    assert (code, code_again) == (0, 0) and again.previous == "2025-03-01"
+    assert by_model(again)["instant"].requests["sent"] == 0
     assert (tmp_path / "nightly" / "2025-03-02" / "report" / "report.html").exists()
 
 

@@ -32,7 +32,7 @@ def scored_run(tmp_path_factory, instant_url):
                     reference="ref", tasks=["inference", "generation"], settings=["standard", "oracle"],
                     out=str(tmp / "run"), cache=str(tmp / "cache.sqlite"))  # fmt: skip
     summary = run(cfg).summary
-    assert summary["n_failed"] == 0
+    assert summary.n_failed == 0
     return tmp / "run", summary
 
 
@@ -45,7 +45,7 @@ def test_report_of_a_real_run_has_tables_intervals_and_three_figures(scored_run,
     page = build([run_dir], tmp_path / "out")
     html = page.read_text()
     assert html.count("<table") >= 5  # runs, inference, inference (reference), generation, generation (reference)
-    micro = summary["inference"]["micro"]
+    micro = summary.tasks["inference"].overall.micro.as_dict()
     # The standard/all row: the summary's micro P/R/F1, each followed by its interval.
     row = re.search(r'<td class="l">standard</td><td class="l">all</td>\s*(.*?)</tr>', html, re.S).group(1)
     cells = re.findall(r"<td>([\d.]+) <small>\[([\d.]+), ([\d.]+)\]</small></td>", row)

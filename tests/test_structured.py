@@ -137,8 +137,8 @@ def test_constrained_tiny_candidate_reaches_scoring_and_says_so(tmp_path, tiny_s
     common = dict(endpoints=str(endpoints), decomposer="tinyformat", matcher="tinyformat", judge="tinyformat",
                   tasks=["inference", "generation"], limit=1, out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
     summary = run(RunConfig(candidate="tinyconstrained", **common)).summary
-    assert summary["n_failed"] == 0 and summary["n_scored"] == 2, summary["failures"]
-    assert summary["candidate_constrained"] == ["inference"]
+    assert summary.n_failed == 0 and summary.n_scored == 2, summary.failures
+    assert summary.candidate_constrained == ["inference"]
     identity = json.loads((tmp_path / "run" / "run.json").read_text())
     assert identity["roles"]["candidate"].endswith("[answer format constrained: inference]")
     markdown = (tmp_path / "run" / "summary.md").read_text()

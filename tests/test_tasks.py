@@ -53,18 +53,18 @@ def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tmp_path
             assert row["error"]["stage"] == "parse_preference" and row["error"]["raw"] == row["candidate_answer"]
     assert rows[("inference", "oracle")]["n_sessions"] == len(relevant_sessions(instance)) < rows[("inference", "standard")]["n_sessions"]
     assert rows[("generation", "oracle-preference")]["n_sessions"] == 0
-    assert set(summary["generation"]["settings"]) == set(SETTINGS)
-    assert set(summary["inference"]["settings"]) == {"standard", "oracle", "summary"}
-    standard = summary["generation"]["settings"]["standard"]
-    assert standard["mean_score"] == rows[("generation", "standard")]["score"]
-    assert standard["by_type"][instance.instance_type]["n_scored"] == 1
-    assert summary["n_runs"] == 7 and summary["n_scored"] + summary["n_failed"] == 7
+    assert set(summary.tasks["generation"].settings) == set(SETTINGS)
+    assert set(summary.tasks["inference"].settings) == {"standard", "oracle", "summary"}
+    standard = summary.tasks["generation"].settings["standard"]
+    assert standard.overall.mean_score == rows[("generation", "standard")]["score"]
+    assert standard.by_type[instance.instance_type].n_scored == 1
+    assert summary.n_runs == 7 and summary.n_scored + summary.n_failed == 7
 
 
 def test_candidate_prompts_per_setting_and_summaries_cached_per_session(endpoints, tmp_path, cupid_home):
     cache_file = tmp_path / "cache.sqlite"
     summary = run(config(endpoints, tmp_path, settings=SETTINGS)).summary
-    assert summary["n_failed"] == 0 and summary["n_runs"] == 12 * 3 + 12 * 4
+    assert summary.n_failed == 0 and summary.n_runs == 12 * 3 + 12 * 4
     sample = cupid_data.load("sample").instances
     distinct_sessions = {json.dumps(s.model_dump(), sort_keys=True) for i in sample for s in i.prior_interactions}
     assert len(sent(cache_file, "summarizer")) == len(distinct_sessions)  # one call per session, whatever shares it
@@ -78,9 +78,9 @@ def test_candidate_prompts_per_setting_and_summaries_cached_per_session(endpoint
     assert all("#### User" not in u for u in by_setting["summary"] + by_setting["oracle-preference"])
     gt = {i.current_contextual_preference for i in sample}
     assert {u.split("## User's Preference\n\n")[1].split("\n\n---")[0] for u in by_setting["oracle-preference"]} == gt
-    scores = summary["generation"]["settings"]
+    scores = summary.tasks["generation"].settings
     # the instant candidate repeats the preference it is given: the judge sees the ground truth adhered to
-    assert scores["oracle-preference"]["mean_score"] > scores["standard"]["mean_score"]
+    assert scores["oracle-preference"].overall.mean_score > scores["standard"].overall.mean_score
     md = (tmp_path / "run" / "summary.md").read_text()
     assert "| instances | standard score | standard n | oracle score | oracle n | oracle-preference score |" in md
 
@@ -98,10 +98,11 @@ def test_reference_rescoring_side_by_side_without_asking_the_candidate_again(end
     inference = [r for r in rows if r["task"] == "inference"]
     # same answer, other matcher dialect (fewshot for the reference), same labels from the instant server
     assert all(r["reference"]["inferred_preference"] == r["inferred_preference"] for r in inference)
-    assert summary["reference"]["inference"]["micro"] == summary["inference"]["micro"]
-    assert summary["reference"]["generation"]["mean_score"] == summary["generation"]["mean_score"]
+    assert summary.reference is not None
+    assert summary.reference["inference"].overall.micro == summary.tasks["inference"].overall.micro
+    assert summary.reference["generation"].overall.mean_score == summary.tasks["generation"].overall.mean_score
     assert len(sent(tmp_path / "cache.sqlite", "inference")) == len(inference)  # the candidate was asked once per unit
-    assert summary["roles"]["reference"] == "paid (paid-4o)"
+    assert summary.roles["reference"] == "paid (paid-4o)"
     assert "Reference (paid (paid-4o)) inference" in (tmp_path / "run" / "summary.md").read_text()
 
 
@@ -118,8 +119,8 @@ def test_a_small_context_window_is_counted_not_crashed(tmp_path, cupid_home):
     too_long = [r for r in rows if r["status"] == "failed"]
     assert too_long and all(r["error"]["reason"] == "context_length_exceeded" for r in too_long)
     assert {r["error"]["stage"] for r in too_long} <= {"infer", "generate"}
-    assert summary["failures"]["inference/infer: context_length_exceeded"] == sum(r["task"] == "inference" for r in too_long)
-    assert summary["inference"]["failed_by_stage"].get("infer", 0) == sum(
+    assert summary.failures["inference/infer: context_length_exceeded"] == sum(r["task"] == "inference" for r in too_long)
+    assert summary.tasks["inference"].overall.failed_by_stage.get("infer", 0) == sum(
         r["task"] == "inference" and r["setting"] == "standard" for r in too_long
     )
     assert any(r["status"] == "scored" and r["setting"] == "oracle" for r in rows)  # fewer sessions fit

@@ -183,7 +183,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     first, _ = run_nightly(tmp_path / "tracked.yaml", "2025-03-01")  # the file's `track:`
     second = CliRunner().invoke(app, ["nightly", "--config", str(tmp_path / "plain.yaml"), "--date", "2025-03-02", "--track", "mlflow"])
     assert second.exit_code == 1, second.output  # the broken candidate's failure, not the tracker's
-    boards = [first, json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())]
+    boards = [first.model_dump(mode="json"), json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())]
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], order_by=["tags.`cupid.night` ASC"])
     assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"])) == [
         ("2025-03-01", "instant"), ("2025-03-01", "untrained"), ("2025-03-02", "instant"), ("2025-03-02", "untrained")]  # fmt: skip
@@ -212,6 +212,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
 
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
     from cupid.serving.run_servers import profile_fingerprints
+    from cupid.eval.summary import Summary
     from cupid.eval.track import of_run
     from cupid.serving.fleet import ServedModel
 
@@ -226,6 +227,7 @@ def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tm
     (model / "model.safetensors").write_bytes(b"retrained")
     retrained = profile_fingerprints({"tiny": {}}, [candidate], directory)
     assert retrained["cand"] != first["cand"] and retrained["tiny"] == first["tiny"]
-    params = of_run(None, records=[], summary={"n_runs": 0, "serve_profiles": retrained}).params
+    summary = Summary(n_instances=0, n_runs=0, n_scored=0, n_failed=0, serve_profiles=retrained)
+    params = of_run(None, records=[], summary=summary).params
     assert (params["serve.tiny"], params["serve.cand"]) == (retrained["tiny"], retrained["cand"])
 

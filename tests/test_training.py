@@ -35,6 +35,7 @@ from cupid.eval.data import DataError
 from cupid.matcher import parse, prompts
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.lifecycle import free_port
 from tests.conftest import REPO, TINY_NAME, write_endpoints
@@ -64,7 +65,7 @@ def chain(tiny_model_dir, tmp_path_factory, request):
     running = request.getfixturevalue("tiny_server")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(_home(cfg)))
-        reports |= pipeline.run(cfg, Console(stderr=True), stages=("check",), running=running)
+        reports |= pipeline.run(cfg, Console(stderr=True), stages=("check",), running=Endpoint(**running))
     print(f"tiny chain wall time (s): {walls} {reports['wall_s']}")
     return cfg, reports
 
@@ -255,7 +256,7 @@ def test_check_refuses_a_running_server_of_another_model_before_loading_anything
     cfg, _ = chain
     other = _load(TINY, out=str(cfg.out_dir), base_model=str(cfg.out_dir / "export"))
     with pytest.raises(ServeError, match=r"serves 'smollm2-135m-instruct' from .*SmolLM2-135M-Instruct, not the base model .*export"):
-        agreement.check(other, Console(stderr=True), running=tiny_server)
+        agreement.check(other, Console(stderr=True), running=Endpoint(**tiny_server))
     listed = httpx.get(tiny_server["base_url"] + "/models").json()["data"]
     assert agreement.served_names(cfg)["adapter"] not in [m["id"] for m in listed]
 

@@ -26,16 +26,20 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from rich.console import Console
 
+from cupid.eval.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
-from cupid.eval.meta import canonical_label, krippendorff_alpha
 from cupid.serving import lifecycle
 from cupid.serving.client import Client, RequestFailed
+from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import Endpoint
 from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.fleet import Fleet
+from cupid.serving.placement import Placed
 from cupid.serving.profiles import Profile
 from cupid.training.config import TrainConfig
 from cupid.training.export import adapter_dir, export_dir
@@ -74,10 +78,12 @@ async def _ask_all(endpoints: dict[str, Endpoint], examples: list[MatchExample])
 
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy and Krippendorff's alpha over the items of parsed answers; failures counted by reason."""
-
-    parsed = [r for r in rows if r["labels"] is not None]
-    pairs = [(t, m) for r in parsed for t, m in zip(r["teacher"], r["labels"])]
+    """Accuracy and Krippendorff's alpha (the meta-evaluation's `agree`, teacher against model) over the items of
+    parsed answers; failures counted by reason."""
+    parsed = [(n, r) for n, r in enumerate(rows) if r["labels"] is not None]
+    pairs = [((str(n), "validation", "teacher-model", i), t, m) for n, r in parsed for i, (t, m) in enumerate(zip(r["teacher"], r["labels"]))]
+    teacher = {key: Labelled(canonical_label(t)) for key, t, _ in pairs}
+    model = {key: Labelled(canonical_label(m)) for key, _, m in pairs}
     out: dict[str, Any] = {
         "n_examples": len(rows),
         "n_parsed": len(parsed),
@@ -85,27 +91,26 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "failures": dict(Counter(f"{r['error']['reason']}: {r['error']['detail']}" for r in rows if r["error"])),
         "n_items": sum(len(r["teacher"]) for r in rows),
         "n_items_compared": len(pairs),
-        "accuracy": round(sum(t == m for t, m in pairs) / len(pairs), 4) if pairs else None,
-        "confusion": dict(Counter(f"{t} -> {m}" for t, m in pairs)),
     }
-    teacher, model = [canonical_label(t) for t, _ in pairs], [canonical_label(m) for _, m in pairs]
     for level in ("interval", "ordinal"):
-        alpha = krippendorff_alpha(teacher, model, level) if pairs else None
-        out[f"alpha_{level}"] = None if alpha is None else round(alpha, 4)
-        if pairs and alpha is None:
-            out["alpha_undefined"] = "a single label value throughout: alpha is undefined"
+        agreed = agree(teacher, model, level)
+        out[f"alpha_{level}"] = None if agreed.alpha is None else round(agreed.alpha, 4)
+    out["accuracy"] = None if agreed.accuracy is None else round(agreed.accuracy, 4)
+    out["confusion"] = {f"{a} -> {b}": n for a, row in zip(LABELS, agreed.confusion) for b, n in zip(LABELS, row) if n}  # teacher -> model
+    if pairs and agreed.alpha is None:
+        out["alpha_undefined"] = "a single label value throughout: alpha is undefined"
     return out
 
 
 @dataclass
-class Server:
-    """One server the check starts, and which of its served models answer as which report block."""
+class Served:
+    """A serve profile the check serves, and which of its served models answer as which report block."""
 
     profile: Profile
     asks: dict[str, str]  # report block ("base", "adapter", "trained") -> served model name
 
 
-def plan(cfg: TrainConfig) -> list[Server]:
+def plan(cfg: TrainConfig) -> list[Served]:
     """The check's servers: the base with the adapter as a LoRA module (if either is measured), then the export."""
     from cupid.training.sft import resolve_base
 
@@ -115,8 +120,8 @@ def plan(cfg: TrainConfig) -> list[Server]:
     on_base: dict[str, str] = {k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)}
     if on_base:
         adapters = {names["adapter"]: str(adapter_dir(cfg))} if a.adapter else None
-        out.append(Server(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
-    out.append(Server(a.profile(names["trained"], str(export_dir(cfg)), names["trained"]), {"trained": names["trained"]}))
+        out.append(Served(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
+    out.append(Served(a.profile(names["trained"], str(export_dir(cfg)), names["trained"]), {"trained": names["trained"]}))
     return out
 
 
@@ -156,86 +161,90 @@ def group_left(pgid: int) -> list[int]:
     return sorted(left)
 
 
-def measure(server: Server, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """Start one server (tied to this process), ask every example of each of its models at once, stop it (also on failure)."""
-    a, profile = cfg.agreement, server.profile
-    spec = profile.spec()
-    adapters = profile.adapter_paths()
-    what = ", ".join(f"'{name}' ({which})" for which, name in server.asks.items())
-    device = f" {profile.device}" if profile.engine == "vllm" else ""
-    console.print(f"[bold]check[/bold]: serving {spec.model}" + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
-                  + f" ({profile.engine}{device}): {what}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
-    started = time.monotonic()
-    record = lifecycle.up(spec, tied=True)
-    info: dict[str, Any] = {
-        "name": spec.handle, "engine": spec.engine, "device": record["device"], "model": spec.model, "adapters": adapters,
-        "asked": server.asks, "pid": record["pid"], "tied_to": record["tied_to"], "command": record["command"],
-        "env": record["env"], "start_s": round(time.monotonic() - started, 2),
+def _endpoints(base_url: str, asks: dict[str, str], api_key_env: str | None, cfg: TrainConfig) -> dict[str, Endpoint]:
+    a = cfg.agreement
+    return {
+        which: Endpoint(base_url=base_url, model=name,  # type: ignore[arg-type]  # pydantic validates the URL api_key_env=api_key_env, max_tokens=a.max_tokens,
+                        max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)
+        for which, name in asks.items()
     }  # fmt: skip
+
+
+def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Start one server (a fleet's, tied to this process), ask every example of each of its models at once, stop it
+    (also on failure)."""
+    profile = served.profile
+    adapters = profile.adapter_paths()
+    what = ", ".join(f"'{name}' ({which})" for which, name in served.asks.items())
+    device = f" {profile.device}" if profile.engine == "vllm" else ""
+    console.print(f"[bold]check[/bold]: serving {profile.model}" + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
+                  + f" ({profile.engine}{device}): {what}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
+    fleet = Fleet(lambda message: console.print(message, highlight=False))
+    server = fleet.add(Placed(profile))
+    started = time.monotonic()
+    info: dict[str, Any] = {"name": server.name, "engine": profile.engine, "model": profile.model, "adapters": adapters, "asked": served.asks}
     try:
-        info["listed"] = _listed(record["base_url"], spec.api_key())
-        missing = sorted(set(server.asks.values()) - {m["id"] for m in info["listed"]})
-        if missing and get_engine(spec.engine).lists_served_model:
-            raise ServeError(f"'{spec.handle}' started but /v1/models does not list {', '.join(missing)} (it lists {[m['id'] for m in info['listed']]})")
-        endpoints = {
-            which: Endpoint(base_url=record["base_url"], model=name, api_key_env=spec.api_key_env, max_tokens=a.max_tokens,
-                            max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)
-            for which, name in server.asks.items()
-        }  # fmt: skip
+        server.ensure()
+        info["start_s"] = round(time.monotonic() - started, 2)
+        record = lifecycle.find(server.name)  # None: a server already answering as it was used as it is
+        if record is not None:
+            info.update({k: record[k] for k in ("device", "pid", "tied_to", "command", "env")})
+        info["listed"] = _listed(server.base_url, server.spec.api_key())
+        missing = sorted(set(served.asks.values()) - {m["id"] for m in info["listed"]})
+        if missing and get_engine(profile.engine).lists_served_model:
+            raise ServeError(f"'{server.name}' started but /v1/models does not list {', '.join(missing)} (it lists {[m['id'] for m in info['listed']]})")
         asked = time.monotonic()
-        rows = asyncio.run(_ask_all(endpoints, examples))
+        rows = asyncio.run(_ask_all(_endpoints(server.base_url, served.asks, profile.api_key_env, cfg), examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        lifecycle.down(spec.handle)  # waits for the whole process group, killing what outstays its grace
-        info["left_running"] = group_left(record["pid"])
+        fleet.stop_all()  # waits for the whole process group, killing what outstays its grace
+        if "pid" in info:
+            info["left_running"] = group_left(info["pid"])
     return info, rows
 
 
-def measure_on_running(running: dict[str, Any], blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`: its `base_url`, served `model`,
-    optional `api_key_env`), started with a `runtime_lora_rank`: the adapter is loaded for the check and
+def measure_on_running(running: Endpoint, blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`), started with a
+    `runtime_lora_rank`: the adapter is loaded into it as a fleet loads a LoRA candidate into a judge's server, and
     unloaded after (also on failure). Refused when the server serves another model than the config's base."""
     from cupid.training.sft import resolve_base
 
-    a, names = cfg.agreement, served_names(cfg)
-    base_url, base_name = running["base_url"], running["model"]
-    api_key = os.environ.get(running["api_key_env"]) if running.get("api_key_env") else None
-    served = {m["id"]: m for m in _listed(base_url, api_key)}
-    root = (served.get(base_name) or {}).get("root")
+    names = served_names(cfg)
+    base_url, base_name, api_key = running.url, running.model, running.api_key()
+    root = ({m["id"]: m for m in _listed(base_url, api_key)}.get(base_name) or {}).get("root")
     if root is None or Path(root).resolve() != Path(resolve_base(cfg)).resolve():
         raise ServeError(f"{base_url}: serves {base_name!r} from {root}, not the base model {resolve_base(cfg)}")
+    address = urlsplit(base_url)
+    host = cfg.agreement.profile("running-base", str(root), base_name, port=address.port).model_copy(
+        update={"host": address.hostname or "127.0.0.1", "api_key_env": running.api_key_env}
+    )
     adapter = str(adapter_dir(cfg).resolve())
     asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in blocks}
     adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
     console.print(f"[bold]check[/bold]: loading LoRA {adapter} into the server at {base_url} ({base_name}): "
                   f"{', '.join(asks.values())}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
+    fleet = Fleet(lambda message: console.print(message, highlight=False))
+    server = fleet.add(Placed(host))
+    info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters, "asked": asks, "loaded_at_run_time": True}
     started = time.monotonic()
-    for name, path in adapters.items():
-        lifecycle.load_lora(base_url, name, path, api_key)
-    info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters,
-                            "asked": asks, "loaded_at_run_time": True, "load_s": round(time.monotonic() - started, 2)}  # fmt: skip
     try:
+        server.ensure()  # answers already: used as it is, never stopped by this fleet
+        for name, path in adapters.items():
+            fleet.load(server, name, path).ensure()
+        info["load_s"] = round(time.monotonic() - started, 2)
         info["listed"] = _listed(base_url, api_key)
-        endpoints = {
-            which: Endpoint(base_url=base_url, model=name, api_key_env=running.get("api_key_env"), max_tokens=a.max_tokens,
-                            max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)
-            for which, name in asks.items()
-        }  # fmt: skip
         asked = time.monotonic()
-        rows = asyncio.run(_ask_all(endpoints, examples))
+        rows = asyncio.run(_ask_all(_endpoints(base_url, asks, running.api_key_env, cfg), examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        for name in adapters:
-            lifecycle.unload_lora(base_url, name, api_key)
+        fleet.stop_all()  # unloads the adapters; the server goes on
         info["listed_after"] = _listed(base_url, api_key)
     return info, rows
 
 
-def check(cfg: TrainConfig, console: Console | None = None, running: dict[str, Any] | None = None) -> dict[str, Any]:
+def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | None = None) -> dict[str, Any]:
     """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`.
     `running`: a vLLM server of the base model that loads adapters at run time (see `measure_on_running`)."""
-    from cupid.serving.config import ConfigError
-
     console = console or Console(stderr=True)
     examples = read_examples(data_dir(cfg) / "validation.jsonl")
     if cfg.agreement.limit:

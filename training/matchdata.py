@@ -311,7 +311,7 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                 ),  # fmt: skip
                 console=console,
             ).summary
-            runs[candidate] = {"dir": str(out), "n_scored": summary["n_scored"], "n_failed": summary["n_failed"], "failures": summary["failures"]}
+            runs[candidate] = {"dir": str(out), "n_scored": summary.n_scored, "n_failed": summary.n_failed, "failures": summary.failures}
 
     examples = []
     for candidate in syn.candidates:

@@ -12,13 +12,14 @@ from typing import Any
 
 from rich.console import Console
 
+from cupid.serving.endpoints import Endpoint
 from cupid.training import agreement, export, matchdata, sft
 from cupid.training.config import TrainConfig
 
 STAGES = ("label", "sft", "export", "check")
 
 
-def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: dict[str, Any] | None = None) -> dict[str, Any]:
+def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: Endpoint | None = None) -> dict[str, Any]:
     """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
     if "sft" in stages:

@@ -1,0 +1,96 @@
+"""Every figure computed in one place gives the numbers the several places gave before.
+
+tests/data/figures_before_one_computation/ holds two run directories, each with the summary.json and the report's,
+nightly's and meta-evaluation's figures (figures.json) that the code before the change wrote from its records
+(`write.py` there says how): `sample`, records made for it over the bundled sample (two settings, failures at three
+stages, a reference scoring), and `tiny`, a run of configs/eval/tiny.yaml on the tiny model under vLLM, two settings. The figures
+are recomputed here from the same records by today's code and compared, number by number.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cupid.eval import meta, nightly, report
+from cupid.eval.rundir import RunDir
+from cupid.eval.summary import Summary, summarize
+from cupid.eval.tasks import TASKS
+
+BEFORE = Path(__file__).parent / "data" / "figures_before_one_computation"
+RUNS = ["sample", "tiny"]
+
+
+def _before(name: str) -> tuple[dict, dict]:
+    return json.loads((BEFORE / name / "summary.json").read_text()), json.loads((BEFORE / name / "figures.json").read_text())
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_summary_json_reads_typed_and_writes_back_the_same(name):
+    written, _ = _before(name)
+    summary = Summary.model_validate(written)
+    assert json.loads(summary.to_json()) == written  # the typed model keeps summary.json's shape, key for key
+    first = next(iter(summary.tasks.values()))
+    assert first.overall == first.settings[first.setting].overall
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_summary_gives_the_same_figures_from_the_same_records(name):
+    written, _ = _before(name)
+    run = RunDir(BEFORE / name).load()
+    plan = {TASKS[task]: list(written[task]["settings"]) for task in TASKS if task in written}
+    identity = {k: v for k, v in written.items() if k not in TASKS and k not in ("reference", "reference_failures", "n_instances", "n_runs", "n_scored", "n_failed", "failures")}
+    again = summarize(run.records, plan, written["n_instances"], identity, reference="reference" in written)
+    assert json.loads(again.to_json()) == written
+
+
+def _rows(rows: list[report.Row]) -> list[dict]:
+    """Today's rows in the earlier form: cells named `<figure> <aggregate>` (`mean score`), intervals as dicts."""
+    def earlier(metric: str) -> str:
+        return "mean score" if metric == "mean_score" else " ".join(reversed(metric.split("_", 1)))
+
+    return [{"setting": r.setting, "group": r.group, "n_scored": r.n_scored, "n_failed": r.n_failed,
+             "cells": {earlier(m): iv and iv.as_dict() for m, iv in r.cells.items()}} for r in rows]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_report_gives_the_same_rows_and_failures(name):
+    _, before = _before(name)
+    run = report.load_run(BEFORE / name)
+    for task in TASKS.values():
+        assert _rows(report.task_rows(run, task)) == before["report"][task.name]
+        assert _rows(report.task_rows(run, task, reference=True)) == before["report"][f"{task.name} reference"]
+    assert [list(row) for row in report.failures_table(run)] == before["report"]["failures"]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_nightly_gives_the_same_metrics_and_failures(name):
+    _, before = _before(name)
+    records = RunDir(BEFORE / name).read()
+    assert {k: v.as_dict() for k, v in nightly.metrics(records).items()} == before["nightly"]["metrics"]
+    assert nightly.failures_by_setting(records) == before["nightly"]["failures"]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_meta_evaluation_gives_the_same_f1(name):
+    _, before = _before(name)
+    records = RunDir(BEFORE / name).read()
+    for key, value in before["meta"]["run_f1"].items():
+        setting, aggregate, *reference = key.split()
+        assert list(meta.run_f1(records, setting, aggregate, bool(reference))) == value, key
+    assert meta.f1_table([BEFORE / name]).values == before["meta"]["f1_table"]
+
+
+def test_the_runs_compared_cover_what_could_differ():
+    """Both runs have scored units in each task and setting; the sample also failed ones (at three stages) and a
+    reference scoring."""
+    for name in RUNS:
+        written, _ = _before(name)
+        for task in TASKS:
+            assert len(written[task]["settings"]) == 2
+            assert all(block["n_scored"] > 0 for block in written[task]["settings"].values())
+    sample, _ = _before("sample")
+    assert "reference" in sample and sample["n_failed"] > 0
+    assert {stage for task in TASKS for stage in sample[task]["failed_by_stage"]} == {"decomposer", "matcher", "judge"}
