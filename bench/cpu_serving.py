@@ -60,7 +60,7 @@ def main() -> None:
         record = lifecycle.up(profile.spec(), tied=True)
         start_s = time.perf_counter() - started
         try:
-            endpoint = Endpoint(base_url=record["base_url"], model=profile.served, timeout_s=1800, max_retries=0)
+            endpoint = Endpoint(base_url=record.base_url, model=profile.served, timeout_s=1800, max_retries=0)
             cold, n_prompt, n_answer = asyncio.run(send_all(endpoint, batch, args.max_tokens))
             warm, _, _ = asyncio.run(send_all(endpoint, batch, args.max_tokens))
         finally:

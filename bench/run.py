@@ -103,7 +103,7 @@ def start(spec: ServeSpec) -> tuple[dict[str, Any], dict[str, float]]:
     record = lifecycle.up(spec, tied=True)
     ready = time.perf_counter() - started
     body = {"model": spec.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
-    httpx.post(record["base_url"] + "/chat/completions", json=body, timeout=600).raise_for_status()
+    httpx.post(record.base_url + "/chat/completions", json=body, timeout=600).raise_for_status()
     return record, {"ready_s": round(ready, 1), "first_answer_s": round(time.perf_counter() - started, 1)}
 
 
@@ -248,7 +248,7 @@ def vllm_part(model_dir: Path, workdir: Path) -> dict[str, Any]:
     before = os.getloadavg()
     try:
         record, startup = start(spec)
-        endpoint = Endpoint(base_url=record["base_url"], model=spec.name, timeout_s=1800)
+        endpoint = Endpoint(base_url=record.base_url, model=spec.name, timeout_s=1800)
         print(f"vLLM (CPU, eager) up: {startup}; demo workload ...", file=sys.stderr)
         demo = demo_workload(record["base_url"], workdir / "vllm")
         print("demo workload without answer formats (as transformers serve gets it) ...", file=sys.stderr)
@@ -286,7 +286,7 @@ def compiled_part(model_dir: Path) -> dict[str, Any]:
             record, startup = start(spec)
         except (ServeError, httpx.HTTPError) as e:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
-        endpoint = Endpoint(base_url=record["base_url"], model=spec.name, timeout_s=1800)
+        endpoint = Endpoint(base_url=record.base_url, model=spec.name, timeout_s=1800)
         levels = concurrency_levels(endpoint, levels=(32,))
     finally:
         lifecycle.down(spec.handle)

@@ -37,20 +37,20 @@ def examples() -> list[dict]:
     return json.loads((resources.files("matcher") / "prompts" / "matcher_fewshot.examples.json").read_text(encoding="utf-8"))
 
 
-def start(profile: profiles.Profile, keep: bool) -> tuple[dict, bool]:
+def start(profile: profiles.Profile, keep: bool) -> tuple[lifecycle.ServerRecord, bool]:
     """The profile's live record, starting the server when it is not running; and whether we started it."""
     record = lifecycle.find(profile.name)
-    if record and lifecycle.alive(record["pid"]) and lifecycle.healthy(record["base_url"]):
-        print(f"using the running server '{profile.name}' at {record['base_url']}")
+    if record and lifecycle.alive(record.pid) and lifecycle.healthy(record.base_url):
+        print(f"using the running server '{profile.name}' at {record.base_url}")
         return record, False
     spec = profile.spec()
     get_engine(spec.engine).preflight(spec)
     profile.check_local_files()
-    profiles.Plan([profile], [r for r in lifecycle.status() if r["alive"]], profiles.gpus()).check()
+    profiles.Plan([profile], [r for r in lifecycle.status() if r.alive], profiles.gpus()).check()
     print(f"starting '{profile.name}' ({profile.engine}, {profile.served}) ...", flush=True)
     started = time.monotonic()
     record = lifecycle.up(spec, tied=not keep)
-    print(f"serving at {record['base_url']} after {time.monotonic() - started:.0f}s")
+    print(f"serving at {record.base_url} after {time.monotonic() - started:.0f}s")
     return record, True
 
 
@@ -97,9 +97,9 @@ async def throughput(endpoint: Endpoint, in_flight: int, n_requests: int, max_to
     return line + (f", {len(failed)} failed: {', '.join(reasons)})" if failed else ")")
 
 
-async def measure(record: dict, profile: profiles.Profile, args: argparse.Namespace) -> bool:
+async def measure(record: lifecycle.ServerRecord, profile: profiles.Profile, args: argparse.Namespace) -> bool:
     endpoint = Endpoint(
-        base_url=record["base_url"], model=profile.served, api_key_env=profile.api_key_env,
+        base_url=record.base_url, model=profile.served, api_key_env=profile.api_key_env,
         max_concurrency=max(args.in_flight), timeout_s=args.request_timeout, max_retries=0,
     )  # fmt: skip
     async with Client({"smoke": endpoint}) as client:

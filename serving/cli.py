@@ -90,12 +90,12 @@ def up(
         chosen = _profiles(engine, profile or [], model, name, host, port, timeout, gpu_memory_utilization, batch_invariant, profiles_dir)
     except (ConfigError, ValueError) as e:
         _fail(str(e))
-    running = [r for r in lifecycle.status() if r["alive"]]
-    live = {r["name"]: r for r in running}
+    running: list[lifecycle.ServerRecord] = [r for r in lifecycle.status() if r.alive]
+    live = {r.name: r for r in running}
     todo = []
     for p in chosen:
         if p.name in live:
-            console.print(f"'{p.name}' is already served at {live[p.name]['base_url']} (pid {live[p.name]['pid']})")
+            console.print(f"'{p.name}' is already served at {live[p.name].base_url} (pid {live[p.name].pid})")
         else:
             todo.append(p)
     if not todo:
@@ -124,11 +124,11 @@ def up(
         except ServeError as e:
             still = f"\nstill serving: {', '.join(started)} (`cupid serve down NAME` to stop)" if started else ""
             _fail(f"{e}{still}")
-        started.append(record["name"])
-        console.print(f"serving '{record['name']}' ({record['served_name']}) at {record['base_url']} (pid {record['pid']})", highlight=False)
+        started.append(record.name)
+        console.print(f"serving '{record.name}' ({record.served_name}) at {record.base_url} (pid {record.pid})", highlight=False)
 
 
-def _dry_run(chosen: list[Profile], running: list[dict]) -> None:
+def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> None:
     plan = Plan(chosen, running, profiles.gpus())
     for line in plan.lines():
         console.print(line, highlight=False)
@@ -143,7 +143,7 @@ def _dry_run(chosen: list[Profile], running: list[dict]) -> None:
 @app.command()
 def down(name: str = typer.Argument(None, help="server name; all servers when omitted")) -> None:
     """Stop a server (or all of them)."""
-    names = [name] if name else [r["name"] for r in lifecycle.records()]
+    names = [name] if name else [r.name for r in lifecycle.records()]
     for n in names:
         if not lifecycle.down(n):
             _fail(f"no server named '{n}' (see `cupid serve status`)")
@@ -159,8 +159,8 @@ def status() -> None:
         return
     table = Table("name", "served as", "engine", "url", "pid", "state", "model")
     for r in rows:
-        state = "healthy" if r["healthy"] else ("starting/unhealthy" if r["alive"] else "dead")
-        table.add_row(r["name"], r.get("served_name", r["name"]), r["engine"], r["base_url"], str(r["pid"]), state, r["model"])
+        state = "healthy" if r.healthy else ("starting/unhealthy" if r.alive else "dead")
+        table.add_row(r.name, r.served_name, r.engine, r.base_url, str(r.pid), state, r.model)
     console.print(table)
 
 
@@ -170,7 +170,7 @@ def logs(name: str, lines: int = typer.Option(40, "-n")) -> None:
     record = lifecycle.find(name)
     if record is None:
         _fail(f"no server named '{name}'")
-    print(lifecycle.tail(record["log"], lines))
+    print(lifecycle.tail(record.log, lines))
 
 
 @app.command("prepare-tiny")

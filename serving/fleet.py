@@ -193,7 +193,7 @@ class Server:
         if not self.owned:
             return False
         record = lifecycle.find(self.name)
-        return record is None or not lifecycle.alive(record["pid"])
+        return record is None or not lifecycle.alive(record.pid)
 
     def revive(self, seen: int) -> bool:
         """After a request to this server failed: True when it is worth sending again, because the server was
@@ -207,7 +207,7 @@ class Server:
             if not self.owned:
                 return False
             record = lifecycle.find(self.name)
-            if record is not None and lifecycle.alive(record["pid"]):
+            if record is not None and lifecycle.alive(record.pid):
                 for _ in range(HEALTH_CHECKS):
                     if lifecycle.ready(self.spec, get_engine(self.spec.engine), timeout=5.0):
                         return False

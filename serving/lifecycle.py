@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cupid.serving.endpoints import Endpoint
 from cupid.serving.engines import Engine, ServeError, ServeSpec, get_engine
@@ -131,19 +132,54 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default; macOS's (49152-65535) is above it too
 
 
-def records() -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(_servers().glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
+class ServerRecord(BaseModel):
+    """What is kept of a server this project started (`<state>/servers/<name>.json`): how to reach it by name
+    (`cupid eval`, `status`) and how to stop it (`down`). Secrets stay out: the key's variable only."""
+
+    model_config = ConfigDict(extra="ignore")  # a record written by another version
+
+    name: str
+    served_name: str
+    served_models: list[str] = Field(default_factory=list)  # the served name, then each LoRA adapter
+    engine: str
+    model: str
+    host: str
+    port: int
+    base_url: str
+    api_key_env: str | None = None
+    gpu_memory_utilization: float | None = None
+    device: str = "cpu"
+    headless: bool = False
+    env: dict[str, str] = Field(default_factory=dict)
+    pid: int  # its process group's id too: it starts in a session of its own
+    tied_to: int | None = None  # the process it lives no longer than
+    log: str
+    command: list[str] = Field(default_factory=list)
+    started_at: float = 0.0
+
+    def write(self) -> None:
+        record_path(self.name).write_text(self.model_dump_json(indent=2))
 
 
-def find(name: str) -> dict[str, Any] | None:
+class ServerStatus(ServerRecord):
+    alive: bool  # its process runs
+    healthy: bool  # and answers (a headless node: runs)
+
+
+def _read(path: Path) -> ServerRecord | None:
+    try:
+        return ServerRecord.model_validate_json(path.read_text())
+    except (OSError, ValidationError):
+        return None
+
+
+def records() -> list[ServerRecord]:
+    return [record for path in sorted(_servers().glob("*.json")) if (record := _read(path)) is not None]
+
+
+def find(name: str) -> ServerRecord | None:
     path = record_path(name)
-    return json.loads(path.read_text()) if path.is_file() else None
+    return _read(path) if path.is_file() else None
 
 
 def healthy(base_url: str, paths: tuple[str, ...] = ("/health",), timeout: float = 2.0, api_key: str | None = None) -> bool:
@@ -241,7 +277,7 @@ def _tie(pid: int) -> None:
     _lifelines[pid] = watchdog.stdin
 
 
-def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = None) -> dict[str, Any]:
+def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = None) -> ServerRecord:
     """Start a server and return its record once it answers (a headless node: once it has run HEADLESS_SETTLE_S);
     raise ServeError with the log's tail if not.
 
@@ -251,10 +287,10 @@ def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = 
     tied = tied or tie_servers
     engine = get_engine(spec.engine)
     existing = find(spec.handle)
-    if existing and alive(existing["pid"]):
-        raise ServeError(f"'{spec.handle}' is already served (pid {existing['pid']}, {existing['base_url']})")
+    if existing and alive(existing.pid):
+        raise ServeError(f"'{spec.handle}' is already served (pid {existing.pid}, {existing.base_url})")
     if not port_free(spec.host, spec.port):
-        owner = next((r["name"] for r in records() if r["port"] == spec.port and alive(r["pid"])), None)
+        owner = next((r.name for r in records() if r.port == spec.port and alive(r.pid)), None)
         raise ServeError(f"port {spec.port} on {spec.host} is taken" + (f" by '{owner}'" if owner else ""))
     engine.preflight(spec)
 
@@ -277,28 +313,27 @@ def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = 
         _tie(process.pid)
     if spec.engine == "vllm":
         count_vllm_start(f"server {spec.handle}")
-    # What `cupid eval` and `status` need to use the server by name; secrets stay out (the key's variable only).
-    record = {
-        "name": spec.handle,
-        "served_name": spec.name,
-        "served_models": [spec.name, *spec.served_models],
-        "engine": spec.engine,
-        "model": spec.model,
-        "host": spec.host,
-        "port": spec.port,
-        "base_url": spec.base_url,
-        "api_key_env": spec.api_key_env,
-        "gpu_memory_utilization": spec.gpu_memory_utilization,
-        "device": spec.device if spec.engine == "vllm" else "cpu",
-        "headless": spec.headless,
-        "env": spec.env,
-        "pid": process.pid,
-        "tied_to": os.getpid() if tied else None,
-        "log": str(log_path),
-        "command": command,
-        "started_at": time.time(),
-    }
-    record_path(spec.handle).write_text(json.dumps(record, indent=2))
+    record = ServerRecord(
+        name=spec.handle,
+        served_name=spec.name,
+        served_models=[spec.name, *spec.served_models],
+        engine=spec.engine,
+        model=spec.model,
+        host=spec.host,
+        port=spec.port,
+        base_url=spec.base_url,
+        api_key_env=spec.api_key_env,
+        gpu_memory_utilization=spec.gpu_memory_utilization,
+        device=spec.device if spec.engine == "vllm" else "cpu",
+        headless=spec.headless,
+        env=spec.env,
+        pid=process.pid,
+        tied_to=os.getpid() if tied else None,
+        log=str(log_path),
+        command=command,
+        started_at=time.time(),
+    )
+    record.write()
 
     deadline = time.monotonic() + spec.startup_timeout_s
     settled = time.monotonic() + min(HEADLESS_SETTLE_S, spec.startup_timeout_s / 2)
@@ -367,7 +402,7 @@ def down(name: str, grace_s: float = 20.0) -> bool:
     record = find(name)
     if record is None:
         return False
-    pgid = record["pid"]  # started in its own session: its pid is its group's id
+    pgid = record.pid  # started in its own session: its pid is its group's id
     if _group_alive(pgid):
         try:
             os.killpg(pgid, signal.SIGTERM)
@@ -389,12 +424,12 @@ def down(name: str, grace_s: float = 20.0) -> bool:
     return True
 
 
-def status() -> list[dict[str, Any]]:
+def status() -> list[ServerStatus]:
     out = []
     for record in records():
-        running = alive(record["pid"])
-        answers = running and (bool(record.get("headless")) or healthy(record["base_url"]))  # headless: no API to ask
-        out.append({**record, "alive": running, "healthy": answers})
+        running = alive(record.pid)
+        answers = running and (record.headless or healthy(record.base_url))  # headless: no API to ask
+        out.append(ServerStatus(**record.model_dump(), alive=running, healthy=answers))
     return out
 
 
@@ -417,11 +452,11 @@ def live_endpoints() -> dict[str, Endpoint]:
     each LoRA adapter it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
     out: dict[str, Endpoint] = {}
     for record in status():
-        if not record["healthy"] or record.get("headless"):  # a headless node's engines answer through its head
+        if not record.healthy or record.headless:  # a headless node's engines answer through its head
             continue
-        common = endpoint_fields(record["base_url"], record["engine"], record.get("api_key_env"))
-        served = record.get("served_models") or [record.get("served_name", record["name"])]
-        out[record["name"]] = Endpoint(model=served[0], **common)
+        common = endpoint_fields(record.base_url, record.engine, record.api_key_env)
+        served = record.served_models or [record.served_name]
+        out[record.name] = Endpoint(model=served[0], **common)
         for name in served:  # the served name answers too, and each adapter as itself
             out.setdefault(name, Endpoint(model=name, **common))
     return out

@@ -350,7 +350,7 @@ def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[s
     if any(p.on_gpu for p in unique) and shutil.which("nvidia-smi") is None:
         raise ConfigError("the vllm-offline executor needs an NVIDIA GPU for these profiles (nvidia-smi not found)")
     try:
-        Plan(unique, [r for r in lifecycle.status() if r["alive"]], profiles.gpus()).check()
+        Plan(unique, [r for r in lifecycle.status() if r.alive], profiles.gpus()).check()
     except ServeError as e:
         raise ConfigError(f"{e}\n(the vllm-offline executor loads these models in this process)") from None
 

@@ -30,13 +30,16 @@ from functools import cache
 from importlib import metadata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving.config import ConfigError, locate, read_yaml, validate
 from cupid.serving.engines import ServeError, ServeSpec
+
+if TYPE_CHECKING:  # the servers running now, as their records say
+    from cupid.serving.lifecycle import ServerRecord
 
 DEFAULT_DIR = Path("configs/serve")
 
@@ -505,20 +508,20 @@ class Plan:
     All vLLM servers are taken to share the same GPUs (the visible ones), each with its fraction."""
 
     profiles: list[Profile]
-    running: list[dict[str, Any]] = field(default_factory=list)  # live lifecycle records
+    running: list[ServerRecord] = field(default_factory=list)  # the servers running now
     gpus: list[Gpu] = field(default_factory=list)  # empty: unknown here
 
     def vllm_fractions(self) -> list[tuple[str, float]]:
         planned = {p.name for p in self.profiles}
-        shares = [(f"{r['name']} (running)", r["gpu_memory_utilization"]) for r in self.running
-                  if r.get("engine") == "vllm" and r.get("gpu_memory_utilization") and r["name"] not in planned]  # fmt: skip
+        shares = [(f"{r.name} (running)", r.gpu_memory_utilization) for r in self.running
+                  if r.engine == "vllm" and r.gpu_memory_utilization and r.name not in planned]  # fmt: skip
         return shares + [(p.name, p.gpu_memory_utilization) for p in self.profiles if p.on_gpu]
 
     def problems(self) -> list[str]:
         out: list[str] = []
         names = [p.name for p in self.profiles]
         out += [f"profile '{n}' is asked twice" for n in sorted({n for n in names if names.count(n) > 1})]
-        owners: dict[tuple[str, int], str] = {(r["host"], r["port"]): f"{r['name']} (running)" for r in self.running}
+        owners: dict[tuple[str, int], str] = {(r.host, r.port): f"{r.name} (running)" for r in self.running}
         for p in self.profiles:
             key = (p.host, p.port)
             if key in owners and owners[key] != f"{p.name} (running)":

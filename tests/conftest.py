@@ -12,7 +12,6 @@ controller ends however it ends (killed too), and the controller stops it itself
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -129,13 +128,13 @@ def tiny_server(tiny_profile, session_home):
     with open(shared / "tiny-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         record = lifecycle.find(tiny_profile.name)
-        if record is None or not lifecycle.healthy(record["base_url"]):
+        if record is None or not lifecycle.healthy(record.base_url):
             with pytest.MonkeyPatch.context() as tie:
                 tie.setattr(lifecycle, "_tie", _tie_to_controller)  # from its first moment: not to this worker
                 record = lifecycle.up(tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}).spec(), tied=True)
-            record["tied_to"] = int(os.environ["CUPID_TEST_CONTROLLER"])
-            lifecycle.record_path(tiny_profile.name).write_text(json.dumps(record, indent=2))
-    yield {"base_url": record["base_url"], "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}
+            record.tied_to = int(os.environ["CUPID_TEST_CONTROLLER"])
+            record.write()
+    yield {"base_url": record.base_url, "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}
     mp.undo()  # the server stays up for the other workers; the controller stops it
 
 

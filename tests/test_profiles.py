@@ -16,6 +16,7 @@ from cupid.cli import app
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.lifecycle import ServerRecord
 from cupid.serving.profiles import Gpu, Plan, Profile
 from tests.conftest import REPO
 
@@ -287,7 +288,8 @@ def test_plan_splits_one_gpu_and_refuses_more_than_the_whole(shipped):
     with pytest.raises(ServeError, match=r"add up to 1\.35 \(prefmatcher 0\.45 \+ qwen2\.5-7b-instruct 0\.45 \+ prefmatcher-lora 0\.45\)"):
         three.check()
 
-    running = [{"name": "judge", "engine": "vllm", "host": "127.0.0.1", "port": 8001, "gpu_memory_utilization": 0.6}]
+    running = [ServerRecord(name="judge", served_name="judge", engine="vllm", model="m", host="127.0.0.1", port=8001,
+                            base_url="http://127.0.0.1:8001/v1", gpu_memory_utilization=0.6, pid=1, log="server.log")]  # fmt: skip
     problems = Plan([shipped["prefmatcher"], shipped["qwen2.5-7b-instruct"]], running).problems()
     assert any("1.50 (judge (running) 0.6 + prefmatcher 0.45 + qwen2.5-7b-instruct 0.45)" in p for p in problems)
     assert any("port 8001 on 127.0.0.1: wanted by 'qwen2.5-7b-instruct' and by 'judge (running)'" in p for p in problems)
@@ -443,12 +445,11 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
         lifecycle.up(worker.model_copy(update={"model": "0.5", "label": "failing"}))
     record = lifecycle.up(worker)
     try:
-        assert record["headless"] is True and [(r["name"], r["healthy"]) for r in lifecycle.status()] == [("worker", True)]
+        assert record.headless is True and [(r.name, r.healthy) for r in lifecycle.status()] == [("worker", True)]
         monkeypatch.setattr(lifecycle, "healthy", lambda *a, **k: True)  # as if every record answered
-        head = {**record, "name": "head", "headless": False, "served_models": ["m"], "pid": os.getpid()}
-        lifecycle.record_path("head").write_text(json.dumps(head))
+        record.model_copy(update={"name": "head", "headless": False, "served_models": ["m"], "pid": os.getpid()}).write()
         live = lifecycle.live_endpoints()
-        assert "head" in live and "worker" not in live and str(live["m"].base_url) == record["base_url"]
+        assert "head" in live and "worker" not in live and str(live["m"].base_url) == record.base_url
     finally:
         lifecycle.record_path("head").unlink(missing_ok=True)
         assert lifecycle.down("worker")

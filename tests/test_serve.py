@@ -66,19 +66,19 @@ def gone(pids: list[int], within_s: float = 60.0) -> bool:
 def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, session_home, monkeypatch):
     """The session server: the shipped tiny profile under vLLM's CPU build, ready once it lists its served name."""
     monkeypatch.setenv("CUPID_HOME", str(session_home))
-    rows = {r["name"]: r for r in lifecycle.status()}
+    rows = {r.name: r for r in lifecycle.status()}
     record = rows["tiny"]
-    assert record["alive"] and record["healthy"] and record["base_url"] == tiny_server["base_url"]
-    assert record["engine"] == "vllm" and record["device"] == "cpu" and record["served_name"] == TINY_NAME
-    assert record["command"][:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    assert "--enforce-eager" in record["command"] and record["env"] == {
+    assert record.alive and record.healthy and record.base_url == tiny_server["base_url"]
+    assert record.engine == "vllm" and record.device == "cpu" and record.served_name == TINY_NAME
+    assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enforce-eager" in record.command and record.env == {
         "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}  # fmt: skip
     # `uni`: the model runs inside the engine process, no worker process beside it
-    assert [p for p in children(record["pid"]) if "Worker" in psutil.Process(p).name()] == []
-    command = record["command"]  # adapters load at run time, up to the rank configs/train/tiny.yaml trains
+    assert [p for p in children(record.pid) if "Worker" in psutil.Process(p).name()] == []
+    command = record.command  # adapters load at run time, up to the rank configs/train/tiny.yaml trains
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == str(TINY_LORA_RANK) == "8"
-    assert record["tied_to"] == int(os.environ["CUPID_TEST_CONTROLLER"])  # one server for all workers: the controller's
+    assert record.tied_to == int(os.environ["CUPID_TEST_CONTROLLER"])  # one server for all workers: the controller's
     listed = httpx.get(tiny_server["base_url"] + "/models").json()
     # The base model (an adapter the training check loads meanwhile on another worker lists after it, as its child).
     assert [m["id"] for m in listed["data"] if m.get("parent") is None] == [TINY_NAME]
@@ -178,9 +178,9 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
     assert "tinycopy: vllm (cpu) org/tiny-copy" in result.output
     assert f"serving 'tinycopy' (org/tiny-copy) at http://127.0.0.1:{port}/v1" in result.output
     record = lifecycle.find("tinycopy")
-    tree = children(record["pid"])
+    tree = children(record.pid)
     try:
-        assert record["served_name"] == "org/tiny-copy" and record["engine"] == "vllm" and len(tree) >= 2
+        assert record.served_name == "org/tiny-copy" and record.engine == "vllm" and len(tree) >= 2
         status = runner.invoke(app, ["serve", "status"])
         assert "tinycopy" in status.output and "healthy" in status.output
 
@@ -207,11 +207,11 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert "using the running server 'tinycopy'" in smoke.stdout and "OK: the answer parses" in smoke.stdout
         assert re.search(r"4 in flight: +[0-9.]+ requests/s", smoke.stdout)
-        assert lifecycle.alive(record["pid"])  # the script leaves a server it did not start running
+        assert lifecycle.alive(record.pid)  # the script leaves a server it did not start running
     finally:
         down = runner.invoke(app, ["serve", "down", "tinycopy"])
     assert down.exit_code == 0 and "stopped 'tinycopy'" in down.output
-    assert gone(tree) and not lifecycle.healthy(record["base_url"])
+    assert gone(tree) and not lifecycle.healthy(record.base_url)
     assert lifecycle.find("tinycopy") is None and "tinycopy" not in lifecycle.live_endpoints()
     assert runner.invoke(app, ["serve", "down", "tinycopy"]).exit_code == 1
 
@@ -239,7 +239,7 @@ def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_
         deadline = time.monotonic() + 300
         while len(tree) < 2 and starter.poll() is None and time.monotonic() < deadline:
             record = lifecycle.find("orphan")  # written as soon as the server process exists
-            tree = children(record["pid"]) if record else []
+            tree = children(record.pid) if record else []
             time.sleep(0.1)
         assert len(tree) >= 2, "vLLM's engine process never appeared"
     finally:

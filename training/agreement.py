@@ -188,7 +188,7 @@ def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, cons
         info["start_s"] = round(time.monotonic() - started, 2)
         record = lifecycle.find(server.name)  # None: a server already answering as it was used as it is
         if record is not None:
-            info.update({k: record[k] for k in ("device", "pid", "tied_to", "command", "env")})
+            info.update(record.model_dump(include={"device", "pid", "tied_to", "command", "env"}))
         info["listed"] = _listed(server.base_url, server.spec.api_key())
         missing = sorted(set(served.asks.values()) - {m["id"] for m in info["listed"]})
         if missing and get_engine(profile.engine).lists_served_model:
