@@ -385,9 +385,9 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
         entries.append(not_run(name, reason, configs[name]))
     try:  # endpoints and riders first (they need only the judges), then the served candidates slot by slot
         entries += [run(name, console) for name in configs if name not in run_servers.candidate_servers and name not in refused]
-        entries += _run_slots(run_servers.slots, run, night_dir, console)
+        entries += _run_slots(run_servers.slot_names, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
-        run_servers.fleet.stop_all()  # each says what it stopped
+        run_servers.stop_all()  # each says what it stopped
 
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
@@ -405,7 +405,7 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
     entries.sort(key=lambda e: -(e.estimate(e.primary) or -1.0))
     regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions]
     with_failures = [e.model for e in entries if e.status != "ok"]
-    servers = run_servers.fleet.servers if run_servers else []
+    servers = run_servers.servers if run_servers else []
     return Leaderboard(
         date=night,
         dir=str(night_dir),

@@ -21,7 +21,7 @@ from cupid.eval import data as cupid_data
 from cupid.eval.stages import Roles
 from cupid.eval.files import DiskFull, disk_full, hold
 from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
-from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints, servers_for
+from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
@@ -237,7 +237,7 @@ async def arun(
             ) from e
         finally:
             if own is not None:
-                own.fleet.stop_all()
+                own.stop_all()
         if cfg.track:  # once the servers are stopped: the tracker is no request's
             await asyncio.to_thread(_log, result, cfg.track, console)
         return result
@@ -271,7 +271,7 @@ async def _run(cfg: RunConfig, console: Console, run_servers: RunServers | None,
 
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
-        servers = servers_for(run_servers, used, cfg.candidate_name) if run_servers else None
+        servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
         client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, profiles_dir=cfg.profiles, servers=servers)
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}

@@ -2,10 +2,11 @@
 
 A server starts on the first request the cache cannot answer, so a night whose answers are all cached
 starts nothing; a failed start is kept and given to every request that needed it, so the run records
-the reason instead of stopping. A server this fleet started that stops answering (its process gone, or its
+the reason instead of stopping. A server a run started that stops answering (its process gone, or its
 health check failing HEALTH_CHECKS times) is restarted once (RESTARTS), its log kept beside the new one, and
-the requests that failed meanwhile are sent again; if it cannot come back, every later request fails with why. Everything a fleet started is tied to this process and stopped by
-`stop_all`, on errors and Ctrl-C included.
+the requests that failed meanwhile are sent again; if it cannot come back, every later request fails with why. Every
+server is tied to this process, and the servers of a run are stopped together (`RunServers.stop_all`), on errors and
+Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def fingerprint(*paths: str | None) -> str:
     return digest.hexdigest()[:8]
 
 
-RESTARTS = 1  # per night (a fleet lives for one night or one run): a server that keeps dying is not a fault to hide
+RESTARTS = 1  # per night (the servers of a run live for one night or one run): a server that keeps dying is not a fault to hide
 HEALTH_CHECKS, HEALTH_INTERVAL_S = 3, 2.0
 
 
@@ -138,7 +139,7 @@ class Server:
         self.spec = spec.model_copy(update={"env": {**spec.env, **placed.env}})
         self.up = False  # answering, whoever started it
         self.error: ServeError | None = None
-        self.owned = False  # started by this fleet (and so stopped by it)
+        self.owned = False  # started by this run (and so stopped by it)
         self.started = False  # it ever was: a night reports what it had to start
         self.starting = False
         self.generation = 0  # restarts so far: a request that failed before one is sent again
@@ -151,6 +152,10 @@ class Server:
     @property
     def name(self) -> str:
         return self.spec.handle
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.placed.gpus
 
     @property
     def base_url(self) -> str:
@@ -188,7 +193,7 @@ class Server:
         return self.error is not None and not self.died
 
     def gone(self) -> bool:
-        """This fleet's server and its process has ended: no retry of a request can reach it (a request that
+        """This run's server and its process has ended: no retry of a request can reach it (a request that
         failed to connect then asks for `revive` at once instead of backing off first)."""
         if not self.owned:
             return False
@@ -198,7 +203,7 @@ class Server:
     def revive(self, seen: int) -> bool:
         """After a request to this server failed: True when it is worth sending again, because the server was
         restarted since generation `seen` (now, or by another request's call). False when it answers its health
-        check (the failure was the request's own) or is not this fleet's to restart. Raises when it is gone for good."""
+        check (the failure was the request's own) or is not this run's to restart. Raises when it is gone for good."""
         with self._lock:
             if self.error:
                 raise self.error
@@ -255,7 +260,7 @@ class Server:
         return self.placed.line()
 
     def stop(self) -> bool:
-        """Stop it if this fleet started it, a start under way included; True if there was one to stop."""
+        """Stop it if this run started it, a start under way included; True if there was one to stop."""
         self._cancel.set()
         was_starting = self.starting
         with self._lock:  # a start under way sees the cancel, stops its server and lets go
@@ -389,34 +394,6 @@ async def _off_loop(work: Callable[[], Any], name: str) -> Any:
 
     threading.Thread(target=target, name=name, daemon=True).start()
     return await done
-
-
-class Fleet:
-    """Every server of a run or a night, so that all of them are stopped at its end."""
-
-    def __init__(self, say: Callable[[str], None] | None = None) -> None:
-        self.servers: list[Server] = []
-        self.adapters: list[AdapterOnServer] = []
-        self.say = say
-
-    def add(self, placed: Placed) -> Server:
-        server = Server(placed, self.say)
-        self.servers.append(server)
-        return server
-
-    def load(self, host: Server, served: str, adapter: str) -> AdapterOnServer:
-        adapter_on = AdapterOnServer(host, served, adapter)
-        host.after_restart.append(adapter_on.reload)
-        self.adapters.append(adapter_on)
-        return adapter_on
-
-    def stop_all(self) -> list[str]:
-        """Take its adapters out of the servers it found answering, then stop what it started (with the adapters
-        in them); the names stopped."""
-        for adapter in self.adapters:
-            if not adapter.host.owned:
-                adapter.stop()
-        return [server.name for server in self.servers if server.stop()]
 
 
 def by_address(servers: list[Server], endpoints: dict[str, Endpoint]) -> dict[str, Server]:

@@ -11,14 +11,14 @@ anything starts (and tested for 1, 2 and 8 GPUs without any):
   the judges leave: the fraction is the profile's, capped at `SHARED_CEILING` minus the judges';
 - on CPU (vLLM's CPU build) there is one slot: candidates take turns beside the judges.
 
-A server is pinned to its GPUs with CUDA_VISIBLE_DEVICES, so vLLM numbers them from 0 inside it.
+A server is pinned to its GPUs with CUDA_VISIBLE_DEVICES, so vLLM numbers them from 0 inside it. The plan's
+servers, started on first need, are a `serving.run_servers.RunServers`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from cupid.serving.engines import ServeError
 from cupid.serving.profiles import Gpu, Plan, Profile
 
 # What the servers sharing a GPU may take together: vLLM's fractions are of the whole GPU, and the CUDA
@@ -45,39 +45,10 @@ class Placed:
         return f"{p.name}: {p.served}{adapters} on {where}, :{p.port}{share}"
 
 
-@dataclass
-class Placement:
-    judges: list[Placed]
-    slots: list[list[Placed]]  # slot -> its candidates, served one after another
-    gpus: list[Gpu] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    def candidates(self) -> list[Placed]:
-        return [c for slot in self.slots for c in slot]
-
-    def lines(self) -> list[str]:
-        gpus = f"{len(self.gpus)} x {self.gpus[0].name} ({self.gpus[0].total_gib:.0f} GiB)" if self.gpus else "no GPU"
-        out = [f"plan on {gpus}:"]
-        if self.judges:
-            out.append("  judges, served once:")
-            out += [f"    {j.line()}" for j in self.judges]
-        side = f"{len(self.slots)} side by side" if len(self.slots) > 1 else "one at a time"
-        if self.slots:
-            out.append(f"  candidates, {side}:")
-        for number, slot in enumerate(self.slots, start=1):
-            out.append(f"    slot {number}:" + (" in turn" if len(slot) > 1 else ""))
-            out += [f"      {c.line()}" for c in slot]
-        out += [f"  problem: {p}" for p in self.problems]
-        return out
-
-    def check(self) -> None:
-        if self.problems:
-            raise ServeError("refusing this plan:\n  " + "\n  ".join(self.problems))
-
-
-def place(judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], first_port: int = 8100) -> Placement:
+def place(judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], first_port: int = 8100) -> tuple[list[Placed], list[list[Placed]], list[str]]:
     """Judges on the first GPUs, candidates in slots on the rest (or in turn beside the judges); ports from
-    `first_port` up, one per slot, so side-by-side candidates never share one."""
+    `first_port` up, one per slot, so side-by-side candidates never share one. Returns the judges, the slots (each
+    its candidates, served one after another) and what makes the plan unworkable."""
     problems: list[str] = []
     on_gpu = [p for p in [*judges, *candidates] if p.on_gpu]
     if on_gpu and not gpus:
@@ -111,7 +82,7 @@ def place(judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], fir
         slots[slot].append(Placed(profile.model_copy(update={"port": first_port + slot}), gpu_ids))
 
     problems += _memory_problems(placed_judges, slots, gpus, shared)
-    return Placement(placed_judges, [s for s in slots if s], gpus, problems)
+    return placed_judges, [s for s in slots if s], problems
 
 
 def _memory_problems(judges: list[Placed], slots: list[list[Placed]], gpus: list[Gpu], shared: bool) -> list[str]:

@@ -31,35 +31,35 @@ def candidates(n: int, **serve) -> list[ServedModel]:
     return [ServedModel(name=f"cand-{i}", model=f"org/model-{i}", profile="qwen2.5-7b-instruct", serve={"weights_gib": 15.0, **serve}) for i in range(n)]
 
 
-def gpus_of(placement) -> dict[str, tuple[int, ...]]:
-    return {p.profile.name: p.gpus for p in [*placement.judges, *placement.candidates()]}
+def gpus_of(run_servers) -> dict[str, tuple[int, ...]]:
+    return {s.profile.name: s.gpus for s in [*run_servers.judges, *run_servers.candidates()]}
 
 
 def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_leave():
     run_servers = plan_servers(JUDGES, candidates(3), h100s(1), directory=SERVE_DIR)
-    plan = run_servers.placement
+    plan = run_servers
     assert set(gpus_of(plan).values()) == {(0,)}
-    assert run_servers.slots == [["cand-0", "cand-1", "cand-2"]]  # one slot: in turn
+    assert run_servers.slot_names == [["cand-0", "cand-1", "cand-2"]]  # one slot: in turn
     assert {c.profile.port for c in plan.candidates()} == {8100}
     assert all(c.profile.gpu_memory_utilization == pytest.approx(SHARED_CEILING - 0.55) for c in plan.candidates())
-    assert [j.env for j in plan.judges] == [{"CUDA_VISIBLE_DEVICES": "0"}] * 2
+    assert [j.placed.env for j in plan.judges] == [{"CUDA_VISIBLE_DEVICES": "0"}] * 2
     assert plan.problems == []
 
 
 def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_of_it():
-    plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR).placement
+    plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR)
     assert [j.gpus for j in plan.judges] == [(0,), (0,)]
     assert [c.gpus for c in plan.candidates()] == [(1,)] * 3
     assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {0.9}  # not the base profile's 0.45
-    assert [c.env for c in plan.candidates()] == [{"CUDA_VISIBLE_DEVICES": "1"}] * 3
+    assert [c.placed.env for c in plan.candidates()] == [{"CUDA_VISIBLE_DEVICES": "1"}] * 3
     assert len(plan.slots) == 1
 
 
 def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
     run_servers = plan_servers(JUDGES, candidates(9), h100s(8), directory=SERVE_DIR)
-    plan = run_servers.placement
+    plan = run_servers
     assert len(plan.slots) == 7
-    assert run_servers.slots[0] == ["cand-0", "cand-7"] and run_servers.slots[1] == ["cand-1", "cand-8"]  # two waves
+    assert run_servers.slot_names[0] == ["cand-0", "cand-7"] and run_servers.slot_names[1] == ["cand-1", "cand-8"]  # two waves
     assert [slot[0].gpus for slot in plan.slots] == [(g,) for g in range(1, 8)]
     assert [slot[0].profile.port for slot in plan.slots] == list(range(8100, 8107))
     text = "\n".join(plan.lines())
@@ -67,9 +67,9 @@ def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
 
 
 def test_tensor_parallel_candidates_get_slots_of_their_width():
-    plan = plan_servers(JUDGES, candidates(4, vllm={"tensor_parallel_size": 2}), h100s(8), directory=SERVE_DIR).placement
+    plan = plan_servers(JUDGES, candidates(4, vllm={"tensor_parallel_size": 2}), h100s(8), directory=SERVE_DIR)
     assert [slot[0].gpus for slot in plan.slots] == [(1, 2), (3, 4), (5, 6)]  # GPU 7 left: a slot needs two
-    assert plan.slots[0][0].env == {"CUDA_VISIBLE_DEVICES": "1,2"}
+    assert plan.slots[0][0].placed.env == {"CUDA_VISIBLE_DEVICES": "1,2"}
 
 
 def test_plans_that_cannot_work_are_refused_before_anything_starts():
@@ -86,9 +86,9 @@ def test_plans_that_cannot_work_are_refused_before_anything_starts():
 
 def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
     run_servers = plan_servers({"tiny": {}}, [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")], [], directory=SERVE_DIR)
-    plan = run_servers.placement
-    assert run_servers.slots == [["a", "b"]]
-    assert [c.gpus for c in plan.candidates()] == [(), ()] and all(c.env == {} for c in plan.candidates())
+    plan = run_servers
+    assert run_servers.slot_names == [["a", "b"]]
+    assert [c.gpus for c in plan.candidates()] == [(), ()] and all(c.placed.env == {} for c in plan.candidates())
     assert plan.judges[0].profile.port == 8011 and {c.profile.port for c in plan.candidates()} == {8100}
     spec = run_servers.candidate_servers["a"].spec
     assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "3"
@@ -134,7 +134,7 @@ def test_a_lora_candidate_on_a_judge_that_loads_adapters_rides_on_the_judges_ser
         ServedModel(name="on-pm", profile="prefmatcher", adapter=small),
     ]
     run_servers = plan_servers(judges, cands, h100s(1), directory=SERVE_DIR)
-    assert list(run_servers.riders) == ["rider"] and run_servers.slots == [["big", "tuned", "on-pm"]]
+    assert list(run_servers.riders) == ["rider"] and run_servers.slot_names == [["big", "tuned", "on-pm"]]
     rider = run_servers.riders["rider"]
     assert rider.host is next(s for s in run_servers.judges if s.profile.name == "qwen2.5-7b-instruct")
     assert [rider.served] == list(cands[0].to_profile(SERVE_DIR).lora_adapters) and rider.adapter == small  # its name on its own

@@ -38,8 +38,8 @@ from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import Endpoint
 from cupid.serving.engines import ServeError, get_engine
-from cupid.serving.fleet import Fleet
 from cupid.serving.placement import Placed
+from cupid.serving.run_servers import RunServers
 from cupid.serving.profiles import Profile
 from cupid.training.config import TrainConfig
 from cupid.training.export import adapter_dir, export_dir
@@ -179,8 +179,8 @@ def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, cons
     device = f" {profile.device}" if profile.engine == "vllm" else ""
     console.print(f"[bold]check[/bold]: serving {profile.model}" + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
                   + f" ({profile.engine}{device}): {what}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
-    fleet = Fleet(lambda message: console.print(message, highlight=False))
-    server = fleet.add(Placed(profile))
+    servers = RunServers(say=lambda message: console.print(message, highlight=False))
+    server = servers.add(Placed(profile))
     started = time.monotonic()
     info: dict[str, Any] = {"name": server.name, "engine": profile.engine, "model": profile.model, "adapters": adapters, "asked": served.asks}
     try:
@@ -197,7 +197,7 @@ def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, cons
         rows = asyncio.run(_ask_all(_endpoints(server.base_url, served.asks, profile.api_key_env, cfg), examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        fleet.stop_all()  # waits for the whole process group, killing what outstays its grace
+        servers.stop_all()  # waits for the whole process group, killing what outstays its grace
         if "pid" in info:
             info["left_running"] = group_left(info["pid"])
     return info, rows
@@ -223,21 +223,21 @@ def measure_on_running(running: Endpoint, blocks: list[str], examples: list[Matc
     adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
     console.print(f"[bold]check[/bold]: loading LoRA {adapter} into the server at {base_url} ({base_name}): "
                   f"{', '.join(asks.values())}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
-    fleet = Fleet(lambda message: console.print(message, highlight=False))
-    server = fleet.add(Placed(host))
+    servers = RunServers(say=lambda message: console.print(message, highlight=False))
+    server = servers.add(Placed(host))
     info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters, "asked": asks, "loaded_at_run_time": True}
     started = time.monotonic()
     try:
         server.ensure()  # answers already: used as it is, never stopped by this fleet
         for name, path in adapters.items():
-            fleet.load(server, name, path).ensure()
+            servers.load(name, server, name, path).ensure()
         info["load_s"] = round(time.monotonic() - started, 2)
         info["listed"] = _listed(base_url, api_key)
         asked = time.monotonic()
         rows = asyncio.run(_ask_all(_endpoints(base_url, asks, running.api_key_env, cfg), examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
     finally:
-        fleet.stop_all()  # unloads the adapters; the server goes on
+        servers.stop_all()  # unloads the adapters; the server goes on
         info["listed_after"] = _listed(base_url, api_key)
     return info, rows
 
