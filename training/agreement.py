@@ -164,14 +164,14 @@ def group_left(pgid: int) -> list[int]:
 def _endpoints(base_url: str, asks: dict[str, str], api_key_env: str | None, cfg: TrainConfig) -> dict[str, Endpoint]:
     a = cfg.agreement
     return {
-        which: Endpoint(base_url=base_url, model=name,  # type: ignore[arg-type]  # pydantic validates the URL api_key_env=api_key_env, max_tokens=a.max_tokens,
-                        max_concurrency=a.concurrency, timeout_s=a.timeout_s, max_retries=1)
+        which: Endpoint.model_validate({"base_url": base_url, "model": name, "api_key_env": api_key_env, "max_tokens": a.max_tokens,
+                                        "max_concurrency": a.concurrency, "timeout_s": a.timeout_s, "max_retries": 1})
         for which, name in asks.items()
     }  # fmt: skip
 
 
 def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """Start one server (a fleet's, tied to this process), ask every example of each of its models at once, stop it
+    """Start one server (tied to this process), ask every example of each of its models at once, stop it
     (also on failure)."""
     profile = served.profile
     adapters = profile.adapter_paths()
@@ -205,7 +205,7 @@ def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, cons
 
 def measure_on_running(running: Endpoint, blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`), started with a
-    `runtime_lora_rank`: the adapter is loaded into it as a fleet loads a LoRA candidate into a judge's server, and
+    `runtime_lora_rank`: the adapter is loaded into it as a night loads a LoRA candidate into a judge's server, and
     unloaded after (also on failure). Refused when the server serves another model than the config's base."""
     from cupid.training.sft import resolve_base
 
@@ -228,7 +228,7 @@ def measure_on_running(running: Endpoint, blocks: list[str], examples: list[Matc
     info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters, "asked": asks, "loaded_at_run_time": True}
     started = time.monotonic()
     try:
-        server.ensure()  # answers already: used as it is, never stopped by this fleet
+        server.ensure()  # answers already: used as it is, never stopped here
         for name, path in adapters.items():
             servers.load(name, server, name, path).ensure()
         info["load_s"] = round(time.monotonic() - started, 2)
