@@ -41,7 +41,7 @@ EndpointLike = Endpoint | str
 
 def endpoint(spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any) -> Endpoint:
     """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server
-    lists) and any other `Endpoint` field (`structured_output=True`, `matcher_prompt="prefmatcher"`, ...)."""
+    lists, its LoRA adapters aside) and any other `Endpoint` field (`structured_output=True`, `matcher_prompt="prefmatcher"`, ...)."""
     if isinstance(spec, Endpoint):
         return spec.model_copy(update=fields) if fields else spec
     if spec.startswith(("http://", "https://")):
@@ -51,10 +51,12 @@ def endpoint(spec: EndpointLike, *, model: str | None = None, endpoints_file: st
 
 
 def _served_model(base_url: str) -> str:
+    """The one model the server serves; LoRA adapters loaded into it (vLLM lists them with their `parent`) do not
+    count: they come and go while it runs."""
     url = base_url.rstrip("/") + "/models"
     try:
-        listed = [m["id"] for m in httpx.get(url, timeout=10).json()["data"]]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        listed = [m["id"] for m in httpx.get(url, timeout=10).json()["data"] if m.get("parent") is None]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
     if len(listed) != 1:
         raise ConfigError(f"{url} serves {len(listed)} models ({', '.join(listed) or 'none'}): pass model=")
