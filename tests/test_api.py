@@ -8,15 +8,17 @@ import subprocess
 import sys
 import zipfile
 
+import httpx
 import pytest
 
 import cupid
+from cupid.serving import lifecycle
 from cupid.eval.stages import StageFailed
 from cupid.eval.records import MatchItem, StageError
 from cupid.eval.runner import RunConfig, run
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import Endpoint
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
 
@@ -80,6 +82,23 @@ def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_ser
     with pytest.raises(ConfigError, match="needs a decomposer"):
         pm.score("a", "b", ["c?"])
     assert not list(tmp_path.iterdir())  # no cache given: nothing written
+
+
+def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(tiny_server, tiny_model_dir, tmp_path):
+    """vLLM lists a LoRA adapter loaded at run time beside its base (with a `parent`): the URL still means the base."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    get_peft_model(base, LoraConfig(r=TINY_LORA_RANK, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path / "adapter")
+    url = tiny_server["base_url"]
+    lifecycle.load_lora(url, "api-test-adapter", tmp_path / "adapter")
+    try:
+        listed = httpx.get(url + "/models").json()["data"]
+        assert {"api-test-adapter", tiny_server["model"]} <= {m["id"] for m in listed}  # two models listed now
+        assert cupid.endpoint(url).model == cupid.PrefMatcher(url).endpoint.model == tiny_server["model"]
+    finally:
+        lifecycle.unload_lora(url, "api-test-adapter")
 
 
 def test_load_dataset_and_endpoint_names(tmp_path):
