@@ -97,7 +97,7 @@ class Entry(BaseModel):
     setup_changed: list[str] = Field(default_factory=list)
 
     def estimate(self, metric: str) -> float | None:
-        return interval.estimate if (interval := self.metrics.get(metric)) else None
+        return interval.estimate if (interval := self.metrics.get(metric)) is not None else None
 
 
 class Leaderboard(BaseModel):
@@ -402,7 +402,7 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
 
 def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
            run_servers: RunServers | None = None, error: str | None = None) -> Leaderboard:  # fmt: skip
-    entries.sort(key=lambda e: -(e.estimate(e.primary) or -1.0))
+    entries.sort(key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate))  # 0.0 ranks above no figure
     regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions]
     with_failures = [e.model for e in entries if e.status != "ok"]
     servers = run_servers.servers if run_servers else []

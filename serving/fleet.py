@@ -154,10 +154,6 @@ class Server:
         return self.spec.handle
 
     @property
-    def gpus(self) -> tuple[int, ...]:
-        return self.placed.gpus
-
-    @property
     def base_url(self) -> str:
         return self.spec.base_url
 

@@ -6,7 +6,6 @@ the state directory so that `down`, `status`, `logs` and evaluation runs find it
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re

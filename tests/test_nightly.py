@@ -8,7 +8,9 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
+from cupid.eval import nightly
 from cupid.eval.nightly import Leaderboard, run_nightly
+from cupid.eval.stats import Interval
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant
 from tests.conftest import REPO, write_endpoints
@@ -159,3 +161,11 @@ def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_nigh
     board = json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())
     assert f"request cache {tmp_path / 'cache.sqlite'}: not a SQLite file" in board["error"]
     assert by_model(board)["instant"]["error"].startswith("the night did not start: request cache")
+
+
+def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
+    """An F1 of 0.0 is a figure: it ranks above a candidate that did not run, whichever came first."""
+    primary = "inference/standard/micro_f1"
+    zero = nightly.Entry(model="zero", primary=primary, metrics={primary: Interval(0.0, 0.0, 0.0, 12)})
+    board = nightly._board("2025-03-01", tmp_path, None, "n.yaml", [nightly.not_run("down", "no server"), zero])
+    assert [e.model for e in board.models] == ["zero", "down"]

@@ -32,7 +32,7 @@ def candidates(n: int, **serve) -> list[ServedModel]:
 
 
 def gpus_of(run_servers) -> dict[str, tuple[int, ...]]:
-    return {s.profile.name: s.gpus for s in [*run_servers.judges, *run_servers.candidates()]}
+    return {s.profile.name: s.placed.gpus for s in [*run_servers.judges, *run_servers.candidates()]}
 
 
 def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_leave():
@@ -48,8 +48,8 @@ def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_le
 
 def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_of_it():
     plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR)
-    assert [j.gpus for j in plan.judges] == [(0,), (0,)]
-    assert [c.gpus for c in plan.candidates()] == [(1,)] * 3
+    assert [j.placed.gpus for j in plan.judges] == [(0,), (0,)]
+    assert [c.placed.gpus for c in plan.candidates()] == [(1,)] * 3
     assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {0.9}  # not the base profile's 0.45
     assert [c.placed.env for c in plan.candidates()] == [{"CUDA_VISIBLE_DEVICES": "1"}] * 3
     assert len(plan.slots) == 1
@@ -60,7 +60,7 @@ def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
     plan = run_servers
     assert len(plan.slots) == 7
     assert run_servers.slot_names[0] == ["cand-0", "cand-7"] and run_servers.slot_names[1] == ["cand-1", "cand-8"]  # two waves
-    assert [slot[0].gpus for slot in plan.slots] == [(g,) for g in range(1, 8)]
+    assert [slot[0].placed.gpus for slot in plan.slots] == [(g,) for g in range(1, 8)]
     assert [slot[0].profile.port for slot in plan.slots] == list(range(8100, 8107))
     text = "\n".join(plan.lines())
     assert "8 x NVIDIA H100" in text and "7 side by side" in text and "cand-8@" in text
@@ -68,7 +68,7 @@ def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
 
 def test_tensor_parallel_candidates_get_slots_of_their_width():
     plan = plan_servers(JUDGES, candidates(4, vllm={"tensor_parallel_size": 2}), h100s(8), directory=SERVE_DIR)
-    assert [slot[0].gpus for slot in plan.slots] == [(1, 2), (3, 4), (5, 6)]  # GPU 7 left: a slot needs two
+    assert [slot[0].placed.gpus for slot in plan.slots] == [(1, 2), (3, 4), (5, 6)]  # GPU 7 left: a slot needs two
     assert plan.slots[0][0].placed.env == {"CUDA_VISIBLE_DEVICES": "1,2"}
 
 
@@ -88,7 +88,7 @@ def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
     run_servers = plan_servers({"tiny": {}}, [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")], [], directory=SERVE_DIR)
     plan = run_servers
     assert run_servers.slot_names == [["a", "b"]]
-    assert [c.gpus for c in plan.candidates()] == [(), ()] and all(c.placed.env == {} for c in plan.candidates())
+    assert [c.placed.gpus for c in plan.candidates()] == [(), ()] and all(c.placed.env == {} for c in plan.candidates())
     assert plan.judges[0].profile.port == 8011 and {c.profile.port for c in plan.candidates()} == {8100}
     spec = run_servers.candidate_servers["a"].spec
     assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "3"

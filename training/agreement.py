@@ -92,9 +92,10 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "n_items": sum(len(r["teacher"]) for r in rows),
         "n_items_compared": len(pairs),
     }
-    for level in ("interval", "ordinal"):
-        agreed = agree(teacher, model, level)
+    by_level = {level: agree(teacher, model, level) for level in ("interval", "ordinal")}
+    for level, agreed in by_level.items():
         out[f"alpha_{level}"] = None if agreed.alpha is None else round(agreed.alpha, 4)
+    agreed = by_level["ordinal"]  # accuracy and confusion are the same at every level
     out["accuracy"] = None if agreed.accuracy is None else round(agreed.accuracy, 4)
     out["confusion"] = {f"{a} -> {b}": n for a, row in zip(LABELS, agreed.confusion) for b, n in zip(LABELS, row) if n}  # teacher -> model
     if pairs and agreed.alpha is None:
