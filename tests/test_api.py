@@ -25,9 +25,10 @@ LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
 
 @pytest.fixture
 def judged(endpoints, tmp_path, cupid_home):
-    """One instance scored by `cupid eval run`'s runner, the tiny model (held to the formats) as decomposer and matcher."""
+    """One instance scored by `cupid eval run`'s runner: the session's model (held to the formats) as matcher, the
+    instant server as decomposer (its checklist is matched; the random model's held answer is an empty one)."""
     cache = tmp_path / "cache.sqlite"
-    cfg = RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="tinyformat", matcher="tinyformat", limit=1,
+    cfg = RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="tinyformat", limit=1,
                     out=str(tmp_path / "run"), cache=str(cache))  # fmt: skip
     run(cfg)
     (record,) = [json.loads(line) for line in (tmp_path / "run" / "instances.jsonl").read_text().splitlines()]
@@ -39,9 +40,10 @@ def tiny_endpoint(tiny_server) -> Endpoint:
     return Endpoint(**tiny_server, structured_output=True)
 
 
-def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, tiny_server):
+def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, tiny_server, instant_url):
     record, cache = judged
-    pm = cupid.PrefMatcher(tiny_endpoint(tiny_server), decomposer=tiny_endpoint(tiny_server), cache=cache)
+    assert record["inferred_checklist"] and record["gt_to_infer"]  # both directions were matched
+    pm = cupid.PrefMatcher(tiny_endpoint(tiny_server), decomposer=Endpoint(base_url=instant_url, model="instant"), cache=cache)
     assert pm.dialect == "fewshot"  # from the endpoint's model name, as the run chose it
     want_infer = [MatchItem(**m) for m in record["infer_to_gt"]]
     want_gt = [MatchItem(**m) for m in record["gt_to_infer"]]
@@ -84,12 +86,12 @@ def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_ser
     assert not list(tmp_path.iterdir())  # no cache given: nothing written
 
 
-def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(tiny_server, tiny_model_dir, tmp_path):
+def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(tiny_server, random_model_dir, tmp_path):
     """vLLM lists a LoRA adapter loaded at run time beside its base (with a `parent`): the URL still means the base."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(random_model_dir)
     get_peft_model(base, LoraConfig(r=TINY_LORA_RANK, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path / "adapter")
     url = tiny_server["base_url"]
     lifecycle.load_lora(url, "api-test-adapter", tmp_path / "adapter")

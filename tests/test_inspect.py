@@ -31,7 +31,7 @@ RUN_ONLY = ("roles", "requests", "wall_s", "inspect_logs")  # what says how a ru
 
 def inspect_eval(*args: str, cwd: Path, base_url: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TINY_BASE_URL": base_url, "TINY_API_KEY": "EMPTY"}  # inspect's openai-api/<service>/ variables
-    cmd = [str(BIN / "inspect"), "eval", *args, "--model", "openai-api/tiny/smollm2-135m-instruct", "--display", "none"]
+    cmd = [str(BIN / "inspect"), "eval", *args, "--model", "openai-api/tiny/tiny-random-llama", "--display", "none"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
 
 
@@ -45,7 +45,7 @@ def logs(directory: Path) -> dict[str, EvalLog]:
 
 
 @pytest.fixture(scope="module")
-def both_ways(tmp_path_factory, tiny_server, session_home):
+def both_ways(tmp_path_factory, tiny_server, instant_url, session_home):
     """inspect's eval of both tasks (3 sample instances, oracle setting), then `cupid eval run` of the same
     candidate and judges on the same cache, then the logs imported as a run directory."""
     tmp = tmp_path_factory.mktemp("inspect")
@@ -53,13 +53,15 @@ def both_ways(tmp_path_factory, tiny_server, session_home):
     endpoints = write_endpoints(
         tmp / "ep.yaml",
         cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
-        judges={"base_url": url, "model": tiny_server["model"], "structured_output": True},  # what the base URL below makes
-        decomposer={**tiny_server, "structured_output": True},  # by name, capped: its analysis is free text
-        freejudge=tiny_server,  # a 135M judge without its format: failed stages, counted as such
+        # The judges that label are the instant server's (a checklist to match, labels by word overlap): the random
+        # model held to the decomposer's format writes an empty checklist, which ends a unit before its matcher requests.
+        judges={"base_url": instant_url, "model": "instant", "structured_output": True},  # what the base URL below makes
+        decomposer={"base_url": instant_url, "model": "instant"},  # by name
+        freejudge=tiny_server,  # a judge without its format (random weights): failed stages, counted as such
     )
     cache = tmp / "cache.sqlite"
     args = ["-T", "setting=oracle", "-T", "limit=3", "-T", "constrain=true", "-T", f"max_tokens={tiny_server['max_tokens']}",
-            "-T", "decomposer=decomposer", "-T", f"matcher={url}", "-T", "structured_output=true",
+            "-T", "decomposer=decomposer", "-T", f"matcher={instant_url}", "-T", "structured_output=true",
             "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", f"cache={cache}", "--log-dir", str(tmp / "logs")]  # fmt: skip
     inspected = inspect_eval("cupid/inference", "cupid/generation", *args, cwd=tmp, base_url=url)
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
@@ -111,7 +113,7 @@ def test_a_failed_stage_is_an_unscored_sample_with_its_reason_counted_out_as_the
             failed += 1
             assert math.isnan(score.value) and score.reason == f"{record.error.stage}: {record.error.reason}"
             assert score.explanation == record.error.detail
-    assert failed == summary["n_failed"] > 0  # a 135M judge without its format fails to answer in it
+    assert failed == summary["n_failed"] > 0  # a judge without its format fails to answer in it
     result = generation.results.scores[0]
     assert (result.scored_samples, result.unscored_samples) == (summary["n_scored"], summary["n_failed"])
     if summary["mean_score"] is not None:
@@ -124,7 +126,7 @@ def test_the_imported_log_is_the_cli_runs_run_directory(both_ways):
     cli = json.loads((both_ways / "run" / "summary.json").read_text())
     imported = json.loads((both_ways / "imported" / "summary.json").read_text())
     assert {k: v for k, v in imported.items() if k not in RUN_ONLY} == {k: v for k, v in cli.items() if k not in RUN_ONLY}
-    assert imported["roles"]["candidate"] == "openai-api/tiny/smollm2-135m-instruct (inspect-ai)"
+    assert imported["roles"]["candidate"] == "openai-api/tiny/tiny-random-llama (inspect-ai)"
     assert sorted(RunDir(both_ways / "imported").read(), key=lambda r: r.unit) == sorted(RunDir(both_ways / "run").read(), key=lambda r: r.unit)
     # what reads run directories reads it
     for command in ("report", "view"):

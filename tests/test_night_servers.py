@@ -1,4 +1,4 @@
-"""A night that brings its own vLLM servers (CPU build, the real tiny model): judges found already
+"""A night that brings its own vLLM servers (CPU build, the tiny random-weight model: plumbing): judges found already
 answering and used as they are, a LoRA candidate loaded into the judges' server (unloaded after), a
 candidate whose start fails (recorded, the night goes on), a LoRA candidate served after it on the same
 port, nothing it started left running; a second night sends
@@ -20,25 +20,25 @@ import yaml
 from cupid.eval.nightly import run_nightly
 from cupid.serving import lifecycle
 from cupid.serving.lifecycle import free_port
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import REPO, TINY_NAME, write_endpoints
 
-TINY = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
-def night_parts(tmp_path_factory, tiny_model_dir):
+def night_parts(tmp_path_factory, random_model_dir):
     """A serve-profile directory with two judges' profiles (the shipped `tiny` one: `judge` on a free port, started by
     the night; `sessionjudge` at the session's tiny server, which the night finds answering and uses), and an
     untrained LoRA adapter for the tiny model (real PEFT weights: B = 0, so it answers as the base)."""
     root = tmp_path_factory.mktemp("night")
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
     (root / "profiles").mkdir()
-    (root / "profiles/judge.yaml").write_text(yaml.safe_dump({**shipped, "model": str(tiny_model_dir), "port": free_port()}))
+    judge = {**shipped, "model": str(random_model_dir), "served_name": TINY_NAME, "port": free_port()}
+    (root / "profiles/judge.yaml").write_text(yaml.safe_dump(judge))
 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(random_model_dir)
     get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(root / "adapter")
     return root
 
@@ -47,7 +47,7 @@ def night_config(root, tmp_path, models, cache, judge_profile="judge", **candida
     judge_port = yaml.safe_load((root / f"profiles/{judge_profile}.yaml").read_text())["port"]
     endpoints = write_endpoints(
         tmp_path / "endpoints.yaml",
-        judge={"base_url": f"http://127.0.0.1:{judge_port}/v1", "model": TINY, "max_tokens": 64, "structured_output": True, "timeout_s": 600},
+        judge={"base_url": f"http://127.0.0.1:{judge_port}/v1", "model": TINY_NAME, "max_tokens": 64, "structured_output": True, "timeout_s": 600},
         **candidates,
     )
     path = tmp_path / f"night-{len(list(tmp_path.glob('night-*.yaml')))}.yaml"

@@ -337,7 +337,7 @@ def test_every_parallelism_option_is_accepted_by_vllm_and_lands_in_its_namespace
     assert vllm_args(command(profiles.load(str(tmp_path / "ray.yaml")))).distributed_executor_backend == "ray"
 
 
-def test_vllm_engine_config_runs_the_two_node_pair_as_head_and_headless_worker(shipped, tiny_model_dir):
+def test_vllm_engine_config_runs_the_two_node_pair_as_head_and_headless_worker(shipped, random_model_dir):
     """vLLM's own engine configuration from the shipped pair's command lines (on the tiny model's directory,
     as the Hub is out of reach): one balancer on the head over ranks 0-7 here and 8-15 on the worker, neither
     vLLM's hybrid nor external balancing (which would each want a balancer of their own in front)."""
@@ -345,7 +345,7 @@ def test_vllm_engine_config_runs_the_two_node_pair_as_head_and_headless_worker(s
 
     parallel = {}
     for name in ("prefmatcher-dp8", "prefmatcher-2node-head", "prefmatcher-2node-worker"):
-        profile = shipped[name].model_copy(update={"model": str(tiny_model_dir)})
+        profile = shipped[name].model_copy(update={"model": str(random_model_dir)})
         args = vllm_args(command(profile))
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config(headless=args.headless)
         parallel[name] = config.parallel_config
@@ -510,7 +510,7 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
     assert result.exit_code == 1 and "refusing this serve plan" in result.output and "add up to 1.35" in result.output
 
 
-def test_cli_without_a_profile_builds_one_from_model_and_name(tiny_model_dir):
+def test_cli_without_a_profile_builds_one_from_model_and_name(random_model_dir):
     result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", "org/m-7b", "--name", "m", "--port", "8100"])
     assert result.exit_code == 0, result.output
     assert "m: vllm (cpu) m on 127.0.0.1:8100" in result.output  # vLLM, on the build this box has
@@ -519,7 +519,7 @@ def test_cli_without_a_profile_builds_one_from_model_and_name(tiny_model_dir):
         f"{sys.executable} -m vllm.entrypoints.openai.api_server --model org/m-7b --served-model-name m --host 127.0.0.1 "
         "--port 8100 --generation-config vllm"  # no `vllm:` mapping: vLLM's own defaults
     )
-    result = runner.invoke(app, ["serve", "up", "--dry-run", "--engine", "transformers", "--model", str(tiny_model_dir),
+    result = runner.invoke(app, ["serve", "up", "--dry-run", "--engine", "transformers", "--model", str(random_model_dir),
                                  "--name", "t", "--port", "8101"])  # fmt: skip
     assert result.exit_code == 0 and "t: transformers t on 127.0.0.1:8101" in result.output
     assert "serve t --host 127.0.0.1 --port 8101 --continuous-batching" in result.output

@@ -88,10 +88,10 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
             return await client.chat("tiny", [{"role": "user", "content": "Name one colour."}], max_tokens=8)
 
     answer = asyncio.run(ask())
-    assert answer.content.strip() and answer.usage["completion_tokens"] <= 8
+    assert answer.content and answer.usage["completion_tokens"] <= 8  # random weights: any text, often whitespace
 
 
-def test_port_taken_names_the_owner(tiny_server, tiny_profile, session_home, monkeypatch, tiny_model_dir):
+def test_port_taken_names_the_owner(tiny_server, tiny_profile, session_home, monkeypatch, random_model_dir):
     monkeypatch.setenv("CUPID_HOME", str(session_home))
     port = tiny_profile.port
     try:
@@ -103,7 +103,7 @@ def test_port_taken_names_the_owner(tiny_server, tiny_profile, session_home, mon
         lifecycle.down("second")  # should this ever start despite the taken port, it must not outlive the test
 
 
-def test_port_taken_by_another_program(cupid_home, tiny_model_dir, tmp_path):
+def test_port_taken_by_another_program(cupid_home, random_model_dir, tmp_path):
     import socket
 
     with socket.socket() as other:
@@ -111,7 +111,7 @@ def test_port_taken_by_another_program(cupid_home, tiny_model_dir, tmp_path):
         other.listen()
         port = other.getsockname()[1]
         profile = tmp_path / "busy.yaml"
-        profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(tiny_model_dir), "served_name": "busy", "port": port}))
+        profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(random_model_dir), "served_name": "busy", "port": port}))
         result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
     assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is taken" in result.output
     assert lifecycle.records() == []
@@ -332,7 +332,7 @@ def test_request_fields_map_to_sampling_params_or_fail_clearly():
         assert e.value.reason == "unsupported_param" and "--executor http" in e.value.detail
 
 
-def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, tiny_model_dir):
+def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, random_model_dir):
     """`cupid eval run --executor vllm-offline`: vLLM's CPU build inside the run's process, no server, every role
     the tiny model with answer formats enforced, so the unit is scored; a second run over HTTP (to a port where
     nothing listens) finds every request in the cache: both executors build the same requests. The model comes from
@@ -340,7 +340,7 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, tiny_
     profiles_dir = tmp_path / "my-profiles"
     profiles_dir.mkdir(parents=True)
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
-    (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({**shipped, "model": str(tiny_model_dir)}))
+    (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({**shipped, "model": str(random_model_dir), "served_name": TINY_NAME}))
     dead = f"http://127.0.0.1:{free_port()}/v1"
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text(yaml.safe_dump({"t": {
@@ -366,13 +366,13 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, tiny_
     assert rerun["requests"] == {"sent": 0, "cached": summary["requests"]["sent"], "failed": 0}
 
 
-def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, tiny_model_dir):
+def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, random_model_dir):
     """The batching core on the real tiny model in-process (transformers-offline): concurrent requests form one
     batch, duplicates are computed once, answers land in the cache under the keys the HTTP client uses."""
     profiles_dir = tmp_path / "serve"
     profiles_dir.mkdir()
     (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({
-        "device": "cpu", "model": str(tiny_model_dir), "served_name": TINY_NAME, "port": 8011,
+        "device": "cpu", "model": str(random_model_dir), "served_name": TINY_NAME, "port": 8011,
     }))  # fmt: skip
     dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: any HTTP attempt would fail
     endpoints = {"tiny": Endpoint(base_url=dead, model=TINY_NAME, max_tokens=4, max_concurrency=16, max_retries=0)}
@@ -391,10 +391,10 @@ def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, tiny_
             await client.aclose()
 
     answers, stats, batches = asyncio.run(offline_run())
-    assert batches == {str(tiny_model_dir): [5]}  # 4 distinct + the structured one, gathered into one batch
+    assert batches == {str(random_model_dir): [5]}  # 4 distinct + the structured one, gathered into one batch
     assert stats.sent == 4 and stats.failed == 1 and stats.cached == 0
     assert [a.content for a in answers[4:6]] == [a.content for a in answers[:2]]  # duplicates: the same computation
-    assert all(a.content.strip() and a.usage["completion_tokens"] <= 4 for a in answers[:6])
+    assert all(a.content and a.usage["completion_tokens"] <= 4 for a in answers[:6])  # random weights: any text
     assert isinstance(answers[6], RequestFailed) and answers[6].reason == "unsupported_param"
     assert len(cache) == 4
 

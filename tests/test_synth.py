@@ -536,10 +536,11 @@ def test_scripted_end_to_end_dialogue_rules_and_resume(tmp_path, scripted_url):
 
 
 def test_tiny_model_held_to_the_shapes_writes_a_persona_then_resumes(tmp_path, tiny_server):
-    """The real tiny model under vLLM, every step held to its shape (structured output), the shipped CPU
-    config: one persona comes out whole, as three instances the data layer accepts; a rerun sends nothing.
+    """The session's model (random weights: what is checked is the pipeline) under vLLM, every step held to its
+    shape (structured output), the shipped CPU config: one persona comes out whole, as three instances the data
+    layer accepts; a rerun sends nothing.
 
-    A 135M model left free never gets past the factors (it drops the Background line, chats, copies the
+    A small model left free never gets past the factors (SmolLM2-135M drops the Background line, chats, copies the
     prompt); held to the shapes, only content checks refuse its answers, and retries get past those.
     """
     endpoints = write_endpoints(tmp_path / "e.yaml", tiny={**tiny_server, "structured_output": True})

@@ -1,16 +1,19 @@
 """Rebuilding PrefMatcher on CPU: the whole chain once (module fixture), then bad inputs.
 
-The chain is real end to end: the eval runner over HTTP synthesizes match data from the bundled
-sample (the instant-answer server plays candidate, decomposer and teacher: SmolLM2-135M cannot
-answer in CUPID's formats, see test_tiny_model_as_candidate_gives_no_match_data), TRL trains a
-LoRA on the real tiny model loaded in bitsandbytes 4-bit NF4, the adapter is merged and saved, and
-the check serves with real vLLM on CPU: the base and the trained adapter on the session's
-`tiny_server` (tests/conftest.py, shared with other files), which loads the adapter at run time,
-then the merged export, the file's only vLLM start. (What `make train` does instead, a server of
-its own for base and adapter, is checked on the commands it would run.)
-Trained 10 steps on 4 examples, the 135M model learns PrefMatcher's answer format (the adapter's
-and the export's answers parse; the base model's do not), not good labels: the check is asserted on
-what it records (parsed answers scored, failures counted with reasons), never on agreement values.
+The chain is real end to end, on the tiny random-weight model (its mechanics are what it checks): the
+eval runner over HTTP synthesizes match data from the bundled sample (the instant-answer server plays
+candidate, decomposer and teacher: a small model cannot answer in CUPID's formats, see
+test_tiny_model_as_candidate_gives_no_match_data), TRL trains a LoRA on the model loaded in
+bitsandbytes 4-bit NF4, the adapter is merged and saved, and the check serves with real vLLM on CPU:
+the base and the trained adapter on the session's `tiny_server` (tests/conftest.py, shared with
+other files), which loads the adapter at run time, then the merged export, the file's only vLLM
+start. (What `make train` does instead, a server of its own for base and adapter, is checked on the
+commands it would run.) The check is asserted on what it records (parsed answers scored, failures
+counted with reasons), never on agreement values.
+What the fine-tune teaches needs a model that follows instructions: trained 10 steps on the chain's 4
+examples, SmolLM2-135M learns PrefMatcher's answer format (its adapter's and its export's answers
+parse), not good labels (test_the_fine_tune_teaches_the_135m_model_prefmatchers_answer_format); that
+vLLM serves an adapter as PEFT computes it is shown on the chain's.
 """
 
 from __future__ import annotations
@@ -50,12 +53,12 @@ def _load(path: Path, **overrides) -> config.TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def chain(tiny_model_dir, tmp_path_factory, request):
+def chain(random_model_dir, tmp_path_factory, request):
     """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory; its check asks the base and
     the adapter on the session's tiny server (the same model directory, run-time LoRA loading on), asked for only
     then: another worker may have started it meanwhile."""
     work = tmp_path_factory.mktemp("train")
-    cfg = _load(TINY, out=str(work / "run"), base_model=str(tiny_model_dir), labelling__cache=str(work / "cache.sqlite"))
+    cfg = _load(TINY, out=str(work / "run"), base_model=str(random_model_dir), labelling__cache=str(work / "cache.sqlite"))
     # The chain's own state directory, only while it runs: a module-long setting would be undone after the
     # session's `tiny_server` set its own (the state directory of the session server, shared by the workers).
     with pytest.MonkeyPatch.context() as mp:
@@ -108,7 +111,7 @@ def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
     assert loaded.num_rows == 4 and {"prompt", "completion"} <= set(loaded.column_names)
 
 
-def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, tiny_model_dir):
+def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_model_dir):
     cfg, reports = chain
     report = reports["sft"]
     assert report["loss_after"]["train"] < report["loss_before"]["train"]
@@ -116,13 +119,15 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, tiny_model
     assert [r["step"] for r in report["logged_losses"]] == list(range(1, steps + 1)) and report["optimizer_steps"] == steps
     assert all(math.isfinite(r["loss"]) for r in report["logged_losses"])
     assert report["quantization"] == {"load_in_4bit": True, "quant_type": "nf4", "double_quant": True}
-    # LoRA r=8 on q,v,o (576->576, 576->192, 576->576) and the MLP (576<->1536) of 30 layers.
-    per_layer = 8 * ((576 + 576) + (576 + 192) + (576 + 576) + 3 * (576 + 1536))
-    assert report["trainable_parameters"] == 30 * per_layer
+    # LoRA r=8 on q,v,o (hidden->hidden, hidden->kv heads, hidden->hidden) and the MLP (hidden<->intermediate) of each layer.
+    model = json.loads((random_model_dir / "config.json").read_text())
+    hidden, kv = model["hidden_size"], model["num_key_value_heads"] * model["head_dim"]
+    per_layer = 8 * ((hidden + hidden) + (hidden + kv) + (hidden + hidden) + 3 * (hidden + model["intermediate_size"]))
+    assert report["trainable_parameters"] == model["num_hidden_layers"] * per_layer
     # The loss covers exactly the assistant turn: prompt+completion tokens minus the prompt's (with its generation prompt).
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
     expected = 0
     for e in _rows(cfg.out_dir / "data" / "train.jsonl"):
         full = tok.apply_chat_template(e["prompt"] + e["completion"], return_dict=True)["input_ids"]
@@ -139,7 +144,7 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, tiny_model
     assert args.max_grad_norm == 0.0 and args.warmup_steps == 0 and args.max_length == 512  # no clipping
 
 
-def test_export_is_a_self_contained_servable_directory(chain, tiny_model_dir):
+def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
     cfg, reports = chain
     report = reports["export"]
     out = Path(report["export"])
@@ -152,7 +157,7 @@ def test_export_is_a_self_contained_servable_directory(chain, tiny_model_dir):
     eot = AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|im_end|>")
     assert report["end_of_turn_token"] == "<|im_end|>"
     assert eot in json.loads((out / "generation_config.json").read_text())["eos_token_id"]
-    assert (out / "chat_template.jinja").read_text() == (Path(tiny_model_dir) / "chat_template.jinja").read_text()
+    assert (out / "chat_template.jinja").read_text() == (Path(random_model_dir) / "chat_template.jinja").read_text()
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert (cfg.out_dir / "adapter" / "adapter_model.safetensors").is_file()  # kept for --enable-lora serving
 
@@ -179,11 +184,7 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
         else:
             assert 0.0 <= block["accuracy"] <= 1.0
             assert block["n_items_compared"] == sum(len(r["teacher"]) for r in rows if r["error"] is None)
-    # The fine-tune taught the format (train loss ~1.0 -> ~0.02): served by vLLM, the adapter's answers on the
-    # fp32 base and the merged export's parse as PrefMatcher answers.
-    assert report["adapter"]["n_parsed"] >= 1 and report["trained"]["n_parsed"] >= 1
-    for row in answers:  # and every answer of theirs is in PrefMatcher's dialect, a fenced JSON list
-        assert row["model"] == "base" or row["raw"].startswith("```json\n["), row
+    assert report["base"]["n_failed"] == 4  # the random model's answers are noise: each a parse failure, counted
     assert report["adapter"]["model"] == str((cfg.out_dir / "adapter").resolve())
     assert report["trained"]["model"] == str((cfg.out_dir / "export").resolve())
     print("agreement: " + ", ".join(f"{w} {report[w]['n_parsed']}/4 parsed, accuracy {report[w]['accuracy']}, "
@@ -255,13 +256,13 @@ def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_a
 def test_check_refuses_a_running_server_of_another_model_before_loading_anything(chain, tiny_server):
     cfg, _ = chain
     other = _load(TINY, out=str(cfg.out_dir), base_model=str(cfg.out_dir / "export"))
-    with pytest.raises(ServeError, match=r"serves 'smollm2-135m-instruct' from .*SmolLM2-135M-Instruct, not the base model .*export"):
+    with pytest.raises(ServeError, match=r"serves 'tiny-random-llama' from .*tiny-random-LlamaForCausalLM, not the base model .*export"):
         agreement.check(other, Console(stderr=True), running=Endpoint(**tiny_server))
     listed = httpx.get(tiny_server["base_url"] + "/models").json()["data"]
     assert agreement.served_names(cfg)["adapter"] not in [m["id"] for m in listed]
 
 
-def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_dir):
+def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, random_model_dir):
     """vLLM's LoRA on CPU is the adapter as trained: its greedy answers are PEFT's on the same (unquantized) base.
 
     (The export answers differently, and parses more often: it merges the adapter into the NF4-dequantized base
@@ -274,8 +275,8 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_d
 
     cfg, _ = chain
     served = [r["raw"] for r in _rows(cfg.out_dir / "agreement_answers.jsonl") if r["model"] == "adapter"]
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(random_model_dir, padding_side="left")
+    base = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, cfg.out_dir / "adapter").eval()
     prompts_ = [e["prompt"] for e in _rows(cfg.out_dir / "data" / "validation.jsonl")]
     assert len(prompts_) == len(served) == 4
@@ -286,6 +287,51 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, tiny_model_d
     answers = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     same = sum(a.strip() == s.strip() for a, s in zip(answers, served, strict=True))
     assert same >= 3  # all 4 when measured one by one on a bf16 server; greedy decoding in two implementations may break one near-tie differently
+
+
+def test_the_fine_tune_teaches_the_135m_model_prefmatchers_answer_format(chain, smol_model_dir, tmp_path):
+    """Needs a model that follows instructions (a random one learns no format from 4 examples): the chain's recipe
+    (configs/train/tiny.yaml: QLoRA, 10 steps) on SmolLM2-135M and the chain's match data. Its adapter on the fp32
+    base (as vLLM serves it: PEFT computes what vLLM serves, the test above) and its merged export answer the
+    held-out prompts in PrefMatcher's dialect, a fenced JSON list, and answers of each parse: the format is
+    learnt (train loss ~1.0 -> ~0.05), not good labels. Greedy answers of at most the check's max_tokens."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg, _ = chain
+    run = tmp_path / "run"
+    shutil.copytree(cfg.out_dir / "data", run / "data")
+    smol = _load(TINY, out=str(run), base_model=str(smol_model_dir))
+    trained = sft.train(smol, Console(stderr=True))
+    assert trained["loss_after"]["train"] < trained["loss_before"]["train"]
+    exported = export.export(smol, Console(stderr=True))
+    assert exported["merge_check"]["same_next_token"]
+
+    tok = AutoTokenizer.from_pretrained(smol_model_dir, padding_side="left")
+    examples = _rows(run / "data" / "validation.jsonl")
+    batch = tok.apply_chat_template([e["prompt"] for e in examples], add_generation_prompt=True, return_tensors="pt",
+                                    return_dict=True, padding=True)  # fmt: skip
+
+    def answers(model) -> list[str]:
+        with torch.no_grad():
+            out = model.eval().generate(**batch, max_new_tokens=smol.agreement.max_tokens, do_sample=False)
+        return tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+
+    def parses(answer: str, items: list[str]) -> bool:
+        try:
+            return len(parse.matches(answer, items)) == len(items)
+        except parse.ParseError:
+            return False
+
+    base = AutoModelForCausalLM.from_pretrained(smol_model_dir, dtype=torch.float32)
+    said = {
+        "adapter": answers(PeftModel.from_pretrained(base, run / "adapter")),
+        "export": answers(AutoModelForCausalLM.from_pretrained(exported["export"], dtype=torch.float32)),
+    }
+    for which, texts in said.items():
+        assert all(text.startswith("```json\n[") for text in texts), (which, texts)
+        assert sum(parses(text, e["items"]) for text, e in zip(texts, examples, strict=True)) >= 1, (which, texts)
 
 
 def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
@@ -404,13 +450,13 @@ def test_check_server_settings_that_cannot_work_are_refused_when_the_config_load
     assert [(s.asks.keys(), s.profile.engine) for s in agreement.plan(plain)] == [({"base"}, "transformers"), ({"trained"}, "transformers")]
 
 
-def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, tiny_model_dir, monkeypatch):
+def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, random_model_dir, monkeypatch):
     cfg, _ = chain
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "home"))
     copy = tmp_path / "run"
     shutil.copytree(cfg.out_dir / "data", copy / "data")
     (copy / "export").symlink_to(cfg.out_dir / "export", target_is_directory=True)  # the export, but no adapter/
-    moved = _load(TINY, out=str(copy), base_model=str(tiny_model_dir))
+    moved = _load(TINY, out=str(copy), base_model=str(random_model_dir))
     assert not export.adapter_dir(moved).exists()
     with pytest.raises(ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"):
         agreement.check(moved, Console(stderr=True))
@@ -427,7 +473,7 @@ def test_missing_base_model_directory_fails_before_loading_anything(tmp_path):
     assert result.exit_code == 2 and "no-such-model does not exist" in result.output
 
 
-def test_match_data_with_missing_fields_names_line_and_field(tmp_path, tiny_model_dir):
+def test_match_data_with_missing_fields_names_line_and_field(tmp_path, random_model_dir):
     good = {
         "id": "x", "preference": "Be brief.", "items": ["Is it brief?"],
         "prompt": prompts.matcher("Be brief.", ["Is it brief?"], "prefmatcher"),
@@ -440,7 +486,7 @@ def test_match_data_with_missing_fields_names_line_and_field(tmp_path, tiny_mode
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(broken) + "\n")
-    path = _write_config(tmp_path / "c.yaml", base_model=str(tiny_model_dir), out=str(tmp_path / "run"), labelling=None, match_data=str(data))
+    path = _write_config(tmp_path / "c.yaml", base_model=str(random_model_dir), out=str(tmp_path / "run"), labelling=None, match_data=str(data))
     with pytest.raises(ConfigError) as e:
         sft.train(config.load(path))
     assert f"{data / 'train.jsonl'}:2: completion: Field required" in str(e.value)
@@ -487,7 +533,8 @@ def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
 
 
 def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, instant_url):
-    """SmolLM2-135M as candidate: its answer has no `### Most Likely Preference`, the runner records the
+    """A model that cannot answer in CUPID's format as candidate (the session's random-weight one, as SmolLM2-135M):
+    its answer has no `### Most Likely Preference`, the runner records the
     failure, nothing reaches the teacher, and synthesis says why instead of writing an empty data set."""
     endpoints = write_endpoints(tmp_path / "endpoints.yaml", tiny=tiny_server, instant={"base_url": instant_url, "model": "instant"})
     cfg = _load(TINY, out=str(tmp_path / "run"), labelling__endpoints=str(endpoints), labelling__instant_server=False,

@@ -1,0 +1,92 @@
+"""`make bench` still runs end to end: its quick form, every section and server of the bench on a few short requests.
+
+Nothing else runs the bench, and a full run takes ~15 minutes, so a change to the package it calls broke it unnoticed
+once (a typed ServerRecord indexed as a dict, after its first vLLM start). Only whether each section ran and gave
+figures is checked here, never their values: timing lives in the bench. The quick form serves the tiny random-weight
+model (its directory, linked into a private state directory: nothing is downloaded)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from bench.run import DEMO_CONFIG, LEVELS, OURS_IN_FLIGHT, QUICK, REFERENCE_WORKERS
+from tests.conftest import REPO
+
+
+def numbers(value: Any, where: str = "") -> Iterator[tuple[str, float]]:
+    """Every number in the results, with where it is."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from numbers(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from numbers(item, f"{where}[{i}]")
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        yield where, value
+
+
+def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / random_model_dir.name).symlink_to(random_model_dir, target_is_directory=True)
+    shipped = REPO / "bench" / "results.json"
+    before = shipped.stat().st_mtime_ns if shipped.exists() else None
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)], cwd=REPO,
+        env={**os.environ, "CUPID_HOME": str(home)}, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert (shipped.stat().st_mtime_ns if shipped.exists() else None) == before, "the quick run overwrote results.json"
+    assert done.stdout.rstrip().endswith(f"written to {out}")
+    results = json.loads(out.read_text())
+    assert results["workload"]["form"] == "quick"
+
+    for where, x in numbers(results):
+        assert math.isfinite(x) and x >= 0, f"{where}: {x}"
+
+    overhead = results["client_overhead"]
+    assert overhead["requests"] == QUICK.overhead_requests
+    assert overhead["requests_per_s"] > 0 and overhead["client_cpu_ms_per_request"] > 0
+
+    rerun = results["cached_rerun"]
+    assert rerun["instances"] == QUICK.rerun_limit and rerun["cached_requests"] > 0
+    assert rerun["wall_s"] > 0 and rerun["extrapolated_wall_s_per_756"] > 0
+
+    # Each engine's demo ran every unit (a unit per task and instance: scored or failed), against a server it started.
+    engines = results["vllm_vs_transformers_serve"]
+    units = len(yaml.safe_load((REPO / DEMO_CONFIG).read_text())["tasks"]) * QUICK.demo_limit
+    for name in ("vllm_cpu", "transformers_serve", "vllm_cpu_as_the_demo_runs_it"):
+        demo = engines[name]
+        assert "error" not in demo, f"{name}: {demo}"
+        assert demo["units"] == units and demo["scored"] + demo["failed"] == units, f"{name}: {demo}"
+        assert demo["wall_s"] > 0 and demo["requests"]["sent"] > 0, f"{name}: {demo}"
+    for name, startup in engines["startup_s"].items():
+        assert 0 < startup["ready_s"] <= startup["first_answer_s"], f"{name}: {startup}"
+    assert engines["ratio_wall_transformers_over_vllm"] > 0 and engines["ratio_startup_vllm_over_transformers"] > 0
+    assert engines["shared_requests"]["requests"] > 0  # both servers answered the same first requests
+    assert results["vllm_startup_s"]["eager"] == engines["startup_s"]["vllm_cpu_eager"]
+
+    compare = results["client_vs_reference"]
+    for side in (compare[f"ours_{OURS_IN_FLIGHT}_in_flight"], compare[f"reference_{REFERENCE_WORKERS}_workers"]):
+        assert side["requests"] == side["answered"] == QUICK.compare_requests, compare
+        assert side["requests_per_s"] > 0 and side["completion_tokens"] > 0, compare
+    assert compare["ratio_requests_per_s"] > 0
+
+    levels = results["concurrency_tiny_vllm_cpu"]
+    assert set(levels) == {str(n) for n in LEVELS} and all(x["requests_per_s"] > 0 for x in levels.values()), levels
+    assert results["machine"]["bench_wall_s"] > 0
+
+    # The headline: a line per section, transformers serve's with its figures (not its error).
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("demo workload (") and "vLLM CPU:" in line for line in lines)
+    assert any(line.startswith("demo workload, transformers serve:") for line in lines)
+    assert any(f"this client ({OURS_IN_FLIGHT} in flight)" in line for line in lines)
+    by_level = next(line for line in lines if line.startswith("requests/s on vLLM CPU by in flight: "))
+    assert [part.split(":")[0] for part in by_level.split(": ", 1)[1].split(", ")] == [str(n) for n in LEVELS]
