@@ -13,3 +13,7 @@ fi
 cleanup() { if [ "$started" = 1 ]; then $cupid serve down tiny >/dev/null || true; fi; }
 trap cleanup EXIT
 $cupid eval run --config configs/eval/tiny.yaml --allow-failures "$@"
+# What it did, beyond the tables: every unit with its answers and labels, and the report with its intervals.
+echo
+echo "See what it did:  $cupid view runs/demo     (each unit: answers, checklists, labels, failures)"
+echo "                  $cupid report runs/demo   (the report: figures with their intervals)"
