@@ -37,7 +37,6 @@ from cupid.serving.instant import start as start_instant
 REPO = Path(__file__).resolve().parents[1]
 lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed
 TINY_NAME = "tiny-random-llama"  # the session server's served name
-SMOL_NAME = "smollm2-135m-instruct"  # the shipped `tiny` profile's
 SHARED = "CUPID_TEST_SHARED"
 # The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
 TINY_LORA_RANK = min(r for r in profiles.LORA_RANKS if r >= yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])

@@ -262,6 +262,16 @@ def test_check_refuses_a_running_server_of_another_model_before_loading_anything
     assert agreement.served_names(cfg)["adapter"] not in [m["id"] for m in listed]
 
 
+def greedy_answers(model, tok, prompts: list[list[dict]], max_tokens: int) -> list[str]:
+    """A transformers model's greedy answers to chat prompts, in one batch (`tok` pads on the left)."""
+    import torch
+
+    batch = tok.apply_chat_template(prompts, add_generation_prompt=True, return_tensors="pt", return_dict=True, padding=True)
+    with torch.no_grad():
+        out = model.eval().generate(**batch, max_new_tokens=max_tokens, do_sample=False)
+    return tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
 def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, random_model_dir):
     """vLLM's LoRA on CPU is the adapter as trained: its greedy answers are PEFT's on the same (unquantized) base.
 
@@ -280,11 +290,8 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, random_model
     model = PeftModel.from_pretrained(base, cfg.out_dir / "adapter").eval()
     prompts_ = [e["prompt"] for e in _rows(cfg.out_dir / "data" / "validation.jsonl")]
     assert len(prompts_) == len(served) == 4
-    batch = tok.apply_chat_template(prompts_, add_generation_prompt=True, return_tensors="pt", return_dict=True, padding=True)
     longest = max(len(tok(answer, add_special_tokens=False).input_ids) for answer in served)
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=min(longest + 1, cfg.agreement.max_tokens), do_sample=False)
-    answers = tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    answers = greedy_answers(model, tok, prompts_, min(longest + 1, cfg.agreement.max_tokens))
     same = sum(a.strip() == s.strip() for a, s in zip(answers, served, strict=True))
     assert same >= 3  # all 4 when measured one by one on a bf16 server; greedy decoding in two implementations may break one near-tie differently
 

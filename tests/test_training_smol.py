@@ -6,25 +6,12 @@ runs beside the chain, on another worker."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from rich.console import Console
 
 from cupid.matcher import parse
-from cupid.training import config, pipeline
-from tests.conftest import REPO
-
-TINY = REPO / "configs" / "train" / "tiny.yaml"
-
-
-def _load(path: Path, **overrides) -> config.TrainConfig:
-    return config.load(path, {k.replace("__", "."): v for k, v in overrides.items()})
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+from cupid.training import pipeline
+from tests.test_training import TINY, _load, _rows, greedy_answers
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +26,6 @@ def smol_trained(smol_model_dir, tmp_path_factory):
         mp.setenv("CUPID_HOME", str(work / "home"))
         reports = pipeline.run(smol, Console(stderr=True), stages=("label", "sft", "export"))
     return smol, reports["sft"], reports["export"]
-
-
-def _greedy_answers(model, model_dir: Path, examples: list[dict], max_tokens: int) -> list[str]:
-    """The model's greedy answers to the examples' prompts, one left-padded batch."""
-    import torch
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    batch = tok.apply_chat_template([e["prompt"] for e in examples], add_generation_prompt=True, return_tensors="pt",
-                                    return_dict=True, padding=True)  # fmt: skip
-    with torch.no_grad():
-        out = model.eval().generate(**batch, max_new_tokens=max_tokens, do_sample=False)
-    return tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def _assert_prefmatcher_answers(answers: list[str], examples: list[dict]) -> None:
@@ -71,7 +45,7 @@ def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_forma
     held-out prompts in PrefMatcher's format: the format is learnt (train loss ~1.0 -> ~0.05), not good labels."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     smol, trained, _ = smol_trained
     losses = [r["loss"] for r in trained["logged_losses"]]
@@ -79,15 +53,19 @@ def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_forma
     base = AutoModelForCausalLM.from_pretrained(smol_model_dir, dtype=torch.float32)
     examples = _rows(smol.out_dir / "data" / "validation.jsonl")
     model = PeftModel.from_pretrained(base, smol.out_dir / "adapter")
-    _assert_prefmatcher_answers(_greedy_answers(model, smol_model_dir, examples, smol.agreement.max_tokens), examples)
+    tok = AutoTokenizer.from_pretrained(smol_model_dir, padding_side="left")
+    prompts = [e["prompt"] for e in examples]
+    _assert_prefmatcher_answers(greedy_answers(model, tok, prompts, smol.agreement.max_tokens), examples)
 
 
 def test_the_135m_models_merged_export_answers_in_prefmatchers_format(smol_trained, smol_model_dir):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     smol, _, exported = smol_trained
     assert exported["merge_check"]["same_next_token"]
     examples = _rows(smol.out_dir / "data" / "validation.jsonl")
     model = AutoModelForCausalLM.from_pretrained(exported["export"], dtype=torch.float32)
-    _assert_prefmatcher_answers(_greedy_answers(model, Path(exported["export"]), examples, smol.agreement.max_tokens), examples)
+    tok = AutoTokenizer.from_pretrained(exported["export"], padding_side="left")
+    prompts = [e["prompt"] for e in examples]
+    _assert_prefmatcher_answers(greedy_answers(model, tok, prompts, smol.agreement.max_tokens), examples)
