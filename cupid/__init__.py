@@ -1,7 +1,7 @@
 """Local, cost-free evaluation for the CUPID benchmark (COLM 2025) with a vLLM-served PrefMatcher judge.
 
 The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run,
-giving a `RunResult`), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
+giving a `RunResult`), `compare` (two runs, paired by unit: a `Comparison`), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
 batched client, the request cache), `cupid.eval` (the benchmark), `cupid.training` (rebuilding PrefMatcher).
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "PrefMatcher", "evaluate", "aevaluate", "load_dataset", "endpoint",
+    "PrefMatcher", "evaluate", "aevaluate", "compare", "load_dataset", "endpoint",
     # the types the API's signatures name
-    "Endpoint", "RunResult", "Summary", "ServedModel", "MatchItem", "Labels", "Scoring", "StageError", "StageFailed", "Dataset",
+    "Endpoint", "RunResult", "Comparison", "Summary", "ServedModel", "MatchItem", "Labels", "Scoring", "StageError", "StageFailed", "Dataset",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
     from cupid.api import (
-        Dataset, Labels, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, Summary,
-        aevaluate, endpoint, evaluate, load_dataset,
+        Comparison, Dataset, Labels, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, Summary,
+        aevaluate, compare, endpoint, evaluate, load_dataset,
     )  # fmt: skip
     from cupid.serving.endpoints import Endpoint
 

@@ -17,6 +17,7 @@ import httpx
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
+from cupid.eval.compare import Comparison, compare
 from cupid.eval.data import Dataset
 from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect

@@ -3,6 +3,7 @@
 import typer
 
 from cupid.eval.cli import app as eval_app
+from cupid.eval.compare import main as compare_main
 from cupid.eval.inspect_log import main as import_inspect_main
 from cupid.eval.meta import app as meta_app
 from cupid.eval.nightly import main as nightly_main
@@ -21,6 +22,7 @@ app.add_typer(synth_app, name="synth")
 app.add_typer(train_app, name="train")
 app.command("report")(report_main)
 app.command("view")(view_main)
+app.command("compare")(compare_main)
 app.command("nightly")(nightly_main)
 app.command("track")(track_main)
 app.command("import-inspect")(import_inspect_main)

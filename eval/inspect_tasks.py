@@ -287,7 +287,8 @@ def record_of(score: Score) -> UnitRecord:
 @metric
 def cupid_figures() -> Metric:
     """The task's own figures over the scored samples, as `summary.json` holds them: micro and macro P/R/F1
-    (inference) or the mean judge score (generation), overall and by instance type. Unscored samples never
+    (inference) or the mean judge score (generation), overall and by instance type, each with its 95% interval's
+    bounds (`micro_f1_low`, `micro_f1_high`; personas resampled, as the report's). Unscored samples never
     reach a metric: inspect counts them (`unscored_samples`)."""
 
     def compute(scores: list[SampleScore]) -> dict[str, float]:
@@ -297,7 +298,8 @@ def cupid_figures() -> Metric:
             for group in GROUPS:
                 chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
                 block = TASKS[name].figures.of([r.scoring() for r in chosen]).model_dump(exclude={"n_failed", "failed_by_stage"})
-                out.update(figures(None if group == "all" else group, block))
+                bounds = {f"{metric}_{end}": getattr(iv, end) for metric, iv in TASKS[name].intervals(chosen).items() for end in ("low", "high")}
+                out.update(figures(None if group == "all" else group, {**block, **bounds}))
         return out
 
     return compute

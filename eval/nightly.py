@@ -5,10 +5,13 @@ Each night's runs go to `<out>/<date>/<model>/`, through the shared request cach
 model costs nothing the second night. Every candidate is checked and served on its own: one that fails a
 check or does not start is a `DID NOT RUN` row with its reason and the others run. Only what every
 candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
-leaderboard then says why. A night holds its directory: cron starting it twice runs it once. A metric regresses when tonight's estimate falls below the
-lower end of the previous night's bootstrap 95% interval, i.e. the drop is larger than what
-resampling the same instances would explain. Exit status: 0 clean, 1 failures (failed instances or
-a run or the suite that could not start), 2 a regression, 3 both.
+leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
+
+Tonight is compared with the candidate's previous night on the units both scored (`eval.compare`: paired,
+personas resampled). REGRESSION is a task's headline figure (inference: micro F1, generation: the mean judge
+score, in the standard setting) whose paired 95% interval lies below 0, Holm-adjusted across the tasks. A
+candidate whose judges, prompts or data changed since is "not comparable" and never flagged. Exit status:
+0 clean, 1 failures (failed instances or a run or the suite that could not start), 2 a regression, 3 both.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from cupid.eval.compare import Row, compare_runs
 from cupid.eval.files import hold, read_json, write_atomic
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
@@ -92,9 +96,9 @@ class Entry(BaseModel):
     requests: dict[str, int] | None = None
     wall_s: float | None = None
     previous: dict[str, Interval] | None = None  # last night's metrics
-    delta: dict[str, float] = Field(default_factory=dict)
+    change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since last night
     regressions: list[str] = Field(default_factory=list)
-    setup_changed: list[str] = Field(default_factory=list)
+    setup_changed: list[str] = Field(default_factory=list)  # what changed besides the candidate: not comparable
 
     def estimate(self, metric: str) -> float | None:
         return interval.estimate if (interval := self.metrics.get(metric)) is not None else None
@@ -178,12 +182,6 @@ def primary_metric(cfg: RunConfig) -> str:
     return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.headline[0]}"
 
 
-def _setup(identity: dict[str, Any]) -> dict[str, Any]:
-    """What must stay fixed for two nights to compare: data, prompts and every role but the candidate."""
-    roles = {k: v for k, v in identity.get("roles", {}).items() if k != "candidate"}
-    return {"data": identity.get("data"), "prompts": identity.get("prompts"), **{f"roles.{k}": v for k, v in roles.items()}}
-
-
 # ---------------------------------------------------------------- one night
 
 
@@ -202,20 +200,19 @@ def _ran(night_dir: Path) -> bool:
 
 
 def compare(entry: Entry, before: Entry | None) -> None:
-    """Fill an entry's previous values, deltas, regressions and setup changes from last night's entry."""
-    entry.previous, entry.delta, entry.regressions, entry.setup_changed = None, {}, [], []
+    """Fill an entry's previous values, changes, regressions and setup changes from last night's run of the
+    candidate, paired on the units both nights scored."""
+    entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
     if before is None:
         return
     entry.previous = before.metrics
-    for name, now in entry.metrics.items():
-        then = entry.previous.get(name)
-        if then is None:
-            continue
-        entry.delta[name] = now.estimate - then.estimate
-        if now.estimate < then.low:
-            entry.regressions.append(name)
-    old, new = _setup(before.identity), _setup(entry.identity)
-    entry.setup_changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if not (before.run_dir and entry.run_dir and (Path(before.run_dir) / "instances.jsonl").exists() and (Path(entry.run_dir) / "instances.jsonl").exists()):
+        return
+    comparison = compare_runs(RunDir(before.run_dir).load(), RunDir(entry.run_dir).load())
+    entry.change = {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
+    entry.setup_changed = comparison.differs
+    if not entry.setup_changed:
+        entry.regressions = [row.name for row in comparison.regressions]
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
@@ -284,6 +281,10 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: En
     if summary is not None:
         entry.requests, entry.wall_s = summary.requests, summary.wall_s
     entry.status = "error" if entry.error else "failed" if entry.n_failed else "ok"
+    if entry.status == "error":  # DID NOT RUN: its reason stands for its units, none is counted as failed
+        entry.n_failed, entry.failures = 0, {}
+    if server is not None and server.failed_to_start:
+        entry.served = None  # the night did not serve it
     compare(entry, previous)
     return entry
 
@@ -441,18 +442,21 @@ def _scale(metric: str) -> float:
 
 
 def _cell(value: Interval | None, metric: str) -> str:
-    if not value:
-        return "-"
-    fmt = (lambda v: f"{100 * v:.1f}") if _scale(metric) == 100 else (lambda v: f"{v:.2f}")
-    return f"{fmt(value.estimate)} [{fmt(value.low)}, {fmt(value.high)}]"
+    return value.text(_scale(metric), 1 if _scale(metric) == 100 else 2) if value else "-"
 
 
 def _change(entry: Entry, metric: str) -> str:
+    """The paired difference since last night with its interval: `-2.3 [-4.1, -0.5]`."""
     if metric not in entry.metrics:
         return "-"
-    if metric not in entry.delta:
+    if (row := entry.change.get(metric)) is None:
         return "new"
-    return f"{_scale(metric) * entry.delta[metric]:+.{1 if _scale(metric) == 100 else 2}f}"
+    digits = 1 if _scale(metric) == 100 else 2
+
+    def fmt(value: float) -> str:
+        return f"{_scale(metric) * value:+.{digits}f}"
+
+    return fmt(row.difference) + (f" [{fmt(row.low)}, {fmt(row.high)}]" if row.resolved else f" ({row.personas} personas: no interval)")
 
 
 def flag(entry: Entry) -> str:
@@ -473,7 +477,7 @@ def flags_text(entry: Entry) -> str:
     elif entry.n_failed:
         flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry.failures.items()))
     if entry.setup_changed:
-        flags.append("setup changed: " + ", ".join(entry.setup_changed))
+        flags.append("not comparable: " + "; ".join(entry.setup_changed))
     return "; ".join(flags) or "ok"
 
 
@@ -481,8 +485,9 @@ def leaderboard_markdown(board: Leaderboard) -> str:
     lines = [
         f"# CUPID nightly {board.date}",
         "",
-        f"Change since {board.previous or 'nothing (first night)'}. Bootstrap 95% intervals over scored instances; "
-        "**REGRESSION**: tonight's estimate is below the previous night's interval. F1 in % (micro: the published aggregate).",
+        f"Change since {board.previous or 'nothing (first night)'}, on the units both nights scored. 95% intervals, personas "
+        "resampled (none under 10 personas); a change's interval is paired. **REGRESSION**: a task's headline figure (micro F1, "
+        "the mean judge score; standard setting) dropped, its paired interval below 0 (Holm across the tasks). F1 in % (micro: the published aggregate).",
         "",
         "| # | model | metric | tonight | change | other metrics (change) | scored | failed | flag |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -493,7 +498,7 @@ def leaderboard_markdown(board: Leaderboard) -> str:
             f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} | {_change(e, e.primary)} "
             f"| {others or '-'} | {e.n_scored} | {e.n_failed} | {flags_text(e)} |"
         )
-    served = [f"- {e.served}" for e in board.models if e.served]
+    served = [f"- {e.served}" for e in board.models if e.served]  # only servers that started
     if served:
         lines += ["", "Served by the night:", *served]
     requests = board.requests

@@ -66,9 +66,8 @@ def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[Row]:
     rows = []
     for setting in run.settings(task.name):
         for group, records in _groups(run.of(task.name, setting)):
-            scorings = [r.scoring(reference) for r in records]
-            n_scored = sum(s.scored for s in scorings)
-            intervals = task.intervals(scorings)
+            n_scored = sum(r.scoring(reference).scored for r in records)
+            intervals = task.intervals(records, reference)
             rows.append(Row(setting, group, n_scored, len(records) - n_scored, {m: intervals.get(m) for m in task.metrics}))
     return rows
 
@@ -190,20 +189,21 @@ def model_points(runs: list[Run], setting: str = FIGURE_SETTING) -> tuple[dict[s
     for run in runs:
         scorings = [(run.role("matcher") or "matcher", False)] + ([(run.role("reference") or "reference", True)] if run.has_reference else [])
         for matcher, reference in scorings:
-            intervals = INFERENCE.intervals([r.scoring(reference) for r in run.of(INFERENCE.name, setting)])
+            intervals = INFERENCE.intervals(run.of(INFERENCE.name, setting), reference)
             if "micro_f1" in intervals:
                 f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro_f1"])
-        if (interval := GENERATION.intervals([r.scoring() for r in run.of(GENERATION.name, setting)]).get("mean_score")) is not None:
+        if (interval := GENERATION.intervals(run.of(GENERATION.name, setting)).get("mean_score")) is not None:
             gen.setdefault(run.candidate, interval)
     return f1, gen
 
 
 def _errorbars(ax, xs: list[Interval], ys: list[Interval], labels: list[str], scale_x: float, scale_y: float) -> None:
+    def err(v: Interval, scale: float) -> list[list[float]]:  # no bar where too few personas give no interval
+        return [[scale * (v.estimate - v.low)], [scale * (v.high - v.estimate)]] if v.resolved else [[0.0], [0.0]]
+
     for x, y, label in zip(xs, ys, labels):
         ax.errorbar(
-            scale_x * x.estimate, scale_y * y.estimate,
-            xerr=[[scale_x * (x.estimate - x.low)], [scale_x * (x.high - x.estimate)]],
-            yerr=[[scale_y * (y.estimate - y.low)], [scale_y * (y.high - y.estimate)]],
+            scale_x * x.estimate, scale_y * y.estimate, xerr=err(x, scale_x), yerr=err(y, scale_y),
             fmt="o", capsize=3, label=label,
         )  # fmt: skip
 
@@ -234,7 +234,7 @@ def figure4(f1: dict[str, dict[str, Interval]]) -> Figure:
         ax.legend(fontsize=7)
 
     fig.png = _png(draw)
-    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: bootstrap 95% intervals; dashed: equal F1."
+    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: 95% intervals, personas resampled (none under 10 personas); dashed: equal F1."
     return fig
 
 
@@ -257,7 +257,7 @@ def figure5(f1: dict[str, dict[str, Interval]], gen: dict[str, Interval]) -> Fig
         ax.legend(fontsize=7)
 
     fig.png = _png(draw)
-    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: bootstrap 95% intervals."
+    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: 95% intervals, personas resampled (none under 10 personas)."
     return fig
 
 
@@ -277,7 +277,8 @@ figcaption { font-size: 13px; color: #444; max-width: 60em; } code { font-size: 
 <p><a href="view.html">Look inside: every unit, its history, answer and labels</a> <small>(<code>cupid view</code> writes it to this folder)</small></p>
 <p>Generated {{ generated }} from {{ runs|length }} run{{ "s" if runs|length != 1 else "" }}. Scores in %, generation scores 1-10.
 Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores (paper text).
-Brackets: bootstrap 95% percentile intervals over scored instances ({{ n_resamples }} resamples, fixed seed).
+Brackets: 95% interval, personas resampled (bootstrap percentile, {{ n_resamples }} resamples, fixed seed: a persona's three
+instances are drawn together); none where fewer than {{ min_personas }} personas were scored.
 Failed instances are counted and never averaged in.</p>
 
 <h2>Runs</h2>
@@ -294,7 +295,7 @@ Failed instances are counted and never averaged in.</p>
 <h3>{{ block.title }}</h3>
 <table><tr><th class="l">setting</th><th class="l">instances</th>{% for h in block.headers %}<th>{{ h }}</th>{% endfor %}<th>scored</th><th>failed</th></tr>
 {% for row in block.rows %}<tr><td class="l">{{ row.setting }}</td><td class="l">{{ row.group }}</td>
-{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ fmt(c.estimate, block.scale) }} <small>[{{ fmt(c.low, block.scale) }}, {{ fmt(c.high, block.scale) }}]</small>{% else %}-{% endif %}</td>{% endfor %}
+{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ fmt(c.estimate, block.scale) }} <small>{% if c.resolved %}[{{ fmt(c.low, block.scale) }}, {{ fmt(c.high, block.scale) }}]{% else %}({{ c.personas }} personas: no interval){% endif %}</small>{% else %}-{% endif %}</td>{% endfor %}
 <td>{{ row.n_scored }}</td><td{% if row.n_failed %} class="failed"{% endif %}>{{ row.n_failed }}</td></tr>
 {% endfor %}</table>
 {% endfor %}
@@ -343,7 +344,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
     import jinja2
 
-    from cupid.eval.stats import N_RESAMPLES
+    from cupid.eval.stats import MIN_PERSONAS, N_RESAMPLES
 
     runs = [load_run(p) for p in run_dirs]
     if not runs:
@@ -363,6 +364,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
         figures=figures,
         fmt=_fmt,
         n_resamples=N_RESAMPLES,
+        min_personas=MIN_PERSONAS,
     )
     page = out / "report.html"
     page.write_text(html, encoding="utf-8")

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import Scoring, UnitRecord
-from cupid.eval.stats import Interval, mean_interval, prf_intervals
 from cupid.matcher.scores import PRF, macro, micro
 
 if TYPE_CHECKING:  # the task declarations name this module's blocks
@@ -170,7 +169,7 @@ class Summary(BaseModel):
 
 def prf(scorings: Iterable[Scoring]) -> dict[str, PRF] | None:
     """Micro and macro P/R/F1 over the scored inference scorings (None: none scored): every point figure's one
-    computation (`inference_intervals` gives the same with bootstrap intervals)."""
+    computation (`TaskSpec.intervals` gives the same with bootstrap intervals)."""
     counts = [s.match_counts() for s in scorings if s.scored]
     return {"micro": micro(counts), "macro": macro(counts)} if counts else None  # type: ignore[dict-item]
 
@@ -187,17 +186,6 @@ def failure_counts(records: Iterable[UnitRecord], reference: bool = False) -> Co
     that every list of failures (summary, report, nightly) formats."""
     failed = ((r, r.scoring(reference)) for r in records)
     return Counter(Failure(r.task, r.setting, s.error.stage, s.error.reason) for r, s in failed if not s.scored and s.error is not None)
-
-
-def inference_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
-    """The block's P/R/F1 figures (`micro_f1`, ...), each with its bootstrap interval over the scored instances."""
-    intervals = prf_intervals([s.match_counts() for s in scorings if s.scored]) or {}
-    return {f"{aggregate}_{name}": iv for aggregate, named in intervals.items() for name, iv in named.items()}
-
-
-def generation_intervals(scorings: list[Scoring]) -> dict[str, Interval]:
-    interval = mean_interval([s.score for s in scorings if s.scored and s.score is not None])
-    return {"mean_score": interval} if interval is not None else {}
 
 
 def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False) -> TaskBlock[Any]:

@@ -9,7 +9,9 @@ candidate again, so two scorings of one run differ only in their judges.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
+
+import numpy as np
 
 from cupid.eval import generation, inference, summary
 from cupid.eval.stages import StageFailed
@@ -18,7 +20,8 @@ from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import History, plain_log, relevant_sessions
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring, UnitRecord
-from cupid.eval.stats import Interval
+from cupid.eval import stats
+from cupid.eval.stats import Difference, Interval
 from cupid.matcher import prompts, schemas
 from cupid.serving.client import ChatRequest, Client, RequestFailed
 from cupid.serving.endpoints import Endpoint
@@ -40,13 +43,42 @@ class TaskSpec:
     roles: tuple[str, ...]  # the judge roles that score it
     scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
     figures: type[summary.Figures]  # its summary figures (`.of(scorings)`), as summary.json holds them
-    intervals: Callable[[list[Scoring]], dict[str, Interval]]  # its estimates with bootstrap intervals, named as in the block
-    metrics: tuple[str, ...]  # the names `intervals` gives, in the order tables show them
+    columns: Callable[[Scoring], list[float] | None]  # a scored unit's columns (None: it gives no figure)
+    statistic: stats.Statistic  # its figures from column sums: ratios of sums, recomputed on each resample
+    metrics: tuple[str, ...]  # the names `statistic` gives, in the order tables show them
     scale: float  # how a figure is shown (100: as a percentage)
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
     tables: Callable[[str, Any], list[summary.Table]]  # summary.md's tables of its block, under a title
     unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
+
+    def units(self, records: Iterable[UnitRecord], reference: bool = False) -> tuple[list[str], np.ndarray]:
+        """The task's scored units' personas and columns (of the run's own scoring, or its reference's)."""
+        personas, rows = [], []
+        for record in records:
+            if record.task != self.name:
+                continue
+            scoring = record.scoring(reference)
+            if scoring.scored and (columns := self.columns(scoring)) is not None:
+                personas.append(record.persona_id)
+                rows.append(columns)
+        return personas, np.array(rows, dtype=float) if rows else np.zeros((0, 0))
+
+    def intervals(self, records: Iterable[UnitRecord], reference: bool = False) -> dict[str, Interval]:
+        """Its figures on the scored units, each with its interval over personas (`eval.stats`)."""
+        return stats.intervals(*self.units(records, reference), self.statistic)
+
+    def differences(self, pairs: list[tuple[UnitRecord, UnitRecord]]) -> dict[str, Difference]:
+        """B - A of its figures on units both runs scored (`pairs`: (A's record, B's record) of one unit)."""
+        scored = [(a.persona_id, self.columns(a), self.columns(b)) for a, b in pairs if a.task == self.name and a.scored and b.scored]
+        kept = [(p, x, y) for p, x, y in scored if x is not None and y is not None]
+        if not kept:
+            return {}
+        return stats.paired([p for p, _, _ in kept], np.array([x for _, x, _ in kept]), np.array([y for _, _, y in kept]), self.statistic)
+
+
+def _score_columns(scoring: Scoring) -> list[float] | None:
+    return None if scoring.score is None else [float(scoring.score), 1.0]
 
 
 INFERENCE = TaskSpec(
@@ -60,7 +92,8 @@ INFERENCE = TaskSpec(
         client, roles["decomposer"], roles["matcher"], matcher_dialect(client.endpoints[roles["matcher"]])
     ),
     figures=summary.InferenceFigures,
-    intervals=summary.inference_intervals,
+    columns=lambda scoring: stats.prf_row(scoring.match_counts()),
+    statistic=stats.prf,
     metrics=tuple(f"{aggregate}_{name}" for aggregate in ("micro", "macro") for name in ("precision", "recall", "f1")),
     scale=100,
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
@@ -77,7 +110,8 @@ GENERATION = TaskSpec(
     roles=("judge",),
     scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
     figures=summary.GenerationFigures,
-    intervals=summary.generation_intervals,
+    columns=_score_columns,
+    statistic=stats.mean_score,
     metrics=("mean_score",),
     scale=1,
     headline=("mean_score",),

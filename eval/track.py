@@ -32,6 +32,7 @@ from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
 
 if TYPE_CHECKING:  # the nightly logs through this module
+    from cupid.eval.compare import Row
     from cupid.eval.nightly import Leaderboard
 
 Tracker = Literal["mlflow", "wandb"]
@@ -107,7 +108,7 @@ def figures(prefix: str | None, block: dict[str, Any]) -> dict[str, float]:
 
 def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict[str, float]:
     """`<figure>_low` and `<figure>_high` for each estimate the tasks declare, per setting and instance type,
-    from the records (the bootstrap over the scored instances that the report and the nightly use)."""
+    from the records (personas resampled, as the report and the nightly do)."""
     metrics: dict[str, float] = {}
     prefix = "reference/" if reference else ""
     for task, spec in TASKS.items():
@@ -115,10 +116,20 @@ def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict
             these = [r for r in records if (r.task, r.setting) == (task, setting)]
             groups = [("", these)] + [(f"/{t}", [r for r in these if r.instance_type == t]) for t in INSTANCE_TYPES]
             for group, chosen in groups:
-                for name, iv in spec.intervals([r.scoring(reference) for r in chosen]).items():
+                for name, iv in spec.intervals(chosen, reference).items():
                     metrics[f"{prefix}{task}/{setting}{group}/{name}_low"] = iv.low
                     metrics[f"{prefix}{task}/{setting}{group}/{name}_high"] = iv.high
     return metrics
+
+
+def comparison_metrics(change: dict[str, Row]) -> dict[str, float]:
+    """A night's paired changes since the previous night: `compare/<task>/<setting>/<metric>/difference`, `..._low`,
+    `..._high`, `..._p` (Holm-adjusted as the comparison adjusts it)."""
+    out = {}
+    for row in change.values():
+        at = f"compare/{row.name}/difference"
+        out.update({at: row.difference, f"{at}_low": row.low, f"{at}_high": row.high, f"{at}_p": row.p_holm})
+    return out
 
 
 def unit_rows(records: list[UnitRecord]) -> list[dict[str, Any]]:
@@ -234,6 +245,7 @@ def of_night(board: Leaderboard) -> list[TrackedRun]:
         name = f"{entry.model} {board.date}"
         try:
             runs.append(of_run(run_dir, name=name, tags=tags, params=params))
+            runs[-1].metrics.update(comparison_metrics(entry.change))
         except Exception as e:  # its files do not read (a torn summary, a record of another version): its flag still counts
             runs.append(TrackedRun(name, run_dir, params, tags={**tags, "cupid.unreadable": f"{type(e).__name__}: {e}"}))
     return runs

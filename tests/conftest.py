@@ -20,6 +20,7 @@ controller ends however it ends (killed too), and the controller stops it itself
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -30,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cupid.eval import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.lifecycle import free_port
 from cupid.serving.instant import start as start_instant
@@ -90,6 +92,14 @@ def pytest_unconfigure(config):
 
 def write_endpoints(path: Path, **entries: dict) -> Path:
     path.write_text(yaml.safe_dump(entries))
+    return path
+
+
+def sample_copies(path: Path, copies: int) -> Path:
+    """The sample's rows `copies` times, each copy's personas renamed: data with enough personas for an interval
+    (the sample's 4 give none)."""
+    rows = [json.loads(line) for line in cupid_data.SAMPLE_PATH.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**row, "persona_id": f"{row['persona_id']}-{n}"}) + "\n" for n in range(copies) for row in rows))
     return path
 
 

@@ -1,5 +1,6 @@
-"""The nightly suite over the sample on real HTTP: three nights with a model that gets worse, one that
-stays the same (and costs nothing the second night), and one whose server is down."""
+"""The nightly suite on real HTTP: three nights with a model that gets worse, one that stays the same (and costs
+nothing the second night), and one whose server is down; then a judge that changed. The data is the sample's four
+personas four times over under other names (16 personas, 48 instances): enough personas for a paired interval."""
 
 import json
 
@@ -13,7 +14,7 @@ from cupid.eval.nightly import Leaderboard, run_nightly
 from cupid.eval.stats import Interval
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import sample_copies, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
 
@@ -27,9 +28,17 @@ def drifted_url():
     proc.wait()
 
 
-def suite(tmp_path, name, endpoints, models, **extra):
+COPIES = 4
+
+
+def many_personas(tmp_path):
+    path = tmp_path / "personas.jsonl"
+    return path if path.exists() else sample_copies(path, COPIES)
+
+
+def suite(tmp_path, name, endpoints, models, data="sample", **extra):
     path = tmp_path / f"{name}.yaml"
-    run = {"data": "sample", "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
+    run = {"data": str(data), "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
     path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, **extra}))
     return path
 
@@ -49,41 +58,57 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
                             drifting={"base_url": drifted_url, "model": "drifting-v2"},
                             down={"base_url": "http://127.0.0.1:9/v1", "model": "down", "max_retries": 0, "timeout_s": 5})  # fmt: skip
 
-    first, code = run_nightly(suite(tmp_path, "n1", before, ["steady", "drifting"]), "2025-03-01")
+    first, code = run_nightly(suite(tmp_path, "n1", before, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-01")
     assert code == 0 and first.previous is None
     f1 = "inference/standard/micro_f1"
+    units = 12 * COPIES
     for entry in first.models:
-        assert entry.status == "ok" and (entry.n_scored, entry.n_failed) == (12, 0)
-        assert entry.delta == {} and entry.regressions == []
-        assert entry.metrics[f1].low > 0  # an interval the drop can fall below
+        assert entry.status == "ok" and (entry.n_scored, entry.n_failed) == (units, 0)
+        assert entry.change == {} and entry.regressions == []
+        assert entry.metrics[f1].low > 0 and entry.metrics[f1].personas == 4 * COPIES  # an interval, personas resampled
 
-    second, code = run_nightly(suite(tmp_path, "n2", after, ["steady", "drifting"]), "2025-03-02")
+    second, code = run_nightly(suite(tmp_path, "n2", after, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-02")
     assert code == 2  # a regression, no failures
     assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
-    assert steady.requests == {"sent": 0, "cached": 48, "failed": 0}  # everything came from the cache
-    assert steady.delta[f1] == 0 and steady.regressions == []
+    assert steady.requests == {"sent": 0, "cached": 4 * units, "failed": 0}  # everything came from the cache
+    same = steady.change[f1]  # the same answers: no difference, a closed interval, nothing to test
+    assert (same.difference, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0) and steady.regressions == []
     assert drifting.metrics[f1].estimate == 0.0
-    assert drifting.delta[f1] == pytest.approx(-by_model(first)["drifting"].metrics[f1].estimate)
-    assert f1 in drifting.regressions and second.regressions[0] == f"drifting: {f1}"
+    drop = drifting.change[f1]  # paired on the 48 units both nights scored
+    assert drop.difference == pytest.approx(-by_model(first)["drifting"].metrics[f1].estimate) and drop.high < 0 and drop.headline
+    assert (drop.n, drop.personas) == (units, 4 * COPIES)
+    assert f1 in drifting.regressions and second.regressions == [f"drifting: {f1}"]
     assert [e.model for e in second.models] == ["steady", "drifting"]  # ranked by F1
     board = (tmp_path / "nightly" / "2025-03-02" / "leaderboard.md").read_text()
     drifting_row = next(line for line in board.splitlines() if "| drifting |" in line)
-    assert "**REGRESSION**" in drifting_row and f"{-100 * by_model(first)['drifting'].metrics[f1].estimate:+.1f}" in drifting_row
+    assert "**REGRESSION**" in drifting_row and f"{100 * drop.difference:+.1f} [{100 * drop.low:+.1f}, {100 * drop.high:+.1f}]" in drifting_row
     assert (tmp_path / "nightly" / "leaderboard.json").read_text() == (tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()
 
     # Night 3 through the CLI: drifting holds steady at its new level; a model whose server is down fails.
-    result = CliRunner().invoke(app, ["nightly", "--config", str(suite(tmp_path, "n3", after, ["steady", "drifting", "down"])), "--date", "2025-03-03"])
+    result = CliRunner().invoke(app, ["nightly", "--config", str(suite(tmp_path, "n3", after, ["steady", "drifting", "down"], data=many_personas(tmp_path))), "--date", "2025-03-03"])
     assert result.exit_code == 1, result.output  # failures, no regression
     third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
     assert third["previous"] == "2025-03-02" and third["regressions"] == []
     down = by_model(third)["down"]
-    assert (down["status"], down["n_scored"], down["n_failed"]) == ("failed", 0, 12)
+    assert (down["status"], down["n_scored"], down["n_failed"]) == ("failed", 0, units)
     assert down["metrics"] == {}  # no score at all, not a zero
-    assert sum(down["failures"].values()) == 12 and list(down["failures"]) == ["inference/standard infer: connection"]
+    assert sum(down["failures"].values()) == units and list(down["failures"]) == ["inference/standard infer: connection"]
     assert third["models"][-1]["model"] == "down"
     assert "**FAILURES**" in next(line for line in result.output.splitlines() if "| down |" in line)
     assert result.output.strip().splitlines()[-1].startswith("nightly 2025-03-03: 3 models, 0 regression(s), 1 with failures")
+
+    # Night 4: the decomposer is another model, and drifting is good again: not comparable, never flagged.
+    changed = write_endpoints(tmp_path / "changed.yaml", instant={"base_url": instant_url, "model": "instant-v2"},
+                              pm={"base_url": instant_url, "model": "local-prefmatcher"},
+                              steady={"base_url": instant_url, "model": "steady-v1"},
+                              drifting={"base_url": instant_url, "model": "drifting-v1"})  # fmt: skip
+    fourth, code = run_nightly(suite(tmp_path, "n4", changed, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-04")
+    assert code == 0 and fourth.regressions == []
+    for entry in fourth.models:
+        assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
+    board = (tmp_path / "nightly" / "2025-03-04" / "leaderboard.md").read_text()
+    assert "not comparable: judge decomposer: instant -> instant-v2" in next(line for line in board.splitlines() if "| steady |" in line)
 
 
 def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(tmp_path, instant_url, cupid_home):

@@ -1,5 +1,6 @@
-"""The HTML report: a real run over the sample (instant server: inference + generation, standard +
-oracle, with a reference scoring) renders tables, intervals, failures and the three figures."""
+"""The HTML report: a real run (instant server: inference + generation, standard + oracle, with a reference
+scoring) over the sample's personas twice under other names renders tables, intervals, failures and the three figures;
+under 10 personas a table says there is no interval instead of printing one."""
 
 import base64
 import json
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval.report import build
 from cupid.eval.runner import RunConfig, run
-from tests.conftest import write_endpoints
+from tests.conftest import sample_copies, write_endpoints
 from tests.run_records import generation, inference, scoring, write_run
 
 IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')
@@ -28,7 +29,7 @@ def scored_run(tmp_path_factory, instant_url):
         judge={"base_url": instant_url, "model": "judge"},
         ref={"base_url": instant_url, "model": "ref-4o", "matcher_prompt": "fewshot"},
     )
-    cfg = RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", judge="judge",
+    cfg = RunConfig(data=str(sample_copies(tmp / "personas.jsonl", 3)), endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", judge="judge",
                     reference="ref", tasks=["inference", "generation"], settings=["standard", "oracle"],
                     out=str(tmp / "run"), cache=str(tmp / "cache.sqlite"))  # fmt: skip
     summary = run(cfg).summary
@@ -53,7 +54,8 @@ def test_report_of_a_real_run_has_tables_intervals_and_three_figures(scored_run,
     for estimate, low, high in cells:
         assert float(low) <= float(estimate) <= float(high)
     assert "Inference: preference match, reference scoring (ref-4o)" in html and "Generation: judge score, judge judge" in html
-    assert "No failures: all 48 records scored." in html  # 2 tasks x 2 settings x 12 instances
+    assert "No failures: all 144 records scored." in html  # 2 tasks x 2 settings x 36 instances
+    assert "personas resampled" in html and "no interval" not in html  # 12 personas
     figures = images(html)
     assert set(figures) == {
         "Fig. 3: F1 against the mean position of the relevant sessions",
@@ -85,7 +87,7 @@ def test_failures_are_listed_and_kept_out_of_the_scores(tmp_path):
     assert re.search(r"<td>2</td><td class=\"failed\">2</td>", html)  # scored 2, failed 2
     assert re.search(r"inference / standard</td><td class=\"l\">parse_preference: parse_error</td><td class=\"failed\">2</td>", html)
     assert re.search(r"generation / standard</td><td class=\"l\">judge: parse_error</td><td class=\"failed\">1</td>", html)
-    assert "8.00 <small>[8.00, 8.00]</small>" in html  # the failed judge is not a zero in the mean
+    assert "8.00 <small>(1 personas: no interval)</small>" in html  # the failed judge is not a zero in the mean
     assert "Not drawn: no candidate model was scored under two matchers" in html
 
 

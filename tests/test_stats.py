@@ -1,11 +1,13 @@
-"""Bootstrap intervals over instances: cases whose bootstrap distribution is known by hand, and the
-properties an interval must have (contains the estimate, narrows with more data, fixed by the seed)."""
+"""Intervals and paired comparisons that resample personas: cases whose bootstrap distribution is known by hand,
+the properties an interval must have, and a simulation of CUPID-shaped runs (252 personas x 3 instances) that
+checks the comparison's error rates: false REGRESSION calls, power, and coverage."""
 
 import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
-from cupid.eval.stats import mean_interval, prf_intervals
+from cupid.eval import stats
+from cupid.eval.stats import holm, intervals, mean_score, paired, prf, prf_row
 from cupid.matcher.scores import MatchCounts, macro, micro
 
 PERFECT = MatchCounts(2.0, 2, 3.0, 3)  # P = R = F1 = 1
@@ -18,48 +20,63 @@ VARIED = [
 ]  # fmt: skip
 
 
-def test_two_instances_give_the_hand_computed_interval():
+def prf_intervals(counts, personas=None, **kw):
+    """Each unit its own persona unless told otherwise."""
+    personas = personas if personas is not None else [f"p{i:03d}" for i in range(len(counts))]
+    return intervals(personas, np.array([prf_row(c) for c in counts]), prf, **kw)
+
+
+def mean_interval(values, personas=None, **kw):
+    personas = personas if personas is not None else [f"p{i:03d}" for i in range(len(values))]
+    return intervals(personas, np.array([[v, 1.0] for v in values]), mean_score, **kw).get("mean_score")
+
+
+def test_two_personas_give_the_hand_computed_interval_whatever_their_number_of_instances():
     # Resampling {0, 1} twice: the mean is 0, 0.5 or 1 with probability 1/4, 1/2, 1/4.
     # 95% percentile interval: [0, 1]. 40% interval (30th..70th percentile): both ends inside the 1/2 mass.
-    assert mean_interval([0.0, 1.0]).as_dict() == {"estimate": 0.5, "low": 0.0, "high": 1.0, "n": 2}
+    assert mean_interval([0.0, 1.0]).as_dict() == {"estimate": 0.5, "low": 0.0, "high": 1.0, "n": 2, "personas": 2}
     narrow = mean_interval([0.0, 1.0], confidence=0.4)
     assert (narrow.low, narrow.high) == (0.5, 0.5)
-    # Micro F1 of one perfect and one missed instance follows the same law: the share of PERFECT drawn.
-    intervals = prf_intervals([PERFECT, MISSED])
-    assert intervals["micro"]["f1"].estimate == pytest.approx(0.5)
-    assert (intervals["micro"]["f1"].low, intervals["micro"]["f1"].high) == (0.0, 1.0)
-    narrow = prf_intervals([PERFECT, MISSED], confidence=0.4)["micro"]["f1"]
-    assert (narrow.low, narrow.high) == pytest.approx((0.5, 0.5))
+    # Three instances per persona, drawn together: still two draws of {0, 1}, not six.
+    clustered = mean_interval([0.0] * 3 + [1.0] * 3, personas=["a"] * 3 + ["b"] * 3)
+    assert (clustered.low, clustered.high, clustered.n, clustered.personas) == (0.0, 1.0, 6, 2)
+    assert mean_interval([0.0] * 3 + [1.0] * 3).half_width < clustered.half_width  # as if independent: too narrow
+    # Micro F1 of one perfect and one missed persona follows the same law: the share of PERFECT drawn.
+    f1 = prf_intervals([PERFECT, MISSED])["micro_f1"]
+    assert (f1.estimate, f1.low, f1.high) == pytest.approx((0.5, 0.0, 1.0))
 
 
 def test_estimates_are_the_summary_aggregates_and_inside_their_intervals():
-    intervals = prf_intervals(VARIED)
+    personas = [f"p{i // 3}" for i in range(len(VARIED))]  # 4 personas of 3
+    got = prf_intervals(VARIED, personas)
     for aggregate, expected in (("micro", micro(VARIED)), ("macro", macro(VARIED))):
         for name in ("precision", "recall", "f1"):
-            interval = intervals[aggregate][name]
-            assert interval.estimate == getattr(expected, name)
+            interval = got[f"{aggregate}_{name}"]
+            assert interval.estimate == pytest.approx(getattr(expected, name))
             assert interval.low < interval.estimate < interval.high
             assert 0.0 <= interval.low and interval.high <= 1.0
-            assert interval.n == len(VARIED)
+            assert (interval.n, interval.personas) == (len(VARIED), 4)
+            assert not interval.resolved and "no interval: 4 personas" in interval.text(100)
 
 
-def test_interval_narrows_with_more_instances_of_the_same_kind():
+def test_interval_narrows_with_more_personas_of_the_same_kind():
     small = prf_intervals(VARIED)
     large = prf_intervals(VARIED * 16)
-    for aggregate in ("micro", "macro"):
-        assert large[aggregate]["f1"].estimate == pytest.approx(small[aggregate]["f1"].estimate)
-        # 16x the instances: about a quarter of the width (1/sqrt(16)); well under half in any case.
-        assert large[aggregate]["f1"].half_width < 0.5 * small[aggregate]["f1"].half_width
+    for name in ("micro_f1", "macro_f1"):
+        assert large[name].estimate == pytest.approx(small[name].estimate)
+        # 16x the personas: about a quarter of the width (1/sqrt(16)); well under half in any case.
+        assert large[name].half_width < 0.5 * small[name].half_width
     scores = [1, 3, 4, 4, 5, 6, 7, 7, 8, 10]
     assert mean_interval(scores * 16).half_width < 0.5 * mean_interval(scores).half_width
+    assert mean_interval(scores).resolved and mean_interval(scores).text() == f"{np.mean(scores):.1f} [{mean_interval(scores).low:.1f}, {mean_interval(scores).high:.1f}]"
 
 
-def test_same_instances_same_interval_in_any_order_other_seed_other_draws():
-    assert prf_intervals(VARIED) == prf_intervals(VARIED) == prf_intervals(VARIED[::-1])
-    assert mean_interval([1, 5, 9, 2]) == mean_interval([2, 9, 5, 1])
-    other = prf_intervals(VARIED, seed=1)["micro"]["f1"]
-    assert (other.low, other.high) != (prf_intervals(VARIED)["micro"]["f1"].low, prf_intervals(VARIED)["micro"]["f1"].high)
-    assert other.estimate == prf_intervals(VARIED)["micro"]["f1"].estimate
+def test_same_units_same_interval_in_any_order_other_seed_other_draws():
+    personas = [f"p{i}" for i in range(len(VARIED))]
+    assert prf_intervals(VARIED, personas) == prf_intervals(VARIED[::-1], personas[::-1])
+    other = prf_intervals(VARIED, seed=1)["micro_f1"]
+    assert (other.low, other.high) != (prf_intervals(VARIED)["micro_f1"].low, prf_intervals(VARIED)["micro_f1"].high)
+    assert other.estimate == prf_intervals(VARIED)["micro_f1"].estimate
 
 
 def test_agrees_with_scipy_percentile_bootstrap_on_the_mean():
@@ -73,10 +90,98 @@ def test_agrees_with_scipy_percentile_bootstrap_on_the_mean():
 
 
 def test_degenerate_inputs():
-    one = prf_intervals([MatchCounts(1.0, 2, 1.5, 2)])["micro"]
-    assert (one["precision"].low, one["precision"].estimate, one["precision"].high) == (0.5, 0.5, 0.5)
-    assert one["f1"].low == pytest.approx(one["f1"].high) == pytest.approx(one["f1"].estimate)
+    one = prf_intervals([MatchCounts(1.0, 2, 1.5, 2)])
+    assert (one["micro_precision"].low, one["micro_precision"].estimate, one["micro_precision"].high) == (0.5, 0.5, 0.5)
+    assert one["micro_f1"].low == pytest.approx(one["micro_f1"].high) == pytest.approx(one["micro_f1"].estimate)
     # An empty inferred checklist scores precision 0 (as matcher.scores does), never a division error.
     empty = prf_intervals([MatchCounts(0.0, 0, 0.0, 3), PERFECT])
-    assert empty["micro"]["precision"].estimate == micro([MatchCounts(0.0, 0, 0.0, 3), PERFECT]).precision
-    assert prf_intervals([]) is None and mean_interval([]) is None
+    assert empty["micro_precision"].estimate == micro([MatchCounts(0.0, 0, 0.0, 3), PERFECT]).precision
+    assert prf_intervals([]) == {} and mean_interval([]) is None
+    assert paired([], np.zeros((0, 2)), np.zeros((0, 2)), mean_score) == {} and holm([]) == []
+
+
+def test_paired_difference_is_b_minus_a_of_the_figures_and_zero_when_nothing_changed():
+    rng = np.random.default_rng(1)
+    personas = [f"p{i // 3}" for i in range(60)]
+    a = np.array([[s, 1.0] for s in rng.integers(1, 11, 60)])
+    b = np.array([[s, 1.0] for s in rng.integers(1, 11, 60)])
+    d = paired(personas, a, b, mean_score)["mean_score"]
+    assert (d.a, d.b, d.difference) == pytest.approx((a[:, 0].mean(), b[:, 0].mean(), b[:, 0].mean() - a[:, 0].mean()))
+    assert d.low < d.difference < d.high and (d.n, d.personas) == (60, 20) and d.resolved
+    same = paired(personas, a, a, mean_score)["mean_score"]  # the cache answered both runs
+    assert (same.difference, same.low, same.high, same.p_value, same.detectable) == (0.0, 0.0, 0.0, 1.0, 0.0)
+    # Holm: the smallest p times the number of tests, then step-down, never above 1 nor below the raw p.
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+# ---------------------------------------------------------------- CUPID-shaped runs, simulated
+
+N_PERSONAS, PER_PERSONA, N_PAIRS = 252, 3, 1000
+ALPHA = 0.05  # two-sided 95%: REGRESSION is the lower tail, 2.5% under no change
+
+
+def simulate(rng, n_personas, drop=0.0):
+    """Unit counts of two runs A and B of one benchmark: each persona has an ability and a change between the
+    runs that its three instances share (what makes units cluster), each instance a difficulty both runs meet,
+    and checklists of 3-6 items labelled 0 / 0.5 / 1. `drop` removes that share of B's matched mass, so B's
+    micro P, R and F1 are (1 - drop) times what they would be."""
+    n = n_personas * PER_PERSONA
+    persona = np.repeat(np.arange(n_personas), PER_PERSONA)
+    logit = rng.normal(0, 1.0, n_personas)[persona] + rng.normal(0, 0.3, n)
+    change = rng.normal(0, 1.2, n_personas)[persona]  # the persona-level part of B - A
+    runs = []
+    for shift in (np.zeros(n), change):
+        q = 1 / (1 + np.exp(-(logit + shift)))
+        n_pred, n_true = rng.integers(3, 7, n), rng.integers(3, 7, n)
+        runs.append(np.stack([rng.binomial(2 * n_pred, q) / 2, n_pred, rng.binomial(2 * n_true, q) / 2, n_true], axis=1).astype(float))
+    a, b = runs
+    b[:, [0, 2]] *= 1 - drop
+    return persona, columns(a), columns(b)
+
+
+def columns(counts):
+    """`prf_row` of each row of counts, at numpy's speed (checked against it below)."""
+    p, r = stats.ratio(counts[:, 0], counts[:, 1]), stats.ratio(counts[:, 2], counts[:, 3])
+    return np.column_stack([counts, p, r, stats.ratio(2 * p * r, p + r), np.ones(len(counts))])
+
+
+def micro_f1(run):
+    return prf(run.sum(axis=0))["micro_f1"]
+
+
+def test_simulated_comparisons_have_the_stated_error_rates():
+    rng = np.random.default_rng(20251125)
+    # The truth: micro F1 of A and of B on a population of personas far larger than the benchmark's.
+    _, big_a, big_b = simulate(rng, 100_000)
+    np.testing.assert_allclose(big_a[:20], [prf_row(MatchCounts(*row[:4])) for row in big_a[:20]])
+    truth_null = micro_f1(big_b) - micro_f1(big_a)
+
+    null = [simulate(rng, N_PERSONAS) for _ in range(N_PAIRS)]
+    results = [paired(names, a, b, prf)["micro_f1"] for names, a, b in null]
+
+    # Units cluster: the persona-resampled spread of the difference is >= 1.5x the spread resampling instances.
+    names, a, b = null[0]
+    units = np.arange(len(names))
+    clustered, naive = paired(names, a, b, prf)["micro_f1"], paired(units, a, b, prf)["micro_f1"]
+    assert clustered.detectable >= 1.5 * naive.detectable  # detectable = (1.96 + 0.84) x the bootstrap s.d.
+
+    # No real change: one-sided REGRESSION (the interval below 0, p < 0.05 two-sided) in <= 4.5% (2.5% expected).
+    assert abs(truth_null) < 0.002  # the change is symmetric on the logit scale: no change in expectation
+    assert sum(r.high < 0 for r in results) / N_PAIRS <= 0.045
+
+    # The drop theory gives 80% power for: (1.96 + 0.84) x the sampling s.d. of the difference.
+    sd = np.std([r.difference for r in results])
+    drop_f1 = (1.96 + 0.84) * sd
+    drop = drop_f1 / micro_f1(big_a)
+    truth = micro_f1(big_b * [1 - drop, 1, 1 - drop, 1, 1, 1, 1, 1]) - micro_f1(big_a)  # micro F1 scales with the mass
+    dropped = [simulate(rng, N_PERSONAS, drop) for _ in range(N_PAIRS)]
+    found = [paired(names, a, b, prf)["micro_f1"] for names, a, b in dropped]
+    assert sum(r.high < 0 for r in found) / N_PAIRS >= 0.75
+    assert np.mean([r.detectable for r in found]) == pytest.approx(drop_f1, rel=0.15)  # `detectable` estimates it
+
+    # Coverage of the true difference: persona-resampled 92-97.5%; resampling instances on the same data < 92%.
+    covered = np.mean([r.low <= truth <= r.high for r in found])
+    naive_covered = np.mean([r.low <= truth <= r.high for _, a, b in dropped for r in [paired(units, a, b, prf)["micro_f1"]]])
+    assert 0.92 <= covered <= 0.975, covered
+    assert naive_covered < 0.92, naive_covered
+    assert stats.MIN_PERSONAS <= N_PERSONAS

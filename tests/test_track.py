@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import UnitRecord
-from cupid.eval.stats import mean_interval, prf_intervals
+from cupid.eval.tasks import GENERATION, INFERENCE
 from tests.conftest import REPO, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
@@ -93,12 +93,9 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
 
     # every estimate with its bootstrap bounds, as the report and the nightly compute them
     records = [UnitRecord.model_validate_json(line) for line in (run_dir / "instances.jsonl").read_text().splitlines()]
-    inference = [r for r in records if r.task == "inference" and r.scored]
-    if inference:
-        interval = prf_intervals([r.match_counts() for r in inference])["micro"]["f1"]
+    if (interval := INFERENCE.intervals(records).get("micro_f1")) is not None:
         assert (metrics["inference/oracle/micro_f1_low"], metrics["inference/oracle/micro_f1_high"]) == pytest.approx((interval.low, interval.high))
-    if scores := [r.score for r in records if r.task == "generation" and r.scored]:
-        interval = mean_interval(scores)
+    if (interval := GENERATION.intervals(records).get("mean_score")) is not None:
         assert (metrics["generation/oracle/mean_score_low"], metrics["generation/oracle/mean_score_high"]) == pytest.approx((interval.low, interval.high))
     else:  # no judge answer parsed: no score at all, never a zero
         assert not any(k.startswith("generation/oracle/mean_score") for k in metrics)
