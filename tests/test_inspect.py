@@ -18,6 +18,7 @@ from inspect_ai.log import EvalLog, read_eval_log
 from cupid.eval import inspect_tasks
 from cupid.eval.data import load
 from cupid.eval.records import UnitRecord
+from cupid.eval.tasks import INFERENCE
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, build_tasks
 from cupid.serving.client import Client
@@ -97,6 +98,8 @@ def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(b
     assert metrics["micro_f1"] == pytest.approx(block["micro"]["f1"]) and metrics["macro_recall"] == pytest.approx(block["macro"]["recall"])
     for t, b in block["by_type"].items():
         assert metrics[f"{t}/micro_precision"] == pytest.approx(b["micro"]["precision"])
+    bounds = INFERENCE.intervals(cli.values())["micro_f1"]  # personas resampled, as the report's
+    assert (metrics["micro_f1_low"], metrics["micro_f1_high"]) == pytest.approx((bounds.low, bounds.high))
 
 
 def test_a_failed_stage_is_an_unscored_sample_with_its_reason_counted_out_as_the_cli_counts_it(both_ways):

@@ -195,6 +195,10 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     on_board = [next(e for e in b["models"] if e["model"] == "instant")["metrics"][f1] for b in boards]
     assert list(history[f"metrics.{f1}"]) == pytest.approx([m["estimate"] for m in on_board])
     assert list(history[f"metrics.{f1}_low"]) == pytest.approx([m["low"] for m in on_board])
+    # the second night's paired change since the first, beside its own figures (the first night has none)
+    change = next(e for e in boards[1]["models"] if e["model"] == "instant")["change"][f1]
+    logged = {k: list(history[f"metrics.compare/{f1}/difference{end}"]) for k, end in (("difference", ""), ("low", "_low"), ("p_holm", "_p"))}
+    assert {k: v[1] for k, v in logged.items()} == pytest.approx({k: change[k] for k in logged}) and all(v[0] != v[0] for v in logged.values())
 
     # the night's directory logged again, one of its runs torn meanwhile: the same tracker runs, none added, and
     # the torn one still logged with its flag and what did not read
