@@ -385,10 +385,12 @@ def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_tr
     from cupid.training.sft import sft_config
 
     before = json.loads((REPO / "tests" / "data" / "sft_args_before_trl_passthrough.json").read_text())
+    changed_since = {"tiny": {"per_device_train_batch_size": 1}}  # 10 steps of 1 teach the format as 10 of 2 did, at half the cost
     for name, recipe in before.items():
         cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
         args = sft_config(cfg, "fp32")
         project = recipe.pop("_project")
+        recipe.update(changed_since.get(name, {}))
         assert {k: getattr(args, k) for k in recipe} == recipe, name
         assert (cfg.sft.precision, cfg.sft.resume, cfg.sft.measure_loss_on) == (project["precision"], project["resume"], project["measure_loss_on"])
 
