@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import Any, AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, ParamSpec, Sequence, TypeVar
 
 import httpx
 from rich.console import Console
@@ -26,7 +26,7 @@ from cupid.eval.history import Setting
 from cupid.eval.runner import RunConfig, RunResult, arun
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import INFERENCE
-from cupid.serving.aio import blocking
+from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
@@ -100,54 +100,30 @@ class PrefMatcher:
         self.dialect = matcher_dialect(self.endpoint)
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
-        # per event loop: its scorer, the generator that closes what it opened, its client
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[InferenceScorer, AsyncGenerator[None, None], Client]] = {}
+        self._opened = PerLoop(self._open, _close, cleanup=_close_cache)  # per event loop: its client and scorer
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
 
+    def _open(self) -> tuple[Client, InferenceScorer]:
+        endpoints = {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
+        client = Client(endpoints, Cache(self.cache_path) if self.cache_path is not None else None, concurrency=self.concurrency)
+        return client, InferenceScorer(client, "decomposer", "matcher", self.dialect)
+
     async def _scorer(self) -> InferenceScorer:
-        """This event loop's client and scorer (aiohttp sessions belong to one loop), opened on its first call.
-
-        Its closing is an async generator suspended at its `yield`: the loop holds it among the generators it
-        finalizes (`shutdown_asyncgens`, which `asyncio.run` calls before closing the loop), so what the loop's
-        calls opened is closed on it, at `aclose()`/`close()` or at the latest when `asyncio.run` ends, once."""
-        loop = asyncio.get_running_loop()
-        if loop not in self._clients:
-            endpoints = {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
-            cache = Cache(self.cache_path) if self.cache_path is not None else None
-            client = Client(endpoints, cache, concurrency=self.concurrency)
-            held = self._held(loop, client)
-            self._clients[loop] = (InferenceScorer(client, "decomposer", "matcher", self.dialect), held, client)
-            await anext(held)  # runs to its `yield` at once: the loop now finalizes it
-        return self._clients[loop][0]
-
-    async def _held(self, loop: asyncio.AbstractEventLoop, client: Client) -> AsyncGenerator[None, None]:
-        try:
-            yield
-        finally:
-            if self._clients.get(loop, (None, None, None))[2] is client:
-                del self._clients[loop]
-            await _close(client)
+        return (await self._opened.get())[1]
 
     async def aclose(self) -> None:
         """Close this event loop's connections and cache (again: nothing to do)."""
-        opened = self._clients.get(asyncio.get_running_loop())
-        if opened is not None:
-            await opened[1].aclose()
+        await self._opened.aclose()
 
     def close(self) -> None:
         """Close what async calls left open on event loops not running now (again: nothing to do). On a running
         loop, `await pm.aclose()` instead (or `async with`): its connections can only be closed on it."""
-        for loop, (_, held, client) in list(self._clients.items()):
-            if loop.is_running():
-                raise RuntimeError("PrefMatcher.close() while its event loop runs: use `await pm.aclose()` or `async with`")
-            if not loop.is_closed():
-                loop.run_until_complete(held.aclose())
-            else:  # closed without finalizing its generators: its sockets cannot be closed any more, the cache can
-                self._clients.pop(loop, None)
-                if client.cache is not None:
-                    client.cache.close()
+        try:
+            self._opened.close()
+        except RuntimeError:
+            raise RuntimeError("PrefMatcher.close() while its event loop runs: use `await pm.aclose()` or `async with`") from None
 
     def __enter__(self) -> "PrefMatcher":
         return self
@@ -219,10 +195,14 @@ class PrefMatcher:
         return self._blocking(lambda: self.ascore_batch(triples))
 
 
-async def _close(client: Client) -> None:
-    await client.aclose()
-    if client.cache is not None:
-        client.cache.close()
+async def _close(opened: tuple[Client, Any]) -> None:
+    await opened[0].aclose()
+    _close_cache(opened)
+
+
+def _close_cache(opened: tuple[Client, Any]) -> None:
+    if opened[0].cache is not None:
+        opened[0].cache.close()
 
 
 def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None) -> Dataset:
