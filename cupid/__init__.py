@@ -1,7 +1,7 @@
 """Local, cost-free evaluation for the CUPID benchmark (COLM 2025) with a vLLM-served PrefMatcher judge.
 
 The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run,
-giving a `RunResult`), `compare` (two runs, paired by unit: a `Comparison`), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
+giving a `RunResult`), `compare` (two runs, paired by unit: a `Comparison`), `reward` and `reward_dataset` (PrefMatcher as a TRL reward), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
 batched client, the request cache), `cupid.eval` (the benchmark), `cupid.training` (rebuilding PrefMatcher).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
-    "PrefMatcher", "evaluate", "aevaluate", "compare", "load_dataset", "endpoint",
+    "PrefMatcher", "evaluate", "aevaluate", "compare", "reward", "reward_dataset", "load_dataset", "endpoint",
     # the types the API's signatures name
     "Endpoint", "RunResult", "Comparison", "Summary", "ServedModel", "MatchItem", "Labels", "Scoring", "StageError", "StageFailed", "Dataset",
 ]  # fmt: skip
@@ -18,7 +18,7 @@ __all__ = [
 if TYPE_CHECKING:
     from cupid.api import (
         Comparison, Dataset, Labels, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, Summary,
-        aevaluate, compare, endpoint, evaluate, load_dataset,
+        aevaluate, compare, endpoint, evaluate, load_dataset, reward, reward_dataset,
     )  # fmt: skip
     from cupid.serving.endpoints import Endpoint
 

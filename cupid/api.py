@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Literal, ParamSpec, Sequence, TypeVar
 
 import httpx
 from rich.console import Console
@@ -100,7 +100,7 @@ class PrefMatcher:
         self.dialect = matcher_dialect(self.endpoint)
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
-        self._opened = PerLoop(self._open, _close, cleanup=_close_cache)  # per event loop: its client and scorer
+        self._opened = PerLoop(self._open, lambda opened: opened[0].close_with_cache(), cleanup=lambda opened: opened[0].close_cache())  # per event loop: its client and scorer
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
@@ -195,14 +195,6 @@ class PrefMatcher:
         return self._blocking(lambda: self.ascore_batch(triples))
 
 
-async def _close(opened: tuple[Client, Any]) -> None:
-    await opened[0].aclose()
-    _close_cache(opened)
-
-
-def _close_cache(opened: tuple[Client, Any]) -> None:
-    if opened[0].cache is not None:
-        opened[0].cache.close()
 
 
 def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None) -> Dataset:
@@ -268,3 +260,41 @@ def _blocking_form(afunc: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]
 
 evaluate = _blocking_form(aevaluate)
 evaluate.__name__ = evaluate.__qualname__ = "evaluate"
+
+
+def reward(
+    task: Literal["inference", "generation"] = "inference",
+    *,
+    matcher: EndpointLike = "prefmatcher",
+    decomposer: EndpointLike = "decomposer",
+    judge: EndpointLike = "judge",
+    endpoints_file: str | Path = DEFAULT_FILE,
+    metric: str | None = None,
+    cache: str | Path | None = None,
+    max_concurrency: int | None = None,
+    blocking: bool = False,
+) -> functools.partial[Any]:
+    """PrefMatcher as a reward for TRL's `GRPOTrainer` (`reward_funcs=[cupid.reward()]`): each completion scored as
+    `cupid eval run` scores a candidate answer. Inference rewards the inferred preference's `f1` (or `precision`,
+    `recall`) under `decomposer` and `matcher`; generation the `judge`'s score scaled to [0, 1]. An answer without a
+    preference is 0.0; a judge's failure is None (TRL skips it). Async and picklable; `blocking=True` gives the
+    synchronous twin (TRL's online DPO). The dataset's columns must hold the ground truth: `cupid.reward_dataset`."""
+    from cupid.eval import reward as rewards
+
+    chosen = {"matcher": matcher, "decomposer": decomposer} if task == "inference" else {"judge": judge}
+    endpoints = {role: endpoint(spec, endpoints_file=endpoints_file) for role, spec in chosen.items()}
+    return rewards.reward(task, endpoints=endpoints, metric=metric, cache=cache, max_concurrency=max_concurrency, blocking=blocking)
+
+
+def reward_dataset(
+    source: str | Path = "sample", task: Literal["inference", "generation"] = "inference", setting: Setting = "standard", **selection: Any
+) -> Any:
+    """The prompts a reward is given answers to, as a `datasets.Dataset`: `prompt` holds the runner's candidate prompt
+    as chat messages (what `cupid eval run` sends), beside the ground truth (`current_contextual_preference`,
+    `current_checklist`, `current_request`) and the instance's key, persona and type. Any CUPID-format data:
+    the benchmark, the sample, what `cupid synth` writes. `selection`: `types`, `limit` (as `load_dataset`)."""
+    import datasets
+
+    from cupid.eval.reward import dataset_rows
+
+    return datasets.Dataset.from_list(dataset_rows(load_dataset(source, **selection).instances, task, setting))

@@ -25,12 +25,14 @@ class GenerationScorer:
     judge: str
 
     async def score(self, instance: Instance, answer: str) -> Scoring:
-        return await stage_by_stage(lambda scoring: self._stages(instance, answer, scoring))
+        return await self.score_response(instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer)
 
-    async def _stages(self, instance: Instance, answer: str, scoring: Scoring) -> None:
-        messages = prompts.judge(
-            instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer
-        )
+    async def score_response(self, preference: str, checklist: list[str], request: str, answer: str) -> Scoring:
+        """A response to the request, judged against the ground truth (preference and checklist)."""
+        return await stage_by_stage(lambda scoring: self._stages(preference, checklist, request, answer, scoring))
+
+    async def _stages(self, preference: str, checklist: list[str], request: str, answer: str, scoring: Scoring) -> None:
+        messages = prompts.judge(preference, checklist, request, answer)
         fmt = constraint(self.client, self.judge, schemas.judge)
         scoring.judge_answer = await ask(self.client, "judge", self.judge, messages, **fmt)
         scoring.score = parsed("judge", parse.score, scoring.judge_answer)

@@ -49,7 +49,10 @@ class InferenceScorer:
 
     async def score(self, instance: Instance, answer: str) -> Scoring:
         """The candidate's answer: its preference parsed, then scored as `score_preference` does."""
-        gt_preference, gt = instance.current_contextual_preference, list(instance.current_checklist)
+        return await self.score_answer(answer, instance.current_contextual_preference, list(instance.current_checklist))
+
+    async def score_answer(self, answer: str, gt_preference: str, gt: list[str]) -> Scoring:
+        """A candidate's answer against the ground truth (what `score` asks of an instance, and the reward of it)."""
 
         async def stages(scoring: Scoring) -> None:
             preference = parsed("parse_preference", parse.preference, answer)

@@ -265,6 +265,15 @@ class Client:
             await http.close()
         self._http.clear()
 
+    async def close_with_cache(self) -> None:
+        """Its connections, then its cache (a client opened for a caller that owns nothing else: PrefMatcher, a reward)."""
+        await self.aclose()
+        self.close_cache()
+
+    def close_cache(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
+
     async def __aenter__(self) -> "Client":
         return self
 

@@ -1,0 +1,224 @@
+"""PrefMatcher as a training reward: `cupid.reward(...)` gives a reward function with TRL's contract, and
+`cupid.reward_dataset(...)` the prompts it rewards answers to.
+
+The contract (TRL's `GRPOTrainer`, `reward_funcs`): called with `prompts`, `completions` (strings, or chat messages
+whose last assistant turn is the answer), `completion_ids` and the dataset's other columns as keyword lists; returns
+one `float | None` per completion, None being a reward TRL skips. Each completion is scored exactly as
+`cupid eval run` scores a candidate answer, with the same parser, judges and requests (so the same cache keys):
+- the policy's own failure (no preference in its answer: the runner's `parse_preference` failure) is its reward, 0.0;
+- a judge's failure (unreachable, an unparseable judge answer after the client's retries) is None; nothing raises.
+
+The function is a `functools.partial` of a module-level `async def` named for what it logs (TRL logs
+`rewards/<name>/mean`, reading the wrapped function's `__name__`), bound to a `Judges` of endpoints and paths:
+it pickles (TRL's async GRPO sends reward functions to another process) and opens its HTTP client lazily on the
+event loop that calls it (TRL runs async rewards on a loop of its own). One call is one batch: identical
+(answer, ground truth) pairs within it are asked once, and the endpoints' concurrency limits apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+from cupid.eval.history import GENERATION_ONLY, SETTINGS, plain_log
+from cupid.eval.generation import GenerationScorer
+from cupid.eval.inference import InferenceScorer, matcher_dialect
+from cupid.eval.records import Scoring
+from cupid.eval.tasks import TASKS
+from cupid.serving.aio import PerLoop, blocking
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoints import Endpoint
+
+Task = Literal["inference", "generation"]
+METRICS: dict[str, tuple[str, ...]] = {"inference": ("f1", "precision", "recall"), "generation": ("score",)}
+ROLES: dict[str, tuple[str, ...]] = {"inference": ("decomposer", "matcher"), "generation": ("judge",)}
+GROUND_TRUTH = ("current_contextual_preference", "current_checklist")  # the dataset's columns, named as in CUPID's data
+
+
+@dataclass(frozen=True)
+class Judges:
+    """What a reward function is bound to: the task, the figure rewarded, each judge role's endpoint, the cache file
+    and the concurrency. Data only, so it pickles; the client is opened per process and event loop."""
+
+    task: Task
+    metric: str
+    endpoints: tuple[tuple[str, Endpoint], ...]
+    cache: str | None = None
+    max_concurrency: int | None = None
+    _opened: PerLoop[tuple[Client, Any]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_opened", PerLoop(self._open, lambda opened: opened[0].close_with_cache(), cleanup=lambda opened: opened[0].close_cache()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_opened"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
+    def _open(self) -> tuple[Client, Any]:
+        roles = dict(self.endpoints)
+        client = Client(roles, Cache(Path(self.cache)) if self.cache else None, concurrency=self.max_concurrency)
+        if self.task == "inference":
+            return client, InferenceScorer(client, "decomposer", "matcher", matcher_dialect(roles["matcher"]))
+        return client, GenerationScorer(client, "judge")
+
+    async def opened(self) -> tuple[Client, Any]:
+        """This event loop's client and scorer, opened on its first call."""
+        return await self._opened.get()
+
+    async def aclose(self) -> None:
+        await self._opened.aclose()
+
+
+
+
+def answer_of(completion: str | list[dict[str, Any]]) -> str:
+    """A completion's answer: the string, or the content of its last assistant message."""
+    if isinstance(completion, str):
+        return completion
+    for message in reversed(completion):
+        if message.get("role") == "assistant":
+            return str(message.get("content") or "")
+    return ""
+
+
+def value(task: str, metric: str, scoring: Scoring) -> float | None:
+    """A scoring's reward: the figure (a judge score 1-10 scaled to [0, 1]), 0.0 for the policy's own failure, None
+    for a judge's."""
+    if not scoring.scored:
+        return 0.0 if scoring.error is not None and scoring.error.stage == "parse_preference" else None
+    if task == "inference":
+        assert scoring.scores is not None
+        return float(getattr(scoring.scores, metric))
+    return None if scoring.score is None else (scoring.score - 1) / 9
+
+
+async def _score(judges: Judges, scorer: Any, answer: str, row: tuple[Any, ...]) -> Scoring:
+    if judges.task == "inference":
+        preference, checklist = row
+        return await scorer.score_answer(answer, preference, list(checklist))
+    preference, checklist, request = row
+    return await scorer.score_response(preference, list(checklist), request, answer)
+
+
+async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -> list[float | None]:
+    """One batch's rewards (what every reward function of this module computes)."""
+    log_metric: Callable[[str, float], None] | None = columns.get("log_metric")
+    names = (*GROUND_TRUTH, "current_request") if judges.task == "generation" else GROUND_TRUTH
+    missing = [n for n in names if n not in columns]
+    if missing:
+        raise ConfigError(f"cupid reward ({judges.task}): the dataset has no column {missing[0]!r} (cupid.reward_dataset gives it)")
+    rows = [tuple(tuple(v) if isinstance(v, list) else v for v in values) for values in zip(*(columns[n] for n in names))]
+    asked = [(answer_of(c), row) for c, row in zip(completions, rows, strict=True)]
+    started = time.monotonic()
+    try:
+        client, scorer = await judges.opened()
+        before = (client.stats.sent, client.stats.cached)
+        unique = list(dict.fromkeys(asked))  # an identical answer to the same instance is asked once
+        scorings = await asyncio.gather(*(_score(judges, scorer, answer, row) for answer, row in unique), return_exceptions=True)
+    except Exception:  # the judges could not even be reached: every completion is skipped, the trainer goes on
+        return [None] * len(completions)
+    by_pair = {pair: s for pair, s in zip(unique, scorings)}
+    out = [value(judges.task, judges.metric, s) if isinstance(s := by_pair[pair], Scoring) else None for pair in asked]
+    if log_metric is not None:
+        prefix = f"cupid/{judges.task}"
+        log_metric(f"{prefix}/judge_failure_rate", sum(r is None for r in out) / max(len(out), 1))
+        log_metric(f"{prefix}/requests_sent", float(client.stats.sent - before[0]))
+        log_metric(f"{prefix}/cache_hits", float(client.stats.cached - before[1]))
+        log_metric(f"{prefix}/seconds_per_batch", time.monotonic() - started)
+    return out
+
+
+# One module-level function per task and figure, named for what TRL logs (`rewards/<name>/mean`).
+async def cupid_inference_f1(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+    return await rewards(judges, completions, columns)
+
+
+async def cupid_inference_precision(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+    return await rewards(judges, completions, columns)
+
+
+async def cupid_inference_recall(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+    return await rewards(judges, completions, columns)
+
+
+async def cupid_generation_score(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+    return await rewards(judges, completions, columns)
+
+
+def _blocking_twin(afunc: Callable[..., Any]) -> Callable[..., list[float | None]]:
+    def call(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+        async def once() -> list[float | None]:
+            try:
+                return await afunc(prompts, completions, completion_ids, judges=judges, **columns)
+            finally:
+                await judges.aclose()
+
+        return blocking(once)
+
+    call.__name__ = call.__qualname__ = afunc.__name__ + "_blocking"
+    return call
+
+
+# the blocking twins, for trainers that call reward functions synchronously (TRL's online DPO)
+cupid_inference_f1_blocking = _blocking_twin(cupid_inference_f1)
+cupid_inference_precision_blocking = _blocking_twin(cupid_inference_precision)
+cupid_inference_recall_blocking = _blocking_twin(cupid_inference_recall)
+cupid_generation_score_blocking = _blocking_twin(cupid_generation_score)
+
+FUNCTIONS = {
+    ("inference", "f1"): (cupid_inference_f1, cupid_inference_f1_blocking),
+    ("inference", "precision"): (cupid_inference_precision, cupid_inference_precision_blocking),
+    ("inference", "recall"): (cupid_inference_recall, cupid_inference_recall_blocking),
+    ("generation", "score"): (cupid_generation_score, cupid_generation_score_blocking),
+}
+
+
+def reward(
+    task: Task = "inference",
+    *,
+    endpoints: dict[str, Endpoint],
+    metric: str | None = None,
+    cache: str | Path | None = None,
+    max_concurrency: int | None = None,
+    blocking: bool = False,
+) -> functools.partial[Any]:
+    """The reward function of a task's figure (inference: `f1`, `precision`, `recall`; generation: `score`) under
+    these judges (`endpoints`: role -> Endpoint; inference: decomposer and matcher, generation: judge)."""
+    if task not in METRICS:
+        raise ConfigError(f"reward: task {task!r}: expected one of {', '.join(METRICS)}")
+    metric = metric or METRICS[task][0]
+    if metric not in METRICS[task]:
+        raise ConfigError(f"reward: metric {metric!r} for {task}: expected one of {', '.join(METRICS[task])}")
+    if missing := [r for r in ROLES[task] if r not in endpoints]:
+        raise ConfigError(f"reward: {task} needs a {missing[0]} endpoint")
+    judges = Judges(task, metric, tuple((r, endpoints[r]) for r in ROLES[task]), str(cache) if cache else None, max_concurrency)
+    return functools.partial(FUNCTIONS[(task, metric)][1 if blocking else 0], judges=judges)
+
+
+def dataset_rows(instances: Sequence[Any], task: Task = "inference", setting: str = "standard") -> list[dict[str, Any]]:
+    """One row per instance: `prompt`, the runner's candidate prompt as chat messages (the messages `cupid eval run`
+    sends), and the ground-truth columns beside it."""
+    if setting not in SETTINGS or (setting in GENERATION_ONLY and task != "generation"):
+        raise ConfigError(f"reward_dataset: setting {setting!r} for {task}: expected one of {', '.join(s for s in SETTINGS if task == 'generation' or s not in GENERATION_ONLY)}")
+    if setting == "summary":
+        raise ConfigError("reward_dataset: the summary setting needs the summarizer's answers to build its prompts; use standard or oracle")
+    spec = TASKS[task]
+    rows = []
+    for instance in instances:
+        log = "" if setting == "oracle-preference" else plain_log(instance, setting)
+        rows.append({
+            "prompt": spec.messages(log, instance, setting), "key": instance.key, "persona_id": instance.persona_id,
+            "instance_type": instance.instance_type, "current_request": instance.current_request,
+            "current_contextual_preference": instance.current_contextual_preference,
+            "current_checklist": list(instance.current_checklist),
+        })  # fmt: skip
+    return rows

@@ -1,0 +1,94 @@
+"""PrefMatcher as a TRL reward, called as TRL's GRPOTrainer calls it, against the answers `cupid eval run` scored:
+the session's vLLM server (the random-weight model held to the formats) as matcher, the instant server as decomposer
+(its checklist is matched; the random model's held answer is an empty one)."""
+
+import asyncio
+import pickle
+
+import pytest
+from trl.trainer.utils import get_callable_name, is_async_callable
+
+import cupid
+from cupid.eval.runner import RunConfig, run
+from cupid.eval.rundir import RunDir
+from cupid.matcher.parse import PREFERENCE_HEADER
+from cupid.serving.endpoints import Endpoint
+from cupid.serving.lifecycle import free_port
+
+N = 3
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, instant_url, tiny_server, session_home):
+    """N instances scored by the runner, and the judges that scored them."""
+    home = tmp_path_factory.mktemp("reward")
+    matcher, decomposer = Endpoint(**tiny_server, structured_output=True), Endpoint(base_url=instant_url, model="instant")
+    endpoints = home / "endpoints.yaml"
+    endpoints.write_text(f"instant: {decomposer.model_dump_json()}\ntinyformat: {matcher.model_dump_json()}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUPID_HOME", str(session_home))
+        run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="tinyformat", limit=N,
+                      out=str(home / "run"), cache=str(home / "cache.sqlite")))  # fmt: skip
+    by_key = {r.key: r for r in RunDir(home / "run").read()}
+    records = [by_key[key] for key in cupid.reward_dataset("sample", limit=N)["key"]]  # in the data's order
+    assert all(r.scored for r in records) and any(r.inferred_checklist for r in records)
+    return records, matcher, decomposer, home / "cache.sqlite"
+
+
+def trl_call(func, dataset, completions, logged=None):
+    """As GRPOTrainer._calculate_rewards calls an async reward: the dataset's other columns as keyword lists."""
+    columns = {k: dataset[k] for k in dataset.column_names if k != "prompt"}
+    log_metric = (lambda name, value: logged.__setitem__(name, value)) if logged is not None else None
+    return asyncio.run(func(prompts=dataset["prompt"], completions=completions, completion_ids=None, trainer_state=None,
+                            log_extra=None, log_metric=log_metric, **columns))  # fmt: skip
+
+
+def test_rewards_equal_the_f1_the_run_recorded_in_plain_and_chat_form(scored):
+    records, matcher, decomposer, cache = scored
+    dataset = cupid.reward_dataset("sample", limit=N)
+    assert list(dataset["current_checklist"]) == [r.gt_checklist for r in records]
+    answers = [r.candidate_answer for r in records]
+    want = [r.scores.f1 for r in records]
+
+    reward = cupid.reward(matcher=matcher, decomposer=decomposer, cache=cache)
+    assert is_async_callable(reward) and get_callable_name(reward) == "cupid_inference_f1"  # TRL logs rewards/cupid_inference_f1/mean
+    logged = {}
+    assert trl_call(reward, dataset, answers, logged) == pytest.approx(want)
+    assert logged["cupid/inference/requests_sent"] == 0 < logged["cupid/inference/cache_hits"]  # the run's requests, keys and all
+    assert logged["cupid/inference/judge_failure_rate"] == 0.0
+    chat = [[{"role": "assistant", "content": a}] for a in answers]
+    assert trl_call(reward, dataset, chat) == trl_call(reward, dataset, answers)
+    # asked afresh, without the run's cache: the same answers (greedy), so the same rewards
+    fresh = cupid.reward(matcher=matcher, decomposer=decomposer)
+    assert trl_call(pickle.loads(pickle.dumps(fresh)), dataset, answers) == pytest.approx(want)  # it pickles, and works unpickled
+    blocking = cupid.reward(matcher=matcher, decomposer=decomposer, cache=cache, blocking=True)
+    assert blocking(prompts=dataset["prompt"], completions=answers, **{k: dataset[k] for k in dataset.column_names if k != "prompt"}) == pytest.approx(want)
+
+
+def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_once(scored, instant_url):
+    records, _, decomposer, _ = scored
+    dataset = cupid.reward_dataset("sample", limit=N)
+    answers = ["I would rather not say.", records[1].candidate_answer, f"{PREFERENCE_HEADER}\nShort answers with numbers first."]
+
+    stopped = Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="stopped", max_retries=0, timeout_s=5)
+    logged = {}
+    assert trl_call(cupid.reward(matcher=stopped, decomposer=stopped), dataset, answers, logged) == [0.0, None, None]
+    assert logged["cupid/inference/judge_failure_rate"] == pytest.approx(2 / 3)
+
+    judges = Endpoint(base_url=instant_url, model="local-prefmatcher")
+    same_row = dataset.select([1, 1, 1])
+    logged = {}
+    rewards = trl_call(cupid.reward(matcher=judges, decomposer=decomposer), same_row, [answers[2], answers[2], answers[1]], logged)
+    assert rewards[0] == rewards[1] and all(r is not None for r in rewards)
+    assert logged["cupid/inference/requests_sent"] == 2 * 3  # two distinct answers: decompose + two matches each
+
+
+def test_the_generation_reward_and_the_dataset_are_checked():
+    with pytest.raises(cupid.api.ConfigError, match="metric 'f1' for generation"):
+        cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"), metric="f1")
+    with pytest.raises(cupid.api.ConfigError, match="summary setting needs the summarizer"):
+        cupid.reward_dataset("sample", setting="summary", limit=1)
+    generation = cupid.reward_dataset("sample", task="generation", setting="oracle-preference", limit=1)
+    assert generation["prompt"][0][-1]["role"] == "user" and generation["current_contextual_preference"][0] in generation["prompt"][0][-1]["content"]
+    reward = cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"))
+    assert get_callable_name(reward) == "cupid_generation_score" and is_async_callable(reward)
