@@ -10,7 +10,7 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train train-grpo
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -95,6 +95,13 @@ synth: setup
 train: CONFIG = configs/train/prefmatcher-qwen2.5-7b.yaml
 train: setup-dev
 	$(CUPID) train run --config $(CONFIG)
+
+# Teach a policy to infer preferences with PrefMatcher as the reward (TRL's GRPO), then evaluate its adapter beside
+# the base model on held-out personas. By default the 7B recipe (GPU, its judges served first: `make serve
+# PROFILES="prefmatcher qwen2.5-7b-instruct"`); CONFIG=configs/train/grpo-tiny.yaml on CPU (the tiny server on :8011).
+train-grpo: CONFIG = configs/train/grpo-qwen2.5-7b.yaml
+train-grpo: setup-dev
+	$(CUPID) train grpo --config $(CONFIG)
 
 clean:
 	rm -rf runs .cupid/servers

@@ -153,3 +153,27 @@ def check(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> No
     """Serve base and export, run each as the matcher on the validation split, compare with the teacher."""
     cfg = _guarded(lambda: _load(config_path, out=out))
     _print_check(_guarded(lambda: agreement.check(cfg, err)))
+
+
+@app.command()
+def grpo(
+    config_path: str = typer.Option(..., "--config", "-c", help="GRPO config YAML (configs/train/grpo-*.yaml)"),
+    out: Optional[str] = OutOption,
+    dry_run: bool = typer.Option(False, "--dry-run", help="check the config (TRL's GRPOConfig and peft's LoraConfig arguments, the reward's endpoints); run nothing"),
+) -> None:
+    """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter beside the base."""
+    from cupid.training import grpo as grpo_run
+
+    cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))
+    if dry_run:
+        args, lora, reward = _guarded(lambda: grpo_run.check(cfg))
+        given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
+        console.print(f"{config_path}: valid; GRPO into {cfg.out}; reward {reward.func.__name__}; LoRA r={lora.r}", highlight=False, soft_wrap=True)
+        console.print(f"grpo: TRL's GRPOConfig accepts {given}", highlight=False, soft_wrap=True)
+        return
+    report = _guarded(lambda: grpo_run.train(cfg, err))
+    rewards = [row[k] for row in report["log_history"] for k in row if k.startswith("rewards/") and k.endswith("/mean")]
+    console.print(f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} -> {rewards[-1] if rewards else '-'}; "
+                  f"adapter in {report['adapter']}", highlight=False)  # fmt: skip
+    for label, block in (report["evaluation"] or {}).items():
+        console.print(f"eval {label}: {block['figure']} ({block['n_scored']} scored, {block['n_failed']} failed) in {block['run']}", highlight=False)

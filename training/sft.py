@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 
 from cupid.serving.config import ConfigError
+from cupid.training import trl_args
 from cupid.training.config import TrainConfig
 from cupid.training.matchdata import data_dir, read_examples
 
@@ -154,83 +154,19 @@ CHAIN_DEFAULTS: dict[str, Any] = {
 
 def sft_config(cfg: TrainConfig, prec: str | None = None):
     """The `trl.SFTConfig` of this run: the config's `sft:` arguments over the chain's defaults, and what the
-    chain sets itself (`config.SET_BY_THE_CHAIN`). TRL and transformers check the arguments here: an unknown
-    one, a value of another type than SFTConfig declares, or a value they refuse, is a ConfigError that names
-    the file and `sft.<key>` and gives their message. Building it has no side effect (nothing is written)."""
+    chain sets itself (`config.SET_BY_THE_CHAIN`). TRL and transformers check the arguments here
+    (`trl_args.build`): an unknown one, a value of another type than SFTConfig declares, or a value they refuse,
+    is a ConfigError that names the file and `sft.<key>` and gives their message. Nothing is written."""
     from trl import SFTConfig
 
     prec = prec or precision(cfg)
     given = cfg.sft.args
-    _check_declared_types(cfg, given, SFTConfig)
-    args = {**CHAIN_DEFAULTS, **given}
-    args.setdefault("data_seed", args.get("seed"))  # the data order follows the seed unless given
+    defaults = {**CHAIN_DEFAULTS, "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed"))}  # the data order follows the seed
     chain: dict[str, Any] = {
         "output_dir": str(cfg.out_dir / "checkpoints"), "bf16": prec == "bf16", "fp16": False, "completion_only_loss": True,
         "packing": False, "report_to": "none", "eval_strategy": "no",
     }  # fmt: skip
-
-    def build(arguments: dict[str, Any]):
-        return SFTConfig(**arguments, **chain)
-
-    try:
-        return build(args)
-    except (TypeError, ValueError) as e:
-        unknown = re.search(r"unexpected keyword argument '(\w+)'", str(e))
-        if isinstance(e, TypeError) and unknown:
-            raise ConfigError(f"{cfg.source}: sft.{unknown[1]}: not an argument of TRL's SFTConfig ({e})") from None
-        keys, refusal = _refused(build, args, list(given), e)
-        named = ", ".join(f"sft.{key}" for key in keys) or "sft"
-        raise ConfigError(f"{cfg.source}: {named}: TRL/transformers refuse it: {refusal}") from None
-
-
-def _check_declared_types(cfg: TrainConfig, given: dict[str, Any], sft_config_class: type) -> None:
-    """Each given argument against the type SFTConfig declares for it, strictly (nothing converted). SFTConfig
-    checks no types itself: `learning_rate: 1e-4`, text to YAML (no dot), would pass it and fail in the optimizer,
-    after the model is loaded. A key SFTConfig does not declare is left to SFTConfig, which refuses it by name."""
-    import typing
-
-    from pydantic import TypeAdapter, ValidationError
-
-    try:
-        declared = typing.get_type_hints(sft_config_class)
-    except Exception:  # a TRL whose annotations do not resolve here: SFTConfig's own checks remain
-        return
-    for key, value in given.items():
-        if key not in declared:
-            continue
-        try:
-            TypeAdapter(declared[key]).validate_python(value, strict=True)
-        except ValidationError:
-            kind = declared[key]
-            name = kind.__name__ if isinstance(kind, type) else str(kind).replace("typing.", "")
-            hint = ""
-            if isinstance(value, str) and (number := re.fullmatch(r"([-+]?\d+)([eE][-+]?\d+)", value)):
-                hint = f" (YAML reads {value}, without a dot, as text: write {number[1]}.0{number[2]})"
-            raise ConfigError(f"{cfg.source}: sft.{key}: TRL's SFTConfig declares {name}, not {value!r}{hint}") from None
-        except Exception:  # a declared type pydantic cannot check: SFTConfig's own checks remain
-            continue
-
-
-def _refused(build: Callable[[dict[str, Any]], Any], args: dict[str, Any], given: list[str], error: Exception) -> tuple[list[str], Exception]:
-    """The given keys SFTConfig's refusal (`error`) is about: those without which it builds (two that conflict
-    are both named); failing that (several wrong at once), the first, in the config's order, with which it stops
-    building, and that refusal."""
-
-    def refusal(arguments: dict[str, Any]) -> Exception | None:
-        try:
-            build(arguments)
-        except (TypeError, ValueError) as e:
-            return e
-        return None
-
-    if named := [key for key in given if refusal({k: v for k, v in args.items() if k != key}) is None]:
-        return named, error
-    kept = {k: v for k, v in args.items() if k not in given}
-    for key in given:
-        kept[key] = args[key]
-        if (e := refusal(kept)) is not None:
-            return [key], e
-    return [], error
+    return trl_args.build(SFTConfig, "sft", given, defaults=defaults, owned=chain, source=cfg.source)
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:

@@ -1,0 +1,174 @@
+"""`cupid train grpo`: teach a policy to infer preferences, with PrefMatcher as the reward (TRL's GRPOTrainer).
+
+One YAML file (`configs/train/grpo-*.yaml`): the policy, `lora:` (peft's `LoraConfig` arguments, under peft's
+names), the data (`cupid.reward_dataset`), `reward:` (the arguments of `cupid.reward`) and `grpo:` (TRL's
+`GRPOConfig` arguments as given, checked by TRL at `--dry-run` as `sft:` is). The run writes its adapter, then
+evaluates it with `cupid eval run` on held-out data, served by vLLM on the policy (and the policy alone, the
+baseline), so a training run ends with a CUPID score beside the base model's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+
+from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.training import trl_args
+
+# GRPOConfig arguments the run sets itself: checkpoints in the run directory, no tracker inside the trainer.
+SET_BY_THE_RUN = {"output_dir", "report_to"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Data(_Section):
+    """The prompts (`cupid.reward_dataset`): any CUPID-format data; train on synthesized personas, evaluate on others."""
+
+    source: str = Field(default="sample", description="'sample', a CUPID-format file or directory, or a Hub id")
+    setting: Literal["standard", "oracle"] = "standard"
+    types: list[str] | None = None
+    limit: int | None = Field(default=None, ge=1)
+
+
+class Reward(_Section):
+    """The arguments of `cupid.reward`."""
+
+    task: Literal["inference", "generation"] = "inference"
+    matcher: str = "prefmatcher"
+    decomposer: str = "decomposer"
+    judge: str = "judge"
+    endpoints_file: str = "configs/endpoints.yaml"
+    metric: str | None = None
+    cache: str | None = None
+    max_concurrency: int | None = Field(default=None, ge=1)
+
+
+class Evaluation(_Section):
+    """After training: `cupid eval run` of the adapter served by vLLM on the policy, and of the policy alone, on the
+    evaluation data's instances of personas the training data does not hold."""
+
+    enabled: bool = True
+    data: Data = Field(default_factory=Data, description="where the held-out instances come from (training personas left out)")
+    profile: str = Field(default="tiny", description="the serve profile that serves the policy (configs/serve/NAME.yaml)")
+    baseline: bool = Field(default=True, description="also evaluate the policy without the adapter (a second server)")
+    endpoint: dict[str, Any] = Field(default_factory=dict, description="the served candidate's endpoint fields (max_tokens, ...)")
+
+
+class GrpoRunConfig(_Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    out: str = Field(description="run directory: checkpoints, adapter, report, evaluations")
+    policy: str = Field(min_length=1, description="local model directory or Hub id")
+    lora: dict[str, Any] = Field(default_factory=lambda: {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+                                 description="peft's LoraConfig arguments")  # fmt: skip
+    data: Data = Field(default_factory=Data)
+    reward: Reward = Field(default_factory=Reward)
+    grpo: dict[str, Any] = Field(default_factory=dict, description="TRL's GRPOConfig arguments")
+    evaluate: Evaluation = Field(default_factory=Evaluation)
+    source: str = Field(default="(inline)", exclude=True)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunConfig:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of GRPO settings")
+    cfg = validate(GrpoRunConfig, {**data, **(overrides or {})}, str(path))
+    cfg.source = str(path)
+    if owned := sorted(SET_BY_THE_RUN & cfg.grpo.keys()):
+        raise ConfigError(f"{path}: grpo.{owned[0]}: set by the run itself ({', '.join(sorted(SET_BY_THE_RUN))} are)")
+    return cfg
+
+
+def grpo_config(cfg: GrpoRunConfig) -> Any:
+    """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`)."""
+    from trl import GRPOConfig
+
+    owned = {"output_dir": str(cfg.out_dir / "checkpoints"), "report_to": "none"}
+    return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults={"logging_steps": 1}, owned=owned, source=cfg.source)
+
+
+def lora_config(cfg: GrpoRunConfig) -> Any:
+    """peft's `LoraConfig` of the run, peft checking the arguments."""
+    from peft import LoraConfig
+
+    try:
+        return LoraConfig(task_type="CAUSAL_LM", **cfg.lora)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cfg.source}: lora: peft's LoraConfig refuses it: {e}") from None
+
+
+def check(cfg: GrpoRunConfig) -> tuple[Any, Any, Any]:
+    """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints."""
+    import cupid
+
+    args, lora = grpo_config(cfg), lora_config(cfg)
+    reward = cupid.reward(**cfg.reward.model_dump())
+    return args, lora, reward
+
+
+def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
+    """Train, write `<out>/adapter` and `<out>/grpo_report.json` (evaluations included); return the report."""
+    import cupid
+
+    console = console or Console(stderr=True)
+    args, lora, reward = check(cfg)
+    dataset = cupid.reward_dataset(cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit)
+
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.policy)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=lora)
+    console.print(f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
+                  f"reward {cfg.reward.task} {reward.func.__name__}", highlight=False)  # fmt: skip
+    trainer.train()
+    adapter = cfg.out_dir / "adapter"
+    trainer.save_model(str(adapter))
+    merged = trainer.model.merge_and_unload() if hasattr(trainer.model, "merge_and_unload") else trainer.model
+    changed = sum(not bool((before[n] == p.detach()).all()) for n, p in merged.named_parameters() if n in before)
+    report: dict[str, Any] = {
+        "adapter": str(adapter),
+        "log_history": trainer.state.log_history,
+        "parameters_changed": changed,
+        "evaluation": evaluate(cfg, adapter, console) if cfg.evaluate.enabled else None,
+    }
+    (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, Any]:
+    """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data: each candidate
+    served by vLLM with the evaluation's profile, judged by the reward's judges."""
+    import cupid
+
+    ev, r = cfg.evaluate, cfg.reward
+    roles = {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
+    candidates = {"trained": adapter} | ({"base": None} if ev.baseline else {})
+    trained_on = {i.persona_id for i in cupid.load_dataset(cfg.data.source, types=cfg.data.types, limit=cfg.data.limit).instances}
+    held_out = [i for i in cupid.load_dataset(ev.data.source, types=ev.data.types).instances if i.persona_id not in trained_on][: ev.data.limit]
+    if not held_out:
+        raise ConfigError(f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out")
+    data = cfg.out_dir / "eval" / "held_out.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
+    out: dict[str, Any] = {}
+    for label, weights in candidates.items():
+        served = cupid.ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
+                                   adapter=str(weights) if weights else None, endpoint=ev.endpoint)  # fmt: skip
+        result = cupid.evaluate(served, **roles, data=str(data), tasks=[r.task], settings=[ev.data.setting],
+                                out=cfg.out_dir / "eval" / label, endpoints_file=r.endpoints_file, progress=False)  # fmt: skip
+        block = result.summary.tasks[r.task].overall
+        out[label] = {"run": str(cfg.out_dir / "eval" / label), "n_scored": block.n_scored, "n_failed": block.n_failed,
+                      "figure": block.micro.f1 if r.task == "inference" and block.micro else getattr(block, "mean_score", None)}  # fmt: skip
+        console.print(f"grpo: {label}: {out[label]['figure']} ({block.n} scored/run) -> {out[label]['run']}", highlight=False)
+    return out
