@@ -33,6 +33,12 @@ from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, lookup
 from cupid.serving.fleet import ServedModel
 
+__all__ = [
+    "PrefMatcher", "evaluate", "aevaluate", "compare", "reward", "reward_dataset", "load_dataset", "endpoint",
+    "Comparison", "ConfigError", "Dataset", "Endpoint", "Labels", "MatchItem", "RunResult", "Scoring", "ServedModel",
+    "StageError", "StageFailed", "Summary",
+]  # fmt: skip
+
 T = TypeVar("T")
 P = ParamSpec("P")
 EndpointLike = Endpoint | str

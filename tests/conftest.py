@@ -61,8 +61,8 @@ def pytest_configure(config):
 
 # With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the
 # longest first, so that none starts last: the 135M fine-tune beside the training chain, then the servers' lifecycles.
-LONGEST_FIRST = ("test_training_smol.py", "test_training.py", "test_night_servers.py", "test_serve.py", "test_bench.py",
-                 "test_synth.py", "test_inspect.py", "test_install.py", "test_track.py")
+LONGEST_FIRST = ("test_training_smol.py", "test_training.py", "test_night_servers.py", "test_serve.py", "test_grpo.py",
+                 "test_bench.py", "test_synth.py", "test_inspect.py", "test_install.py", "test_track.py", "test_compare.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -6,8 +6,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import uuid
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

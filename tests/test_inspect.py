@@ -24,7 +24,7 @@ from cupid.eval.runner import RunConfig, build_tasks
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import load_endpoints
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import write_endpoints
 
 BIN = Path(sys.executable).parent
 RUN_ONLY = ("roles", "requests", "wall_s", "inspect_logs")  # what says how a run was made, not what it found

@@ -92,8 +92,11 @@ def grpo_config(cfg: GrpoRunConfig) -> Any:
     """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`)."""
     from trl import GRPOConfig
 
+    import torch
+
     owned = {"output_dir": str(cfg.out_dir / "checkpoints"), "report_to": "none"}
-    return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults={"logging_steps": 1}, owned=owned, source=cfg.source)
+    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # GRPOConfig's own default (bf16) fails on CPU
+    return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults={"logging_steps": 1, "bf16": bf16}, owned=owned, source=cfg.source)
 
 
 def lora_config(cfg: GrpoRunConfig) -> Any:
