@@ -29,7 +29,7 @@ from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.history import SETTINGS
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import Run, RunDir
-from cupid.eval.stats import CONFIDENCE, MIN_PERSONAS, holm
+from cupid.eval.stats import CONFIDENCE, MIN_PERSONAS, Difference, holm
 from cupid.eval.tasks import TASKS, TaskSpec
 from cupid.eval.view import default_out
 from cupid.serving.config import ConfigError
@@ -39,28 +39,15 @@ EXIT_REGRESSION = 2
 N_LARGEST = 10
 
 
-class Row(BaseModel):
+class Row(Difference):
     """One figure of one task, setting and instance type (None: all) in both runs, and B - A."""
 
     task: str
     setting: str
     instance_type: str | None
     metric: str
-    a: float
-    b: float
-    difference: float
-    low: float
-    high: float
-    p_value: float
     p_holm: float = 1.0
     headline: bool = False
-    detectable: float
-    n: int  # matched units
-    personas: int
-
-    @property
-    def resolved(self) -> bool:
-        return self.personas >= MIN_PERSONAS
 
     @property
     def regression(self) -> bool:
@@ -139,9 +126,7 @@ def _rows(spec: TaskSpec, pairs: list[tuple[UnitRecord, UnitRecord]]) -> list[Ro
             chosen = [(a, b) for a, b in in_setting if group is None or a.instance_type == group]
             for metric, d in spec.differences(chosen).items():
                 headline = metric == spec.headline[0] and setting == headline_setting and group is None
-                rows.append(Row(task=spec.name, setting=setting, instance_type=group, metric=metric, headline=headline,
-                                a=d.a, b=d.b, difference=d.difference, low=d.low, high=d.high, p_value=d.p_value,
-                                detectable=d.detectable, n=d.n, personas=d.personas))  # fmt: skip
+                rows.append(Row(task=spec.name, setting=setting, instance_type=group, metric=metric, headline=headline, **d.model_dump()))
     return rows
 
 

@@ -23,6 +23,7 @@ from statistics import NormalDist
 from typing import Callable, Sequence
 
 import numpy as np
+from pydantic import BaseModel
 
 from cupid.matcher.scores import MatchCounts
 
@@ -66,8 +67,7 @@ class Interval:
         return f"{value} [{scale * self.low:.{digits}f}, {scale * self.high:.{digits}f}]"
 
 
-@dataclass(frozen=True)
-class Difference:
+class Difference(BaseModel):
     """B - A on the units both runs scored, with its paired interval and a two-sided p-value for no difference
     (the bootstrap's: twice the smaller tail mass at 0, so p < 1 - confidence exactly when the interval
     excludes 0); `detectable` is the smallest difference found at `POWER` with this pair's spread."""
@@ -79,7 +79,7 @@ class Difference:
     high: float
     p_value: float
     detectable: float
-    n: int
+    n: int  # matched units
     personas: int
 
     @property
