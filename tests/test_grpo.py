@@ -1,10 +1,15 @@
-"""`cupid train grpo`: a real GRPO run on CPU (TRL's GRPOTrainer, peft LoRA) with `cupid.reward` as its reward, its adapter
-then run by `cupid eval run` under vLLM on a held-out persona; and the config checked by TRL's and peft's parsers.
+"""`cupid train grpo`: a real GRPO run on CPU (TRL's GRPOTrainer, peft LoRA) rewarded by `cupid.reward` against the
+session's vLLM server, its adapter then run by `cupid eval run` under vLLM on a held-out persona; and the config checked
+by TRL's and peft's parsers.
 
-The policy is the random-weight model (two steps in seconds). It never writes the inference answer's header, so every
-reward is 0.0 (the policy's own failure) and GRPO has nothing to learn from: this test shows the machinery (TRL calls
-the reward and logs it under its name, the adapter is written and served), not learning. What learning would need is
-in issue 37's note: a policy that writes the header in some answers of a group at a cost a test can pay."""
+The policy is the random-weight model (two steps in seconds). GRPO learns nothing from a group whose completions all
+score alike, and a random-weight model never writes the inference answer's header by itself (every reward would be
+0.0). So its decoding is steered toward the header with transformers' `sequence_bias` through TRL's `generation_kwargs`
+(as a constrained candidate is held to the format; `top_k` keeps the small bias among the tokens sampled from): the
+header then comes at a random place or not at all, with random words after it. The rewards score exactly what was
+generated: 0.0 without the header, and with it the F1 the judges give (the random matcher, in PrefMatcher's dialect,
+labels differently as the inferred checklist differs). SmolLM2-135M writes the header in about 1 of 12 answers at
+temperature 1 and takes ~30 s for six 96-token answers here: too rare and too slow for a test."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval import data as cupid_data
+from cupid.matcher.parse import PREFERENCE_HEADER
 from tests.conftest import write_endpoints
 
 
@@ -29,7 +35,15 @@ def short_sample(path):
     return path
 
 
-def grpo_config(tmp_path, endpoints, policy, **extra):
+def header_bias(policy) -> list:
+    """`sequence_bias` that makes the answer's header likely once begun: its first token a little, each next one a lot."""
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(policy)(f"{PREFERENCE_HEADER}\n", add_special_tokens=False)["input_ids"]
+    return [[ids[:1], 3.0]] + [[ids[:k], 15.0] for k in range(2, len(ids) + 1)]
+
+
+def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
     data = short_sample(tmp_path / "short.jsonl")
     cfg = {
         "name": "grpo-test", "out": str(tmp_path / "run"), "policy": str(policy),
@@ -38,7 +52,8 @@ def grpo_config(tmp_path, endpoints, policy, **extra):
         "reward": {"task": "inference", "matcher": "tinyformat", "decomposer": "instant", "endpoints_file": str(endpoints),
                    "cache": str(tmp_path / "cache.sqlite")},
         "grpo": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 32,
-                 "temperature": 1.0, "learning_rate": 1.0e-2, "seed": 0},
+                 "temperature": 1.0, "top_k": 50, "learning_rate": 1.0e-2, "seed": 0,
+                 **({"generation_kwargs": generation_kwargs} if generation_kwargs else {})},
         "evaluate": {"data": {"source": str(data), "setting": "oracle", "limit": 1}, "profile": "tiny", "baseline": False,
                      "endpoint": {"max_tokens": 48, "constrain_candidate": True, "structured_output": True}},
         **extra,
@@ -52,8 +67,8 @@ def grpo_config(tmp_path, endpoints, policy, **extra):
 def trained(tmp_path_factory, instant_url, tiny_server, random_model_dir, session_home):
     tmp = tmp_path_factory.mktemp("grpo")
     endpoints = write_endpoints(tmp / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"},
-                                tinyformat={**tiny_server, "structured_output": True})  # fmt: skip
-    path = grpo_config(tmp, endpoints, random_model_dir)
+                                tinyformat={**tiny_server, "structured_output": True, "matcher_prompt": "prefmatcher"})  # fmt: skip
+    path = grpo_config(tmp, endpoints, random_model_dir, {"sequence_bias": header_bias(random_model_dir)})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(session_home))
         result = CliRunner().invoke(app, ["train", "grpo", "--config", str(path)])
@@ -65,8 +80,8 @@ def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trai
     tmp, report = trained
     steps = [row for row in report["log_history"] if "rewards/cupid_inference_f1/mean" in row]
     assert len(steps) == 2  # TRL called the reward and logged it under the function's name, each step
-    assert all(row["rewards/cupid_inference_f1/mean"] == 0.0 for row in steps)  # no header in a random model's answer: 0.0, not None
-    assert report["parameters_changed"] == 0  # all alike within each group: no advantage, nothing learnt (see the docstring)
+    assert any(row["rewards/cupid_inference_f1/std"] > 0 for row in steps)  # the rewards varied: there was something to learn
+    assert report["parameters_changed"] > 0  # and the policy learnt it
     assert (tmp / "run" / "adapter" / "adapter_config.json").exists()
     trained_eval = report["evaluation"]["trained"]
     records = [json.loads(line) for line in (tmp / "run" / "eval" / "trained" / "instances.jsonl").read_text().splitlines()]
