@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval import data as cupid_data
 from cupid.matcher.parse import PREFERENCE_HEADER
-from tests.conftest import write_endpoints
+from tests.conftest import REPO, write_endpoints
 
 
 def short_sample(path):
@@ -104,3 +104,10 @@ def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):
     assert owned.exit_code == 2 and "grpo.output_dir: set by the run itself" in owned.output
     lora = CliRunner().invoke(app, ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, lora={"rank": 8})), "--dry-run"])
     assert lora.exit_code == 2 and "lora: peft's LoraConfig refuses it" in lora.output and "rank" in lora.output
+
+
+@pytest.mark.parametrize("name", ["grpo-tiny", "grpo-qwen2.5-7b"])
+def test_the_shipped_grpo_recipes_pass_their_dry_run(name):
+    result = CliRunner().invoke(app, ["train", "grpo", "--config", str(REPO / "configs" / "train" / f"{name}.yaml"), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "reward cupid_inference_f1" in result.output and "TRL's GRPOConfig accepts" in result.output
