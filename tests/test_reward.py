@@ -83,6 +83,23 @@ def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_
     assert logged["cupid/inference/requests_sent"] == 2 * 3  # two distinct answers: decompose + two matches each
 
 
+def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_url, cupid_home):
+    judge = Endpoint(base_url=instant_url, model="judge")
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(f"instant: {Endpoint(base_url=instant_url, model='instant').model_dump_json()}\njudge: {judge.model_dump_json()}\n")
+    run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", judge="judge", tasks=["generation"],
+                  limit=N, out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite")))  # fmt: skip
+    by_key = {r.key: r for r in RunDir(tmp_path / "run").read()}
+    dataset = cupid.reward_dataset("sample", task="generation", limit=N)
+    records = [by_key[key] for key in dataset["key"]]
+    assert all(r.scored for r in records)
+    reward = cupid.reward("generation", judge=judge, cache=tmp_path / "cache.sqlite")
+    assert get_callable_name(reward) == "cupid_generation_score"
+    logged = {}
+    assert trl_call(reward, dataset, [r.candidate_answer for r in records], logged) == pytest.approx([(r.score - 1) / 9 for r in records])
+    assert logged["cupid/generation/requests_sent"] == 0  # the run's judge requests, answered by its cache
+
+
 def test_the_generation_reward_and_the_dataset_are_checked():
     with pytest.raises(cupid.api.ConfigError, match="metric 'f1' for generation"):
         cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"), metric="f1")
