@@ -293,14 +293,24 @@ def reward(
 
 
 def reward_dataset(
-    source: str | Path = "sample", task: Literal["inference", "generation"] = "inference", setting: Setting = "standard", **selection: Any
+    source: str | Path = "sample",
+    task: Literal["inference", "generation"] = "inference",
+    setting: Setting = "standard",
+    *,
+    summarizer: EndpointLike | None = None,
+    cache: str | Path | None = None,
+    endpoints_file: str | Path = DEFAULT_FILE,
+    **selection: Any,
 ) -> Any:
     """The prompts a reward is given answers to, as a `datasets.Dataset`: `prompt` holds the runner's candidate prompt
     as chat messages (what `cupid eval run` sends), beside the ground truth (`current_contextual_preference`,
     `current_checklist`, `current_request`) and the instance's key, persona and type. Any CUPID-format data:
-    the benchmark, the sample, what `cupid synth` writes. `selection`: `types`, `limit` (as `load_dataset`)."""
+    the benchmark, the sample, what `cupid synth` writes. The summary setting needs `summarizer` (its answers go through
+    `cache`, as a run's do). `selection`: `types`, `limit` (as `load_dataset`)."""
     import datasets
 
     from cupid.eval.reward import dataset_rows
 
-    return datasets.Dataset.from_list(dataset_rows(load_dataset(source, **selection).instances, task, setting))
+    summarizing = endpoint(summarizer, endpoints_file=endpoints_file) if summarizer is not None else None
+    instances = load_dataset(source, **selection).instances
+    return datasets.Dataset.from_list(dataset_rows(instances, task, setting, summarizer=summarizing, cache=cache))

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from cupid.eval.history import GENERATION_ONLY, SETTINGS, plain_log
+from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
+from cupid.eval.stages import StageFailed
 from cupid.eval.generation import GenerationScorer
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring
@@ -204,17 +205,21 @@ def reward(
     return functools.partial(FUNCTIONS[(task, metric)][1 if blocking else 0], judges=judges)
 
 
-def dataset_rows(instances: Sequence[Any], task: Task = "inference", setting: str = "standard") -> list[dict[str, Any]]:
+def dataset_rows(
+    instances: Sequence[Any], task: Task = "inference", setting: str = "standard", *, summarizer: Endpoint | None = None,
+    cache: str | Path | None = None,
+) -> list[dict[str, Any]]:
     """One row per instance: `prompt`, the runner's candidate prompt as chat messages (the messages `cupid eval run`
-    sends), and the ground-truth columns beside it."""
+    sends), and the ground-truth columns beside it. The summary setting asks `summarizer` for each session's summary
+    (through `cache`, as a run does); a failed summary is an error naming the instance, never a prompt without it."""
     if setting not in SETTINGS or (setting in GENERATION_ONLY and task != "generation"):
         raise ConfigError(f"reward_dataset: setting {setting!r} for {task}: expected one of {', '.join(s for s in SETTINGS if task == 'generation' or s not in GENERATION_ONLY)}")
-    if setting == "summary":
-        raise ConfigError("reward_dataset: the summary setting needs the summarizer's answers to build its prompts; use standard or oracle")
+    if setting == "summary" and summarizer is None:
+        raise ConfigError("reward_dataset: the summary setting needs the summarizer's answers to build its prompts: pass summarizer=")
     spec = TASKS[task]
+    logs = blocking(lambda: _logs(instances, setting, summarizer, cache))
     rows = []
-    for instance in instances:
-        log = "" if setting == "oracle-preference" else plain_log(instance, setting)
+    for instance, log in zip(instances, logs):
         rows.append({
             "prompt": spec.messages(log, instance, setting), "key": instance.key, "persona_id": instance.persona_id,
             "instance_type": instance.instance_type, "current_request": instance.current_request,
@@ -222,3 +227,21 @@ def dataset_rows(instances: Sequence[Any], task: Task = "inference", setting: st
             "current_checklist": list(instance.current_checklist),
         })  # fmt: skip
     return rows
+
+
+async def _logs(instances: Sequence[Any], setting: str, summarizer: Endpoint | None, cache: str | Path | None) -> list[str]:
+    """Each instance's log as the runner builds it (`History.log`): no request but in the summary setting."""
+    if setting == "oracle-preference":
+        return [""] * len(instances)
+    client = Client({"summarizer": summarizer} if summarizer else {}, Cache(Path(cache)) if cache else None)
+    try:
+        history = History(client, "summarizer" if summarizer else None)
+        outcomes = await asyncio.gather(*(history.log(i, setting) for i in instances), return_exceptions=True)
+    finally:
+        await client.close_with_cache()
+    for instance, outcome in zip(instances, outcomes):
+        if isinstance(outcome, StageFailed):
+            raise ConfigError(f"reward_dataset: {instance.key}: {outcome}") from None
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return list(outcomes)  # type: ignore[arg-type]  # every failure was raised above

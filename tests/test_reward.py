@@ -3,16 +3,18 @@ the session's vLLM server (the random-weight model held to the formats) as match
 (its checklist is matched; the random model's held answer is an empty one)."""
 
 import asyncio
+import json
 import pickle
 
 import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 import cupid
-from cupid.eval.runner import RunConfig, run
+from cupid.eval.runner import RunConfig, dry_run, run
 from cupid.eval.rundir import RunDir
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.endpoints import Endpoint
+from cupid.serving.instant import PREFERENCE as INSTANT_PREFERENCE
 from cupid.serving.lifecycle import free_port
 
 N = 3
@@ -103,9 +105,25 @@ def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_
 def test_the_generation_reward_and_the_dataset_are_checked():
     with pytest.raises(cupid.api.ConfigError, match="metric 'f1' for generation"):
         cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"), metric="f1")
-    with pytest.raises(cupid.api.ConfigError, match="summary setting needs the summarizer"):
+    with pytest.raises(cupid.api.ConfigError, match="summary setting needs the summarizer's answers to build its prompts: pass summarizer="):
         cupid.reward_dataset("sample", setting="summary", limit=1)
+    with pytest.raises(cupid.api.ConfigError, match="reward_dataset: sample-01/consistent: summarize: connection"):
+        cupid.reward_dataset("sample", setting="summary", limit=1, summarizer=Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="s", max_retries=0, timeout_s=5))
     generation = cupid.reward_dataset("sample", task="generation", setting="oracle-preference", limit=1)
     assert generation["prompt"][0][-1]["role"] == "user" and generation["current_contextual_preference"][0] in generation["prompt"][0][-1]["content"]
     reward = cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"))
     assert get_callable_name(reward) == "cupid_generation_score" and is_async_callable(reward)
+
+
+def test_the_datasets_prompts_are_the_runners_requests(tmp_path, instant_url):
+    """Standard and oracle: the messages `cupid eval run --dry-run` writes, row for row; summary: built from the
+    summarizer's answers (the instant server's), as the runner builds it."""
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(f"instant: {Endpoint(base_url=instant_url, model='instant').model_dump_json()}\n")
+    for setting in ("standard", "oracle"):
+        batch = tmp_path / f"{setting}.jsonl"
+        dry_run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="instant", settings=[setting], limit=N), batch)
+        sent = [json.loads(line)["body"]["messages"] for line in batch.read_text().splitlines()]
+        assert cupid.reward_dataset("sample", setting=setting, limit=N)["prompt"] == sent
+    summary = cupid.reward_dataset("sample", setting="summary", limit=1, summarizer=Endpoint(base_url=instant_url, model="instant"))
+    assert "#### Preferences" in summary["prompt"][0][-1]["content"] and INSTANT_PREFERENCE in summary["prompt"][0][-1]["content"]
