@@ -28,7 +28,7 @@ from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoints import Endpoint
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.placement import Placed
-from cupid.serving.profiles import LORA_RANKS, Profile
+from cupid.serving.profiles import Profile, lora_rank_for
 
 
 class ServedModel(BaseModel):
@@ -105,7 +105,7 @@ def _rank_for(adapter: str) -> int:
         rank = int(json.loads(config.read_text())["r"])
     except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(f"{config}: not a LoRA adapter (no readable adapter_config.json with its rank `r`)") from None
-    return min((r for r in LORA_RANKS if r >= rank), default=LORA_RANKS[-1])
+    return lora_rank_for(rank)
 
 
 def fingerprint(*paths: str | None) -> str:

@@ -43,9 +43,6 @@ if TYPE_CHECKING:  # the servers running now, as their records say
 
 DEFAULT_DIR = Path("configs/serve")
 
-# vLLM accepts only these for --max-lora-rank (vllm/config/lora.py, MaxLoRARanks).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
 # Per-GPU memory a vLLM process needs beyond its weights before any KV cache: CUDA context, activations
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.
 RUNTIME_OVERHEAD_GIB = 1.5
@@ -132,8 +129,12 @@ class Profile(BaseModel):
         return self
 
     def arg(self, name: str, default: Any = None) -> Any:
-        """One of vLLM's arguments as this profile gives it (`default`, vLLM's, where it does not)."""
+        """One of vLLM's arguments as this profile gives it (`default` where it does not: whether it is set)."""
         return self.vllm.get(name, default)
+
+    def value(self, name: str) -> Any:
+        """One of vLLM's arguments as the server will run with it: the profile's, else vLLM's own default."""
+        return self.vllm[name] if name in self.vllm else vllm_defaults()[name]
 
     def with_args(self, **args: Any) -> "Profile":
         """This profile with some of vLLM's arguments set otherwise (a plan's memory fraction, a test's model)."""
@@ -141,17 +142,17 @@ class Profile(BaseModel):
 
     @property
     def gpu_memory_utilization(self) -> float:
-        return self.arg("gpu_memory_utilization", 0.9)  # vLLM's default
+        return self.value("gpu_memory_utilization")
 
     @property
     def width(self) -> int:
         """GPUs one copy of the model takes: tensor x pipeline parallel."""
-        return self.arg("tensor_parallel_size", 1) * self.arg("pipeline_parallel_size", 1)
+        return self.value("tensor_parallel_size") * self.value("pipeline_parallel_size")
 
     @property
     def scaled_out(self) -> bool:
         """Data parallel or spread over nodes: only a server runs it (`vllm.LLM` runs one copy here)."""
-        return self.arg("data_parallel_size", 1) > 1 or self.arg("headless", False) or self.arg("nnodes", 1) > 1
+        return self.value("data_parallel_size") > 1 or self.value("headless") or self.value("nnodes") > 1
 
     def _cluster_problem(self) -> str | None:
         """The cluster shapes this project refuses, before a start that would fail or hang for minutes.
@@ -160,9 +161,9 @@ class Profile(BaseModel):
         One way per shape: data parallel across nodes is a head (`data_parallel_size_local` of the copies,
         the API server) and headless nodes (`data_parallel_start_rank`); `nnodes` spreads one copy (tensor x
         pipeline parallel) over nodes."""
-        a = self.arg
-        dp, local, start, headless = a("data_parallel_size", 1), a("data_parallel_size_local"), a("data_parallel_start_rank"), a("headless", False)
-        nnodes, node_rank = a("nnodes", 1), a("node_rank", 0)
+        a, v = self.arg, self.value
+        dp, local, start, headless = v("data_parallel_size"), a("data_parallel_size_local"), a("data_parallel_start_rank"), v("headless")
+        nnodes, node_rank = v("nnodes"), v("node_rank")
         multi_dp = local is not None and local < dp
         # vLLM's head waits for engines that never come when the other nodes cannot find it.
         if multi_dp and a("data_parallel_address") is None:
@@ -220,8 +221,8 @@ class Profile(BaseModel):
         whole server's: Ray, not this node, finds them (plans do not hold it against this node's GPUs)."""
         if not self.on_gpu:
             return 0
-        copies = self.arg("data_parallel_size_local") or self.arg("data_parallel_size", 1)
-        return self.width * copies // self.arg("nnodes", 1)
+        copies = self.arg("data_parallel_size_local") or self.value("data_parallel_size")
+        return self.width * copies // self.value("nnodes")
 
     def adapter_paths(self) -> dict[str, str]:
         """Adapter paths as the server must see them: local ones absolute (servers run in their own directory)."""
@@ -245,7 +246,7 @@ class Profile(BaseModel):
             served_models=list(self.lora_adapters),
             gpu_memory_utilization=self.gpu_memory_utilization if self.on_gpu else None,
             device=self.device,
-            headless=self.arg("headless", False),
+            headless=self.value("headless"),
         )
         fields.update(overrides)
         return ServeSpec(**fields)
@@ -268,7 +269,7 @@ class Profile(BaseModel):
             if isinstance(rank, int) and limit is not None and rank > limit:
                 raise ServeError(
                     f"{where}: LoRA adapter '{name}' has rank {rank}, above vllm.max_lora_rank {limit}: "
-                    f"set max_lora_rank to {min(r for r in LORA_RANKS if r >= rank)}"
+                    f"set max_lora_rank to {lora_rank_for(rank)}"
                 )
 
 
@@ -314,6 +315,40 @@ def vllm_args(profile: Profile) -> list[str]:
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cupid" / "vllm-args"
+
+
+@cache
+def vllm_defaults() -> dict[str, Any]:
+    """vLLM's own defaults of its arguments (`vllm serve`'s parser) and the LoRA ranks it accepts (`lora_ranks`,
+    vllm/config/lora.py `MaxLoRARanks`), read from the installed vLLM, never typed here: a default that moves
+    between releases moves here too. Reading them imports vLLM (~10 s of a core), so they are kept per release
+    beside the checked arguments."""
+    version = _vllm_version()
+    if version is None:
+        raise ServeError("vLLM is not installed here: its defaults (and the LoRA ranks it accepts) come from it (`make setup`)")
+    path = _cache_dir() / f"defaults-{hashlib.sha256(version.encode()).hexdigest()[:16]}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    defaults: dict[str, Any] = {}
+    for action in _vllm_parser()._actions:
+        try:
+            defaults[action.dest] = json.loads(json.dumps(action.default))
+        except (TypeError, ValueError):  # an object default (an enum, a callable): nothing this project reads
+            continue
+    defaults["lora_ranks"] = sorted(get_args(MaxLoRARanks))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(defaults, indent=1, sort_keys=True))
+    return defaults
+
+
+def lora_rank_for(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds an adapter of this rank (the largest it accepts above)."""
+    ranks = vllm_defaults()["lora_ranks"]
+    return min((r for r in ranks if r >= rank), default=ranks[-1])
 
 
 def _vllm_version() -> str | None:
@@ -498,7 +533,7 @@ def _shape(p: Profile) -> str:
     dp = "data_parallel_size_local" if p.arg("data_parallel_size_local") else "data_parallel_size"
     factors = [(k, p.arg(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size", dp)]
     text = " x ".join(f"{k} {v}" for k, v in factors if v > 1) or "tensor_parallel_size 1"
-    return text + (f" / nnodes {p.arg('nnodes')}" if p.arg("nnodes", 1) > 1 else "")
+    return text + (f" / nnodes {p.arg('nnodes')}" if p.value("nnodes") > 1 else "")
 
 
 @dataclass

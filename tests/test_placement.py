@@ -16,7 +16,7 @@ from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel, fingerprint
 from cupid.serving.placement import SHARED_CEILING
-from cupid.serving.profiles import Gpu
+from cupid.serving.profiles import Gpu, vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -50,7 +50,7 @@ def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_
     plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR)
     assert [j.placed.gpus for j in plan.judges] == [(0,), (0,)]
     assert [c.placed.gpus for c in plan.candidates()] == [(1,)] * 3
-    assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {0.9}  # not the base profile's 0.45
+    assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {vllm_defaults()["gpu_memory_utilization"]}  # vLLM's, not the base profile's 0.45
     assert [c.placed.env for c in plan.candidates()] == [{"CUDA_VISIBLE_DEVICES": "1"}] * 3
     assert len(plan.slots) == 1
 

@@ -489,7 +489,7 @@ def test_requests_find_the_profile_that_serves_them():
     profile, adapter = profiles.for_model("prefmatcher-lora", SERVE_DIR)
     assert profile.name == "prefmatcher-lora" and adapter == "prefmatcher-lora"
     profile, adapter = profiles.for_model("org/unknown-7b", SERVE_DIR)
-    assert profile.model == "org/unknown-7b" and profile.gpu_memory_utilization == 0.9
+    assert profile.model == "org/unknown-7b" and profile.gpu_memory_utilization == profiles.vllm_defaults()["gpu_memory_utilization"]  # vLLM's own
 
 
 runner = CliRunner()

@@ -283,6 +283,3 @@ def table(report: dict[str, Any]) -> list[tuple[str, ...]]:
             rows.append((which, f"{r['n_parsed']}/{r['n_examples']}", fmt(r["accuracy"]), fmt(r["alpha_interval"]), fmt(r["alpha_ordinal"]), str(r["n_failed"])))
     return rows
 
-
-def load_report(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())

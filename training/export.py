@@ -49,11 +49,11 @@ def end_of_turn_token(tokenizer) -> str:
 
 def _lora_rank(cfg: TrainConfig) -> int:
     """--max-lora-rank for serving the adapter: the check's, or the smallest rank vLLM accepts that fits."""
-    from cupid.serving.profiles import LORA_RANKS
+    from cupid.serving.profiles import lora_rank_for
 
     if cfg.agreement.max_lora_rank >= cfg.lora.r:
         return cfg.agreement.max_lora_rank
-    return min((r for r in LORA_RANKS if r >= cfg.lora.r), default=cfg.lora.r)
+    return lora_rank_for(cfg.lora.r)
 
 
 def adapter_dir(cfg: TrainConfig) -> Path:

@@ -18,17 +18,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from cupid.eval.data import Message
 from cupid.matcher import prompts, schemas
 from cupid.training.synth.ask import Asker, all_of
 from cupid.training.synth.parse import Unusable, echoes, free_text, normalized, words, yes_no
 
 MIN_MESSAGE_WORDS = 3
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["user", "assistant"]
-    content: str
 
 
 class Turn(BaseModel):
