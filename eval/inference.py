@@ -41,9 +41,6 @@ class InferenceScorer:
         fmt = constraint(self.client, self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap))
         return await ask(self.client, stage, self.matcher, prompts.matcher(preference, items, self.matcher_dialect), **fmt)
 
-    async def decompose(self, preference: str) -> list[str]:
-        return parsed("decompose", parse.checklist, await self.ask_decomposer(preference))
-
     async def match(self, stage: str, preference: str, items: list[str]) -> list[parse.MatchItem]:
         return parsed(stage, parse.matches, await self.ask_matcher(stage, preference, items), items)
 

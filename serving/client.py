@@ -49,11 +49,9 @@ class ChatRequest:
 
 
 @dataclass(frozen=True)
-class Answer:
-    content: str
-    finish_reason: str | None
-    usage: dict[str, Any] | None
-    latency_s: float | None
+class Answer(Cached):
+    """A model's answer as the cache keeps it, and whether the cache gave it."""
+
     cached: bool
 
 
@@ -163,7 +161,7 @@ class Client:
         future.set_result(answer)
         self.stats.sent += 1
         if self.cache is not None:
-            self.cache.put(key, request.model, request.body(), Cached(answer.content, answer.finish_reason, answer.usage, answer.latency_s))
+            self.cache.put(key, request.model, request.body(), answer)
         return answer
 
     async def _server_up(self, name: str) -> None:
