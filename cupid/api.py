@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Literal, ParamSpec, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, ParamSpec, Sequence, TypeVar
 
-import httpx
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
 from cupid.eval.compare import Comparison, compare
+from cupid.eval.reward import reward, reward_dataset
 from cupid.eval.data import Dataset
 from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
@@ -30,7 +30,7 @@ from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, lookup
+from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, EndpointLike, resolve as endpoint
 from cupid.serving.fleet import ServedModel
 
 __all__ = [
@@ -41,33 +41,6 @@ __all__ = [
 
 T = TypeVar("T")
 P = ParamSpec("P")
-EndpointLike = Endpoint | str
-"""An `Endpoint`, a base URL (`http://localhost:8000/v1`), or a name: an entry of the endpoints file
-(`configs/endpoints.yaml`), or a server running under `cupid serve up` (its profile name)."""
-
-
-def endpoint(spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any) -> Endpoint:
-    """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server
-    lists, its LoRA adapters aside) and any other `Endpoint` field (`structured_output=True`, `matcher_prompt="prefmatcher"`, ...)."""
-    if isinstance(spec, Endpoint):
-        return spec.model_copy(update=fields) if fields else spec
-    if spec.startswith(("http://", "https://")):
-        return Endpoint.model_validate({"base_url": spec, "model": model or _served_model(spec), **fields})
-    found = lookup([spec], endpoints_file)[spec]
-    return found.model_copy(update=fields) if fields else found
-
-
-def _served_model(base_url: str) -> str:
-    """The one model the server serves; LoRA adapters loaded into it (vLLM lists them with their `parent`) do not
-    count: they come and go while it runs."""
-    url = base_url.rstrip("/") + "/models"
-    try:
-        listed = [m["id"] for m in httpx.get(url, timeout=10).json()["data"] if m.get("parent") is None]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
-    if len(listed) != 1:
-        raise ConfigError(f"{url} serves {len(listed)} models ({', '.join(listed) or 'none'}): pass model=")
-    return listed[0]
 
 
 class PrefMatcher:
@@ -267,50 +240,3 @@ def _blocking_form(afunc: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]
 evaluate = _blocking_form(aevaluate)
 evaluate.__name__ = evaluate.__qualname__ = "evaluate"
 
-
-def reward(
-    task: Literal["inference", "generation"] = "inference",
-    *,
-    matcher: EndpointLike = "prefmatcher",
-    decomposer: EndpointLike = "decomposer",
-    judge: EndpointLike = "judge",
-    endpoints_file: str | Path = DEFAULT_FILE,
-    metric: str | None = None,
-    cache: str | Path | None = None,
-    max_concurrency: int | None = None,
-    blocking: bool = False,
-) -> functools.partial[Any]:
-    """PrefMatcher as a reward for TRL's `GRPOTrainer` (`reward_funcs=[cupid.reward()]`): each completion scored as
-    `cupid eval run` scores a candidate answer. Inference rewards the inferred preference's `f1` (or `precision`,
-    `recall`) under `decomposer` and `matcher`; generation the `judge`'s score scaled to [0, 1]. An answer without a
-    preference is 0.0; a judge's failure is None (TRL skips it). Async and picklable; `blocking=True` gives the
-    synchronous twin (TRL's online DPO). The dataset's columns must hold the ground truth: `cupid.reward_dataset`."""
-    from cupid.eval import reward as rewards
-
-    chosen = {"matcher": matcher, "decomposer": decomposer} if task == "inference" else {"judge": judge}
-    endpoints = {role: endpoint(spec, endpoints_file=endpoints_file) for role, spec in chosen.items()}
-    return rewards.reward(task, endpoints=endpoints, metric=metric, cache=cache, max_concurrency=max_concurrency, blocking=blocking)
-
-
-def reward_dataset(
-    source: str | Path = "sample",
-    task: Literal["inference", "generation"] = "inference",
-    setting: Setting = "standard",
-    *,
-    summarizer: EndpointLike | None = None,
-    cache: str | Path | None = None,
-    endpoints_file: str | Path = DEFAULT_FILE,
-    **selection: Any,
-) -> Any:
-    """The prompts a reward is given answers to, as a `datasets.Dataset`: `prompt` holds the runner's candidate prompt
-    as chat messages (what `cupid eval run` sends), beside the ground truth (`current_contextual_preference`,
-    `current_checklist`, `current_request`) and the instance's key, persona and type. Any CUPID-format data:
-    the benchmark, the sample, what `cupid synth` writes. The summary setting needs `summarizer` (its answers go through
-    `cache`, as a run's do). `selection`: `types`, `limit` (as `load_dataset`)."""
-    import datasets
-
-    from cupid.eval.reward import dataset_rows
-
-    summarizing = endpoint(summarizer, endpoints_file=endpoints_file) if summarizer is not None else None
-    instances = load_dataset(source, **selection).instances
-    return datasets.Dataset.from_list(dataset_rows(instances, task, setting, summarizer=summarizing, cache=cache))

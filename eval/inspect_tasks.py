@@ -175,7 +175,7 @@ class Judges:
 
     @classmethod
     def bind(cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None) -> "Judges":
-        from cupid.api import endpoint  # the API's one resolver: a name, a running profile, or a base URL
+        from cupid.serving.endpoints import resolve as endpoint  # the one resolver: a name, a running profile, or a base URL
 
         defaults = read_yaml(DEFAULT_RUN)
         names = {role: given or defaults.get(role) for role, given in roles.items()}

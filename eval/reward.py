@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
+from cupid.eval import data as cupid_data
 from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
 from cupid.eval.stages import StageFailed
 from cupid.eval.generation import GenerationScorer
@@ -34,7 +35,7 @@ from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, EndpointLike, resolve
 
 Task = Literal["inference", "generation"]
 METRICS: dict[str, tuple[str, ...]] = {"inference": ("f1", "precision", "recall"), "generation": ("score",)}
@@ -186,23 +187,53 @@ FUNCTIONS = {
 def reward(
     task: Task = "inference",
     *,
-    endpoints: dict[str, Endpoint],
+    matcher: EndpointLike = "prefmatcher",
+    decomposer: EndpointLike = "decomposer",
+    judge: EndpointLike = "judge",
+    endpoints_file: str | Path = DEFAULT_FILE,
     metric: str | None = None,
     cache: str | Path | None = None,
     max_concurrency: int | None = None,
     blocking: bool = False,
 ) -> functools.partial[Any]:
-    """The reward function of a task's figure (inference: `f1`, `precision`, `recall`; generation: `score`) under
-    these judges (`endpoints`: role -> Endpoint; inference: decomposer and matcher, generation: judge)."""
+    """PrefMatcher as a reward for TRL's `GRPOTrainer` (`reward_funcs=[cupid.reward()]`): each completion scored as
+    `cupid eval run` scores a candidate answer. Inference rewards the inferred preference's `f1` (or `precision`,
+    `recall`) under `decomposer` and `matcher`; generation the `judge`'s score scaled to [0, 1]. Each role is a name,
+    an `Endpoint` or a base URL. An answer without a preference is 0.0; a judge's failure is None (TRL skips it). Async
+    and picklable; `blocking=True` gives the synchronous twin (TRL's online DPO). The dataset's columns must hold the
+    ground truth: `reward_dataset`."""
     if task not in METRICS:
         raise ConfigError(f"reward: task {task!r}: expected one of {', '.join(METRICS)}")
     metric = metric or METRICS[task][0]
     if metric not in METRICS[task]:
         raise ConfigError(f"reward: metric {metric!r} for {task}: expected one of {', '.join(METRICS[task])}")
-    if missing := [r for r in ROLES[task] if r not in endpoints]:
-        raise ConfigError(f"reward: {task} needs a {missing[0]} endpoint")
-    judges = Judges(task, metric, tuple((r, endpoints[r]) for r in ROLES[task]), str(cache) if cache else None, max_concurrency)
+    chosen = {"matcher": matcher, "decomposer": decomposer} if task == "inference" else {"judge": judge}
+    endpoints = tuple((role, resolve(chosen[role], endpoints_file=endpoints_file)) for role in ROLES[task])
+    judges = Judges(task, metric, endpoints, str(cache) if cache else None, max_concurrency)
     return functools.partial(FUNCTIONS[(task, metric)][1 if blocking else 0], judges=judges)
+
+
+def reward_dataset(
+    source: str | Path = "sample",
+    task: Task = "inference",
+    setting: str = "standard",
+    *,
+    summarizer: EndpointLike | None = None,
+    cache: str | Path | None = None,
+    endpoints_file: str | Path = DEFAULT_FILE,
+    types: Sequence[str] | None = None,
+    limit: int | None = None,
+) -> Any:
+    """The prompts a reward is given answers to, as a `datasets.Dataset`: `prompt` holds the runner's candidate prompt
+    as chat messages (what `cupid eval run` sends), beside the ground truth (`current_contextual_preference`,
+    `current_checklist`, `current_request`) and the instance's key, persona and type. Any CUPID-format data:
+    the benchmark, the sample, what `cupid synth` writes. The summary setting needs `summarizer` (its answers go through
+    `cache`, as a run's do)."""
+    import datasets
+
+    instances = cupid_data.load(source).filter(types, limit).instances
+    summarizing = resolve(summarizer, endpoints_file=endpoints_file) if summarizer is not None else None
+    return datasets.Dataset.from_list(dataset_rows(instances, task, setting, summarizer=summarizing, cache=cache))
 
 
 def dataset_rows(

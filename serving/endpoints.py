@@ -81,3 +81,34 @@ def lookup(
 def missing_keys(endpoints: dict[str, Endpoint]) -> list[str]:
     """Environment variables that endpoints need but that are not set."""
     return sorted({e.api_key_env for e in endpoints.values() if e.api_key_env and not e.api_key()})
+
+
+EndpointLike = Endpoint | str
+"""An `Endpoint`, a base URL (`http://localhost:8000/v1`), or a name: an entry of the endpoints file
+(`configs/endpoints.yaml`), or a server running under `cupid serve up` (its profile name)."""
+
+
+def resolve(spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any) -> Endpoint:
+    """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server
+    lists, its LoRA adapters aside) and any other `Endpoint` field (`structured_output=True`, `matcher_prompt="prefmatcher"`, ...)."""
+    if isinstance(spec, Endpoint):
+        return spec.model_copy(update=fields) if fields else spec
+    if spec.startswith(("http://", "https://")):
+        return Endpoint.model_validate({"base_url": spec, "model": model or _served_model(spec), **fields})
+    found = lookup([spec], endpoints_file)[spec]
+    return found.model_copy(update=fields) if fields else found
+
+
+def _served_model(base_url: str) -> str:
+    """The one model the server serves; LoRA adapters loaded into it (vLLM lists them with their `parent`) do not
+    count: they come and go while it runs."""
+    import httpx
+
+    url = base_url.rstrip("/") + "/models"
+    try:
+        listed = [m["id"] for m in httpx.get(url, timeout=10).json()["data"] if m.get("parent") is None]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
+    if len(listed) != 1:
+        raise ConfigError(f"{url} serves {len(listed)} models ({', '.join(listed) or 'none'}): pass model=")
+    return listed[0]

@@ -16,7 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
+from cupid.eval import data as cupid_data
+from cupid.eval.reward import reward, reward_dataset
+from cupid.eval.runner import RunConfig, run as run_eval
 from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.serving.fleet import ServedModel
 from cupid.training import trl_args
 
 # GRPOConfig arguments the run sets itself: checkpoints in the run directory, no tracker inside the trainer.
@@ -111,29 +115,24 @@ def lora_config(cfg: GrpoRunConfig) -> Any:
 
 def check(cfg: GrpoRunConfig) -> tuple[Any, Any, Any]:
     """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints."""
-    import cupid
-
     args, lora = grpo_config(cfg), lora_config(cfg)
-    reward = cupid.reward(**cfg.reward.model_dump())
-    return args, lora, reward
+    return args, lora, reward(**cfg.reward.model_dump())
 
 
 def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
     """Train, write `<out>/adapter` and `<out>/grpo_report.json` (evaluations included); return the report."""
-    import cupid
-
     console = console or Console(stderr=True)
-    args, lora, reward = check(cfg)
-    dataset = cupid.reward_dataset(cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit)
+    args, lora, rewarding = check(cfg)
+    dataset = reward_dataset(cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit)
 
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
     model = AutoModelForCausalLM.from_pretrained(cfg.policy)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=dataset, peft_config=lora)
+    trainer = GRPOTrainer(model=model, reward_funcs=[rewarding], args=args, train_dataset=dataset, peft_config=lora)
     console.print(f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
-                  f"reward {cfg.reward.task} {reward.func.__name__}", highlight=False)  # fmt: skip
+                  f"reward {cfg.reward.task} {rewarding.func.__name__}", highlight=False)  # fmt: skip
     trainer.train()
     adapter = cfg.out_dir / "adapter"
     trainer.save_model(str(adapter))
@@ -152,13 +151,11 @@ def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
 def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, Any]:
     """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data: each candidate
     served by vLLM with the evaluation's profile, judged by the reward's judges."""
-    import cupid
-
     ev, r = cfg.evaluate, cfg.reward
-    roles = {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
+    roles: dict[str, Any] = {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
     candidates = {"trained": adapter} | ({"base": None} if ev.baseline else {})
-    trained_on = {i.persona_id for i in cupid.load_dataset(cfg.data.source, types=cfg.data.types, limit=cfg.data.limit).instances}
-    held_out = [i for i in cupid.load_dataset(ev.data.source, types=ev.data.types).instances if i.persona_id not in trained_on][: ev.data.limit]
+    trained_on = {i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances}
+    held_out = [i for i in cupid_data.load(ev.data.source).filter(ev.data.types, None).instances if i.persona_id not in trained_on][: ev.data.limit]
     if not held_out:
         raise ConfigError(f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out")
     data = cfg.out_dir / "eval" / "held_out.jsonl"
@@ -166,10 +163,11 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, A
     data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
     out: dict[str, Any] = {}
     for label, weights in candidates.items():
-        served = cupid.ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
-                                   adapter=str(weights) if weights else None, endpoint=ev.endpoint)  # fmt: skip
-        result = cupid.evaluate(served, **roles, data=str(data), tasks=[r.task], settings=[ev.data.setting],
-                                out=cfg.out_dir / "eval" / label, endpoints_file=r.endpoints_file, progress=False)  # fmt: skip
+        served = ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
+                             adapter=str(weights) if weights else None, endpoint=ev.endpoint)  # fmt: skip
+        run_cfg = RunConfig(candidate=served, **roles, data=str(data), tasks=[r.task], settings=[ev.data.setting],
+                            out=str(cfg.out_dir / "eval" / label), endpoints=r.endpoints_file)  # fmt: skip
+        result = run_eval(run_cfg, console=console)
         block = result.summary.tasks[r.task].overall
         out[label] = {"run": str(cfg.out_dir / "eval" / label), "n_scored": block.n_scored, "n_failed": block.n_failed,
                       "figure": block.micro.f1 if r.task == "inference" and block.micro else getattr(block, "mean_score", None)}  # fmt: skip
