@@ -23,7 +23,8 @@ from cupid.eval.stages import StageFailed
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Labels, MatchItem, Scoring, StageError
 from cupid.eval.history import Setting
-from cupid.eval.runner import RunConfig, RunResult, arun
+from cupid.eval.runner import RunConfig, RunResult
+from cupid.eval.track import arun  # the run, then its tracker run when `track=` asks
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import INFERENCE
 from cupid.serving.aio import PerLoop, blocking

@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval import data as cupid_data
-from cupid.eval.runner import RunConfig, dry_run as write_requests, run as run_eval
+from cupid.eval.runner import RunConfig, dry_run as write_requests
+from cupid.eval.track import run as run_eval  # the run, then its tracker run when `track:` asks
 from cupid.eval.summary import Summary, tables
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError, read_yaml, validate

@@ -27,8 +27,6 @@ from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.summary import Summary, Table, markdown, summarize, tables
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, candidate_constrained
-from cupid.eval import track as tracking
-from cupid.eval.track import Tracker
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
@@ -43,6 +41,9 @@ if TYPE_CHECKING:
     TaskName = str
 else:  # checked against the declared tasks
     TaskName = Literal[tuple(TASKS)]
+
+
+Tracker = Literal["mlflow", "wandb"]  # `track:`: the run is logged there once it ends (eval.track, on top of the runner)
 
 
 class RunConfig(BaseModel):
@@ -213,8 +214,6 @@ async def arun(
     `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
     `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
-    if cfg.track:
-        tracking.require(cfg.track)  # before anything starts
     say = lambda m: console.print(m, highlight=False)  # noqa: E731
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
@@ -238,14 +237,7 @@ async def arun(
         finally:
             if own is not None:
                 own.stop_all()
-        if cfg.track:  # once the servers are stopped: the tracker is no request's
-            await asyncio.to_thread(_log, result, cfg.track, console)
         return result
-
-
-def _log(result: RunResult, tracker: Tracker, console: Console) -> None:
-    make = lambda: [tracking.of_run(result.out, records=result.records, summary=result.summary)]  # noqa: E731
-    tracking.log_after(make, tracker, lambda m: console.print(m, highlight=False, markup=False))
 
 
 def _resolve(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint]) -> dict[str, Endpoint]:

@@ -13,35 +13,57 @@ that tracker run instead of adding a second.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import importlib.util
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable
 
 import typer
+from rich.console import Console
 
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import read_json, write_atomic
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig, RunResult, Tracker, arun as arun_untracked
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import TASKS
+from cupid.serving.aio import blocking
 from cupid.serving.config import ConfigError
 
 if TYPE_CHECKING:  # the nightly logs through this module
     from cupid.eval.compare import Row
     from cupid.eval.nightly import Leaderboard
 
-Tracker = Literal["mlflow", "wandb"]
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 INSTALL = "pip install -e '.[track]'  (in this project's .venv: .venv/bin/pip install -e '.[track]')"
 IDS_FILE = "tracker.json"
 TABLE = "units.json"  # the per-unit table's artifact name
 PROJECT = "cupid"  # the experiment (MLflow) or project (W&B) when the environment names none
 Say = Callable[[str], None]
+
+
+async def arun(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
+    """A run (`runner.arun`), then, with `cfg.track`, its tracker run: checked before anything starts, logged once the
+    run's files are written and its servers stopped (the tracker is no request's). The export sits on top of the
+    runner: the runner never calls it. `options` go to `runner.arun`."""
+    console = console or Console(stderr=True)
+    if cfg.track:
+        require(cfg.track)
+    result = await arun_untracked(cfg, console=console, **options)
+    if cfg.track:
+        make = lambda: [of_run(result.out, records=result.records, summary=result.summary)]  # noqa: E731
+        await asyncio.to_thread(log_after, make, cfg.track, lambda m: console.print(m, highlight=False, markup=False))
+    return result
+
+
+def run(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
+    """`arun` from blocking code (the CLI)."""
+    return blocking(lambda: arun(cfg, console=console, **options))
 
 
 def require(tracker: str) -> None:
