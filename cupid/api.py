@@ -27,9 +27,9 @@ from cupid.eval.runner import RunConfig, RunResult
 from cupid.eval.track import arun  # the run, then its tracker run when `track=` asks
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import INFERENCE
-from cupid.serving.aio import PerLoop, blocking
+from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
-from cupid.serving.client import Client
+from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, EndpointLike, resolve as endpoint
 from cupid.serving.fleet import ServedModel
@@ -80,7 +80,7 @@ class PrefMatcher:
         self.dialect = matcher_dialect(self.endpoint)
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
-        self._opened = PerLoop(self._open, lambda opened: opened[0].close_with_cache(), cleanup=lambda opened: opened[0].close_cache())  # per event loop: its client and scorer
+        self._opened = per_loop(self._open)  # per event loop: its client and scorer
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"

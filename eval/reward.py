@@ -33,7 +33,7 @@ from cupid.eval.records import Scoring
 from cupid.eval.tasks import TASKS
 from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import Cache
-from cupid.serving.client import Client
+from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, EndpointLike, resolve
 
@@ -56,7 +56,7 @@ class Judges:
     _opened: PerLoop[tuple[Client, Any]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_opened", PerLoop(self._open, lambda opened: opened[0].close_with_cache(), cleanup=lambda opened: opened[0].close_cache()))
+        object.__setattr__(self, "_opened", per_loop(self._open))
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_opened"}
@@ -78,8 +78,6 @@ class Judges:
 
     async def aclose(self) -> None:
         await self._opened.aclose()
-
-
 
 
 def answer_of(completion: str | list[dict[str, Any]]) -> str:

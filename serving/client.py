@@ -12,11 +12,12 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from cupid.serving.aio import PerLoop
 from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoints import Endpoint
 from cupid.serving.lifecycle import failure_line
@@ -277,3 +278,12 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+T = TypeVar("T")
+
+
+def per_loop(open: Callable[[], tuple[Client, T]]) -> PerLoop[tuple[Client, T]]:
+    """A client (and what is built on it) per event loop, closed with its cache on that loop (`serving.aio.PerLoop`):
+    what PrefMatcher and a reward function hold."""
+    return PerLoop(open, lambda opened: opened[0].close_with_cache(), cleanup=lambda opened: opened[0].close_cache())
