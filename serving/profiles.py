@@ -43,6 +43,12 @@ if TYPE_CHECKING:  # the servers running now, as their records say
 
 DEFAULT_DIR = Path("configs/serve")
 
+# vLLM's arguments that shape a server over copies and nodes (`Profile._cluster_problem` checks them together).
+CLUSTER_ARGS = {
+    "data_parallel_size", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_address",
+    "data_parallel_rpc_port", "headless", "nnodes", "node_rank", "master_addr", "master_port",
+}  # fmt: skip
+
 # Per-GPU memory a vLLM process needs beyond its weights before any KV cache: CUDA context, activations
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.
 RUNTIME_OVERHEAD_GIB = 1.5
@@ -161,6 +167,8 @@ class Profile(BaseModel):
         One way per shape: data parallel across nodes is a head (`data_parallel_size_local` of the copies,
         the API server) and headless nodes (`data_parallel_start_rank`); `nnodes` spreads one copy (tensor x
         pipeline parallel) over nodes."""
+        if self.engine != "vllm" or not CLUSTER_ARGS & self.vllm.keys():
+            return None  # one copy on one node, vLLM's defaults: nothing to refuse (and no need to read them)
         a, v = self.arg, self.value
         dp, local, start, headless = v("data_parallel_size"), a("data_parallel_size_local"), a("data_parallel_start_rank"), v("headless")
         nnodes, node_rank = v("nnodes"), v("node_rank")
@@ -232,7 +240,7 @@ class Profile(BaseModel):
         return _local_or_hub(self.model)
 
     def spec(self, **overrides: Any) -> ServeSpec:
-        fields = dict(
+        fields: dict[str, Any] = dict(
             engine=self.engine,
             model=self.model_path(),
             name=self.served,
@@ -246,7 +254,7 @@ class Profile(BaseModel):
             served_models=list(self.lora_adapters),
             gpu_memory_utilization=self.gpu_memory_utilization if self.on_gpu else None,
             device=self.device,
-            headless=self.value("headless"),
+            headless=bool(self.arg("headless")),  # a flag: absent is not headless
         )
         fields.update(overrides)
         return ServeSpec(**fields)
