@@ -10,7 +10,7 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train train-grpo
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -63,6 +63,12 @@ demo: setup
 TEST_WORKERS ?= $(shell python3 -c "import os; print(min(8, max(2, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 2)))")
 test: setup-dev
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=8
+
+# What `make setup-dev` would install on a CUDA box, resolved by pip against the package index without installing
+# anything: the pinned vLLM, its torch, transformers in its range (scripts/check_gpu_install.py). Not in `make test`,
+# whose tests load nothing from the network; run it when a pin in pyproject.toml changes.
+check-gpu-install: setup-dev
+	$(PY) scripts/check_gpu_install.py
 
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))

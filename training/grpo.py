@@ -21,6 +21,8 @@ from cupid.eval.reward import reward, reward_dataset
 from cupid.eval.runner import RunConfig, run as run_eval
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet import ServedModel
+from cupid.serving import profiles
+from cupid.serving.profiles import lora_rank_for
 from cupid.training import trl_args
 
 # GRPOConfig arguments the run sets itself: checkpoints in the run directory, no tracker inside the trainer.
@@ -59,8 +61,14 @@ class Evaluation(_Section):
 
     enabled: bool = True
     data: Data = Field(default_factory=Data, description="where the held-out instances come from (training personas left out)")
-    profile: str = Field(default="tiny", description="the serve profile that serves the policy (configs/serve/NAME.yaml)")
+    profile: str = Field(default="tiny", description="the serve profile that serves the policy (PROFILES/NAME.yaml)")
+    profiles: str = Field(default="configs/serve", description="the serve profiles' directory")
     baseline: bool = Field(default=True, description="also evaluate the policy without the adapter (a second server)")
+    runtime_lora: bool = Field(
+        default=False,
+        description="load the adapter into the profile's server of the policy at run time (one already answering, started "
+        "with a runtime_lora_rank, is used as it is) instead of serving it on a server of its own",
+    )
     endpoint: dict[str, Any] = Field(default_factory=dict, description="the served candidate's endpoint fields (max_tokens, ...)")
 
 
@@ -149,9 +157,14 @@ def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
 
 
 def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, Any]:
-    """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data: each candidate
-    served by vLLM with the evaluation's profile, judged by the reward's judges."""
+    """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data, judged by the
+    reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded into
+    the profile's server of the policy, as a night loads a LoRA candidate into a judge's server: one already answering
+    (started with a `runtime_lora_rank`) is used as it is, no start of its own; else the run starts it and stops it."""
     ev, r = cfg.evaluate, cfg.reward
+    host = {ev.profile: {"runtime_lora_rank": lora_rank_for(lora_config(cfg).r)}} if ev.runtime_lora else {}
+    if host and (served_model := profiles.load(ev.profile, ev.profiles).model) != cfg.policy:
+        raise ConfigError(f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, not the policy {cfg.policy}")
     roles: dict[str, Any] = {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
     candidates = {"trained": adapter} | ({"base": None} if ev.baseline else {})
     trained_on = {i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances}
@@ -165,8 +178,9 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, A
     for label, weights in candidates.items():
         served = ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
                              adapter=str(weights) if weights else None, endpoint=ev.endpoint)  # fmt: skip
-        run_cfg = RunConfig(candidate=served, **roles, data=str(data), tasks=[r.task], settings=[ev.data.setting],
-                            out=str(cfg.out_dir / "eval" / label), endpoints=r.endpoints_file)  # fmt: skip
+        run_cfg = RunConfig(candidate=served, serve=host if weights else {}, profiles=ev.profiles, **roles, data=str(data),
+                            tasks=[r.task], settings=[ev.data.setting], out=str(cfg.out_dir / "eval" / label),
+                            endpoints=r.endpoints_file)  # fmt: skip
         result = run_eval(run_cfg, console=console)
         block = result.summary.tasks[r.task].overall
         out[label] = {"run": str(cfg.out_dir / "eval" / label), "n_scored": block.n_scored, "n_failed": block.n_failed,
