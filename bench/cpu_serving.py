@@ -20,7 +20,7 @@ from typing import Any
 from cupid.eval import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import Client
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 
 # Each variant: the profile's own fields it changes, and vLLM's arguments (the profile's `vllm:`) it sets.
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -41,7 +41,10 @@ def variant(shipped: profiles.Profile, name: str) -> profiles.Profile:
 
 def prompts(n: int) -> list[list[dict[str, str]]]:
     rows = [json.loads(line) for line in cupid_data.SAMPLE_PATH.read_text().splitlines()][:n]
-    return [[{"role": "user", "content": json.dumps(r["prior_interactions"])[:9000] + "\n" + r["current_request"]}] for r in rows]
+    return [
+        [{"role": "user", "content": json.dumps(r["prior_interactions"])[:9000] + "\n" + r["current_request"]}]
+        for r in rows
+    ]
 
 
 async def send_all(endpoint: Endpoint, batch: list[list[dict[str, str]]], max_tokens: int) -> tuple[float, int, int]:

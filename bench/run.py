@@ -44,7 +44,8 @@ from cupid.eval.runner import RunConfig, run
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml
-from cupid.serving.endpoints import Endpoint, load_endpoints
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import load_endpoints
 from cupid.serving.engines import ServeError, ServeSpec
 from cupid.serving.instant import start as start_instant
 from cupid.serving.lifecycle import ServerRecord, free_port
@@ -90,7 +91,9 @@ def endpoint(base_url: str, model: str, **fields: Any) -> Endpoint:
     return Endpoint.model_validate({"base_url": base_url, "model": model, **fields})
 
 
-async def fire(endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens: int | None = None) -> tuple[float, float]:
+async def fire(
+    endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens: int | None = None
+) -> tuple[float, float]:
     """Send n distinct requests with `in_flight` at a time; return (wall seconds, client CPU seconds)."""
     async with Client({"e": endpoint}, concurrency=in_flight) as client:
         messages = [[{"role": "user", "content": f"{tag} request {i}: name a colour."}] for i in range(n)]
@@ -102,7 +105,12 @@ async def fire(endpoint: Endpoint, n: int, in_flight: int, tag: str, max_tokens:
 
 def client_overhead(url: str, n: int, in_flight: int) -> dict:
     wall, cpu = asyncio.run(fire(endpoint(url, "instant"), n + 1, in_flight, "overhead"))
-    return {"requests": n, "in_flight": in_flight, "client_cpu_ms_per_request": round(1000 * cpu / n, 3), "requests_per_s": round(n / wall, 1)}
+    return {
+        "requests": n,
+        "in_flight": in_flight,
+        "client_cpu_ms_per_request": round(1000 * cpu / n, 3),
+        "requests_per_s": round(n / wall, 1),
+    }
 
 
 def concurrency_levels(endpoint: Endpoint, levels: tuple[int, ...], n: int, max_tokens: int) -> dict:
@@ -163,7 +171,9 @@ def vllm_spec(model_dir: Path, label: str, *, eager: bool = True) -> ServeSpec:
 def transformers_spec(model_dir: Path, label: str) -> ServeSpec:
     """`transformers serve` on the same model directory, under the same served name as the tiny profile."""
     served = profiles.load(TINY_PROFILE).served
-    return ServeSpec(engine="transformers", model=str(model_dir), name=served, label=label, port=free_port(), startup_timeout_s=600)
+    return ServeSpec(
+        engine="transformers", model=str(model_dir), name=served, label=label, port=free_port(), startup_timeout_s=600
+    )
 
 
 # --- 1. the demo workload against one server -------------------------------------------------------------
@@ -186,7 +196,12 @@ def demo_workload(base_url: str, workdir: Path, workload: Workload, *, free: boo
     endpoints = {name: {**shipped[name].model_dump(mode="json"), "base_url": base_url, **unconstrained, **capped}
                  for name in set(roles.values())}  # fmt: skip
     (workdir / "endpoints.yaml").write_text(json.dumps(endpoints, indent=2))
-    cfg.update(endpoints=str(workdir / "endpoints.yaml"), out=str(workdir / "run"), cache=str(workdir / "cache.sqlite"), no_cache=False)
+    cfg.update(
+        endpoints=str(workdir / "endpoints.yaml"),
+        out=str(workdir / "run"),
+        cache=str(workdir / "cache.sqlite"),
+        no_cache=False,
+    )
     started = time.perf_counter()
     summary = run(RunConfig(**cfg)).summary
     wall = time.perf_counter() - started
@@ -224,7 +239,12 @@ def fewer_sessions(source: str, sessions: int, path: Path) -> Path:
 def short_requests(model: str, n: int, max_tokens: int, tag: str) -> list[ChatRequest]:
     """n distinct short chat requests, exactly as this project's client sends them (temperature 0)."""
     client = Client({"e": endpoint("http://127.0.0.1:1/v1", model)})
-    return [client.request("e", [{"role": "user", "content": f"{tag} {i}: name a colour and say why."}], max_tokens=max_tokens) for i in range(n)]
+    return [
+        client.request(
+            "e", [{"role": "user", "content": f"{tag} {i}: name a colour and say why."}], max_tokens=max_tokens
+        )
+        for i in range(n)
+    ]
 
 
 def ours(endpoint: Endpoint, requests: list[ChatRequest], warm: ChatRequest, in_flight: int) -> dict[str, Any]:
@@ -241,7 +261,9 @@ def ours(endpoint: Endpoint, requests: list[ChatRequest], warm: ChatRequest, in_
     return _throughput(len(requests), len(ok), tokens, wall, in_flight=in_flight)
 
 
-def reference_pattern(endpoint: Endpoint, requests: list[ChatRequest], warm: ChatRequest, workers: int) -> dict[str, Any]:
+def reference_pattern(
+    endpoint: Endpoint, requests: list[ChatRequest], warm: ChatRequest, workers: int
+) -> dict[str, Any]:
     """The reference's shape: a pool of `workers` threads, each with a blocking HTTP client, one request at a time."""
     local = threading.local()
     opened: list[httpx.Client] = []
@@ -320,8 +342,14 @@ def vllm_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, A
         levels = concurrency_levels(server, LEVELS, workload.level_requests, workload.level_max_tokens)
     finally:
         lifecycle.down(spec.handle)
-    return {"startup_s": startup, "demo": demo, "demo_free": free, "client_vs_reference": compare, "concurrency": levels,
-            "loadavg": loadavg(before)}  # fmt: skip
+    return {
+        "startup_s": startup,
+        "demo": demo,
+        "demo_free": free,
+        "client_vs_reference": compare,
+        "concurrency": levels,
+        "loadavg": loadavg(before),
+    }
 
 
 def transformers_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, Any]:
@@ -360,7 +388,10 @@ def answered(cache: Path) -> dict[str, dict[str, Any]]:
         return {}
     with sqlite3.connect(f"file:{cache}?mode=ro", uri=True) as db:
         rows = db.execute("SELECT key, content, usage, latency_s FROM responses").fetchall()
-    return {key: {"content": content, "usage": json.loads(usage) if usage else {}, "latency_s": latency} for key, content, usage, latency in rows}
+    return {
+        key: {"content": content, "usage": json.loads(usage) if usage else {}, "latency_s": latency}
+        for key, content, usage, latency in rows
+    }
 
 
 def shared_requests(vllm_cache: Path, transformers_cache: Path) -> dict[str, Any]:
@@ -387,7 +418,9 @@ def shared_requests(vllm_cache: Path, transformers_cache: Path) -> dict[str, Any
 
 def engine_comparison(vllm: dict[str, Any], transformers: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "workload": f"{DEMO_CONFIG}, without answer-format constraints on either engine (transformers serve refuses them)",
+        "workload": (
+            f"{DEMO_CONFIG}, without answer-format constraints on either engine (transformers serve refuses them)"
+        ),
         "vllm_cpu": vllm["demo_free"],
         "transformers_serve": transformers.get("demo", transformers),
         "vllm_cpu_as_the_demo_runs_it": vllm["demo"],
@@ -397,7 +430,9 @@ def engine_comparison(vllm: dict[str, Any], transformers: dict[str, Any]) -> dic
     if "demo" in transformers:
         v, t = vllm["demo_free"], transformers["demo"]
         out["ratio_wall_transformers_over_vllm"] = round(t["wall_s"] / v["wall_s"], 2)
-        out["ratio_startup_vllm_over_transformers"] = round(vllm["startup_s"]["first_answer_s"] / transformers["startup_s"]["first_answer_s"], 2)
+        out["ratio_startup_vllm_over_transformers"] = round(
+            vllm["startup_s"]["first_answer_s"] / transformers["startup_s"]["first_answer_s"], 2
+        )
         out["note"] = (
             f"same units ({v['units']}) against each server; scored/failed: vLLM {v['scored']}/{v['failed']}, "
             f"transformers {t['scored']}/{t['failed']}. Units that fail early do less work, so the wall ratio "
@@ -408,11 +443,17 @@ def engine_comparison(vllm: dict[str, Any], transformers: dict[str, Any]) -> dic
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compiled", action="store_true", help="also time a compiled (non-eager) vLLM start-up (70-175 s more)")
-    parser.add_argument("--quick", action="store_true",
-                        help="every section on a few short requests: does it all run? (its figures mean nothing)")
-    parser.add_argument("--out", type=Path,
-                        help="the results file (default bench/results.json; with --quick bench/results-quick.json)")
+    parser.add_argument(
+        "--compiled", action="store_true", help="also time a compiled (non-eager) vLLM start-up (70-175 s more)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every section on a few short requests: does it all run? (its figures mean nothing)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="the results file (default bench/results.json; with --quick bench/results-quick.json)"
+    )
     args = parser.parse_args(argv)
     workload = QUICK if args.quick else FULL
     path = args.out.resolve() if args.out else ROOT / "bench" / ("results-quick.json" if args.quick else "results.json")
@@ -441,7 +482,10 @@ def main(argv: list[str] | None = None) -> None:
     results["concurrency_tiny_vllm_cpu"] = vllm["concurrency"]
     results["client_vs_reference"] = vllm["client_vs_reference"]
     results["vllm_vs_transformers_serve"] = {**engine_comparison(vllm, transformers), "shared_requests": shared}
-    results["vllm_startup_s"] = {"eager": vllm["startup_s"], "compiled": compiled.get("startup_s") if compiled else None}
+    results["vllm_startup_s"] = {
+        "eager": vllm["startup_s"],
+        "compiled": compiled.get("startup_s") if compiled else None,
+    }
     if compiled:
         results["vllm_compiled"] = compiled
     results["machine"] = {
@@ -464,23 +508,42 @@ def headline(results: dict[str, Any]) -> str:
 
     cmp = results["vllm_vs_transformers_serve"]
     v, t = cmp["vllm_cpu"], cmp["transformers_serve"]
-    lines = [f"demo workload ({cmp['workload']}, {v['units']} units), vLLM CPU: {v['wall_s']} s, {v['scored']} scored / {v['failed']} failed; start-up: {up(cmp['startup_s']['vllm_cpu_eager'])}"]
+    lines = [
+        (
+            f"demo workload ({cmp['workload']}, {v['units']} units), vLLM CPU: {v['wall_s']} s, "
+            f"{v['scored']} scored / {v['failed']} failed; start-up: {up(cmp['startup_s']['vllm_cpu_eager'])}"
+        )
+    ]
     if "wall_s" in t:
-        lines.append(f"demo workload, transformers serve: {t['wall_s']} s, {t['scored']} scored / {t['failed']} failed; start-up: {up(cmp['startup_s']['transformers_serve'])}")
-        lines.append(f"  wall transformers/vLLM: {cmp['ratio_wall_transformers_over_vllm']}x; transformers failures: {t['failures']}")
+        lines.append(
+            f"demo workload, transformers serve: {t['wall_s']} s, {t['scored']} scored / {t['failed']} failed; "
+            f"start-up: {up(cmp['startup_s']['transformers_serve'])}"
+        )
+        lines.append(
+            f"  wall transformers/vLLM: {cmp['ratio_wall_transformers_over_vllm']}x; "
+            f"transformers failures: {t['failures']}"
+        )
     else:
         lines.append(f"transformers serve: {t.get('error', '?')[:300]}")
     c = results["client_vs_reference"]
     mine, ref = c[f"ours_{OURS_IN_FLIGHT}_in_flight"], c[f"reference_{REFERENCE_WORKERS}_workers"]
-    lines.append(f"{c['requests']} short requests on vLLM CPU: this client ({OURS_IN_FLIGHT} in flight) {mine['requests_per_s']}/s, "
-                 f"reference pattern ({REFERENCE_WORKERS} workers) {ref['requests_per_s']}/s: {c['ratio_requests_per_s']}x")  # fmt: skip
+    lines.append(
+        f"{c['requests']} short requests on vLLM CPU: "
+        f"this client ({OURS_IN_FLIGHT} in flight) {mine['requests_per_s']}/s, "
+        f"reference pattern ({REFERENCE_WORKERS} workers) {ref['requests_per_s']}/s: {c['ratio_requests_per_s']}x"
+    )
     levels = results["concurrency_tiny_vllm_cpu"]
-    lines.append("requests/s on vLLM CPU by in flight: " + ", ".join(f"{k}: {x['requests_per_s']}" for k, x in levels.items()))
+    lines.append(
+        "requests/s on vLLM CPU by in flight: " + ", ".join(f"{k}: {x['requests_per_s']}" for k, x in levels.items())
+    )
     if compiled := results.get("vllm_compiled"):
         if "error" in compiled:
             lines.append(f"vLLM compiled: {compiled['error'][:300]}")
         else:
-            lines.append(f"vLLM compiled start-up: {up(compiled['startup_s'])}; requests/s at 32 in flight: {compiled['concurrency']['32']['requests_per_s']}")
+            lines.append(
+                f"vLLM compiled start-up: {up(compiled['startup_s'])}; "
+                f"requests/s at 32 in flight: {compiled['concurrency']['32']['requests_per_s']}"
+            )
     return "\n".join(lines)
 
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from cupid.eval import data as cupid_data
 from cupid.eval.view import build
-
 from tests.run_records import generation, inference, write_run
 
 INFERENCE_SETTINGS = ("standard", "oracle", "summary")
@@ -61,10 +60,12 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
             if rng.random() < 0.05:
                 r = inference(key, setting=setting, failed=rng.choice(["parse_preference", "match_infer_to_gt"]))
             else:
-                labels = lambda n: "".join(rng.choice("YPN") for _ in range(n))  # noqa: E731
+                labels = lambda n: "".join(rng.choice("YPN") for _ in range(n))
                 r = inference(key, labels(rng.randint(3, 6)), labels(rng.randint(3, 5)), setting=setting)
                 r["inferred_checklist"] = [m["entry"] for m in r["infer_to_gt"]]
-            r["candidate_answer"] = f"{candidate} on {key} ({setting}): " + "the inferred preference, reasoned at length. " * 30
+            r["candidate_answer"] = (
+                f"{candidate} on {key} ({setting}): " + "the inferred preference, reasoned at length. " * 30
+            )
             r["gt_checklist"] = [m["entry"] for m in r.get("gt_to_infer", [])]
             records.append(r)
         for setting in GENERATION_SETTINGS:
@@ -73,7 +74,10 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
                 r["candidate_answer"] = "A response written for the request. " * 40
                 r["judge_answer"] = "The response follows the preference in part. " * 8
             records.append(r)
-    plan = {"n_instances": len(keys), "settings": {"inference": list(INFERENCE_SETTINGS), "generation": list(GENERATION_SETTINGS)}}
+    plan = {
+        "n_instances": len(keys),
+        "settings": {"inference": list(INFERENCE_SETTINGS), "generation": list(GENERATION_SETTINGS)},
+    }
     write_run(path, records, {"candidate": candidate}, data=data)
     identity = json.loads((path / "run.json").read_text())
     (path / "run.json").write_text(json.dumps({**identity, "plan": plan}))
@@ -94,21 +98,29 @@ def measure(page_path: Path) -> dict[str, float]:
         timings = page.evaluate(
             """() => { const nav = performance.getEntriesByType('navigation')[0];
                        const fcp = performance.getEntriesByName('first-contentful-paint')[0];
-                       return {fcp: fcp ? fcp.startTime : null, dcl: nav.domContentLoadedEventEnd, rows: document.querySelectorAll('.row').length}; }"""
+                       return {fcp: fcp ? fcp.startTime : null, dcl: nav.domContentLoadedEventEnd,
+                               rows: document.querySelectorAll('.row').length}; }"""
         )
         started = time.perf_counter()
         page.locator(".row").first.click()
         page.locator(".col").first.wait_for()
         open_unit = time.perf_counter() - started
         browser.close()
-    return {"first_paint_s": round(timings["fcp"] / 1000, 3), "dom_ready_s": round(timings["dcl"] / 1000, 3),
-            "wall_ready_s": round(ready_wall, 3), "open_unit_s": round(open_unit, 3), "rows_in_dom": timings["rows"]}  # fmt: skip
+    return {
+        "first_paint_s": round(timings["fcp"] / 1000, 3),
+        "dom_ready_s": round(timings["dcl"] / 1000, 3),
+        "wall_ready_s": round(ready_wall, 3),
+        "open_unit_s": round(open_unit, 3),
+        "rows_in_dom": timings["rows"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, default=756)
-    parser.add_argument("--history-chars", type=int, default=32_000, help="characters of dialogue per instance (~4 per token)")
+    parser.add_argument(
+        "--history-chars", type=int, default=32_000, help="characters of dialogue per instance (~4 per token)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -117,16 +129,21 @@ def main() -> None:
         run_a = synthetic_run(tmp / "a", keys, str(data), "model-a", seed=1)
         run_b = synthetic_run(tmp / "b", keys, str(data), "model-b", seed=2)
         n_units = len((run_a / "instances.jsonl").read_text().splitlines())
-        print(f"synthetic full run: {len(keys)} instances, {n_units} units per run, data {data.stat().st_size / 1e6:.1f} MB")
+        print(
+            f"synthetic full run: {len(keys)} instances, {n_units} units per run, "
+            f"data {data.stat().st_size / 1e6:.1f} MB"
+        )
         for name, dirs in (("one run", [run_a]), ("two runs compared", [run_a, run_b])):
             started = time.perf_counter()
             page = build(dirs, tmp / name.replace(" ", "-"))
             built = time.perf_counter() - started
             figures = measure(page)
-            print(f"{name}: page {page.stat().st_size / 1e6:.1f} MB (built in {built:.1f} s); in Chromium from file://: "
-                  f"first contentful paint {figures['first_paint_s']:.2f} s, every unit openable (DOMContentLoaded) "
-                  f"{figures['dom_ready_s']:.2f} s, opening a unit {figures['open_unit_s']:.2f} s, "
-                  f"{figures['rows_in_dom']} of {n_units} rows in the DOM")  # fmt: skip
+            print(
+                f"{name}: page {page.stat().st_size / 1e6:.1f} MB (built in {built:.1f} s); in Chromium from file://: "
+                f"first contentful paint {figures['first_paint_s']:.2f} s, every unit openable (DOMContentLoaded) "
+                f"{figures['dom_ready_s']:.2f} s, opening a unit {figures['open_unit_s']:.2f} s, "
+                f"{figures['rows_in_dom']} of {n_units} rows in the DOM"
+            )
 
 
 if __name__ == "__main__":

@@ -1,32 +1,67 @@
 """Local, cost-free evaluation for the CUPID benchmark (COLM 2025) with a vLLM-served PrefMatcher judge.
 
-The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run,
-giving a `RunResult`), `compare` (two runs, paired by unit: a `Comparison`), `reward` and `reward_dataset` (PrefMatcher as a TRL reward), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric), `cupid.serving` (vLLM servers, the
-batched client, the request cache), `cupid.eval` (the benchmark), `cupid.training` (rebuilding PrefMatcher).
+The Python API (`cupid.api`): `PrefMatcher` (the judge as an object to call), `evaluate` (a whole run, giving a
+`RunResult`), `compare` (two runs, paired by unit: a `Comparison`), `reward` and `reward_dataset` (PrefMatcher as a TRL
+reward), `load_dataset`, `endpoint`, and the types their signatures name. Subpackages: `cupid.matcher` (the metric),
+`cupid.serving` (vLLM servers, the batched client, the request cache), `cupid.eval` (the benchmark), `cupid.training`
+(rebuilding PrefMatcher).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# the API, and the types its signatures name
 __all__ = [
-    "PrefMatcher", "evaluate", "aevaluate", "compare", "reward", "reward_dataset", "load_dataset", "endpoint",
-    # the types the API's signatures name
-    "Endpoint", "RunResult", "Comparison", "Summary", "ServedModel", "MatchItem", "Labels", "Scoring", "StageError", "StageFailed", "Dataset",
-]  # fmt: skip
+    "Comparison",
+    "Dataset",
+    "Endpoint",
+    "Labels",
+    "MatchItem",
+    "PrefMatcher",
+    "RunResult",
+    "Scoring",
+    "ServedModel",
+    "StageError",
+    "StageFailed",
+    "Summary",
+    "aevaluate",
+    "compare",
+    "endpoint",
+    "evaluate",
+    "load_dataset",
+    "reward",
+    "reward_dataset",
+]
 
 if TYPE_CHECKING:
     from cupid.api import (
-        Comparison, Dataset, Labels, MatchItem, PrefMatcher, RunResult, Scoring, ServedModel, StageError, StageFailed, Summary,
-        aevaluate, compare, endpoint, evaluate, load_dataset, reward, reward_dataset,
+        Comparison,
+        Dataset,
+        Labels,
+        MatchItem,
+        PrefMatcher,
+        RunResult,
+        Scoring,
+        ServedModel,
+        StageError,
+        StageFailed,
+        Summary,
+        aevaluate,
+        compare,
+        endpoint,
+        evaluate,
+        load_dataset,
+        reward,
+        reward_dataset,
     )  # fmt: skip
-    from cupid.serving.endpoints import Endpoint
+    from cupid.serving.endpoint import Endpoint
 
 
 def __getattr__(name: str) -> Any:
     """The API is imported on first use, so `import cupid.serving...` in a server process stays light."""
     if name == "Endpoint":
-        from cupid.serving.endpoints import Endpoint
+        from cupid.serving.endpoint import Endpoint
 
         return Endpoint
     if name in __all__:

@@ -10,34 +10,54 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, ParamSpec, Self, TypeVar
 
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
 from cupid.eval.compare import Comparison, compare
-from cupid.eval.reward import reward, reward_dataset
 from cupid.eval.data import Dataset
-from cupid.eval.stages import StageFailed
+from cupid.eval.history import Setting
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Labels, MatchItem, Scoring, StageError
-from cupid.eval.history import Setting
+from cupid.eval.reward import reward, reward_dataset
 from cupid.eval.runner import RunConfig, RunResult
-from cupid.eval.track import arun  # the run, then its tracker run when `track=` asks
+from cupid.eval.stages import StageFailed
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import INFERENCE
+from cupid.eval.tracked import arun  # the run, then its tracker run when `track=` asks
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, EndpointLike, resolve as endpoint
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike
+from cupid.serving.endpoints import resolve as endpoint
 from cupid.serving.fleet import ServedModel
 
 __all__ = [
-    "PrefMatcher", "evaluate", "aevaluate", "compare", "reward", "reward_dataset", "load_dataset", "endpoint",
-    "Comparison", "ConfigError", "Dataset", "Endpoint", "Labels", "MatchItem", "RunResult", "Scoring", "ServedModel",
-    "StageError", "StageFailed", "Summary",
+    "Comparison",
+    "ConfigError",
+    "Dataset",
+    "Endpoint",
+    "Labels",
+    "MatchItem",
+    "PrefMatcher",
+    "RunResult",
+    "Scoring",
+    "ServedModel",
+    "StageError",
+    "StageFailed",
+    "Summary",
+    "aevaluate",
+    "compare",
+    "endpoint",
+    "evaluate",
+    "load_dataset",
+    "reward",
+    "reward_dataset",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -87,7 +107,9 @@ class PrefMatcher:
 
     def _open(self) -> tuple[Client, InferenceScorer]:
         endpoints = {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
-        client = Client(endpoints, Cache(self.cache_path) if self.cache_path is not None else None, concurrency=self.concurrency)
+        client = Client(
+            endpoints, Cache(self.cache_path) if self.cache_path is not None else None, concurrency=self.concurrency
+        )
         return client, InferenceScorer(client, "decomposer", "matcher", self.dialect)
 
     async def _scorer(self) -> InferenceScorer:
@@ -103,15 +125,17 @@ class PrefMatcher:
         try:
             self._opened.close()
         except RuntimeError:
-            raise RuntimeError("PrefMatcher.close() while its event loop runs: use `await pm.aclose()` or `async with`") from None
+            raise RuntimeError(
+                "PrefMatcher.close() while its event loop runs: use `await pm.aclose()` or `async with`"
+            ) from None
 
-    def __enter__(self) -> "PrefMatcher":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def __aenter__(self) -> "PrefMatcher":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -163,8 +187,8 @@ class PrefMatcher:
         return await (await self._scorer()).score_preference(inferred, preference, list(checklist))
 
     async def ascore_batch(self, triples: Iterable[tuple[str, str, Sequence[str]]]) -> list[Scoring]:
-        """`ascore` for many (inferred, preference, checklist) triples at once, in order (a failed one is `status="failed"`
-        with its `error`, as in `alabels_batch`)."""
+        """`ascore` for many (inferred, preference, checklist) triples at once, in order (a failed one is
+        `status="failed"` with its `error`, as in `alabels_batch`)."""
         return list(await asyncio.gather(*(self.ascore(i, p, c) for i, p, c in triples)))
 
     def score(self, inferred: str, preference: str, checklist: Sequence[str]) -> Scoring:
@@ -175,9 +199,9 @@ class PrefMatcher:
         return self._blocking(lambda: self.ascore_batch(triples))
 
 
-
-
-def load_dataset(source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None) -> Dataset:
+def load_dataset(
+    source: str | Path = "sample", *, types: Sequence[str] | None = None, limit: int | None = None
+) -> Dataset:
     """CUPID instances from the same sources as `--data`: `sample` (bundled), a local .jsonl/.json/.parquet
     file or directory, or a Hub id (`kixlab/CUPID`). Rows that do not fit the schema are in `.bad_rows`,
     each naming its file and row, never dropped silently."""
@@ -217,13 +241,25 @@ async def aevaluate(
             return role
         return value  # a name, a served model, or None
 
-    roles = {"candidate": candidate, "matcher": matcher, "decomposer": decomposer, "judge": judge, "summarizer": summarizer, "reference": reference}
+    roles = {
+        "candidate": candidate,
+        "matcher": matcher,
+        "decomposer": decomposer,
+        "judge": judge,
+        "summarizer": summarizer,
+        "reference": reference,
+    }
     cfg = RunConfig(
         **{role: bind(role, value) for role, value in roles.items()},
-        data=str(data), tasks=list(tasks), settings=list(settings), endpoints=str(endpoints_file),
-        out=str(out) if out is not None else None, cache=str(cache) if cache is not None else None, no_cache=cache is None,
+        data=str(data),
+        tasks=list(tasks),
+        settings=list(settings),
+        endpoints=str(endpoints_file),
+        out=str(out) if out is not None else None,
+        cache=str(cache) if cache is not None else None,
+        no_cache=cache is None,
         **options,
-    )  # fmt: skip
+    )
     return await arun(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
 
 
@@ -240,4 +276,3 @@ def _blocking_form(afunc: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]
 
 evaluate = _blocking_form(aevaluate)
 evaluate.__name__ = evaluate.__qualname__ = "evaluate"
-

@@ -11,10 +11,12 @@ from cupid.eval.report import main as report_main
 from cupid.eval.track import main as track_main
 from cupid.eval.view import main as view_main
 from cupid.serving.cli import app as serve_app
-from cupid.training.synth.cli import app as synth_app
 from cupid.training.cli import app as train_app
+from cupid.training.synth.cli import app as synth_app
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Local, cost-free evaluation for the CUPID benchmark.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Local, cost-free evaluation for the CUPID benchmark."
+)
 app.add_typer(serve_app, name="serve")
 app.add_typer(eval_app, name="eval")
 app.add_typer(meta_app, name="meta")
@@ -26,4 +28,3 @@ app.command("compare")(compare_main)
 app.command("nightly")(nightly_main)
 app.command("track")(track_main)
 app.command("import-inspect")(import_inspect_main)
-

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import shutil
-from typing import Any, Callable, NoReturn, Optional, get_args, get_origin
+from collections.abc import Callable
+from typing import Any, NoReturn, get_args, get_origin
 
 import typer
 from pydantic.fields import FieldInfo
@@ -13,10 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval import data as cupid_data
-from cupid.eval.runner import RunConfig, dry_run as write_requests
-from cupid.eval.track import run as run_eval  # the run, then its tracker run when `track:` asks
+from cupid.eval.runner import RunConfig
+from cupid.eval.runner import dry_run as write_requests
 from cupid.eval.summary import Summary, tables
 from cupid.eval.tasks import TASKS
+from cupid.eval.tracked import run as run_eval  # the run, then its tracker run when `track:` asks
 from cupid.serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
@@ -56,17 +58,18 @@ def _option(name: str, field: FieldInfo) -> inspect.Parameter:
     if field.annotation is bool:
         annotation, default = bool, typer.Option(False, flag, help=field.description)
     elif name == "tasks":  # one option, not repeated: a task or both
-        annotation, default = Optional[str], typer.Option(None, flag, help=field.description)
+        annotation, default = str | None, typer.Option(None, flag, help=field.description)
     elif get_origin(field.annotation) is list:
-        annotation, default = Optional[list[str]], typer.Option(None, flag, help=f"{field.description}; repeatable")
+        annotation, default = list[str] | None, typer.Option(None, flag, help=f"{field.description}; repeatable")
     else:
-        annotation = Optional[int] if int in (field.annotation, *args) else Optional[str]
+        annotation = (int | None) if int in (field.annotation, *args) else (str | None)
         default = typer.Option(None, flag, help=field.description)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def _run(config: Optional[str], dry_run: Optional[str], allow_failures: bool, **options: Any) -> None:
-    """Run CUPID: inference (infer -> decompose -> match both ways -> P/R/F1) and/or generation (respond -> judge 1-10)."""
+def _run(config: str | None, dry_run: str | None, allow_failures: bool, **options: Any) -> None:
+    """Run CUPID: inference (infer -> decompose -> match both ways -> P/R/F1) and/or generation (respond -> judge
+    1-10)."""
     values: dict[str, Any] = dict(read_yaml(config) or {}) if config else {}
     if options.get("tasks") is not None:
         options["tasks"] = list(TASKS) if options["tasks"] == "both" else [options["tasks"]]
@@ -93,13 +96,29 @@ def _run_command() -> Callable[..., None]:
     """`_run` with one option per RunConfig field, derived from the field (as TRL derives its CLI from its
     config dataclasses): the options cannot drift from the config they fill."""
     own = [
-        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                          default=typer.Option(None, help="run config YAML (configs/eval/*.yaml); options below override it")),
-        inspect.Parameter("dry_run", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                          default=typer.Option(None, "--dry-run", help="write the candidate requests as an OpenAI batch JSONL to this file and send nothing")),
-        inspect.Parameter("allow_failures", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
-                          default=typer.Option(False, "--allow-failures", help="exit 0 even when instances failed")),
-    ]  # fmt: skip
+        inspect.Parameter(
+            "config",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=str | None,
+            default=typer.Option(None, help="run config YAML (configs/eval/*.yaml); options below override it"),
+        ),
+        inspect.Parameter(
+            "dry_run",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=str | None,
+            default=typer.Option(
+                None,
+                "--dry-run",
+                help="write the candidate requests as an OpenAI batch JSONL to this file and send nothing",
+            ),
+        ),
+        inspect.Parameter(
+            "allow_failures",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(False, "--allow-failures", help="exit 0 even when instances failed"),
+        ),
+    ]
     fields = [_option(name, field) for name, field in RunConfig.model_fields.items() if name not in _FILE_ONLY]
     params = own[:1] + fields + own[1:]
 
@@ -123,7 +142,9 @@ def check_data(source: str = typer.Argument("sample", help="'sample', a local pa
     except cupid_data.DataError as e:
         _fail(str(e))
     counts = {t: sum(i.instance_type == t for i in dataset.instances) for t in cupid_data.INSTANCE_TYPES}
-    console.print(f"{dataset.source}: {len(dataset.instances)} valid instances {counts}, {len(dataset.bad_rows)} bad rows")
+    console.print(
+        f"{dataset.source}: {len(dataset.instances)} valid instances {counts}, {len(dataset.bad_rows)} bad rows"
+    )
     for bad in dataset.bad_rows:
         console.print(f"[red]bad row:[/red] {escape(str(bad))}", highlight=False)
     if dataset.bad_rows:

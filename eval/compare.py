@@ -83,7 +83,9 @@ class Comparison(BaseModel):
     only_b: int
     failed: dict[str, int] = Field(default_factory=dict)  # of the units both ran: failed in `a_only`, `b_only`, `both`
     personas: int  # of the matched units
-    differs: list[str] = Field(default_factory=list)  # what differs besides the candidate: the difference is not its alone
+    differs: list[str] = Field(
+        default_factory=list
+    )  # what differs besides the candidate: the difference is not its alone
     rows: list[Row] = Field(default_factory=list)
     per_unit: dict[str, dict[str, int]] = Field(default_factory=dict)  # task -> better / worse / tied units
     units: list[UnitChange] = Field(default_factory=list)  # each task's largest changes
@@ -126,7 +128,16 @@ def _rows(spec: TaskSpec, pairs: list[tuple[UnitRecord, UnitRecord]]) -> list[Ro
             chosen = [(a, b) for a, b in in_setting if group is None or a.instance_type == group]
             for metric, d in spec.differences(chosen).items():
                 headline = metric == spec.headline[0] and setting == headline_setting and group is None
-                rows.append(Row(task=spec.name, setting=setting, instance_type=group, metric=metric, headline=headline, **d.model_dump()))
+                rows.append(
+                    Row(
+                        task=spec.name,
+                        setting=setting,
+                        instance_type=group,
+                        metric=metric,
+                        headline=headline,
+                        **d.model_dump(),
+                    )
+                )
     return rows
 
 
@@ -156,20 +167,45 @@ def compare_runs(a: Run, b: Run) -> Comparison:
     for spec in TASKS.values():
         changes = []
         for x, y in pairs:
-            if x.task == spec.name and (sa := spec.unit_score(x)) is not None and (sb := spec.unit_score(y)) is not None:
+            if (
+                x.task == spec.name
+                and (sa := spec.unit_score(x)) is not None
+                and (sb := spec.unit_score(y)) is not None
+            ):
                 view = f"{page}#unit={quote('|'.join(x.unit), safe='')}"
-                changes.append(UnitChange(task=spec.name, setting=x.setting, key=x.key, instance_type=x.instance_type, a=sa, b=sb, change=sb - sa, view=view))
+                changes.append(
+                    UnitChange(
+                        task=spec.name,
+                        setting=x.setting,
+                        key=x.key,
+                        instance_type=x.instance_type,
+                        a=sa,
+                        b=sb,
+                        change=sb - sa,
+                        view=view,
+                    )
+                )
         if changes:
             per_unit[spec.name] = {
-                "better": sum(c.change > 0 for c in changes), "worse": sum(c.change < 0 for c in changes), "tied": sum(c.change == 0 for c in changes)
-            }  # fmt: skip
+                "better": sum(c.change > 0 for c in changes),
+                "worse": sum(c.change < 0 for c in changes),
+                "tied": sum(c.change == 0 for c in changes),
+            }
             units += sorted((c for c in changes if c.change), key=lambda c: -abs(c.change))[:N_LARGEST]
     return Comparison(
-        a=str(a.path), b=str(b.path), matched=len(pairs),
-        only_a=sum(u not in records_b for u in records_a), only_b=sum(u not in records_a for u in records_b),
-        failed=dict(failed), personas=len({x.persona_id for x, _ in pairs}), differs=differences(a, b),
-        rows=rows, per_unit=per_unit, units=units, view="cupid view " + " ".join(paths),
-    )  # fmt: skip
+        a=str(a.path),
+        b=str(b.path),
+        matched=len(pairs),
+        only_a=sum(u not in records_b for u in records_a),
+        only_b=sum(u not in records_a for u in records_b),
+        failed=dict(failed),
+        personas=len({x.persona_id for x, _ in pairs}),
+        differs=differences(a, b),
+        rows=rows,
+        per_unit=per_unit,
+        units=units,
+        view="cupid view " + " ".join(paths),
+    )
 
 
 def compare(a: str | Path, b: str | Path) -> Comparison:
@@ -189,43 +225,71 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison as people read it: what was matched, what differs, the rows, the verdict."""
     c = comparison
     console.print(f"A: {c.a}\nB: {c.b}", highlight=False)
-    failed = ", ".join(f"{n} failed in {'both' if k == 'both' else k.replace('_only', '') + ' only'}" for k, n in sorted(c.failed.items()))
+    failed = ", ".join(
+        f"{n} failed in {'both' if k == 'both' else k.replace('_only', '') + ' only'}"
+        for k, n in sorted(c.failed.items())
+    )
     console.print(
         f"{c.matched} units scored in both ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B"
         + (f"; {failed} (not in any difference)" if failed else ""),
         highlight=False,
     )
     for line in c.differs:
-        console.print(f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone", highlight=False)
+        console.print(
+            f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone",
+            highlight=False,
+        )
     if c.personas < MIN_PERSONAS:
-        console.print(f"{c.personas} personas (<{MIN_PERSONAS}): no intervals, p-values or verdicts, only the differences.", highlight=False)
-    table = Table(title="B - A, 95% interval from a paired bootstrap over personas (* the headline tested for REGRESSION)")
+        console.print(
+            f"{c.personas} personas (<{MIN_PERSONAS}): no intervals, p-values or verdicts, only the differences.",
+            highlight=False,
+        )
+    table = Table(
+        title="B - A, 95% interval from a paired bootstrap over personas (* the headline tested for REGRESSION)"
+    )
     for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
         table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
     for row in c.rows:
         scale = TASKS[row.task].scale
         stats = (
-            [f"[{_fmt(row.low, scale, True)}, {_fmt(row.high, scale, True)}]", f"{row.p_value:.3f}", f"{row.p_holm:.3f}", _fmt(row.detectable, scale)]
-            if row.resolved else ["-"] * 4
-        )  # fmt: skip
+            [
+                f"[{_fmt(row.low, scale, True)}, {_fmt(row.high, scale, True)}]",
+                f"{row.p_value:.3f}",
+                f"{row.p_holm:.3f}",
+                _fmt(row.detectable, scale),
+            ]
+            if row.resolved
+            else ["-"] * 4
+        )
         style = "bold red" if row.regression else "bold" if row.headline else None
         name = row.name + (" *" if row.headline else "")
-        table.add_row(name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats, style=style)
+        table.add_row(
+            name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats, style=style
+        )
     console.print(table)
     for task, counts in c.per_unit.items():
-        console.print(f"{task}: B better on {counts['better']} units, worse on {counts['worse']}, tied on {counts['tied']}", highlight=False)
+        console.print(
+            f"{task}: B better on {counts['better']} units, worse on {counts['worse']}, tied on {counts['tied']}",
+            highlight=False,
+        )
     if c.units:
         console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
         for u in c.units:
             console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
     if c.regressions:
-        drops = ", ".join(f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {r.p_holm:.3f})" for r in c.regressions)
+        drops = ", ".join(
+            f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {r.p_holm:.3f})" for r in c.regressions
+        )
         console.print(f"REGRESSION: {drops}", style="bold red", highlight=False)
         return
     resolution = [f"{r.name} {_fmt(r.detectable, TASKS[r.task].scale)}" for r in c.rows if r.headline and r.resolved]
     console.print(
         "No significant drop in a headline figure (*)"
-        + (f"; at this resolution a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else ""),
+        + (
+            f"; at this resolution a change smaller than about {', '.join(resolution)} would likely go unseen"
+            if resolution
+            else ""
+        ),
         highlight=False,
     )
 
@@ -234,7 +298,9 @@ def main(
     run_a: str = typer.Argument(..., help="the run compared against (e.g. last week's, the baseline model)"),
     run_b: str = typer.Argument(..., help="the run compared (B - A is reported)"),
     as_json: bool = typer.Option(False, "--json", help="print the comparison as one JSON object on stdout"),
-    fail_if_regression: bool = typer.Option(False, "--fail-if-regression", help="exit 2 when a headline figure dropped significantly"),
+    fail_if_regression: bool = typer.Option(
+        False, "--fail-if-regression", help="exit 2 when a headline figure dropped significantly"
+    ),
 ) -> None:
     """B against A on the units both runs scored: each figure's difference with a paired 95% interval over personas,
     p-values (Holm-adjusted), the power to detect a change, and the units that changed most."""

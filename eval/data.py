@@ -7,10 +7,11 @@ naming the file, the row and the field, and runs report and count it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -76,7 +77,7 @@ class Dataset:
     instances: list[Instance]
     bad_rows: list[BadRow]
 
-    def filter(self, types: Sequence[str] | None = None, limit: int | None = None) -> "Dataset":
+    def filter(self, types: Sequence[str] | None = None, limit: int | None = None) -> Dataset:
         """`limit` keeps the first N instances after the type filter, in data order."""
         kept = [i for i in self.instances if not types or i.instance_type in types]
         if limit is not None:
@@ -169,7 +170,7 @@ def _hub_rows(hub_id: str, split: str) -> Iterator[tuple[str, Any]]:
 
     try:
         rows = datasets.load_dataset(hub_id, split=split)
-    except Exception as e:  # network, auth, missing split: all end the same way for the user
+    except Exception as e:  # noqa: BLE001 (network, auth, missing split: all end the same way for the user)
         raise DataError(f"{hub_id} (split {split}): could not load from the Hugging Face Hub: {e}") from None
     for i, row in enumerate(rows):
         yield f"{hub_id}[{split}] row {i}", row

@@ -46,7 +46,10 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            raise DirectoryBusy(f"{directory} is in use by another run (pid {holder}; lock {path}): wait for it to end, or choose another directory") from None
+            raise DirectoryBusy(
+                f"{directory} is in use by another run (pid {holder}; lock {path}): "
+                "wait for it to end, or choose another directory"
+            ) from None
         previous = os.pread(fd, 64, 0).decode(errors="replace").strip()
         if previous.isdigit() and int(previous) != os.getpid() and not alive(int(previous)) and say:
             say(f"{directory}: took over the lock left by pid {previous}, which is no longer running")
@@ -61,7 +64,8 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A run's JSON file (run.json, summary.json, ...): {} where it is absent, an error naming it where it does not parse."""
+    """A run's JSON file (run.json, summary.json, ...): {} where it is absent, an error naming it where it does not
+    parse."""
     if not path.exists():
         return {}
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
 from cupid.eval.records import Scoring
+from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 
@@ -25,7 +25,9 @@ class GenerationScorer:
     judge: str
 
     async def score(self, instance: Instance, answer: str) -> Scoring:
-        return await self.score_response(instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer)
+        return await self.score_response(
+            instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer
+        )
 
     async def score_response(self, preference: str, checklist: list[str], request: str, answer: str) -> Scoring:
         """A response to the request, judged against the ground truth (preference and checklist)."""

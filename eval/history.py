@@ -11,8 +11,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from cupid.eval.stages import StageFailed, ask, constraint, parsed
 from cupid.eval.data import Instance
+from cupid.eval.stages import StageFailed, ask, constraint, parsed
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 
@@ -25,9 +25,10 @@ SUMMARY_PROMPTS = ("summarizer",)  # the prompts the summary setting adds to a r
 def relevant_sessions(instance: Instance) -> list[int]:
     """0-based positions of the prior sessions that hold the current preference (the oracle's sessions)."""
     return [
-        i for i, s in enumerate(instance.prior_interactions)
+        i
+        for i, s in enumerate(instance.prior_interactions)
         if s.contextual_preference == instance.current_contextual_preference
-    ]  # fmt: skip
+    ]
 
 
 def plain_log(instance: Instance, setting: str) -> str:

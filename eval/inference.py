@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.eval.data import Instance
 from cupid.eval.records import DIRECTIONS, Scoring
+from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
 from cupid.matcher.prompts import MatcherDialect
 from cupid.matcher.scores import MatchCounts
 from cupid.serving.client import Client
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 
 
 def matcher_dialect(endpoint: Endpoint) -> MatcherDialect:
@@ -39,7 +39,9 @@ class InferenceScorer:
 
     async def ask_matcher(self, stage: str, preference: str, items: list[str]) -> str:
         fmt = constraint(self.client, self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap))
-        return await ask(self.client, stage, self.matcher, prompts.matcher(preference, items, self.matcher_dialect), **fmt)
+        return await ask(
+            self.client, stage, self.matcher, prompts.matcher(preference, items, self.matcher_dialect), **fmt
+        )
 
     async def match(self, stage: str, preference: str, items: list[str]) -> list[parse.MatchItem]:
         return parsed(stage, parse.matches, await self.ask_matcher(stage, preference, items), items)

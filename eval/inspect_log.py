@@ -41,15 +41,24 @@ def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
             raise ConfigError(f"{path}: not an inspect-ai log ({type(e).__name__}: {e})") from None
         meta = (log.eval.metadata or {}).get("cupid")
         if not meta or meta.get("task") not in TASKS:
-            raise ConfigError(f"{path}: not a log of a cupid/* task (task {log.eval.task!r}); run `inspect eval cupid/inference` or `cupid/generation`")
+            raise ConfigError(
+                f"{path}: not a log of a cupid/* task (task {log.eval.task!r}); "
+                "run `inspect eval cupid/inference` or `cupid/generation`"
+            )
         if log.samples is None or log.status != "success":
-            raise ConfigError(f"{path}: the eval did not finish (status {log.status}); run it to the end (inspect eval-retry) first")
+            raise ConfigError(
+                f"{path}: the eval did not finish (status {log.status}); run it to the end (inspect eval-retry) first"
+            )
         runs.append((path, log, meta))
 
     if len({meta["data"] for _, _, meta in runs}) > 1 or len({log.eval.model for _, log, _ in runs}) > 1:
-        raise ConfigError("these logs are not one run: " + "; ".join(f"{p}: {log.eval.model} on {m['data']}" for p, log, m in runs))
+        raise ConfigError(
+            "these logs are not one run: " + "; ".join(f"{p}: {log.eval.model} on {m['data']}" for p, log, m in runs)
+        )
     _, first, meta = runs[0]
-    roles = {"candidate": f"{first.eval.model} (inspect-ai)"} | {r: v for _, _, m in runs for r, v in m["roles"].items()}
+    roles = {"candidate": f"{first.eval.model} (inspect-ai)"} | {
+        r: v for _, _, m in runs for r, v in m["roles"].items()
+    }
     models = {"candidate": first.eval.model} | {r: v for _, _, m in runs for r, v in m["models"].items()}
     plan = {TASKS[m["task"]]: [m["setting"]] for _, _, m in runs}
     if len(plan) < len(runs):
@@ -61,22 +70,28 @@ def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
     identity = {"data": meta["data"], "roles": models, "prompts": prompts}
     run.check_same_run(
         {**identity, "plan": {"n_instances": meta["n_instances"], "settings": {t.name: s for t, s in plan.items()}}},
-        growing=("roles", "prompts"), latest=("plan",),
-    )  # fmt: skip
+        growing=("roles", "prompts"),
+        latest=("plan",),
+    )
     write_atomic(run.records_file, "".join(r.to_json() + "\n" for r in records))
     started = min(datetime.fromisoformat(log.stats.started_at) for _, log, _ in runs)
     finished = max(datetime.fromisoformat(log.stats.completed_at) for _, log, _ in runs)
-    summary = summarize(records, plan, meta["n_instances"], {
-        "data": meta["data"],
-        "roles": roles,
-        "matcher_prompt": next((m["matcher_prompt"] for _, _, m in runs if m.get("matcher_prompt")), None),
-        "candidate_constrained": [t for _, _, m in runs for t in m["candidate_constrained"]],
-        "prompts": prompts,
-        "n_invalid_rows": len(meta["invalid_rows"]),
-        "invalid_rows": meta["invalid_rows"],
-        "wall_s": round((finished - started).total_seconds(), 2),
-        "inspect_logs": [str(p) for p, _, _ in runs],
-    })  # fmt: skip
+    summary = summarize(
+        records,
+        plan,
+        meta["n_instances"],
+        {
+            "data": meta["data"],
+            "roles": roles,
+            "matcher_prompt": next((m["matcher_prompt"] for _, _, m in runs if m.get("matcher_prompt")), None),
+            "candidate_constrained": [t for _, _, m in runs for t in m["candidate_constrained"]],
+            "prompts": prompts,
+            "n_invalid_rows": len(meta["invalid_rows"]),
+            "invalid_rows": meta["invalid_rows"],
+            "wall_s": round((finished - started).total_seconds(), 2),
+            "inspect_logs": [str(p) for p, _, _ in runs],
+        },
+    )
     run.write_summary(summary)
     return summary
 
@@ -94,12 +109,19 @@ def _records(path: str | Path, log: Any) -> list[UnitRecord]:
         if "key" not in unit:
             raise ConfigError(f"{path}: sample {sample.id!r} has neither a score nor its unit's metadata")
         error = StageError(stage=task.candidate_stage, reason="inspect_error", detail=why)
-        records.append(UnitRecord(**{k: unit[k] for k in ("key", "persona_id", "instance_type", "setting")}, task=task.name, error=error))
+        records.append(
+            UnitRecord(
+                **{k: unit[k] for k in ("key", "persona_id", "instance_type", "setting")}, task=task.name, error=error
+            )
+        )
     return records
 
 
+LogsArgument = typer.Argument(..., help="inspect-ai logs of cupid/inference and/or cupid/generation (.eval or .json)")
+
+
 def main(
-    logs: list[str] = typer.Argument(..., help="inspect-ai logs of cupid/inference and/or cupid/generation (.eval or .json)"),
+    logs: list[str] = LogsArgument,
     out: str = typer.Option(..., "--out", help="run directory to write (new, or holding the same run)"),
 ) -> None:
     """Turn inspect-ai logs of the cupid/* tasks into a run directory (`cupid view`, `report`, `track`)."""

@@ -24,23 +24,25 @@ from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from cupid.eval import data as cupid_data
-from cupid.eval.stages import StageFailed
 from cupid.eval.data import INSTANCE_TYPES, Instance
 from cupid.eval.history import GENERATION_ONLY, SETTINGS, SUMMARY_PROMPTS, History, plain_log
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import Scoring, StageError, UnitRecord
-from cupid.eval.summary import GROUPS
+from cupid.eval.stages import StageFailed
+from cupid.eval.summary import GROUPS, figures
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
-from cupid.eval.track import figures
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, classify
 from cupid.serving.config import ConfigError, read_yaml
-from cupid.serving.endpoints import DEFAULT_FILE, Endpoint
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import DEFAULT_FILE
 from cupid.serving.lifecycle import state_dir
 
 DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
-METADATA_KEY = "cupid"  # the task's metadata (the log's `eval.metadata`) under this key: what `import-inspect` rebuilds a run from
+METADATA_KEY = (
+    "cupid"  # the task's metadata (the log's `eval.metadata`) under this key: what `import-inspect` rebuilds a run from
+)
 
 
 @task
@@ -78,7 +80,20 @@ def inference(
         no_cache: neither read nor write the request cache.
     """
     roles = {"decomposer": decomposer, "matcher": matcher, "summarizer": summarizer}
-    return _task(INFERENCE, data, setting, types, limit, roles, endpoints, structured_output, constrain, max_tokens, cache, no_cache)
+    return _task(
+        INFERENCE,
+        data,
+        setting,
+        types,
+        limit,
+        roles,
+        endpoints,
+        structured_output,
+        constrain,
+        max_tokens,
+        cache,
+        no_cache,
+    )
 
 
 @task
@@ -112,21 +127,40 @@ def generation(
         no_cache: neither read nor write the request cache.
     """
     roles = {"judge": judge, "summarizer": summarizer}
-    return _task(GENERATION, data, setting, types, limit, roles, endpoints, structured_output, False, max_tokens, cache, no_cache)
+    return _task(
+        GENERATION, data, setting, types, limit, roles, endpoints, structured_output, False, max_tokens, cache, no_cache
+    )
 
 
 def _task(
-    spec: TaskSpec, data: str, setting: str, types: str | list[str] | None, limit: int | None, roles: dict[str, str | None],
-    endpoints_file: str, structured_output: bool, constrain: bool, max_tokens: int | None, cache: str | None, no_cache: bool,
-) -> Task:  # fmt: skip
+    spec: TaskSpec,
+    data: str,
+    setting: str,
+    types: str | list[str] | None,
+    limit: int | None,
+    roles: dict[str, str | None],
+    endpoints_file: str,
+    structured_output: bool,
+    constrain: bool,
+    max_tokens: int | None,
+    cache: str | None,
+    no_cache: bool,
+) -> Task:
     if setting not in SETTINGS or (setting in GENERATION_ONLY and spec is not GENERATION):
         allowed = [s for s in SETTINGS if spec is GENERATION or s not in GENERATION_ONLY]
         raise ConfigError(f"cupid/{spec.name}: no setting '{setting}' (one of {', '.join(allowed)})")
     types = [types] if isinstance(types, str) else types
     if unknown := sorted(set(types or ()) - set(INSTANCE_TYPES)):
-        raise ConfigError(f"cupid/{spec.name}: no instance type {', '.join(unknown)} (types: {', '.join(INSTANCE_TYPES)})")
+        raise ConfigError(
+            f"cupid/{spec.name}: no instance type {', '.join(unknown)} (types: {', '.join(INSTANCE_TYPES)})"
+        )
     wanted = [*spec.roles, *(["summarizer"] if setting == "summary" else [])]
-    judges = Judges.bind({r: roles[r] for r in wanted}, endpoints_file, structured_output, None if no_cache else cache or str(state_dir() / "cache.sqlite"))
+    judges = Judges.bind(
+        {r: roles[r] for r in wanted},
+        endpoints_file,
+        structured_output,
+        None if no_cache else cache or str(state_dir() / "cache.sqlite"),
+    )
     dataset = cupid_data.load(data).filter(types, limit)
     answer_format = spec.answer_format(max_tokens) if constrain and spec.answer_format else {}
     meta = {
@@ -143,18 +177,29 @@ def _task(
     }
     instances = {i.key: i for i in dataset.instances}
     return Task(
-        dataset=MemoryDataset([_sample(spec, i, setting) for i in dataset.instances], name=f"cupid-{spec.name}", location=dataset.source),
+        dataset=MemoryDataset(
+            [_sample(spec, i, setting) for i in dataset.instances], name=f"cupid-{spec.name}", location=dataset.source
+        ),
         solver=candidate_answer(spec, judges, instances),
         scorer=cupid_scorer(spec, judges, instances),
         metrics=[cupid_figures()],
-        config=GenerateConfig(temperature=0.0, max_tokens=max_tokens, extra_body=answer_format or None),  # as the runner asks
+        config=GenerateConfig(
+            temperature=0.0, max_tokens=max_tokens, extra_body=answer_format or None
+        ),  # as the runner asks
         metadata={METADATA_KEY: meta},
     )
 
 
 def _sample(spec: TaskSpec, instance: Instance, setting: str) -> Sample:
-    log = "" if setting == "summary" else plain_log(instance, setting)  # the summary setting's: the solver's, from its summaries
-    unit = {"key": instance.key, "persona_id": instance.persona_id, "instance_type": instance.instance_type, "setting": setting}
+    log = (
+        "" if setting == "summary" else plain_log(instance, setting)
+    )  # the summary setting's: the solver's, from its summaries
+    unit = {
+        "key": instance.key,
+        "persona_id": instance.persona_id,
+        "instance_type": instance.instance_type,
+        "setting": setting,
+    }
     return Sample(id=instance.key, input=_messages(spec.messages(log, instance, setting)), metadata=unit)
 
 
@@ -174,8 +219,12 @@ class Judges:
     _client: Client | None = field(default=None, repr=False)
 
     @classmethod
-    def bind(cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None) -> "Judges":
-        from cupid.serving.endpoints import resolve as endpoint  # the one resolver: a name, a running profile, or a base URL
+    def bind(
+        cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None
+    ) -> Judges:
+        from cupid.serving.endpoints import (
+            resolve as endpoint,  # the one resolver: a name, a running profile, or a base URL
+        )
 
         defaults = read_yaml(DEFAULT_RUN)
         names = {role: given or defaults.get(role) for role, given in roles.items()}
@@ -184,7 +233,11 @@ class Judges:
             if name is None:
                 raise ConfigError(f"the {role} role needs an endpoint: -T {role}=NAME|URL")
             url = name.startswith(("http://", "https://"))
-            bound[role] = endpoint(name, endpoints_file=endpoints_file, **({"structured_output": True} if url and structured_output else {}))  # type: ignore[arg-type]
+            bound[role] = endpoint(
+                name,
+                endpoints_file=endpoints_file,
+                **({"structured_output": True} if url and structured_output else {}),  # type: ignore[arg-type]
+            )
         return cls(bound, names, cache)
 
     def client(self) -> Client:
@@ -253,7 +306,9 @@ def cupid_scorer(spec: TaskSpec, judges: Judges, instances: dict[str, Instance])
             unit.error = StageError(**state.metadata["error"])
         else:
             client = judges.client()
-            unit = await scored(unit, instance, state.output.completion, spec.scorer(client, {r: r for r in spec.roles}))
+            unit = await scored(
+                unit, instance, state.output.completion, spec.scorer(client, {r: r for r in spec.roles})
+            )
         return to_score(unit)
 
     return score
@@ -264,12 +319,24 @@ def to_score(record: UnitRecord) -> Score:
     metadata = record.model_dump(mode="json", exclude_none=True)
     if not record.scored:
         error = record.error or StageError(stage="?", reason="unknown", detail="")
-        return Score.unscored(reason=f"{error.stage}: {error.reason}", answer=record.candidate_answer, explanation=error.detail, metadata=metadata)
+        return Score.unscored(
+            reason=f"{error.stage}: {error.reason}",
+            answer=record.candidate_answer,
+            explanation=error.detail,
+            metadata=metadata,
+        )
     if record.task == INFERENCE.name:
         assert record.scores is not None, "a scored inference record has P/R/F1"
-        return Score(value=record.scores.as_dict(), answer=record.inferred_preference, explanation=_matches(record), metadata=metadata)
+        return Score(
+            value=record.scores.as_dict(),
+            answer=record.inferred_preference,
+            explanation=_matches(record),
+            metadata=metadata,
+        )
     score = record.score  # scored: it has one
-    return Score(value=score, answer=record.candidate_answer, explanation=record.judge_answer, metadata=metadata)  # type: ignore[arg-type]
+    return Score(  # type: ignore[arg-type]
+        value=score, answer=record.candidate_answer, explanation=record.judge_answer, metadata=metadata
+    )
 
 
 def _matches(record: Scoring) -> str:
@@ -297,10 +364,17 @@ def cupid_figures() -> Metric:
         for name in {r.task for r in records}:
             for group in GROUPS:
                 chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
-                block = TASKS[name].figures.of([r.scoring() for r in chosen]).model_dump(exclude={"n_failed", "failed_by_stage"})
-                bounds = {f"{metric}_{end}": getattr(iv, end) for metric, iv in TASKS[name].intervals(chosen).items() for end in ("low", "high")}
+                block = (
+                    TASKS[name]
+                    .figures.of([r.scoring() for r in chosen])
+                    .model_dump(exclude={"n_failed", "failed_by_stage"})
+                )
+                bounds = {
+                    f"{metric}_{end}": getattr(iv, end)
+                    for metric, iv in TASKS[name].intervals(chosen).items()
+                    for end in ("low", "high")
+                }
                 out.update(figures(None if group == "all" else group, {**block, **bounds}))
         return out
 
     return compute
-

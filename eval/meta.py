@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -28,8 +29,8 @@ from rich.table import Table
 
 from cupid.eval.records import DIRECTIONS, UnitRecord, scored
 from cupid.eval.rundir import RunDir
-from cupid.eval.tasks import INFERENCE
 from cupid.eval.summary import prf
+from cupid.eval.tasks import INFERENCE
 from cupid.serving.config import ConfigError
 
 LABELS = ("Yes", "Partial", "No")
@@ -73,7 +74,9 @@ def run_labels(run_dir: str | Path, *, reference: bool = False) -> dict[PairKey,
         criteria = {"infer_to_gt": record.gt_preference, "gt_to_infer": record.inferred_preference}
         for direction in DIRECTIONS:
             for item in getattr(scoring, direction) or []:
-                pairs[(key, setting, direction, item.index)] = Labelled(canonical_label(item.label), item.entry, criteria[direction])
+                pairs[(key, setting, direction, item.index)] = Labelled(
+                    canonical_label(item.label), item.entry, criteria[direction]
+                )
     return pairs
 
 
@@ -180,7 +183,9 @@ def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level =
 # ---------------------------------------------------------------- model-wise F1 tables
 
 
-def run_f1(records: Iterable[UnitRecord], setting: str, aggregate: str = "micro", reference: bool = False) -> tuple[float | None, int, int]:
+def run_f1(
+    records: Iterable[UnitRecord], setting: str, aggregate: str = "micro", reference: bool = False
+) -> tuple[float | None, int, int]:
     """(F1, n_scored, n_failed) of a run's inference records in one setting."""
     rows = [r for r in records if r.task == INFERENCE.name and r.setting == setting]
     points = prf(r.scoring(reference) for r in rows)
@@ -282,32 +287,48 @@ def correlate(table: F1Table, columns: tuple[str, str] | None = None) -> Correla
 
 # ---------------------------------------------------------------- CLI
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Meta-evaluation: matcher agreement and model-wise correlation.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="Meta-evaluation: matcher agreement and model-wise correlation."
+)
 
 
 def _fail(e: Exception) -> NoReturn:
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # paths and rows never wrapped
+    Console(stderr=True, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(str(e))}", highlight=False
+    )  # paths and rows never wrapped
     raise typer.Exit(2)
 
 
 @app.command("agree")
 def agree_cmd(
     a: str = typer.Argument(..., help="run directory (its matcher's labels)"),
-    b: str = typer.Argument(..., help="another run directory, or a label file (.jsonl/.csv: key, direction, index, label[, setting, entry, preference])"),
+    b: str = typer.Argument(
+        ...,
+        help="another run directory, or a label file "
+        "(.jsonl/.csv: key, direction, index, label[, setting, entry, preference])",
+    ),
     a_reference: bool = typer.Option(False, "--a-reference", help="use A's reference scoring instead of its matcher"),
     b_reference: bool = typer.Option(False, "--b-reference", help="use B's reference scoring instead of its matcher"),
-    level: str = typer.Option("ordinal", help="Krippendorff level: ordinal (default: the labels are ordered), nominal or interval"),
+    level: str = typer.Option(
+        "ordinal", help="Krippendorff level: ordinal (default: the labels are ordered), nominal or interval"
+    ),
 ) -> None:
     """Agreement of two matchers (or a matcher and human labels) on the same checklist-preference pairs."""
     if level not in ("ordinal", "nominal", "interval"):
         _fail(ConfigError(f"--level {level!r}: choose ordinal, nominal or interval"))
     try:
-        result = agree(labels_from(a, reference=a_reference), labels_from(b, reference=b_reference), level)  # type: ignore[arg-type]
+        pair = labels_from(a, reference=a_reference), labels_from(b, reference=b_reference)
+        result = agree(*pair, level)  # type: ignore[arg-type]
     except (ConfigError, ValueError) as e:
         _fail(e)
     console = Console()
     if result.n == 0:
-        _fail(ConfigError(f"no pair is labelled on both sides ({result.only_a} only in A, {result.only_b} only in B, {len(result.mismatched)} on different items)"))
+        _fail(
+            ConfigError(
+                f"no pair is labelled on both sides ({result.only_a} only in A, {result.only_b} only in B, "
+                f"{len(result.mismatched)} on different items)"
+            )
+        )
     table = Table(title="confusion (rows: A, columns: B)")
     table.add_column("A \\ B")
     for label in LABELS:
@@ -321,9 +342,12 @@ def agree_cmd(
     print(f"krippendorff_alpha={alpha}" + (" (undefined: one label only)" if result.alpha is None else f" ({level})"))
 
 
+RunDirsArgument = typer.Argument(None, help="run directories: one F1 per (candidate, matcher)")
+
+
 @app.command("correlate")
 def correlate_cmd(
-    run_dirs: list[str] = typer.Argument(None, help="run directories: one F1 per (candidate, matcher)"),
+    run_dirs: list[str] = RunDirsArgument,
     table: str | None = typer.Option(None, "--table", help="CSV with a `model` column and one F1 column per matcher"),
     columns: tuple[str, str] | None = typer.Option(None, "--columns", help="the two columns (matchers) to correlate"),
     setting: str = typer.Option("standard", help="runs: the setting whose F1 is used"),

@@ -23,31 +23,32 @@ import threading
 import traceback
 from datetime import date as Date
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from cupid.eval.compare import Row, compare_runs
+from cupid.eval import track as tracking
+from cupid.eval.compare import compare_runs
 from cupid.eval.files import hold, read_json, write_atomic
+from cupid.eval.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig
-from cupid.serving.run_servers import RunServers, plan_servers
-from cupid.eval.tasks import TASKS
-from cupid.eval import track as tracking
-from cupid.eval.track import Tracker, require as require_tracker
+from cupid.eval.runner import RunConfig, Tracker
 from cupid.eval.runner import run as run_eval
-from cupid.eval.stats import N_RESAMPLES, Interval
+from cupid.eval.stats import Interval
 from cupid.eval.summary import failure_counts
+from cupid.eval.tasks import TASKS
+from cupid.eval.track import require as require_tracker
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import failure_line, state_dir
 from cupid.serving.profiles import Gpu
+from cupid.serving.run_servers import RunServers, plan_servers
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -59,76 +60,26 @@ class NightlyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     models: list[str | ServedModel] = Field(
-        min_length=1, description="candidates: endpoint names, or models to serve ({name, model, profile, adapter, ...})"
+        min_length=1,
+        description="candidates: endpoint names, or models to serve ({name, model, profile, adapter, ...})",
     )
     out: str = Field("runs/nightly", description="root of the dated nightly directories")
     run: dict[str, Any] = Field(
-        default_factory=dict, description="RunConfig fields for every model, except candidate and out; its `serve:` judges are served once a night"
+        default_factory=dict,
+        description=(
+            "RunConfig fields for every model, except candidate and out; its `serve:` judges are served once a night"
+        ),
     )
     report: bool = Field(True, description="also write the HTML report of the night's runs")
-    candidate_port: int = Field(8100, ge=1, le=65535, description="served candidates listen from this port up, one port per slot")
-    track: Tracker | None = Field(None, description="log each candidate's run, with the night's date and its flag, to mlflow or wandb")
+    candidate_port: int = Field(
+        8100, ge=1, le=65535, description="served candidates listen from this port up, one port per slot"
+    )
+    track: Tracker | None = Field(
+        None, description="log each candidate's run, with the night's date and its flag, to mlflow or wandb"
+    )
 
     def names(self) -> list[str]:
         return [m.name if isinstance(m, ServedModel) else m for m in self.models]
-
-
-Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
-
-
-class Entry(BaseModel):
-    """A candidate's line on a night's leaderboard (`leaderboard.json`'s `models`): its figures with their intervals,
-    its counts and failures, and how it moved since the previous night. One that did not run has its reason and
-    no figures (never zeros)."""
-
-    model: str
-    run_dir: str | None = None
-    primary: str  # the ranking metric, `<task>/<setting>/<figure>`
-    error: str | None = None  # why it did not run (or what stopped its server)
-    status: Status = "ok"
-    served: str | None = None  # the server the night brought for it
-    server_error: str | None = None  # with the server log's last lines
-    identity: dict[str, Any] = Field(default_factory=dict)  # its run.json
-    metrics: dict[str, Interval] = Field(default_factory=dict)
-    n_scored: int = 0
-    n_failed: int = 0
-    failures: dict[str, int] = Field(default_factory=dict)  # `task/setting stage: reason` -> units
-    requests: dict[str, int] | None = None
-    wall_s: float | None = None
-    previous: dict[str, Interval] | None = None  # last night's metrics
-    change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since last night
-    regressions: list[str] = Field(default_factory=list)
-    setup_changed: list[str] = Field(default_factory=list)  # what changed besides the candidate: not comparable
-
-    def estimate(self, metric: str) -> float | None:
-        return interval.estimate if (interval := self.metrics.get(metric)) is not None else None
-
-
-class Leaderboard(BaseModel):
-    """A night's `leaderboard.json`: its candidates ranked, what it served, and its exit code."""
-
-    date: str
-    dir: str
-    error: str | None = None  # why the night did not start
-    previous: str | None = None  # the night compared with
-    config: str
-    n_resamples: int = N_RESAMPLES
-    plan: list[str] = Field(default_factory=list)
-    servers_started: list[str] = Field(default_factory=list)
-    servers_stopped_answering: dict[str, list[str]] = Field(default_factory=dict)
-    requests: dict[str, int] = Field(default_factory=dict)
-    models: list[Entry] = Field(default_factory=list)
-    regressions: list[str] = Field(default_factory=list)
-    with_failures: list[str] = Field(default_factory=list)
-    exit_code: int = 0
-    report: str | None = None
-
-    @classmethod
-    def read(cls, path: Path) -> "Leaderboard":
-        try:
-            return cls.model_validate_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValidationError) as e:
-            raise ConfigError(f"{path}: not a leaderboard ({e})") from None
 
 
 def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, RunConfig]:
@@ -136,7 +87,9 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
     if clash := sorted({"candidate", "out"} & cfg.run.keys()):
         raise ConfigError(f"{where}: run.{clash[0]} is set per model by the nightly; remove it")
     if "track" in cfg.run:
-        raise ConfigError(f"{where}: run.track: set `track:` at the top of the file (the night logs each candidate with its flag)")
+        raise ConfigError(
+            f"{where}: run.track: set `track:` at the top of the file (the night logs each candidate with its flag)"
+        )
     names = cfg.names()
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(f"{where}: models lists '{twice[0]}' twice")
@@ -147,11 +100,6 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
         except ValidationError as e:
             raise ConfigError(describe(e, f"{where}: run (for model {name})")) from None
     return configs
-
-
-def run_dir_of(night_dir: Path, model: str) -> Path:
-    """Where a night keeps a candidate's run (and its tracker run id, whether it ran or not)."""
-    return night_dir / re.sub(r"[^A-Za-z0-9._-]+", "_", model)
 
 
 # ---------------------------------------------------------------- metrics of one run
@@ -188,7 +136,11 @@ def primary_metric(cfg: RunConfig) -> str:
 def previous_night(root: Path, night: str) -> Path | None:
     """The latest earlier dated directory that holds the leaderboard of a night that ran (one that did not start
     has nothing to compare with)."""
-    earlier = [d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night and _ran(d)] if root.exists() else []
+    earlier = (
+        [d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night and _ran(d)]
+        if root.exists()
+        else []
+    )
     return max(earlier, key=lambda d: d.name, default=None)
 
 
@@ -206,7 +158,12 @@ def compare(entry: Entry, before: Entry | None) -> None:
     if before is None:
         return
     entry.previous = before.metrics
-    if not (before.run_dir and entry.run_dir and (Path(before.run_dir) / "instances.jsonl").exists() and (Path(entry.run_dir) / "instances.jsonl").exists()):
+    if not (
+        before.run_dir
+        and entry.run_dir
+        and (Path(before.run_dir) / "instances.jsonl").exists()
+        and (Path(entry.run_dir) / "instances.jsonl").exists()
+    ):
         return
     comparison = compare_runs(RunDir(before.run_dir).load(), RunDir(entry.run_dir).load())
     entry.change = {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
@@ -229,7 +186,13 @@ def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[
 
 def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> Entry:
     """The leaderboard entry of a candidate that did not run: its reason, no scores (never zeros)."""
-    return Entry(model=name, run_dir=run_cfg.out if run_cfg else None, primary=primary_metric(run_cfg) if run_cfg else "-", error=reason, status="error")
+    return Entry(
+        model=name,
+        run_dir=run_cfg.out if run_cfg else None,
+        primary=primary_metric(run_cfg) if run_cfg else "-",
+        error=reason,
+        status="error",
+    )
 
 
 def check_cache(configs: dict[str, RunConfig]) -> None:
@@ -239,7 +202,9 @@ def check_cache(configs: dict[str, RunConfig]) -> None:
         Cache(first.cache or state_dir() / "cache.sqlite").close()
 
 
-def plan_night(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None) -> RunServers:
+def plan_night(
+    cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None = None, console: Console | None = None
+) -> RunServers:
     """The night's servers: its judges (`run.serve`) once, its served candidates (those in `configs`) in slots;
     checked, not started."""
     first = next(iter(configs.values()))
@@ -259,7 +224,7 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: En
     summary = None
     try:
         summary = run_eval(run_cfg, console=console, run_servers=run_servers).summary
-    except Exception as e:  # one model's broken setup must not cost the others their night
+    except Exception as e:  # noqa: BLE001 (one model's broken setup must not cost the others their night)
         entry.error = f"{type(e).__name__}: {e}"
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry.error)}", highlight=False)
         if not isinstance(e, ConfigError):
@@ -339,14 +304,23 @@ def run_nightly(
         planned = Leaderboard(date=night, dir=str(night_dir), config=str(config_path), plan=run_servers.lines())
         planned.models = [not_run(name, reason, configs[name]) for name, reason in refused.items()]
         return planned, 0
-    with hold(night_dir, lambda m: console.print(f"nightly: {m}", highlight=False)):  # cron starting it twice runs it once
+    with hold(
+        night_dir, lambda m: console.print(f"nightly: {m}", highlight=False)
+    ):  # cron starting it twice runs it once
         try:  # what every candidate needs: a fault here is the whole night's, written down as such
             configs = run_configs(cfg, night_dir, str(config_path))
             check_cache(configs)
             refused = check_candidates(cfg, configs)
             run_servers = _plan(cfg, {n: c for n, c in configs.items() if n not in refused}, gpus, console, config_path)
         except ConfigError as e:
-            board = _board(night, night_dir, None, config_path, [not_run(n, f"the night did not start: {e}") for n in cfg.names()], error=str(e))
+            board = _board(
+                night,
+                night_dir,
+                None,
+                config_path,
+                [not_run(n, f"the night did not start: {e}") for n in cfg.names()],
+                error=str(e),
+            )
             write_leaderboard(board, night_dir, root)
             if track:
                 log_night(board, track, console)
@@ -359,10 +333,14 @@ def run_nightly(
 
 def log_night(board: Leaderboard, track: Tracker, console: Console) -> None:
     """Each candidate of the night into the tracker, after the leaderboard: its failures are warnings."""
-    tracking.log_after(lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False))
+    tracking.log_after(
+        lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False)
+    )
 
 
-def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path) -> RunServers:
+def _plan(
+    cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | None, console: Console, config_path: str | Path
+) -> RunServers:
     try:
         run_servers = plan_night(cfg, configs, gpus, console)
     except ServeError as e:
@@ -372,8 +350,17 @@ def _plan(cfg: NightlyConfig, configs: dict[str, RunConfig], gpus: list[Gpu] | N
     return run_servers
 
 
-def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[str, str], run_servers: RunServers, night: str,
-               night_dir: Path, root: Path, config_path: str | Path, console: Console) -> tuple[Leaderboard, int]:  # fmt: skip
+def _run_night(
+    cfg: NightlyConfig,
+    configs: dict[str, RunConfig],
+    refused: dict[str, str],
+    run_servers: RunServers,
+    night: str,
+    night_dir: Path,
+    root: Path,
+    config_path: str | Path,
+    console: Console,
+) -> tuple[Leaderboard, int]:
     prev_dir = previous_night(root, night)
     previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
@@ -385,7 +372,9 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(reason)}", highlight=False)
         entries.append(not_run(name, reason, configs[name]))
     try:  # endpoints and riders first (they need only the judges), then the served candidates slot by slot
-        entries += [run(name, console) for name in configs if name not in run_servers.candidate_servers and name not in refused]
+        entries += [
+            run(name, console) for name in configs if name not in run_servers.candidate_servers and name not in refused
+        ]
         entries += _run_slots(run_servers.slot_names, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         run_servers.stop_all()  # each says what it stopped
@@ -403,7 +392,9 @@ def _run_night(cfg: NightlyConfig, configs: dict[str, RunConfig], refused: dict[
 
 def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
            run_servers: RunServers | None = None, error: str | None = None) -> Leaderboard:  # fmt: skip
-    entries.sort(key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate))  # 0.0 ranks above no figure
+    entries.sort(
+        key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
+    )  # 0.0 ranks above no figure
     regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions]
     with_failures = [e.model for e in entries if e.status != "ok"]
     servers = run_servers.servers if run_servers else []
@@ -426,7 +417,10 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
 
 def write_leaderboard(board: Leaderboard, night_dir: Path, root: Path) -> None:
     """The night's leaderboard, and the latest one at a fixed path; each file replaced whole."""
-    text = {"leaderboard.json": board.model_dump_json(indent=2, exclude={"report"}), "leaderboard.md": leaderboard_markdown(board)}
+    text = {
+        "leaderboard.json": board.model_dump_json(indent=2, exclude={"report"}),
+        "leaderboard.md": leaderboard_markdown(board),
+    }
     for directory in (night_dir, root):
         for name, content in text.items():
             write_atomic(directory / name, content)
@@ -456,38 +450,21 @@ def _change(entry: Entry, metric: str) -> str:
     def fmt(value: float) -> str:
         return f"{_scale(metric) * value:+.{digits}f}"
 
-    return fmt(row.difference) + (f" [{fmt(row.low)}, {fmt(row.high)}]" if row.resolved else f" ({row.personas} personas: no interval)")
-
-
-def flag(entry: Entry) -> str:
-    """A candidate's leaderboard flag in one word or two (a tracker's tag): DID NOT RUN, REGRESSION, FAILURES or ok."""
-    if entry.status == "error":
-        return "DID NOT RUN"
-    if entry.regressions:
-        return "REGRESSION"
-    return "FAILURES" if entry.n_failed else "ok"
-
-
-def flags_text(entry: Entry) -> str:
-    flags = []
-    if entry.regressions:
-        flags.append("**REGRESSION** " + ", ".join(entry.regressions))
-    if entry.status == "error":
-        flags.append(f"**DID NOT RUN**: {entry.error}")
-    elif entry.n_failed:
-        flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry.failures.items()))
-    if entry.setup_changed:
-        flags.append("not comparable: " + "; ".join(entry.setup_changed))
-    return "; ".join(flags) or "ok"
+    return fmt(row.difference) + (
+        f" [{fmt(row.low)}, {fmt(row.high)}]" if row.resolved else f" ({row.personas} personas: no interval)"
+    )
 
 
 def leaderboard_markdown(board: Leaderboard) -> str:
     lines = [
         f"# CUPID nightly {board.date}",
         "",
-        f"Change since {board.previous or 'nothing (first night)'}, on the units both nights scored. 95% intervals, personas "
-        "resampled (none under 10 personas); a change's interval is paired. **REGRESSION**: a task's headline figure (micro F1, "
-        "the mean judge score; standard setting) dropped, its paired interval below 0 (Holm across the tasks). F1 in % (micro: the published aggregate).",
+        (
+            f"Change since {board.previous or 'nothing (first night)'}, on the units both nights scored. "
+            "95% intervals, personas resampled (none under 10 personas); a change's interval is paired. "
+            "**REGRESSION**: a task's headline figure (micro F1, the mean judge score; standard setting) dropped, "
+            "its paired interval below 0 (Holm across the tasks). F1 in % (micro: the published aggregate)."
+        ),
         "",
         "| # | model | metric | tonight | change | other metrics (change) | scored | failed | flag |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -495,7 +472,8 @@ def leaderboard_markdown(board: Leaderboard) -> str:
     for rank, e in enumerate(board.models, start=1):
         others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e.metrics.items() if m != e.primary)
         lines.append(
-            f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} | {_change(e, e.primary)} "
+            f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} "
+            f"| {_change(e, e.primary)} "
             f"| {others or '-'} | {e.n_scored} | {e.n_failed} | {flags_text(e)} |"
         )
     served = [f"- {e.served}" for e in board.models if e.served]  # only servers that started
@@ -505,9 +483,14 @@ def leaderboard_markdown(board: Leaderboard) -> str:
     started = ", ".join(board.servers_started) or "none"
     lines += [
         "",
-        f"Requests: {requests.get('sent', 0)} sent, {requests.get('cached', 0)} from the cache, {requests.get('failed', 0)} failed; "
-        f"servers started: {started}.",
-        f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures; exit {board.exit_code}.",
+        (
+            f"Requests: {requests.get('sent', 0)} sent, {requests.get('cached', 0)} from the cache, "
+            f"{requests.get('failed', 0)} failed; servers started: {started}."
+        ),
+        (
+            f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures; "
+            f"exit {board.exit_code}."
+        ),
     ]
     for name, deaths in board.servers_stopped_answering.items():
         lines.append(f"Server {name} stopped answering {len(deaths)} time(s): " + " | ".join(deaths) + ".")
@@ -523,11 +506,18 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(
     config: str = typer.Option("configs/eval/nightly.yaml", "--config", help="nightly suite: models and run setup"),
     date: str | None = typer.Option(None, "--date", help="the night's name, YYYY-MM-DD (default: today)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print and check the plan (servers, GPUs, ports); start nothing"),
-    gpus: int | None = typer.Option(None, "--gpus", help="with --dry-run: plan for this many 80 GiB GPUs instead of the visible ones"),
-    track: str | None = typer.Option(None, "--track", help="log each candidate's run to mlflow or wandb (overrides the file's track:)"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="print and check the plan (servers, GPUs, ports); start nothing"
+    ),
+    gpus: int | None = typer.Option(
+        None, "--gpus", help="with --dry-run: plan for this many 80 GiB GPUs instead of the visible ones"
+    ),
+    track: str | None = typer.Option(
+        None, "--track", help="log each candidate's run to mlflow or wandb (overrides the file's track:)"
+    ),
 ) -> None:
-    """Run the nightly suite; leaderboard with change since the previous night; exit 1 failures, 2 regression, 3 both."""
+    """Run the nightly suite; leaderboard with change since the previous night;
+    exit 1 failures, 2 regression, 3 both."""
     if gpus is not None and not dry_run:
         typer.echo("error: --gpus plans for GPUs that are not here: use it with --dry-run", err=True)
         raise typer.Exit(EXIT_FAILURES)

@@ -11,7 +11,8 @@ unit it belongs to, the ground truth shown to the judges, the candidate's answer
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 

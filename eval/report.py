@@ -12,10 +12,11 @@ import base64
 import io
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import typer
 
@@ -38,7 +39,9 @@ def _label_runs(runs: list[Run]) -> None:
     """Plot labels: the candidate model, plus the matcher where two runs share a candidate."""
     seen = Counter(r.candidate for r in runs)
     for run in runs:
-        run.label = run.candidate if seen[run.candidate] == 1 else f"{run.candidate} · {run.role('matcher') or run.path.name}"
+        run.label = (
+            run.candidate if seen[run.candidate] == 1 else f"{run.candidate} · {run.role('matcher') or run.path.name}"
+        )
     labels = Counter(r.label for r in runs)
     for run in runs:
         if labels[run.label] > 1:
@@ -68,7 +71,9 @@ def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[Row]:
         for group, records in _groups(run.of(task.name, setting)):
             n_scored = sum(r.scoring(reference).scored for r in records)
             intervals = task.intervals(records, reference)
-            rows.append(Row(setting, group, n_scored, len(records) - n_scored, {m: intervals.get(m) for m in task.metrics}))
+            rows.append(
+                Row(setting, group, n_scored, len(records) - n_scored, {m: intervals.get(m) for m in task.metrics})
+            )
     return rows
 
 
@@ -123,7 +128,9 @@ def _relevant_from_data(source: str) -> dict[str, list[int]]:
     from cupid.eval import data as cupid_data
 
     return {
-        i.key: [n for n, s in enumerate(i.prior_interactions) if s.contextual_preference == i.current_contextual_preference]
+        i.key: [
+            n for n, s in enumerate(i.prior_interactions) if s.contextual_preference == i.current_contextual_preference
+        ]
         for i in cupid_data.load(source).instances
     }
 
@@ -141,8 +148,10 @@ def figure3(runs: list[Run]) -> Figure:
             source = run.data
             try:
                 known = _relevant_from_data(source)
-            except Exception as e:  # the data may be unreachable here: say so, draw the rest
-                notes.append(f"{run.label}: records lack relevant_sessions and data {source!r} could not be loaded ({e})")
+            except Exception as e:  # noqa: BLE001 (the data may be unreachable here: say so, draw the rest)
+                notes.append(
+                    f"{run.label}: records lack relevant_sessions and data {source!r} could not be loaded ({e})"
+                )
                 continue
         bins: dict[int, list[float]] = {}
         for r in records:
@@ -151,7 +160,7 @@ def figure3(runs: list[Run]) -> Figure:
                 no_relevant += 1
                 continue
             x = sum(positions) / len(positions)
-            bins.setdefault(int(math.floor(x / width)), []).append(r.match_counts().prf().f1)
+            bins.setdefault(math.floor(x / width), []).append(r.match_counts().prf().f1)
         lines[run.label] = bins
     if not lines:
         fig.caption = "Not drawn: no scored inference records in the standard setting. " + " ".join(notes)
@@ -161,17 +170,32 @@ def figure3(runs: list[Run]) -> Figure:
     def draw(ax):
         for label, bins in lines.items():
             xs = sorted(bins)
-            ax.plot([(b + 0.5) * width for b in xs], [100 * sum(bins[b]) / len(bins[b]) for b in xs], marker="o", alpha=0.6, label=label)
+            ax.plot(
+                [(b + 0.5) * width for b in xs],
+                [100 * sum(bins[b]) / len(bins[b]) for b in xs],
+                marker="o",
+                alpha=0.6,
+                label=label,
+            )
         if len(lines) > 1:
             mean = {b: [sum(v) / len(v) for bins in lines.values() if (v := bins.get(b))] for b in all_bins}
-            ax.plot([(b + 0.5) * width for b in all_bins], [100 * sum(m) / len(m) for m in mean.values()], color="black", lw=2.5, marker="s", label="mean across runs")
+            ax.plot(
+                [(b + 0.5) * width for b in all_bins],
+                [100 * sum(m) / len(m) for m in mean.values()],
+                color="black",
+                lw=2.5,
+                marker="s",
+                label="mean across runs",
+            )
         ax.set_xlabel("mean position of relevant sessions (0 = oldest)")
         ax.set_ylabel("mean per-instance F1 (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
 
     fig.png = _png(draw)
-    counts = ", ".join(f"[{b * width}, {(b + 1) * width}): {sum(len(bins.get(b, [])) for bins in lines.values())}" for b in all_bins)
+    counts = ", ".join(
+        f"[{b * width}, {(b + 1) * width}): {sum(len(bins.get(b, [])) for bins in lines.values())}" for b in all_bins
+    )
     fig.caption = (
         f"Standard setting, scored instances; each point is the mean per-instance F1 of the instances whose relevant "
         f"sessions lie, on average, in that bin. Instances per bin (all runs): {counts}."
@@ -181,13 +205,17 @@ def figure3(runs: list[Run]) -> Figure:
     return fig
 
 
-def model_points(runs: list[Run], setting: str = FIGURE_SETTING) -> tuple[dict[str, dict[str, Interval]], dict[str, Interval]]:
+def model_points(
+    runs: list[Run], setting: str = FIGURE_SETTING
+) -> tuple[dict[str, dict[str, Interval]], dict[str, Interval]]:
     """Per candidate model: micro F1 under each matcher (own and reference scorings), and the mean
     generation score under the run's own judge. The first run to give a value keeps it."""
     f1: dict[str, dict[str, Interval]] = {}
     gen: dict[str, Interval] = {}
     for run in runs:
-        scorings = [(run.role("matcher") or "matcher", False)] + ([(run.role("reference") or "reference", True)] if run.has_reference else [])
+        scorings = [(run.role("matcher") or "matcher", False)] + (
+            [(run.role("reference") or "reference", True)] if run.has_reference else []
+        )
         for matcher, reference in scorings:
             intervals = INFERENCE.intervals(run.of(INFERENCE.name, setting), reference)
             if "micro_f1" in intervals:
@@ -203,9 +231,14 @@ def _errorbars(ax, xs: list[Interval], ys: list[Interval], labels: list[str], sc
 
     for x, y, label in zip(xs, ys, labels):
         ax.errorbar(
-            scale_x * x.estimate, scale_y * y.estimate, xerr=err(x, scale_x), yerr=err(y, scale_y),
-            fmt="o", capsize=3, label=label,
-        )  # fmt: skip
+            scale_x * x.estimate,
+            scale_y * y.estimate,
+            xerr=err(x, scale_x),
+            yerr=err(y, scale_y),
+            fmt="o",
+            capsize=3,
+            label=label,
+        )
 
 
 def figure4(f1: dict[str, dict[str, Interval]]) -> Figure:
@@ -215,8 +248,10 @@ def figure4(f1: dict[str, dict[str, Interval]]) -> Figure:
         names = sorted(matchers)
         pairs.update((a, b) for i, a in enumerate(names) for b in names[i + 1 :])
     if not pairs:
-        fig.caption = ("Not drawn: no candidate model was scored under two matchers (give runs that share the candidate "
-                       "but differ in matcher, or a run with a reference scoring).")  # fmt: skip
+        fig.caption = (
+            "Not drawn: no candidate model was scored under two matchers (give runs that share the candidate "
+            "but differ in matcher, or a run with a reference scoring)."
+        )
         return fig
     (a, b), _ = pairs.most_common(1)[0]
     models = [m for m, matchers in f1.items() if a in matchers and b in matchers]
@@ -234,7 +269,10 @@ def figure4(f1: dict[str, dict[str, Interval]]) -> Figure:
         ax.legend(fontsize=7)
 
     fig.png = _png(draw)
-    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: 95% intervals, personas resampled (none under 10 personas); dashed: equal F1."
+    fig.caption = (
+        f"Standard setting, one point per candidate model ({len(models)}), bars: 95% intervals, personas resampled "
+        "(none under 10 personas); dashed: equal F1."
+    )
     return fig
 
 
@@ -242,7 +280,9 @@ def figure5(f1: dict[str, dict[str, Interval]], gen: dict[str, Interval]) -> Fig
     fig = Figure("fig5_inference_vs_generation", "Fig. 5: inference against generation per model", "")
     matcher_use = Counter(m for model in gen if model in f1 for m in f1[model])
     if not matcher_use:
-        fig.caption = "Not drawn: no candidate model has both an inference F1 and a generation score in the standard setting."
+        fig.caption = (
+            "Not drawn: no candidate model has both an inference F1 and a generation score in the standard setting."
+        )
         return fig
     matcher = matcher_use.most_common(1)[0][0]
     models = [m for m in gen if matcher in f1.get(m, {})]
@@ -257,7 +297,10 @@ def figure5(f1: dict[str, dict[str, Interval]], gen: dict[str, Interval]) -> Fig
         ax.legend(fontsize=7)
 
     fig.png = _png(draw)
-    fig.caption = f"Standard setting, one point per candidate model ({len(models)}), bars: 95% intervals, personas resampled (none under 10 personas)."
+    fig.caption = (
+        f"Standard setting, one point per candidate model ({len(models)}), bars: 95% intervals, personas resampled "
+        "(none under 10 personas)."
+    )
     return fig
 
 
@@ -274,17 +317,22 @@ small { color: #777; } .failed { color: #b00; font-weight: 600; } figure { margi
 figcaption { font-size: 13px; color: #444; max-width: 60em; } code { font-size: 12px; }
 </style></head><body>
 <h1>CUPID evaluation report</h1>
-<p><a href="view.html">Look inside: every unit, its history, answer and labels</a> <small>(<code>cupid view</code> writes it to this folder)</small></p>
-<p>Generated {{ generated }} from {{ runs|length }} run{{ "s" if runs|length != 1 else "" }}. Scores in %, generation scores 1-10.
+<p><a href="view.html">Look inside: every unit, its history, answer and labels</a> \
+<small>(<code>cupid view</code> writes it to this folder)</small></p>
+<p>Generated {{ generated }} from {{ runs|length }} run{{ "s" if runs|length != 1 else "" }}. \
+Scores in %, generation scores 1-10.
 Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores (paper text).
-Brackets: 95% interval, personas resampled (bootstrap percentile, {{ n_resamples }} resamples, fixed seed: a persona's three
+Brackets: 95% interval, personas resampled (bootstrap percentile, {{ n_resamples }} resamples, fixed seed: \
+a persona's three
 instances are drawn together); none where fewer than {{ min_personas }} personas were scored.
 Failed instances are counted and never averaged in.</p>
 
 <h2>Runs</h2>
-<table><tr><th class="l">run</th><th class="l">candidate</th><th class="l">roles</th><th class="l">data</th><th>records</th><th>scored</th><th>failed</th><th>invalid data rows</th></tr>
+<table><tr><th class="l">run</th><th class="l">candidate</th><th class="l">roles</th><th class="l">data</th>\
+<th>records</th><th>scored</th><th>failed</th><th>invalid data rows</th></tr>
 {% for run in runs %}<tr><td class="l"><code>{{ run.path }}</code></td><td class="l">{{ run.label }}</td>
-<td class="l">{% for role, model in run.roles.items() %}{{ role }}: {{ model }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td>
+<td class="l">{% for role, model in run.roles.items() %}{{ role }}: {{ model }}\
+{% if not loop.last %}<br>{% endif %}{% endfor %}</td>
 <td class="l">{{ run.data }}</td><td>{{ run.n_records }}</td><td>{{ run.n_scored }}</td>
 <td{% if run.n_failed %} class="failed"{% endif %}>{{ run.n_failed }}</td><td>{{ run.n_invalid }}</td></tr>
 {% endfor %}</table>
@@ -293,15 +341,20 @@ Failed instances are counted and never averaged in.</p>
 <h2>{{ run.label }}</h2>
 {% for block in run.blocks %}
 <h3>{{ block.title }}</h3>
-<table><tr><th class="l">setting</th><th class="l">instances</th>{% for h in block.headers %}<th>{{ h }}</th>{% endfor %}<th>scored</th><th>failed</th></tr>
+<table><tr><th class="l">setting</th><th class="l">instances</th>\
+{% for h in block.headers %}<th>{{ h }}</th>{% endfor %}<th>scored</th><th>failed</th></tr>
 {% for row in block.rows %}<tr><td class="l">{{ row.setting }}</td><td class="l">{{ row.group }}</td>
-{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ fmt(c.estimate, block.scale) }} <small>{% if c.resolved %}[{{ fmt(c.low, block.scale) }}, {{ fmt(c.high, block.scale) }}]{% else %}({{ c.personas }} personas: no interval){% endif %}</small>{% else %}-{% endif %}</td>{% endfor %}
+{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ fmt(c.estimate, block.scale) }} <small>\
+{% if c.resolved %}[{{ fmt(c.low, block.scale) }}, {{ fmt(c.high, block.scale) }}]\
+{% else %}({{ c.personas }} personas: no interval){% endif %}</small>{% else %}-{% endif %}</td>{% endfor %}
 <td>{{ row.n_scored }}</td><td{% if row.n_failed %} class="failed"{% endif %}>{{ row.n_failed }}</td></tr>
 {% endfor %}</table>
 {% endfor %}
 <h3>Failures</h3>
-{% if run.failures %}<table><tr><th class="l">scoring</th><th class="l">task / setting</th><th class="l">stage: reason</th><th>instances</th></tr>
-{% for scoring, where, what, n in run.failures %}<tr><td class="l">{{ scoring }}</td><td class="l">{{ where }}</td><td class="l">{{ what }}</td><td class="failed">{{ n }}</td></tr>
+{% if run.failures %}<table><tr><th class="l">scoring</th><th class="l">task / setting</th>\
+<th class="l">stage: reason</th><th>instances</th></tr>
+{% for scoring, where, what, n in run.failures %}<tr><td class="l">{{ scoring }}</td><td class="l">{{ where }}</td>\
+<td class="l">{{ what }}</td><td class="failed">{{ n }}</td></tr>
 {% endfor %}</table>{% else %}<p>No failures: all {{ run.n_records }} records scored.</p>{% endif %}
 {% endfor %}
 
@@ -313,6 +366,7 @@ Failed instances are counted and never averaged in.</p>
 </body></html>
 """
 
+
 def _fmt(value: float, scale: float) -> str:
     return f"{scale * value:.1f}" if scale != 1 else f"{value:.2f}"
 
@@ -323,8 +377,14 @@ def _run_view(run: Run) -> dict[str, Any]:
         judge = task.roles[-1]  # the role whose answers make the score (matcher, judge)
         for reference in (False, True) if run.has_reference else (False,):
             if rows := task_rows(run, task, reference):
-                who = f"reference scoring ({run.role('reference') or 'reference'})" if reference else f"{judge} {run.role(judge) or '?'}"
-                blocks.append({"title": f"{task.title}, {who}", "headers": list(task.metrics), "rows": rows, "scale": task.scale})
+                who = (
+                    f"reference scoring ({run.role('reference') or 'reference'})"
+                    if reference
+                    else f"{judge} {run.role(judge) or '?'}"
+                )
+                blocks.append(
+                    {"title": f"{task.title}, {who}", "headers": list(task.metrics), "rows": rows, "scale": task.scale}
+                )
     n_failed = sum(not r.scored for r in run.records)
     return {
         "path": run.path,
@@ -359,7 +419,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
             (out / f"{fig.name}.png").write_bytes(fig.png)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     html = env.from_string(TEMPLATE).render(
-        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         runs=[_run_view(r) for r in runs],
         figures=figures,
         fmt=_fmt,
@@ -371,9 +431,14 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     return page
 
 
+RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl)")
+
+
 def main(
-    run_dirs: list[str] = typer.Argument(..., help="run directories (each with instances.jsonl)"),
-    out: str | None = typer.Option(None, "--out", help="output directory (default: RUN_DIR/report for one run, runs/report for several)"),
+    run_dirs: list[str] = RunDirsArgument,
+    out: str | None = typer.Option(
+        None, "--out", help="output directory (default: RUN_DIR/report for one run, runs/report for several)"
+    ),
 ) -> None:
     """One self-contained HTML report (tables with 95% intervals, failures, Fig. 3-5) plus the PNG plots."""
     target = out or (str(Path(run_dirs[0]) / "report") if len(run_dirs) == 1 else "runs/report")

@@ -20,22 +20,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 from cupid.eval import data as cupid_data
-from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
-from cupid.eval.stages import StageFailed
 from cupid.eval.generation import GenerationScorer
+from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring
+from cupid.eval.stages import StageFailed
 from cupid.eval.tasks import TASKS
 from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import DEFAULT_FILE, Endpoint, EndpointLike, resolve
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike, resolve
 
 Task = Literal["inference", "generation"]
 METRICS: dict[str, tuple[str, ...]] = {"inference": ("f1", "precision", "recall"), "generation": ("score",)}
@@ -115,16 +117,23 @@ async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str,
     names = (*GROUND_TRUTH, "current_request") if judges.task == "generation" else GROUND_TRUTH
     missing = [n for n in names if n not in columns]
     if missing:
-        raise ConfigError(f"cupid reward ({judges.task}): the dataset has no column {missing[0]!r} (cupid.reward_dataset gives it)")
-    rows = [tuple(tuple(v) if isinstance(v, list) else v for v in values) for values in zip(*(columns[n] for n in names))]
+        raise ConfigError(
+            f"cupid reward ({judges.task}): the dataset has no column {missing[0]!r} (cupid.reward_dataset gives it)"
+        )
+    rows = [
+        tuple(tuple(v) if isinstance(v, list) else v for v in values) for values in zip(*(columns[n] for n in names))
+    ]
     asked = [(answer_of(c), row) for c, row in zip(completions, rows, strict=True)]
     started = time.monotonic()
     try:
         client, scorer = await judges.opened()
         before = (client.stats.sent, client.stats.cached)
         unique = list(dict.fromkeys(asked))  # an identical answer to the same instance is asked once
-        scorings = await asyncio.gather(*(_score(judges, scorer, answer, row) for answer, row in unique), return_exceptions=True)
-    except Exception:  # the judges could not even be reached: every completion is skipped, the trainer goes on
+        scorings = await asyncio.gather(
+            *(_score(judges, scorer, answer, row) for answer, row in unique), return_exceptions=True
+        )
+    # the judges could not even be reached: every completion is skipped, the trainer goes on
+    except Exception:  # noqa: BLE001
         return [None] * len(completions)
     by_pair = {pair: s for pair, s in zip(unique, scorings)}
     out = [value(judges.task, judges.metric, s) if isinstance(s := by_pair[pair], Scoring) else None for pair in asked]
@@ -138,24 +147,39 @@ async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str,
 
 
 # One module-level function per task and figure, named for what TRL logs (`rewards/<name>/mean`).
-async def cupid_inference_f1(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+async def cupid_inference_f1(
+    prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any
+) -> list[float | None]:
     return await rewards(judges, completions, columns)
 
 
-async def cupid_inference_precision(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+async def cupid_inference_precision(
+    prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any
+) -> list[float | None]:
     return await rewards(judges, completions, columns)
 
 
-async def cupid_inference_recall(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+async def cupid_inference_recall(
+    prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any
+) -> list[float | None]:
     return await rewards(judges, completions, columns)
 
 
-async def cupid_generation_score(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+async def cupid_generation_score(
+    prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any
+) -> list[float | None]:
     return await rewards(judges, completions, columns)
 
 
 def _blocking_twin(afunc: Callable[..., Any]) -> Callable[..., list[float | None]]:
-    def call(prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any) -> list[float | None]:
+    def call(
+        prompts: Any = None,
+        completions: Sequence[Any] = (),
+        completion_ids: Any = None,
+        *,
+        judges: Judges,
+        **columns: Any,
+    ) -> list[float | None]:
         async def once() -> list[float | None]:
             try:
                 return await afunc(prompts, completions, completion_ids, judges=judges, **columns)
@@ -235,30 +259,46 @@ def reward_dataset(
 
 
 def dataset_rows(
-    instances: Sequence[Any], task: Task = "inference", setting: str = "standard", *, summarizer: Endpoint | None = None,
+    instances: Sequence[Any],
+    task: Task = "inference",
+    setting: str = "standard",
+    *,
+    summarizer: Endpoint | None = None,
     cache: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """One row per instance: `prompt`, the runner's candidate prompt as chat messages (the messages `cupid eval run`
     sends), and the ground-truth columns beside it. The summary setting asks `summarizer` for each session's summary
     (through `cache`, as a run does); a failed summary is an error naming the instance, never a prompt without it."""
     if setting not in SETTINGS or (setting in GENERATION_ONLY and task != "generation"):
-        raise ConfigError(f"reward_dataset: setting {setting!r} for {task}: expected one of {', '.join(s for s in SETTINGS if task == 'generation' or s not in GENERATION_ONLY)}")
+        raise ConfigError(
+            f"reward_dataset: setting {setting!r} for {task}: expected one of "
+            f"{', '.join(s for s in SETTINGS if task == 'generation' or s not in GENERATION_ONLY)}"
+        )
     if setting == "summary" and summarizer is None:
-        raise ConfigError("reward_dataset: the summary setting needs the summarizer's answers to build its prompts: pass summarizer=")
+        raise ConfigError(
+            "reward_dataset: the summary setting needs the summarizer's answers to build its prompts: pass summarizer="
+        )
     spec = TASKS[task]
     logs = blocking(lambda: _logs(instances, setting, summarizer, cache))
     rows = []
     for instance, log in zip(instances, logs):
-        rows.append({
-            "prompt": spec.messages(log, instance, setting), "key": instance.key, "persona_id": instance.persona_id,
-            "instance_type": instance.instance_type, "current_request": instance.current_request,
-            "current_contextual_preference": instance.current_contextual_preference,
-            "current_checklist": list(instance.current_checklist),
-        })  # fmt: skip
+        rows.append(
+            {
+                "prompt": spec.messages(log, instance, setting),
+                "key": instance.key,
+                "persona_id": instance.persona_id,
+                "instance_type": instance.instance_type,
+                "current_request": instance.current_request,
+                "current_contextual_preference": instance.current_contextual_preference,
+                "current_checklist": list(instance.current_checklist),
+            }
+        )
     return rows
 
 
-async def _logs(instances: Sequence[Any], setting: str, summarizer: Endpoint | None, cache: str | Path | None) -> list[str]:
+async def _logs(
+    instances: Sequence[Any], setting: str, summarizer: Endpoint | None, cache: str | Path | None
+) -> list[str]:
     """Each instance's log as the runner builds it (`History.log`): no request but in the summary setting."""
     if setting == "oracle-preference":
         return [""] * len(instances)

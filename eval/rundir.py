@@ -1,9 +1,9 @@
 """A run's directory, for evaluation and synthesis runs alike.
 
-  run.json          what makes the run; a rerun into the directory must be the same run
-  instances.jsonl   one line per record: an evaluation's unit records (appended as units finish, so a
-                    crash can tear the last line), a synthesis run's CUPID rows (rewritten whole)
-  summary.json/.md  an evaluation's figures (`eval.summary`), written whole once its records are in
+run.json          what makes the run; a rerun into the directory must be the same run
+instances.jsonl   one line per record: an evaluation's unit records (appended as units finish, so a
+                  crash can tear the last line), a synthesis run's CUPID rows (rewritten whole)
+summary.json/.md  an evaluation's figures (`eval.summary`), written whole once its records are in
 """
 
 from __future__ import annotations
@@ -31,7 +31,12 @@ class OutputDir:
         self.records_file = self.path / "instances.jsonl"
 
     def check_same_run(
-        self, identity: dict[str, Any], *, growing: tuple[str, ...] = (), latest: tuple[str, ...] = (), what: str = "run"
+        self,
+        identity: dict[str, Any],
+        *,
+        growing: tuple[str, ...] = (),
+        latest: tuple[str, ...] = (),
+        what: str = "run",
     ) -> None:
         """Refuse to mix two runs in one directory: every part of `identity` must equal run.json's. A part
         named in `growing` is a map a rerun may extend but not change (an evaluation that binds a new role

@@ -9,22 +9,22 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cupid.eval import data as cupid_data
-from cupid.eval.stages import Roles
 from cupid.eval.files import DiskFull, disk_full, hold
 from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
-from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.stages import Roles
 from cupid.eval.summary import Summary, Table, markdown, summarize, tables
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, candidate_constrained
 from cupid.matcher import prompts
@@ -32,10 +32,12 @@ from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint, lookup, missing_keys
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import lookup, missing_keys
 from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
+from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
 
 if TYPE_CHECKING:
     TaskName = str
@@ -43,7 +45,9 @@ else:  # checked against the declared tasks
     TaskName = Literal[tuple(TASKS)]
 
 
-Tracker = Literal["mlflow", "wandb"]  # `track:`: the run is logged there once it ends (eval.track, on top of the runner)
+Tracker = Literal[
+    "mlflow", "wandb"
+]  # `track:`: the run is logged there once it ends (eval.track, on top of the runner)
 
 
 class RunConfig(BaseModel):
@@ -51,26 +55,47 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    data: str = Field(default="sample", description="'sample', a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID)")
+    data: str = Field(
+        default="sample",
+        description="'sample', a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID)",
+    )
     endpoints: str = Field(default="configs/endpoints.yaml", description="endpoints YAML")
-    candidate: str | ServedModel = Field(description="endpoint name, or a model this run serves: {name, model, profile, adapter}")
-    profiles: str = Field(default="configs/serve", description="directory of the serve profiles that `serve:`, served candidates and the offline executors name")
+    candidate: str | ServedModel = Field(
+        description="endpoint name, or a model this run serves: {name, model, profile, adapter}"
+    )
+    profiles: str = Field(
+        default="configs/serve",
+        description="directory of the serve profiles that `serve:`, served candidates and the offline executors name",
+    )
     serve: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="serve profiles this run starts on first need (its judges) and stops at the end: name -> field overrides",
+        description="serve profiles this run starts on first need (its judges) and stops at the end: "
+        "name -> field overrides",
     )
-    decomposer: str | None = Field(default=None, description="inference: turns the inferred preference into a checklist")
+    decomposer: str | None = Field(
+        default=None, description="inference: turns the inferred preference into a checklist"
+    )
     matcher: str | None = Field(default=None, description="inference: labels checklist items against preferences")
     judge: str | None = Field(default=None, description="generation: scores the response 1-10")
     summarizer: str | None = Field(default=None, description="summary setting: summarizes each prior session")
-    reference: str | None = Field(default=None, description="endpoint that re-scores the same answers (decomposer, matcher, judge)")
-    tasks: list[TaskName] = Field(default_factory=lambda: [INFERENCE.name], min_length=1, description="inference, generation or both")
-    settings: list[Setting] = Field(
-        default_factory=lambda: ["standard"], min_length=1, description="standard, oracle, oracle-preference (generation) or summary"  # type: ignore[arg-type]
+    reference: str | None = Field(
+        default=None, description="endpoint that re-scores the same answers (decomposer, matcher, judge)"
     )
-    types: list[Literal["consistent", "contrastive", "changing"]] = Field(default_factory=list, description="only these instance types")
+    tasks: list[TaskName] = Field(
+        default_factory=lambda: [INFERENCE.name], min_length=1, description="inference, generation or both"
+    )
+    settings: list[Setting] = Field(
+        default_factory=lambda: ["standard"],  # type: ignore[arg-type]
+        min_length=1,
+        description="standard, oracle, oracle-preference (generation) or summary",
+    )
+    types: list[Literal["consistent", "contrastive", "changing"]] = Field(
+        default_factory=list, description="only these instance types"
+    )
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
-    concurrency: int | None = Field(default=None, ge=1, description="requests in flight per endpoint (overrides every endpoint's max_concurrency)")
+    concurrency: int | None = Field(
+        default=None, ge=1, description="requests in flight per endpoint (overrides every endpoint's max_concurrency)"
+    )
     executor: Literal["http", "vllm-offline", "transformers-offline"] = Field(
         default="http",
         description="http: running servers; vllm-offline (vLLM's CUDA or CPU build) or transformers-offline: "
@@ -81,7 +106,9 @@ class RunConfig(BaseModel):
     no_cache: bool = Field(default=False, description="neither read nor write the request cache")
     refresh: bool = Field(default=False, description="send every request again and overwrite the cache")
     track: Tracker | None = Field(
-        default=None, description="log the finished run to an experiment tracker: mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb"
+        default=None,
+        description="log the finished run to an experiment tracker: "
+        "mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb",
     )
 
     @field_validator("serve", mode="before")
@@ -91,8 +118,10 @@ class RunConfig(BaseModel):
         return {name: {} for name in value} if isinstance(value, list) else value
 
     @model_validator(mode="after")
-    def _roles_for_tasks(self) -> "RunConfig":
-        needed = {role for task in self.tasks for role in TASKS[task].roles} | ({"summarizer"} if "summary" in self.settings else set())
+    def _roles_for_tasks(self) -> RunConfig:
+        needed = {role for task in self.tasks for role in TASKS[task].roles} | (
+            {"summarizer"} if "summary" in self.settings else set()
+        )
         if missing := [f.name for f in fields(Roles) if f.name in needed and getattr(self, f.name) is None]:
             raise ValueError(f"this run needs endpoints for {', '.join(missing)} (options --{' --'.join(missing)})")
         if not any(self.units_of(task) for task in TASKS):
@@ -156,7 +185,12 @@ def write_dry_run(tasks: dict[str, Task], units: list, path: str | Path) -> int:
     with path.open("w", encoding="utf-8") as f:
         for task, instance, setting in units:
             body = tasks[task].plain_request(instance, setting).body()
-            line = {"custom_id": f"{instance.key}/{setting}/{task}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            line = {
+                "custom_id": f"{instance.key}/{setting}/{task}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": body,
+            }
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
     return len(units)
 
@@ -185,14 +219,19 @@ class RunResult:
 
 
 def run(
-    cfg: RunConfig, *, console: Console | None = None, run_servers: RunServers | None = None,
+    cfg: RunConfig,
+    *,
+    console: Console | None = None,
+    run_servers: RunServers | None = None,
     endpoints: dict[str, Endpoint] | None = None,
-) -> RunResult:  # fmt: skip
+) -> RunResult:
     """`arun` from blocking code (the CLI, a night's slots)."""
     return blocking(lambda: arun(cfg, console=console, run_servers=run_servers, endpoints=endpoints))
 
 
-def dry_run(cfg: RunConfig, path: str | Path, *, console: Console | None = None, endpoints: dict[str, Endpoint] | None = None) -> int:
+def dry_run(
+    cfg: RunConfig, path: str | Path, *, console: Console | None = None, endpoints: dict[str, Endpoint] | None = None
+) -> int:
     """A run's candidate requests, written as an OpenAI batch JSONL (`vllm run-batch`, the Batch API) and
     counted: nothing is sent and no server starts."""
     if "summary" in cfg.settings:
@@ -206,21 +245,26 @@ def dry_run(cfg: RunConfig, path: str | Path, *, console: Console | None = None,
 
 
 async def arun(
-    cfg: RunConfig, *, console: Console | None = None, run_servers: RunServers | None = None,
+    cfg: RunConfig,
+    *,
+    console: Console | None = None,
+    run_servers: RunServers | None = None,
     endpoints: dict[str, Endpoint] | None = None,
-) -> RunResult:  # fmt: skip
+) -> RunResult:
     """One run. Servers it brings (`serve:`, a candidate that is a model) start on first need and stop at
     the end; a night passes its own `run_servers` instead, to serve the judges once for all its runs.
     `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
     `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
-    say = lambda m: console.print(m, highlight=False)  # noqa: E731
+    say = lambda m: console.print(m, highlight=False)
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
         own = None
         if run_servers is None and (cfg.serve or cfg.served_candidates):
             if cfg.executor != "http":
-                raise ConfigError(f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}")
+                raise ConfigError(
+                    f"serve: and a served candidate start servers: they need executor http, not {cfg.executor}"
+                )
             own = run_servers = plan_servers(cfg.serve, cfg.served_candidates, directory=cfg.profiles, say=say)
             for line in run_servers.lines():
                 console.print(line, highlight=False)
@@ -231,8 +275,9 @@ async def arun(
                 raise
             kept = len(RunDir(cfg.out).records()) if cfg.out else 0
             raise DiskFull(
-                f"no space left on the device while writing the run in {cfg.out} or its request cache ({e}). The {kept} record(s) "
-                "written before are kept: free some space and run the same command again; it resumes from them"
+                f"no space left on the device while writing the run in {cfg.out} or its request cache ({e}). "
+                f"The {kept} record(s) written before are kept: free some space and run the same command again; "
+                "it resumes from them"
             ) from e
         finally:
             if own is not None:
@@ -248,28 +293,49 @@ def _resolve(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, En
         served = {c.name: c.to_endpoint(c.to_profile(cfg.profiles)) for c in cfg.served_candidates}
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
     used = lookup(names, cfg.endpoints, given=given, served=served)
-    if run_servers is not None and (clash := sorted(c.name for c in cfg.served_candidates if c.name in used and used[c.name] is not served[c.name])):
-        raise ConfigError(f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it")
+    if run_servers is not None and (
+        clash := sorted(c.name for c in cfg.served_candidates if c.name in used and used[c.name] is not served[c.name])
+    ):
+        raise ConfigError(
+            f"candidate '{clash[0]}' is served by this run and also an endpoint in {cfg.endpoints}: rename it"
+        )
     return used
 
 
-async def _run(cfg: RunConfig, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]) -> RunResult:
+async def _run(
+    cfg: RunConfig, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]
+) -> RunResult:
     used = _resolve(cfg, run_servers, given)
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
     units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]
 
     if missing := missing_keys(used):
-        raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
+        raise ConfigError(
+            f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)"
+        )
 
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
         servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
-        client = open_client(cfg.executor, used, cache, refresh=cfg.refresh, concurrency=cfg.concurrency, profiles_dir=cfg.profiles, servers=servers)
+        client = open_client(
+            cfg.executor,
+            used,
+            cache,
+            refresh=cfg.refresh,
+            concurrency=cfg.concurrency,
+            profiles_dir=cfg.profiles,
+            servers=servers,
+        )
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}
         if out is not None:
-            todo_plan = {"n_instances": len(dataset.instances), "settings": {t: cfg.units_of(t) for t in cfg.tasks}}  # `cupid view`: units to do
-            out.check_same_run({**_identity(cfg, used), "plan": todo_plan}, growing=("roles", "prompts"), latest=("plan",))
+            todo_plan = {
+                "n_instances": len(dataset.instances),
+                "settings": {t: cfg.units_of(t) for t in cfg.tasks},
+            }  # `cupid view`: units to do
+            out.check_same_run(
+                {**_identity(cfg, used), "plan": todo_plan}, growing=("roles", "prompts"), latest=("plan",)
+            )
             latest = out.records()
         done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
@@ -305,7 +371,9 @@ async def _run(cfg: RunConfig, console: Console, run_servers: RunServers | None,
     return RunResult(records, summary, out.path if out is not None else None)
 
 
-async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir | None, console: Console, already: int) -> AsyncIterator[UnitRecord]:
+async def _run_all(
+    tasks: dict[str, Task], todo: list, out: RunDir | None, console: Console, already: int
+) -> AsyncIterator[UnitRecord]:
     """Every unit in flight at once; each record, as it finishes, appended to the run directory (when there
     is one) before it is handed on."""
     client = next(iter(tasks.values())).client
@@ -319,7 +387,7 @@ async def _run_all(tasks: dict[str, Task], todo: list, out: RunDir | None, conso
         transient=False,
     )
     try:
-        with progress, (out.append() if out is not None else contextlib.nullcontext()) as sink:
+        with progress, out.append() if out is not None else contextlib.nullcontext() as sink:
             bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
             for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
                 record = await finished

@@ -6,8 +6,9 @@ answer; the instance is then counted as failed and kept out of every average.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from cupid.eval.records import Scoring, StageError
 from cupid.matcher import parse

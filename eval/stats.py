@@ -18,9 +18,9 @@ interval whatever order a run wrote them in.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel
@@ -170,7 +170,7 @@ def paired(
             detectable=float(z * samples.std()),
             n=len(personas),
             personas=n_personas,
-        )  # fmt: skip
+        )
     return out
 
 
@@ -202,7 +202,16 @@ PRF_COLUMNS = ("predicted_matched", "n_predicted", "true_matched", "n_true", "pr
 def prf_row(counts: MatchCounts) -> list[float]:
     """One unit's `PRF_COLUMNS`."""
     scores = counts.prf()
-    return [counts.predicted_matched, counts.n_predicted, counts.true_matched, counts.n_true, scores.precision, scores.recall, scores.f1, 1.0]
+    return [
+        counts.predicted_matched,
+        counts.n_predicted,
+        counts.true_matched,
+        counts.n_true,
+        scores.precision,
+        scores.recall,
+        scores.f1,
+        1.0,
+    ]
 
 
 def prf(sums: np.ndarray) -> dict[str, np.ndarray]:
@@ -212,9 +221,13 @@ def prf(sums: np.ndarray) -> dict[str, np.ndarray]:
     p, r = ratio(s[..., 0], s[..., 1]), ratio(s[..., 2], s[..., 3])
     units = s[..., 7]
     return {
-        "micro_precision": p, "micro_recall": r, "micro_f1": _f1(p, r),
-        "macro_precision": ratio(s[..., 4], units), "macro_recall": ratio(s[..., 5], units), "macro_f1": ratio(s[..., 6], units),
-    }  # fmt: skip
+        "micro_precision": p,
+        "micro_recall": r,
+        "micro_f1": _f1(p, r),
+        "macro_precision": ratio(s[..., 4], units),
+        "macro_recall": ratio(s[..., 5], units),
+        "macro_f1": ratio(s[..., 6], units),
+    }
 
 
 def mean_score(sums: np.ndarray) -> dict[str, np.ndarray]:

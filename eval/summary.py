@@ -1,14 +1,18 @@
-"""Aggregation of finished unit records into `summary.json` and the tables people read.
+"""Aggregation of finished unit records into `summary.json`, the tables people read and the names a tracker gives
+its figures.
 
 Only scored units enter the averages; failed ones are counted by task, stage and reason, and every
-block states how many units it covers.
+block states how many units it covers. Each task's block (its figures, its tables) is declared here, under the task's
+name (`BLOCKS`), and the task declarations take theirs from it: the summary reads and shows any task's block without
+importing the tasks.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable
 from statistics import fmean
-from typing import TYPE_CHECKING, Any, Generic, Iterable, NamedTuple, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -100,7 +104,11 @@ class TaskBlock(BaseModel, Generic[F]):
     @model_validator(mode="before")
     @classmethod
     def _read(cls, data: Any) -> Any:
-        return {"setting": data["setting"], "settings": data["settings"]} if isinstance(data, dict) and "settings" in data else data
+        return (
+            {"setting": data["setting"], "settings": data["settings"]}
+            if isinstance(data, dict) and "settings" in data
+            else data
+        )
 
     @model_serializer(mode="wrap")
     def _write(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -141,13 +149,16 @@ class Summary(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _read(cls, data: Any) -> Any:
-        """The task blocks are read with the figures their task declares."""
+        """The task blocks are read with the figures their task declares (`BLOCKS`)."""
         if not isinstance(data, dict) or "tasks" in data:
             return data
-        from cupid.eval.tasks import TASKS  # the tasks declare their figures with this module's classes
 
         def blocks(where: dict[str, Any]) -> dict[str, TaskBlock[Any]]:
-            return {name: TaskBlock[spec.figures].model_validate(where[name]) for name, spec in TASKS.items() if name in where}  # type: ignore[name-defined]
+            return {
+                name: TaskBlock[block.figures].model_validate(where[name])  # type: ignore[name-defined]
+                for name, block in BLOCKS.items()
+                if name in where
+            }
 
         data = dict(data)
         tasks = blocks(data)
@@ -185,10 +196,16 @@ def failure_counts(records: Iterable[UnitRecord], reference: bool = False) -> Co
     """Failed units by task, setting, stage and reason, of the run's own scoring or its reference's: the one count
     that every list of failures (summary, report, nightly) formats."""
     failed = ((r, r.scoring(reference)) for r in records)
-    return Counter(Failure(r.task, r.setting, s.error.stage, s.error.reason) for r, s in failed if not s.scored and s.error is not None)
+    return Counter(
+        Failure(r.task, r.setting, s.error.stage, s.error.reason)
+        for r, s in failed
+        if not s.scored and s.error is not None
+    )
 
 
-def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False) -> TaskBlock[Any]:
+def task_block(
+    task: TaskSpec, records: list[UnitRecord], settings: list[str], reference: bool = False
+) -> TaskBlock[Any]:
     """The task's block per setting, overall and by instance type, of the run's own scoring or its reference's."""
 
     def figures(chosen: list[UnitRecord]) -> Figures:
@@ -197,7 +214,10 @@ def task_block(task: TaskSpec, records: list[UnitRecord], settings: list[str], r
     by_setting = {}
     for setting in settings:
         chosen = [r for r in records if r.setting == setting]
-        by_setting[setting] = SettingBlock(overall=figures(chosen), by_type={t: figures([r for r in chosen if r.instance_type == t]) for t in INSTANCE_TYPES})
+        by_setting[setting] = SettingBlock(
+            overall=figures(chosen),
+            by_type={t: figures([r for r in chosen if r.instance_type == t]) for t in INSTANCE_TYPES},
+        )
     return TaskBlock(setting=settings[0], settings=by_setting)
 
 
@@ -219,10 +239,15 @@ def summarize(
     """`plan` maps each task of the run to its settings; `meta` is what identifies the run (`Summary`'s fields)."""
 
     def blocks(reference: bool) -> dict[str, TaskBlock[Any]]:
-        return {task.name: task_block(task, [r for r in records if r.task == task.name], settings, reference) for task, settings in plan.items()}
+        return {
+            task.name: task_block(task, [r for r in records if r.task == task.name], settings, reference)
+            for task, settings in plan.items()
+        }
 
     n_failed = sum(not r.scored for r in records)
-    scored_by_reference = {"reference": blocks(True), "reference_failures": failures(records, reference=True)} if reference else {}
+    scored_by_reference = (
+        {"reference": blocks(True), "reference_failures": failures(records, reference=True)} if reference else {}
+    )
     return Summary.model_validate({
         "tasks": blocks(False),
         **scored_by_reference,
@@ -277,6 +302,20 @@ def _generation_table(title: str, block: TaskBlock[GenerationFigures]) -> Table:
     return Table(f"{title}: preference alignment, judge score 1-10", headers, rows)
 
 
+class Block(NamedTuple):
+    """How `summary.json` holds a task's block (its figures' class, `.of(scorings)`) and `summary.md` shows it."""
+
+    figures: type[Figures]
+    tables: Callable[[str, Any], list[Table]]  # the block's tables, under a title
+
+
+# Each task's block by the task's name, in the tasks' order: `eval.tasks` declares its tasks with these.
+BLOCKS: dict[str, Block] = {
+    "inference": Block(InferenceFigures, inference_tables),
+    "generation": Block(GenerationFigures, generation_tables),
+}
+
+
 def tables(summary: Summary) -> list[Table]:
     """The paper's layout: one table per task (and average), settings as column groups.
     `n` is scored/run: failed units are not in the averages."""
@@ -287,14 +326,14 @@ def tables(summary: Summary) -> list[Table]:
     constrained = set(summary.candidate_constrained)
 
     def name(title: str, task: str) -> str:
-        return f"{title} {task}" + (" (candidate answers constrained to the task's format)" if task in constrained else "")
-
-    from cupid.eval.tasks import TASKS  # the tasks declare their blocks with this module's functions
+        return f"{title} {task}" + (
+            " (candidate answers constrained to the task's format)" if task in constrained else ""
+        )
 
     for title, blocks in scorings:
-        for task in TASKS.values():
-            if task.name in blocks:
-                out += task.tables(name(title, task.name), blocks[task.name])
+        for task, block in BLOCKS.items():
+            if task in blocks:
+                out += block.tables(name(title, task), blocks[task])
     return out
 
 
@@ -308,15 +347,24 @@ def markdown(summary: Summary) -> str:
         lines.append(f"Matcher prompt: {summary.matcher_prompt}.")
     if summary.candidate_constrained:
         lines.append(
-            f"The candidate's answers were constrained to the task's answer format ({', '.join(summary.candidate_constrained)}): "
-            "not comparable with free answers, where following the format is part of what CUPID measures."
+            "The candidate's answers were constrained to the task's answer format "
+            f"({', '.join(summary.candidate_constrained)}): not comparable with free answers, "
+            "where following the format is part of what CUPID measures."
         )
     lines += [
-        "Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores "
-        "(paper text). `n` = scored/run: failed units are counted, never averaged in.",
+        (
+            "Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores "
+            "(paper text). `n` = scored/run: failed units are counted, never averaged in."
+        ),
     ]
     for table in tables(summary):
-        lines += ["", f"## {table.title}", "", "| " + " | ".join(table.headers) + " |", "|" + "---|" * len(table.headers)]
+        lines += [
+            "",
+            f"## {table.title}",
+            "",
+            "| " + " | ".join(table.headers) + " |",
+            "|" + "---|" * len(table.headers),
+        ]
         lines += ["| " + " | ".join(row) + " |" for row in table.rows]
     lines += ["", f"{summary.n_scored} scored, {summary.n_failed} failed of {summary.n_runs} units."]
     if summary.n_invalid_rows:
@@ -326,3 +374,41 @@ def markdown(summary: Summary) -> str:
     for what, n in (summary.reference_failures or {}).items():
         lines.append(f"- reference scoring failed at {what}: {n}")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the figures' names in a tracker
+
+
+def summary_metrics(summary: Summary) -> dict[str, float]:
+    """Every figure of a summary, named `[reference/]<task>/<setting>[/<type>]/<figure>`: P/R/F1 as
+    `micro_f1`, ..., the mean judge score, the counts scored and failed (and failed by stage); then the run's
+    counts and requests. A figure with no scored unit is absent, never a zero."""
+    metrics: dict[str, float] = {}
+    for prefix, blocks in (("", summary.tasks), ("reference/", summary.reference or {})):
+        for task, block in blocks.items():
+            for setting, by_group in block.settings.items():
+                groups = [("", by_group.overall)] + [
+                    (f"/{t}", by_group.by_type[t]) for t in INSTANCE_TYPES if t in by_group.by_type
+                ]
+                for group, figured in groups:
+                    metrics.update(figures(f"{prefix}{task}/{setting}{group}", figured.model_dump()))
+    for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
+        if isinstance(value := getattr(summary, name), (int, float)):
+            metrics[name] = value
+    metrics.update({f"requests_{k}": v for k, v in (summary.requests or {}).items()})
+    return metrics
+
+
+def figures(prefix: str | None, block: dict[str, Any]) -> dict[str, float]:
+    """A task block's figures named `<prefix>/<figure>` (`micro_f1`, `mean_score`, `n_failed/<stage>`): the
+    tracker's names (`eval.track`), and inspect's (`cupid.eval.inspect_tasks`), whose overall figures have no prefix."""
+    at = f"{prefix}/" if prefix else ""
+    out: dict[str, float] = {}
+    for name, value in block.items():
+        if name == "failed_by_stage":
+            out.update({f"{at}n_failed/{stage}": n for stage, n in value.items()})
+        elif isinstance(value, dict) and name != "by_type":  # micro/macro: {precision, recall, f1}
+            out.update({f"{at}{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{at}{name}"] = value
+    return out

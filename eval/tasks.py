@@ -8,23 +8,23 @@ candidate again, so two scorings of one run differ only in their judges.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from cupid.eval import generation, inference, summary
-from cupid.eval.stages import StageFailed
+from cupid.eval import generation, inference, stats, summary
 from cupid.eval.data import Instance
 from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import History, plain_log, relevant_sessions
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring, UnitRecord
-from cupid.eval import stats
+from cupid.eval.stages import StageFailed
 from cupid.eval.stats import Difference, Interval
 from cupid.matcher import prompts, schemas
 from cupid.serving.client import ChatRequest, Client, RequestFailed
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 
 
 class Scorer(Protocol):
@@ -39,7 +39,9 @@ class TaskSpec:
     title: str  # what it measures, as report titles say it
     candidate_stage: str  # the stage a candidate that gave no answer failed at
     messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
-    answer_format: Callable[[int | None], dict[str, Any]] | None  # what a constrained candidate is held to; None: free text
+    answer_format: (
+        Callable[[int | None], dict[str, Any]] | None
+    )  # what a constrained candidate is held to; None: free text
     roles: tuple[str, ...]  # the judge roles that score it
     scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
     figures: type[summary.Figures]  # its summary figures (`.of(scorings)`), as summary.json holds them
@@ -70,11 +72,20 @@ class TaskSpec:
 
     def differences(self, pairs: list[tuple[UnitRecord, UnitRecord]]) -> dict[str, Difference]:
         """B - A of its figures on units both runs scored (`pairs`: (A's record, B's record) of one unit)."""
-        scored = [(a.persona_id, self.columns(a), self.columns(b)) for a, b in pairs if a.task == self.name and a.scored and b.scored]
+        scored = [
+            (a.persona_id, self.columns(a), self.columns(b))
+            for a, b in pairs
+            if a.task == self.name and a.scored and b.scored
+        ]
         kept = [(p, x, y) for p, x, y in scored if x is not None and y is not None]
         if not kept:
             return {}
-        return stats.paired([p for p, _, _ in kept], np.array([x for _, x, _ in kept]), np.array([y for _, _, y in kept]), self.statistic)
+        return stats.paired(
+            [p for p, _, _ in kept],
+            np.array([x for _, x, _ in kept]),
+            np.array([y for _, _, y in kept]),
+            self.statistic,
+        )
 
 
 def _score_columns(scoring: Scoring) -> list[float] | None:
@@ -91,14 +102,14 @@ INFERENCE = TaskSpec(
     scorer=lambda client, roles: InferenceScorer(
         client, roles["decomposer"], roles["matcher"], matcher_dialect(client.endpoints[roles["matcher"]])
     ),
-    figures=summary.InferenceFigures,
+    figures=summary.BLOCKS["inference"].figures,
     columns=lambda scoring: stats.prf_row(scoring.match_counts()),
     statistic=stats.prf,
     metrics=tuple(f"{aggregate}_{name}" for aggregate in ("micro", "macro") for name in ("precision", "recall", "f1")),
     scale=100,
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
-    tables=summary.inference_tables,
+    tables=summary.BLOCKS["inference"].tables,
     unit_score=lambda record: round(100 * record.scores.f1, 1) if record.scores else None,  # F1 in %
 )
 GENERATION = TaskSpec(
@@ -109,17 +120,19 @@ GENERATION = TaskSpec(
     answer_format=None,  # generation answers are free text: nothing to constrain
     roles=("judge",),
     scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
-    figures=summary.GenerationFigures,
+    figures=summary.BLOCKS["generation"].figures,
     columns=_score_columns,
     statistic=stats.mean_score,
     metrics=("mean_score",),
     scale=1,
     headline=("mean_score",),
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
-    tables=summary.generation_tables,
+    tables=summary.BLOCKS["generation"].tables,
     unit_score=lambda record: record.score,  # the judge's 1-10
 )
-TASKS = {spec.name: spec for spec in (INFERENCE, GENERATION)}  # in ranking order: the nightly ranks by the first a run has
+TASKS = {
+    spec.name: spec for spec in (INFERENCE, GENERATION)
+}  # in ranking order: the nightly ranks by the first a run has
 
 
 def candidate_constrained(candidate: Endpoint, task: str) -> bool:
@@ -188,7 +201,9 @@ def unit_record(spec: TaskSpec, instance: Instance, setting: str) -> UnitRecord:
     )
 
 
-async def scored(unit: UnitRecord, instance: Instance, answer: str, scorer: Scorer, reference: Scorer | None = None) -> UnitRecord:
+async def scored(
+    unit: UnitRecord, instance: Instance, answer: str, scorer: Scorer, reference: Scorer | None = None
+) -> UnitRecord:
     """The unit's record once the candidate answered: the scorer's scoring (and the reference's) of the answer.
     What every way of asking the candidate shares (this runner, inspect-ai's)."""
     record = unit.model_copy(update={**dict(await scorer.score(instance, answer)), "candidate_answer": answer})

@@ -9,35 +9,37 @@ leaderboard flag as tags. Everything is read from the run's files after the run 
 tracker is never on the path of a request, and a tracker that fails is a warning naming it, never a
 failed run. The run directory keeps the tracker's run id (`tracker.json`), so logging it again updates
 that tracker run instead of adding a second.
+
+This module runs nothing: a run's tracked form (`eval.tracked`) and the nightly log through it once their files are
+written, and it imports neither of them nor the runner.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 import importlib.util
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
+from cupid.eval import report, view
+from cupid.eval.compare import Row
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import read_json, write_atomic
+from cupid.eval.leaderboard import Leaderboard, flag, flags_text, run_dir_of
 from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig, RunResult, Tracker, arun as arun_untracked
-from cupid.eval.summary import Summary
+from cupid.eval.summary import Summary, summary_metrics
 from cupid.eval.tasks import TASKS
-from cupid.serving.aio import blocking
 from cupid.serving.config import ConfigError
 
-if TYPE_CHECKING:  # the nightly logs through this module
-    from cupid.eval.compare import Row
-    from cupid.eval.nightly import Leaderboard
+if TYPE_CHECKING:  # the literal sits with RunConfig; this module reads runs' files and never runs one
+    from cupid.eval.runner import Tracker
 
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 INSTALL = "pip install -e '.[track]'  (in this project's .venv: .venv/bin/pip install -e '.[track]')"
@@ -45,25 +47,6 @@ IDS_FILE = "tracker.json"
 TABLE = "units.json"  # the per-unit table's artifact name
 PROJECT = "cupid"  # the experiment (MLflow) or project (W&B) when the environment names none
 Say = Callable[[str], None]
-
-
-async def arun(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
-    """A run (`runner.arun`), then, with `cfg.track`, its tracker run: checked before anything starts, logged once the
-    run's files are written and its servers stopped (the tracker is no request's). The export sits on top of the
-    runner: the runner never calls it. `options` go to `runner.arun`."""
-    console = console or Console(stderr=True)
-    if cfg.track:
-        require(cfg.track)
-    result = await arun_untracked(cfg, console=console, **options)
-    if cfg.track:
-        make = lambda: [of_run(result.out, records=result.records, summary=result.summary)]  # noqa: E731
-        await asyncio.to_thread(log_after, make, cfg.track, lambda m: console.print(m, highlight=False, markup=False))
-    return result
-
-
-def run(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
-    """`arun` from blocking code (the CLI)."""
-    return blocking(lambda: arun(cfg, console=console, **options))
 
 
 def require(tracker: str) -> None:
@@ -75,7 +58,9 @@ def require(tracker: str) -> None:
     except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (blocked)
         found = False
     if not found:
-        raise ConfigError(f"--track {tracker}: the {tracker} package is not installed; install the tracker extra: {INSTALL}")
+        raise ConfigError(
+            f"--track {tracker}: the {tracker} package is not installed; install the tracker extra: {INSTALL}"
+        )
 
 
 # ---------------------------------------------------------------- what one tracker run holds
@@ -93,39 +78,6 @@ class TrackedRun:
     tags: dict[str, str] = field(default_factory=dict)
     units: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[Path] = field(default_factory=list)
-
-
-def summary_metrics(summary: Summary) -> dict[str, float]:
-    """Every figure of a summary, named `[reference/]<task>/<setting>[/<type>]/<figure>`: P/R/F1 as
-    `micro_f1`, ..., the mean judge score, the counts scored and failed (and failed by stage); then the run's
-    counts and requests. A figure with no scored unit is absent, never a zero."""
-    metrics: dict[str, float] = {}
-    for prefix, blocks in (("", summary.tasks), ("reference/", summary.reference or {})):
-        for task, block in blocks.items():
-            for setting, by_group in block.settings.items():
-                groups = [("", by_group.overall)] + [(f"/{t}", by_group.by_type[t]) for t in INSTANCE_TYPES if t in by_group.by_type]
-                for group, figured in groups:
-                    metrics.update(figures(f"{prefix}{task}/{setting}{group}", figured.model_dump()))
-    for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
-        if isinstance(value := getattr(summary, name), (int, float)):
-            metrics[name] = value
-    metrics.update({f"requests_{k}": v for k, v in (summary.requests or {}).items()})
-    return metrics
-
-
-def figures(prefix: str | None, block: dict[str, Any]) -> dict[str, float]:
-    """A task block's figures named `<prefix>/<figure>` (`micro_f1`, `mean_score`, `n_failed/<stage>`): the
-    tracker's names, and inspect's (`cupid.eval.inspect_tasks`), whose overall figures have no prefix."""
-    at = f"{prefix}/" if prefix else ""
-    out: dict[str, float] = {}
-    for name, value in block.items():
-        if name == "failed_by_stage":
-            out.update({f"{at}n_failed/{stage}": n for stage, n in value.items()})
-        elif isinstance(value, dict) and name != "by_type":  # micro/macro: {precision, recall, f1}
-            out.update({f"{at}{name}_{k}": v for k, v in value.items() if isinstance(v, (int, float))})
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[f"{at}{name}"] = value
-    return out
 
 
 def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict[str, float]:
@@ -159,11 +111,21 @@ def unit_rows(records: list[UnitRecord]) -> list[dict[str, Any]]:
     rows = []
     for r in records:
         scores = r.scores.as_dict() if r.scores is not None else {}
-        rows.append({
-            "key": r.key, "instance_type": r.instance_type, "task": r.task, "setting": r.setting, "status": r.status,
-            "failed_stage": r.error.stage if r.error else None, "failed_reason": r.error.reason if r.error else None,
-            "precision": scores.get("precision"), "recall": scores.get("recall"), "f1": scores.get("f1"), "score": r.score,
-        })  # fmt: skip
+        rows.append(
+            {
+                "key": r.key,
+                "instance_type": r.instance_type,
+                "task": r.task,
+                "setting": r.setting,
+                "status": r.status,
+                "failed_stage": r.error.stage if r.error else None,
+                "failed_reason": r.error.reason if r.error else None,
+                "precision": scores.get("precision"),
+                "recall": scores.get("recall"),
+                "f1": scores.get("f1"),
+                "score": r.score,
+            }
+        )
     return rows
 
 
@@ -181,7 +143,11 @@ def _params(summary: Summary | None, identity: dict[str, Any]) -> dict[str, str]
     tasks = [t for t in TASKS if summary is not None and t in summary.tasks] or list(planned)
     params["tasks"] = ",".join(tasks)
     for task in tasks:
-        settings = list(summary.tasks[task].settings) if summary is not None and task in summary.tasks else planned.get(task, [])
+        settings = (
+            list(summary.tasks[task].settings)
+            if summary is not None and task in summary.tasks
+            else planned.get(task, [])
+        )
         params[f"settings.{task}"] = ",".join(settings)
     for name, version in ((summary.prompts if summary else None) or identity.get("prompts") or {}).items():
         params[f"prompt.{name}"] = str(version)
@@ -197,8 +163,6 @@ def _params(summary: Summary | None, identity: dict[str, Any]) -> dict[str, str]
 def pages(run_dir: Path) -> list[Path]:
     """The run's summary, report and viewer pages, made beside each other in `<run>/report/` where missing or
     older than the run's records (each is derived from them)."""
-    from cupid.eval import report, view
-
     found = [run_dir / "summary.md"] if (run_dir / "summary.md").exists() else []
     if not (run_dir / "instances.jsonl").exists():
         return found
@@ -231,7 +195,11 @@ def of_run(
         if records is None:
             records = list(RunDir(run_dir).records().values())
     records = records or []
-    metrics: dict[str, float] = summary_metrics(summary) if summary else {"n_scored": sum(r.scored for r in records), "n_failed": sum(not r.scored for r in records)}
+    metrics: dict[str, float] = (
+        summary_metrics(summary)
+        if summary
+        else {"n_scored": sum(r.scored for r in records), "n_failed": sum(not r.scored for r in records)}
+    )
     if summary:
         metrics.update(interval_metrics(records))
         if summary.reference is not None:
@@ -252,8 +220,6 @@ def of_run(
 def of_night(board: Leaderboard) -> list[TrackedRun]:
     """A night's candidates, each with the night's date and its leaderboard flag as tags; one that did not run
     gets its tracker run too, with its reason, so a chart of nights shows the gap."""
-    from cupid.eval.nightly import flag, flags_text, run_dir_of
-
     runs = []
     for entry in board.models:
         run_dir = Path(entry.run_dir or run_dir_of(Path(board.dir), entry.model))
@@ -268,15 +234,16 @@ def of_night(board: Leaderboard) -> list[TrackedRun]:
         try:
             runs.append(of_run(run_dir, name=name, tags=tags, params=params))
             runs[-1].metrics.update(comparison_metrics(entry.change))
-        except Exception as e:  # its files do not read (a torn summary, a record of another version): its flag still counts
-            runs.append(TrackedRun(name, run_dir, params, tags={**tags, "cupid.unreadable": f"{type(e).__name__}: {e}"}))
+        except Exception as e:  # noqa: BLE001 (its files do not read, whatever the fault: its flag still counts)
+            # a torn summary, a record of another version, ...
+            runs.append(
+                TrackedRun(name, run_dir, params, tags={**tags, "cupid.unreadable": f"{type(e).__name__}: {e}"})
+            )
     return runs
 
 
 def read(path: str | Path) -> list[TrackedRun]:
     """`cupid track PATH`: a run directory, or a night's (one holding `leaderboard.json`)."""
-    from cupid.eval.nightly import Leaderboard
-
     path = Path(path)
     if (path / "leaderboard.json").exists():
         return of_night(Leaderboard.read(path / "leaderboard.json"))
@@ -292,8 +259,11 @@ def log_after(make: Callable[[], list[TrackedRun]], tracker: Tracker, say: Say) 
     """What a finished run or night logs, made and logged; any fault on the way is a warning, never the run's."""
     try:
         runs = make()
-    except Exception as e:
-        say(f"warning: {tracker}: nothing logged, the run's files did not read ({type(e).__name__}: {e}); they are as the run wrote them")
+    except Exception as e:  # noqa: BLE001 (any fault on the way is a warning, never the run's)
+        say(
+            f"warning: {tracker}: nothing logged, the run's files did not read ({type(e).__name__}: {e}); "
+            "they are as the run wrote them"
+        )
         return []
     return log(runs, tracker, say)
 
@@ -307,7 +277,8 @@ def log(runs: list[TrackedRun], tracker: Tracker, say: Say) -> list[str | None]:
     for run in runs:
         try:
             ids.append(logger(run, say))
-        except Exception as e:  # an unreachable server, a bad URI, a full disk: the tracker's, not the run's
+        except Exception as e:  # noqa: BLE001 (whatever the tracker's fault, it is not the run's)
+            # an unreachable server, a bad URI, a full disk, ...
             say(f"warning: {tracker} ({_where(tracker)}) did not log {run.name}: {type(e).__name__}: {e}. "
                 "The run's own files are complete; `cupid track RUN_DIR` logs it later")  # fmt: skip
             ids.append(None)
@@ -354,7 +325,10 @@ def _mlflow(run: TrackedRun, say: Say) -> str:
         _keep_id(run, "mlflow", where, active.info.run_id)
         before = existing.data.params if existing is not None else {}
         if changed := sorted(k for k, v in run.params.items() if k in before and before[k] != v):
-            say(f"mlflow: run {active.info.run_id} keeps its first value of {', '.join(changed)} (MLflow params never change)")
+            say(
+                f"mlflow: run {active.info.run_id} keeps its first value of {', '.join(changed)} "
+                "(MLflow params never change)"
+            )
         mlflow.log_params({k: v for k, v in run.params.items() if k not in before})
         mlflow.set_tags(run.tags)
         if run.metrics:
@@ -400,9 +374,16 @@ def _wandb(run: TrackedRun, say: Say) -> str:
         active.finish()
 
 
+PathsArgument = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)")
+
+
 def main(
-    paths: list[str] = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)"),
-    to: str = typer.Option("mlflow", "--to", help="mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb (WANDB_PROJECT, WANDB_MODE, ...)"),
+    paths: list[str] = PathsArgument,
+    to: str = typer.Option(
+        "mlflow",
+        "--to",
+        help="mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb (WANDB_PROJECT, WANDB_MODE, ...)",
+    ),
 ) -> None:
     """Log finished runs to an experiment tracker from their files; a run logged before updates its tracker run."""
     try:

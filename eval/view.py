@@ -17,20 +17,21 @@ Why the page is built the way it is (a full run is 756 instances x every setting
 from __future__ import annotations
 
 import functools
-import shlex
 import http.server
 import json
+import shlex
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import typer
 
 from cupid.eval import data as cupid_data
-from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.history import SETTINGS
+from cupid.eval.records import RecordError, UnitRecord
 from cupid.eval.rundir import Run, RunDir
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import TASKS
@@ -38,7 +39,17 @@ from cupid.serving.config import ConfigError
 
 TASKS_ORDER = tuple(TASKS)
 RECENT_S = 120  # a run whose records changed this recently is "in progress"; older, it stopped before the end
-UNIT_FIELDS_IN_DATA = {"key", "persona_id", "instance_type", "task", "setting", "n_sessions", "relevant_sessions", "gt_preference", "gt_checklist"}
+UNIT_FIELDS_IN_DATA = {
+    "key",
+    "persona_id",
+    "instance_type",
+    "task",
+    "setting",
+    "n_sessions",
+    "relevant_sessions",
+    "gt_preference",
+    "gt_checklist",
+}
 
 
 @dataclass
@@ -163,14 +174,19 @@ def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], li
     """(list data, instance key -> instance JSON, unit index -> records JSON per run)."""
     sources = {r.data for r in runs}
     if len(sources) > 1:
-        raise ConfigError("runs on different data cannot be compared: " + ", ".join(f"{r.path}: {r.data}" for r in runs))
+        raise ConfigError(
+            "runs on different data cannot be compared: " + ", ".join(f"{r.path}: {r.data}" for r in runs)
+        )
     source = sources.pop()
     try:
         dataset = cupid_data.load(source)
         by_key = {i.key: i for i in dataset.instances}
         data_note = None
-    except Exception as e:  # unreachable data: show what the records hold
-        by_key, data_note = {}, f"the data {source!r} could not be loaded ({e}): prior sessions and requests are not shown"
+    except Exception as e:  # noqa: BLE001 (unreachable data: show what the records hold)
+        by_key, data_note = (
+            {},
+            f"the data {source!r} could not be loaded ({e}): prior sessions and requests are not shown",
+        )
 
     units: dict[tuple[str, str, str], list[UnitRecord | None]] = {}
     for n, run in enumerate(runs):
@@ -198,13 +214,21 @@ def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], li
             cells.append(None if r is None else [r.status, r.error.stage if r.error else None, _score(r)])
         rows.append([key_index[key], tasks.index(task), settings.index(setting), cells])
         keep = UNIT_FIELDS_IN_DATA if key in by_key else UNIT_FIELDS_IN_DATA - {"gt_preference", "gt_checklist"}
-        details.append(_json([None if r is None else r.model_dump(mode="json", exclude_none=True, exclude=keep) for r in records]))
+        details.append(
+            _json([None if r is None else r.model_dump(mode="json", exclude_none=True, exclude=keep) for r in records])
+        )
     head = {
         "runs": [
-            {"label": r.label, "path": str(r.path), "roles": r.roles, "state": vars(r.state), "state_line": r.state.line() if r.state else "",
-             "has_reference": any(rec.reference is not None for rec in r.records)}
+            {
+                "label": r.label,
+                "path": str(r.path),
+                "roles": r.roles,
+                "state": vars(r.state),
+                "state_line": r.state.line() if r.state else "",
+                "has_reference": any(rec.reference is not None for rec in r.records),
+            }
             for r in runs
-        ],  # fmt: skip
+        ],
         "data": source,
         "data_note": data_note,
         "keys": keys,
@@ -221,7 +245,10 @@ def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-REPORT_LINK = '<a id="report" href="report.html" title="the aggregate report (cupid report), in this folder">report (tables, intervals, figures)</a>'
+REPORT_LINK = (
+    '<a id="report" href="report.html" title="the aggregate report (cupid report), in this folder">'
+    "report (tables, intervals, figures)</a>"
+)
 NO_REPORT = '<span id="report">no report here yet: <code>{command}</code> writes it, and this link</span>'
 
 
@@ -235,7 +262,10 @@ def render(runs: list[LoadedRun], report_command: str | None = None) -> str:
     title = "CUPID view: " + " vs ".join(r.label for r in runs)
     return (
         template.replace("__TITLE__", _html_escape(title))
-        .replace("__REPORT__", REPORT_LINK if report_command is None else NO_REPORT.format(command=_html_escape(report_command)))
+        .replace(
+            "__REPORT__",
+            REPORT_LINK if report_command is None else NO_REPORT.format(command=_html_escape(report_command)),
+        )
         .replace("__HEAD__", _json(head))
         .replace("__BLOCKS__", "\n".join(blocks))
     )
@@ -258,7 +288,11 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
         raise ConfigError("give at least one run directory")
     _labels(runs)
     out = Path(out)
-    make_report = None if (out / "report.html").exists() else f"cupid report {' '.join(shlex.quote(str(d)) for d in run_dirs)} --out {shlex.quote(str(out))}"
+    make_report = (
+        None
+        if (out / "report.html").exists()
+        else f"cupid report {' '.join(shlex.quote(str(d)) for d in run_dirs)} --out {shlex.quote(str(out))}"
+    )
     html = render(runs, make_report)
     out.mkdir(parents=True, exist_ok=True)
     page = out / "view.html"
@@ -277,13 +311,21 @@ def serve(page: Path, port: int) -> None:
             pass
 
 
+RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl); two or more are compared")
+
+
 def main(
-    run_dirs: list[str] = typer.Argument(..., help="run directories (each with instances.jsonl); two or more are compared"),
-    out: str | None = typer.Option(None, "--out", help="output directory (default: beside the report, RUN_DIR/report or runs/report)"),
-    serve_it: bool = typer.Option(False, "--serve", help="serve the page on localhost instead of only printing its path"),
+    run_dirs: list[str] = RunDirsArgument,
+    out: str | None = typer.Option(
+        None, "--out", help="output directory (default: beside the report, RUN_DIR/report or runs/report)"
+    ),
+    serve_it: bool = typer.Option(
+        False, "--serve", help="serve the page on localhost instead of only printing its path"
+    ),
     port: int = typer.Option(8765, "--port", help="port for --serve (0: any free port)"),
 ) -> None:
-    """One self-contained HTML page to look inside runs: every unit, its history, answer, checklist labels and scores."""
+    """One self-contained HTML page to look inside runs: every unit, its history, answer, checklist labels and
+    scores."""
     try:
         page = build(run_dirs, out or default_out(run_dirs))
     except (ConfigError, RecordError) as e:

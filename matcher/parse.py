@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from cupid.matcher.prompts import LABELS
 
@@ -49,7 +50,7 @@ def _json_payload(answer: str) -> Any:
 
     Either way, prose before or after the JSON is tolerated.
     """
-    fenced = re.search(r"```(?:json)?\s*\n?(.*?)```", answer, flags=re.S)
+    fenced = re.search(r"```(?:json)?\s*\n?(.*?)```", answer, flags=re.DOTALL)
     candidates = [fenced.group(1)] if fenced else []
     candidates.append(answer)
     decoder = json.JSONDecoder()

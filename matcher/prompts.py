@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal, Sequence
+from typing import Literal
 
 Messages = list[dict[str, str]]
 MatcherDialect = Literal["prefmatcher", "fewshot"]
@@ -125,7 +126,9 @@ def summarizer(session: dict) -> Messages:
 
 
 def judge(preference: str, checklist: Sequence[str], request: str, response: str) -> Messages:
-    return load("judge").render(preference=preference, checklist=bulleted(checklist), user_request=request, ai_response=response)
+    return load("judge").render(
+        preference=preference, checklist=bulleted(checklist), user_request=request, ai_response=response
+    )
 
 
 def decomposer(preference: str) -> Messages:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import json
 import re
 import re._parser as sre  # the stdlib's regex parser: the longest match of a pattern
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from cupid.matcher.parse import MAX_CHECKLIST_ITEMS, PREFERENCE_HEADER, SCORE_HEADER
 from cupid.matcher.prompts import LABELS, MatcherDialect
@@ -40,9 +41,17 @@ UNBOUNDED_CHARS = 6000  # free text where the endpoint sets no max_tokens
 
 # The judge's rubric (judge prompt): each label stands for one score.
 RUBRIC = {
-    10: "Exceptional", 9: "Excellent", 8: "Very Good", 7: "Good", 6: "Above Average",
-    5: "Acceptable", 4: "Below Average", 3: "Poor", 2: "Very Poor", 1: "Unacceptable",
-}  # fmt: skip
+    10: "Exceptional",
+    9: "Excellent",
+    8: "Very Good",
+    7: "Good",
+    6: "Above Average",
+    5: "Acceptable",
+    4: "Below Average",
+    3: "Poor",
+    2: "Very Poor",
+    1: "Unacceptable",
+}
 
 
 def width(pattern: str) -> int:
@@ -154,7 +163,10 @@ def decomposer(max_tokens: int | None) -> dict[str, Any]:
     def build(chars: int) -> str:  # a third for the analysis, the rest for the entries
         entry = jstring(min(300, chars * 2 // 3 // MAX_CHECKLIST_ITEMS))
         checklist = jobject([("checklist", jlist(entry, 0, MAX_CHECKLIST_ITEMS))])
-        return rf"\*\*Analysis\*\*{BREAK}{free(chars // 3, forbid='*#`')}{BREAK}\*\*Checklist\*\*{BREAK}{fenced(checklist)}"
+        return (
+            rf"\*\*Analysis\*\*{BREAK}{free(chars // 3, forbid='*#`')}{BREAK}"
+            rf"\*\*Checklist\*\*{BREAK}{fenced(checklist)}"
+        )
 
     return constrained(build, max_tokens, default=4200)
 
@@ -162,7 +174,12 @@ def decomposer(max_tokens: int | None) -> dict[str, Any]:
 def summarizer(max_tokens: int | None) -> dict[str, Any]:
     def build(chars: int) -> str:  # a third each: analysis, context, preferences (up to 6 entries each)
         entries = jlist(jstring(min(500, chars // 3 // 6)), 1, 6)
-        fields = [("session_id", r"[0-9]{1,3}"), ("analysis", jstring(chars // 3)), ("context", entries), ("preferences", entries)]
+        fields = [
+            ("session_id", r"[0-9]{1,3}"),
+            ("analysis", jstring(chars // 3)),
+            ("context", entries),
+            ("preferences", entries),
+        ]
         return fenced(jobject([("summaries", jlist([jobject(fields)]))]))
 
     return constrained(build, max_tokens)
@@ -171,7 +188,10 @@ def summarizer(max_tokens: int | None) -> dict[str, Any]:
 def judge(max_tokens: int | None) -> dict[str, Any]:
     verdicts = "|".join(f"{lit(label)}{BREAK}{lit(SCORE_HEADER)}{BREAK}{score}" for score, label in RUBRIC.items())
     return constrained(
-        lambda chars: rf"### Evaluation of AI Assistant's Response{BREAK}{free(chars)}{BREAK}### Evaluation Label{BREAK}({verdicts})",
+        lambda chars: (
+            rf"### Evaluation of AI Assistant's Response{BREAK}{free(chars)}{BREAK}"
+            rf"### Evaluation Label{BREAK}({verdicts})"
+        ),
         max_tokens,
     )
 
@@ -179,7 +199,9 @@ def judge(max_tokens: int | None) -> dict[str, Any]:
 def inference_answer(max_tokens: int | None) -> dict[str, Any]:
     """The candidate's inference answer: its analysis, then the header and one line (30 words, ~300 characters)."""
     return constrained(
-        lambda chars: rf"### Analysis{BREAK}{free(chars * 2 // 3)}{BREAK}{lit(PREFERENCE_HEADER)}{BREAK}[^#\n]{{1,{max(1, min(300, chars // 3))}}}",
+        lambda chars: (
+            rf"### Analysis{BREAK}{free(chars * 2 // 3)}{BREAK}{lit(PREFERENCE_HEADER)}{BREAK}"
+            rf"[^#\n]{{1,{max(1, min(300, chars // 3))}}}"
+        ),
         max_tokens,
     )
-

@@ -6,9 +6,9 @@ macro is what the paper's text describes (mean of per-instance scores). Both are
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from statistics import fmean
-from typing import Iterable, Sequence
 
 LABEL_SCORES = {"Fully Covered": 1.0, "Partially Covered": 0.5, "Not Covered": 0.0}
 
@@ -41,7 +41,7 @@ class MatchCounts:
     n_true: int
 
     @classmethod
-    def from_labels(cls, infer_to_gt: Sequence[str], gt_to_infer: Sequence[str]) -> "MatchCounts":
+    def from_labels(cls, infer_to_gt: Sequence[str], gt_to_infer: Sequence[str]) -> MatchCounts:
         return cls(
             predicted_matched=sum(LABEL_SCORES[label] for label in infer_to_gt),
             n_predicted=len(infer_to_gt),

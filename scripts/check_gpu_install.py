@@ -1,4 +1,5 @@
-"""What `make setup-dev` would install on a CUDA box, resolved by pip without installing anything (`make check-gpu-install`).
+"""What `make setup-dev` would install on a CUDA box, resolved by pip without installing anything
+(`make check-gpu-install`).
 
 The gpu, train, track and inspect extras: vLLM's CUDA build at the pinned release, its torch release, transformers in
 vLLM's range, and training's libraries, the trackers and inspect-ai beside them without moving a pin. (On a box with
@@ -32,7 +33,17 @@ def resolve(reqs: list[str]) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report)]
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--quiet",
+                "--report",
+                str(report),
+            ]
             + reqs,
             capture_output=True,
             text=True,

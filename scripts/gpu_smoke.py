@@ -25,16 +25,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cupid.matcher import parse, prompts, schemas  # noqa: E402
-from cupid.serving import lifecycle, profiles  # noqa: E402
-from cupid.serving.client import Client, RequestFailed  # noqa: E402
-from cupid.serving.config import ConfigError  # noqa: E402
-from cupid.serving.endpoints import Endpoint  # noqa: E402
-from cupid.serving.engines import ServeError, get_engine  # noqa: E402
+from cupid.matcher import parse, prompts, schemas
+from cupid.serving import lifecycle, profiles
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.config import ConfigError
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.engines import ServeError, get_engine
 
 
 def examples() -> list[dict]:
-    return json.loads((resources.files("matcher") / "prompts" / "matcher_fewshot.examples.json").read_text(encoding="utf-8"))
+    return json.loads(
+        (resources.files("matcher") / "prompts" / "matcher_fewshot.examples.json").read_text(encoding="utf-8")
+    )
 
 
 def start(profile: profiles.Profile, keep: bool) -> tuple[lifecycle.ServerRecord, bool]:
@@ -65,7 +67,10 @@ async def check_answer(client: Client, example: dict, max_tokens: int, free: boo
     items = [item["entry"] for item in example["checklist"]]
     messages, fields = question(example, max_tokens, free)
     answer = await client.chat("smoke", messages, **fields)
-    print(f"\nmatcher answer ({answer.usage.get('completion_tokens') if answer.usage else '?'} tokens, {answer.finish_reason}):")
+    print(
+        f"\nmatcher answer ({answer.usage.get('completion_tokens') if answer.usage else '?'} tokens, "
+        f"{answer.finish_reason}):"
+    )
     print(answer.content)
     try:
         matches = parse.matches(answer.content, items)
@@ -93,15 +98,24 @@ async def throughput(endpoint: Endpoint, in_flight: int, n_requests: int, max_to
     failed = [a for a in answers if isinstance(a, BaseException)]
     tokens = sum((a.usage or {}).get("completion_tokens", 0) for a in done)
     reasons = sorted({a.reason if isinstance(a, RequestFailed) else type(a).__name__ for a in failed})
-    line = f"{in_flight:>4} in flight: {len(done) / wall:7.2f} requests/s  {tokens / wall:8.1f} output tokens/s  ({len(done)} requests in {wall:.1f}s"
+    line = (
+        f"{in_flight:>4} in flight: {len(done) / wall:7.2f} requests/s  {tokens / wall:8.1f} output tokens/s  "
+        f"({len(done)} requests in {wall:.1f}s"
+    )
     return line + (f", {len(failed)} failed: {', '.join(reasons)})" if failed else ")")
 
 
 async def measure(record: lifecycle.ServerRecord, profile: profiles.Profile, args: argparse.Namespace) -> bool:
-    endpoint = Endpoint.model_validate({
-        "base_url": record.base_url, "model": profile.served, "api_key_env": profile.api_key_env,
-        "max_concurrency": max(args.in_flight), "timeout_s": args.request_timeout, "max_retries": 0,
-    })  # fmt: skip
+    endpoint = Endpoint.model_validate(
+        {
+            "base_url": record.base_url,
+            "model": profile.served,
+            "api_key_env": profile.api_key_env,
+            "max_concurrency": max(args.in_flight),
+            "timeout_s": args.request_timeout,
+            "max_retries": 0,
+        }
+    )
     async with Client({"smoke": endpoint}) as client:
         parsed = await check_answer(client, examples()[0], args.max_tokens, args.free)
     shape = "free answers" if args.free else "answer format enforced"
@@ -115,7 +129,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="prefmatcher", help="name in configs/serve/ or a YAML path")
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 32, 256])
-    parser.add_argument("--min-requests", type=int, default=8, help="requests per level at least (1 in flight is noisy)")
+    parser.add_argument(
+        "--min-requests", type=int, default=8, help="requests per level at least (1 in flight is noisy)"
+    )
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--request-timeout", type=float, default=1800.0)
     parser.add_argument("--keep", action="store_true", help="leave a server this script started running")

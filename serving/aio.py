@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, AsyncGenerator, Callable, Coroutine, Generic, TypeVar
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -29,7 +30,13 @@ class PerLoop(Generic[T]):
     The closing is an async generator suspended at its `yield`: the loop holds it among the generators it
     finalizes (`shutdown_asyncgens`), so what a loop's calls opened is closed on it, once."""
 
-    def __init__(self, open: Callable[[], T], close: Callable[[T], Coroutine[Any, Any, None]], *, cleanup: Callable[[T], None] | None = None):
+    def __init__(
+        self,
+        open: Callable[[], T],
+        close: Callable[[T], Coroutine[Any, Any, None]],
+        *,
+        cleanup: Callable[[T], None] | None = None,
+    ):
         self._open, self._close, self._cleanup = open, close, cleanup
         self._items: dict[asyncio.AbstractEventLoop, tuple[T, AsyncGenerator[None, None]]] = {}
 

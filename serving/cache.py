@@ -52,8 +52,8 @@ class CacheError(ConfigError):
 
 def _refuse(path: Path, why: str) -> CacheError:
     return CacheError(
-        f"request cache {path}: {why}. It was left as it is: give another file with --cache (or `cache:` in the config), "
-        "or move this one aside to start a new cache there"
+        f"request cache {path}: {why}. It was left as it is: give another file with --cache "
+        "(or `cache:` in the config), or move this one aside to start a new cache there"
     )
 
 
@@ -88,9 +88,14 @@ class Cache:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if version > SCHEMA_VERSION:
-            raise _refuse(self.path, f"written by a newer cupid (cache schema {version}; this one reads {SCHEMA_VERSION}): upgrade cupid")
+            raise _refuse(
+                self.path,
+                f"written by a newer cupid (cache schema {version}; this one reads {SCHEMA_VERSION}): upgrade cupid",
+            )
         if tables and "responses" not in tables:
-            raise _refuse(self.path, f"a SQLite database but not a request cache (its tables: {', '.join(sorted(tables))})")
+            raise _refuse(
+                self.path, f"a SQLite database but not a request cache (its tables: {', '.join(sorted(tables))})"
+            )
         if "responses" in tables:
             columns = [row[1] for row in self._db.execute("PRAGMA table_info(responses)")]
             if columns != _COLUMNS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -39,9 +39,12 @@ def _profiles(
     """The profiles to act on: named ones from `directory`, or one built from --model/--name; options override."""
     overrides: dict[str, Any] = {
         k: v
-        for k, v in dict(
-            host=host, port=port, startup_timeout_s=timeout, gpu_memory_utilization=gpu_memory_utilization
-        ).items()
+        for k, v in {
+            "host": host,
+            "port": port,
+            "startup_timeout_s": timeout,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }.items()
         if v is not None
     }
     if batch_invariant:
@@ -50,7 +53,9 @@ def _profiles(
         if model or name:
             raise ConfigError("give either --profile or --model/--name, not both")
         if len(names) > 1 and {"host", "port", "gpu_memory_utilization"} & overrides.keys():
-            raise ConfigError("--host, --port and --gpu-memory-utilization apply to one profile; set them in each profile's file")
+            raise ConfigError(
+                "--host, --port and --gpu-memory-utilization apply to one profile; set them in each profile's file"
+            )
         chosen = [profiles.load(n, directory) for n in names]
         for p in chosen:
             if engine and p.engine != engine:
@@ -58,7 +63,13 @@ def _profiles(
     else:
         if not (model and name):
             raise ConfigError("give --profile NAME (see configs/serve/), or both --model and --name")
-        fields: dict[str, Any] = {"name": name, "engine": engine or "vllm", "model": model, "served_name": name, "port": 8000}
+        fields: dict[str, Any] = {
+            "name": name,
+            "engine": engine or "vllm",
+            "model": model,
+            "served_name": name,
+            "port": 8000,
+        }
         if fields["engine"] == "vllm":
             fields["device"] = vllm_build() or "cuda"  # the build installed here decides
         chosen = [validate(Profile, fields, "--model/--name")]
@@ -67,27 +78,44 @@ def _profiles(
     return [profiles.override(p, overrides, f"profile '{p.name}' with the command-line options") for p in chosen]
 
 
-ProfileOpt = typer.Option(None, "--profile", "-p", help="serve profile name (configs/serve/NAME.yaml) or YAML path; repeatable")
+ProfileOpt = typer.Option(
+    None, "--profile", "-p", help="serve profile name (configs/serve/NAME.yaml) or YAML path; repeatable"
+)
 DirOpt = typer.Option(profiles.DEFAULT_DIR, "--profiles-dir", help="where profile names are looked up")
 
 
 @app.command()
 def up(
-    profile: Optional[list[str]] = ProfileOpt,
-    engine: Optional[str] = typer.Option(None, help="vllm | transformers (default: the profile's; vllm without one)"),
-    model: Optional[str] = typer.Option(None, help="without a profile: Hub id or model directory (vllm on this box's build)"),
-    name: Optional[str] = typer.Option(None, help="without a profile: served model name, the `model` of requests"),
-    host: Optional[str] = typer.Option(None, help="override the profile's host"),
-    port: Optional[int] = typer.Option(None, help="override the profile's port"),
-    timeout: Optional[float] = typer.Option(None, help="seconds to wait for the server to answer"),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, help="override the profile's fraction of the GPU"),
-    batch_invariant: bool = typer.Option(False, "--batch-invariant", help="VLLM_BATCH_INVARIANT=1: bit-reproducible at temperature 0"),
+    profile: list[str] | None = ProfileOpt,
+    engine: str | None = typer.Option(None, help="vllm | transformers (default: the profile's; vllm without one)"),
+    model: str | None = typer.Option(
+        None, help="without a profile: Hub id or model directory (vllm on this box's build)"
+    ),
+    name: str | None = typer.Option(None, help="without a profile: served model name, the `model` of requests"),
+    host: str | None = typer.Option(None, help="override the profile's host"),
+    port: int | None = typer.Option(None, help="override the profile's port"),
+    timeout: float | None = typer.Option(None, help="seconds to wait for the server to answer"),
+    gpu_memory_utilization: float | None = typer.Option(None, help="override the profile's fraction of the GPU"),
+    batch_invariant: bool = typer.Option(
+        False, "--batch-invariant", help="VLLM_BATCH_INVARIANT=1: bit-reproducible at temperature 0"
+    ),
     profiles_dir: Path = DirOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="check the plan and print the commands; start nothing"),
 ) -> None:
     """Start servers in the background and wait until each answers; several profiles share one GPU."""
     try:
-        chosen = _profiles(engine, profile or [], model, name, host, port, timeout, gpu_memory_utilization, batch_invariant, profiles_dir)
+        chosen = _profiles(
+            engine,
+            profile or [],
+            model,
+            name,
+            host,
+            port,
+            timeout,
+            gpu_memory_utilization,
+            batch_invariant,
+            profiles_dir,
+        )
     except (ConfigError, ValueError) as e:
         _fail(str(e))
     running: list[lifecycle.ServerRecord] = [r for r in lifecycle.status() if r.alive]
@@ -118,14 +146,18 @@ def up(
         console.print(line, highlight=False)
     started: list[str] = []
     for spec in specs:  # one after the other: vLLM measures free GPU memory while it starts
-        console.print(f"starting '{spec.handle}' ({spec.engine}) ... log: cupid serve logs {spec.handle}", highlight=False)
+        console.print(
+            f"starting '{spec.handle}' ({spec.engine}) ... log: cupid serve logs {spec.handle}", highlight=False
+        )
         try:
             record = lifecycle.up(spec)
         except ServeError as e:
             still = f"\nstill serving: {', '.join(started)} (`cupid serve down NAME` to stop)" if started else ""
             _fail(f"{e}{still}")
         started.append(record.name)
-        console.print(f"serving '{record.name}' ({record.served_name}) at {record.base_url} (pid {record.pid})", highlight=False)
+        console.print(
+            f"serving '{record.name}' ({record.served_name}) at {record.base_url} (pid {record.pid})", highlight=False
+        )
 
 
 def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> None:
@@ -135,7 +167,11 @@ def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> No
     for p in chosen:
         spec = p.spec()
         env = "".join(f"{k}={v} " for k, v in spec.env.items())
-        console.print(f"{p.name}: {env}{' '.join(get_engine(spec.engine).command(spec, Path('SERVER_DIR')))}", highlight=False, soft_wrap=True)
+        console.print(
+            f"{p.name}: {env}{' '.join(get_engine(spec.engine).command(spec, Path('SERVER_DIR')))}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if problems := plan.problems():
         _fail("refusing this serve plan:\n  " + "\n  ".join(problems))
 
@@ -183,4 +219,3 @@ def prepare_tiny(
         print(tiny_model.ensure_random() if random else tiny_model.ensure())
     except ServeError as e:
         _fail(str(e))
-

@@ -11,15 +11,16 @@ import asyncio
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 from cupid.serving.aio import PerLoop
 from cupid.serving.cache import Cache, Cached
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.lifecycle import failure_line
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
@@ -174,12 +175,13 @@ class Client:
             self._starting[name] = asyncio.ensure_future(server.wait_ready())
         try:
             await asyncio.shield(self._starting[name])
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (whatever stopped the start, the request fails as the server's)
             raise RequestFailed("server_died" if server.died else "server_not_started", failure_line(e)) from None
 
     async def _send_with_retries(self, name: str, request: ChatRequest) -> Answer:
         """The endpoint's retries; then, where this run brought the server and the failure may be the server's
-        (no connection, a timeout, a 5xx), the server is checked and restarted if it died, and the request sent again."""
+        (no connection, a timeout, a 5xx), the server is checked and restarted if it died, and the request sent
+        again."""
         server = self.servers.get(name)
         seen = server.generation if server is not None else 0
         try:
@@ -189,7 +191,7 @@ class Client:
                 raise
             try:
                 revived = await server.revived(seen)
-            except Exception as died:
+            except Exception as died:  # noqa: BLE001 (whatever stopped the revival, the server died)
                 raise RequestFailed("server_died", failure_line(died)) from None
             if not revived:
                 raise
@@ -222,7 +224,7 @@ class Client:
             try:
                 async with http.post(endpoint.url + "/chat/completions", json=request.body()) as response:
                     status, text = response.status, await response.text()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise RequestFailed("timeout", f"no answer after {endpoint.timeout_s}s", True) from None
             except aiohttp.ClientError as e:
                 raise RequestFailed("connection", f"{type(e).__name__}: {e} ({endpoint.url})", True) from None
@@ -265,7 +267,8 @@ class Client:
         self._http.clear()
 
     async def close_with_cache(self) -> None:
-        """Its connections, then its cache (a client opened for a caller that owns nothing else: PrefMatcher, a reward)."""
+        """Its connections, then its cache (a client opened for a caller that owns nothing else: PrefMatcher, a
+        reward)."""
         await self.aclose()
         self.close_cache()
 
@@ -273,7 +276,7 @@ class Client:
         if self.cache is not None:
             self.cache.close()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

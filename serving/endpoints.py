@@ -1,48 +1,18 @@
-"""Named OpenAI-compatible endpoints (`configs/endpoints.yaml`)."""
+"""Named OpenAI-compatible endpoints (`configs/endpoints.yaml`), and the one resolver of an endpoint's name: an
+entry of that file or a server running under `cupid serve up` (`serving.lifecycle`, below this module).
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl
-
+from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.serving.endpoint import Endpoint
 
 DEFAULT_FILE = "configs/endpoints.yaml"
-
-
-class Endpoint(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: HttpUrl
-    model: str = Field(min_length=1)
-    api_key_env: str | None = None
-    max_concurrency: int = Field(default=64, ge=1, le=4096)
-    timeout_s: float = Field(default=600.0, gt=0)
-    max_retries: int = Field(default=4, ge=0, le=20)
-    max_tokens: int | None = Field(default=None, ge=1, description="cap on answer length for every request")
-    structured_output: bool = Field(
-        default=False,
-        description="the server enforces answer formats (vLLM's structured_outputs): judge roles then always get one",
-    )
-    constrain_candidate: bool = Field(
-        default=False,
-        description="as candidate, its answers are constrained to the task's answer format (recorded with the run)",
-    )
-    matcher_prompt: Literal["prefmatcher", "fewshot"] | None = None
-    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")
-
-    @property
-    def url(self) -> str:
-        return str(self.base_url).rstrip("/")
-
-    def api_key(self) -> str | None:
-        if self.api_key_env is None:
-            return None
-        return os.environ.get(self.api_key_env)
 
 
 def load_endpoints(path: str | Path) -> dict[str, Endpoint]:
@@ -72,9 +42,7 @@ def lookup(
     names = sorted(set(names))
     known = {**(served or {}), **load_endpoints(path), **(given or {})}
     if set(names) - known.keys():
-        from cupid.serving.lifecycle import live_endpoints  # lifecycle builds on this module
-
-        known = {**live_endpoints(), **known}
+        known = {**lifecycle.live_endpoints(), **known}
     return {name: require(known, name, path) for name in names}
 
 
@@ -88,9 +56,12 @@ EndpointLike = Endpoint | str
 (`configs/endpoints.yaml`), or a server running under `cupid serve up` (its profile name)."""
 
 
-def resolve(spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any) -> Endpoint:
+def resolve(
+    spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any
+) -> Endpoint:
     """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server
-    lists, its LoRA adapters aside) and any other `Endpoint` field (`structured_output=True`, `matcher_prompt="prefmatcher"`, ...)."""
+    lists, its LoRA adapters aside) and any other `Endpoint` field (`structured_output=True`,
+    `matcher_prompt="prefmatcher"`, ...)."""
     if isinstance(spec, Endpoint):
         return spec.model_copy(update=fields) if fields else spec
     if spec.startswith(("http://", "https://")):

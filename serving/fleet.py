@@ -18,14 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving import lifecycle, profiles
 from cupid.serving.config import ConfigError, validate
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.placement import Placed
 from cupid.serving.profiles import Profile, lora_rank_for
@@ -39,13 +39,17 @@ class ServedModel(BaseModel):
 
     name: str = Field(min_length=1, description="the candidate's name in runs and on the leaderboard")
     model: str | None = Field(default=None, description="Hub id or local directory; default: the profile's model")
-    profile: str | None = Field(default=None, description="serve profile to inherit dtype, max length, engine args ... from")
+    profile: str | None = Field(
+        default=None, description="serve profile to inherit dtype, max length, engine args ... from"
+    )
     adapter: str | None = Field(default=None, description="LoRA adapter directory, served on `model` as this candidate")
     serve: dict[str, Any] = Field(default_factory=dict, description="serve-profile fields over the inherited ones")
-    endpoint: dict[str, Any] = Field(default_factory=dict, description="endpoint fields (max_tokens, constrain_candidate, ...)")
+    endpoint: dict[str, Any] = Field(
+        default_factory=dict, description="endpoint fields (max_tokens, constrain_candidate, ...)"
+    )
 
     @model_validator(mode="after")
-    def _has_model(self) -> "ServedModel":
+    def _has_model(self) -> ServedModel:
         if self.model is None and self.profile is None:
             raise ValueError("give `model` (a Hub id or directory), `profile`, or both")
         if clash := sorted({"name", "port", "served_name", "lora_adapters"} & self.serve.keys()):
@@ -61,7 +65,9 @@ class ServedModel(BaseModel):
         base = profiles.load(self.profile, directory).model_dump(exclude_unset=True) if self.profile else {}
         # The profile's adapters are its own; its GPU fraction is tuned for its own sharing, and a candidate's
         # comes from the plan (or `serve:`).
-        fields = {k: v for k, v in base.items() if k not in ("name", "lora_adapters", "runtime_lora_rank", "served_name")}
+        fields = {
+            k: v for k, v in base.items() if k not in ("name", "lora_adapters", "runtime_lora_rank", "served_name")
+        }
         args = {k: v for k, v in base.get("vllm", {}).items() if k not in ("max_lora_rank", "gpu_memory_utilization")}
         fields.update(self.serve)
         fields["vllm"] = {**args, **(self.serve.get("vllm") or {})}
@@ -122,7 +128,8 @@ def fingerprint(*paths: str | None) -> str:
     return digest.hexdigest()[:8]
 
 
-RESTARTS = 1  # per night (the servers of a run live for one night or one run): a server that keeps dying is not a fault to hide
+# per night (the servers of a run live for one night or one run): a server that keeps dying is not a fault to hide
+RESTARTS = 1
 HEALTH_CHECKS, HEALTH_INTERVAL_S = 3, 2.0
 
 
@@ -167,7 +174,10 @@ class Server:
                 self.say(f"using the server that already answers as {self.spec.name} at {self.base_url}")
                 self.up = True
                 return
-            self.say(f"starting {self.name} ({self.spec.model}) on :{self.spec.port}; log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}")
+            self.say(
+                f"starting {self.name} ({self.spec.model}) on :{self.spec.port}; "
+                f"log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}"
+            )
             began = time.monotonic()
             self.starting = True
             try:
@@ -226,7 +236,10 @@ class Server:
             self.say(f"{self.name} stopped answering ({why}); its log is kept in {kept}:\n{lifecycle.tail(kept, 10)}")
             if len(self.deaths) > RESTARTS:
                 self.died = True
-                self.error = ServeError(f"'{self.name}' stopped answering again ({why}; log {kept}), after its {RESTARTS} restart(s) tonight")
+                self.error = ServeError(
+                    f"'{self.name}' stopped answering again ({why}; log {kept}), "
+                    f"after its {RESTARTS} restart(s) tonight"
+                )
                 self.say(str(self.error))
                 raise self.error
             self.say(f"restarting {self.name} (restart {len(self.deaths)} of {RESTARTS})")
@@ -234,7 +247,10 @@ class Server:
                 lifecycle.up(self.spec, tied=True, cancel=self._cancel)
             except ServeError as e:
                 self.died = True
-                self.error = ServeError(f"'{self.name}' stopped answering ({why}; log {kept}) and did not come back: {lifecycle.failure_line(e)}")
+                self.error = ServeError(
+                    f"'{self.name}' stopped answering ({why}; log {kept}) and did not come back: "
+                    f"{lifecycle.failure_line(e)}"
+                )
                 self.say(str(self.error))
                 raise self.error from None
             self.up = self.owned = True
@@ -381,7 +397,7 @@ async def _off_loop(work: Callable[[], Any], name: str) -> Any:
         result, error = None, None
         try:
             result = work()
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 (handed to the loop, raised there)
             error = e
         try:
             loop.call_soon_threadsafe(settle, result, error)
@@ -402,4 +418,3 @@ def _address(url: str) -> tuple[str, int | None]:
     parts = urlsplit(url)
     host = parts.hostname or ""
     return ("127.0.0.1" if host in ("localhost", "0.0.0.0") else host, parts.port)
-

@@ -16,8 +16,8 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -29,7 +29,28 @@ from cupid.serving.lifecycle import free_port
 
 PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
 _WORD = re.compile(r"[a-z]+")
-_STOP = {"the", "a", "an", "and", "or", "be", "is", "are", "does", "do", "with", "should", "must", "to", "of", "in", "for", "use", "clear", "response"}
+_STOP = {
+    "the",
+    "a",
+    "an",
+    "and",
+    "or",
+    "be",
+    "is",
+    "are",
+    "does",
+    "do",
+    "with",
+    "should",
+    "must",
+    "to",
+    "of",
+    "in",
+    "for",
+    "use",
+    "clear",
+    "response",
+}
 
 
 def _words(text: str) -> set[str]:
@@ -51,7 +72,11 @@ def answer(messages: list[dict[str, str]], preference: str = PREFERENCE) -> str:
         preference = user.split("**Preferences**", 1)[1].strip()
         parts = [p.strip(" .") for p in re.split(r",\s*(?:and\s+)?|\s+and\s+", preference) if p.strip(" .")]
         checklist = [f"Does the response satisfy: {p}?" for p in parts[:4]]
-        return "**Analysis**\n\nSplit on clauses.\n\n**Checklist**\n\n```json\n" + json.dumps({"checklist": checklist}, indent=2) + "\n```"
+        return (
+            "**Analysis**\n\nSplit on clauses.\n\n**Checklist**\n\n```json\n"
+            + json.dumps({"checklist": checklist}, indent=2)
+            + "\n```"
+        )
     if system == prompts.load("generation").system:
         return f"Here is a short update. {preference}"
     if system == prompts.load(prompts.ORACLE_PREFERENCE).system:
@@ -61,7 +86,9 @@ def answer(messages: list[dict[str, str]], preference: str = PREFERENCE) -> str:
         preference = system.split('**Preference**: "', 1)[1].split('"\n', 1)[0]
         response = user.split("### AI Assistant's Response", 1)[1]
         overlap = len(_words(preference) & _words(response)) / max(len(_words(preference)), 1)
-        evaluation = "### Evaluation of AI Assistant's Response\n\n1. **Overlap**: words of the preference in the response."
+        evaluation = (
+            "### Evaluation of AI Assistant's Response\n\n1. **Overlap**: words of the preference in the response."
+        )
         return f"{evaluation}\n\n### Evaluation Label\n\nGood\n\n### Evaluation Score\n\n{1 + round(9 * overlap)}"
     if system == prompts.load("summarizer").system:
         first = user.split("#### User\n\n", 1)[1].split("\n", 1)[0]
@@ -105,16 +132,21 @@ def create_app(fail_first: int = 0, context_window: int = 0, preference: str = P
             message = (
                 f"This model's maximum context length is {context_window} tokens. However, you requested "
                 f"{prompt_tokens + (body.get('max_tokens') or 0)} tokens ({prompt_tokens} in the messages, "
-                f"{(body.get('max_tokens') or 0)} in the completion). Please reduce the length of the messages or completion."
+                f"{(body.get('max_tokens') or 0)} in the completion). "
+                "Please reduce the length of the messages or completion."
             )
-            return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "code": 400}, status_code=400)
+            return JSONResponse(
+                {"object": "error", "message": message, "type": "BadRequestError", "code": 400}, status_code=400
+            )
         content = answer(body["messages"], preference)
         return JSONResponse(
             {
                 "id": "instant",
                 "object": "chat.completion",
                 "model": body.get("model", "instant"),
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                ],
                 "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
             }
         )
@@ -143,9 +175,16 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8099)
     parser.add_argument("--fail-first", type=int, default=0)
     parser.add_argument("--context-window", type=int, default=0)
-    parser.add_argument("--preference", default=PREFERENCE, help="the preference the candidate infers for every instance")
+    parser.add_argument(
+        "--preference", default=PREFERENCE, help="the preference the candidate infers for every instance"
+    )
     args = parser.parse_args()
-    uvicorn.run(create_app(args.fail_first, args.context_window, args.preference), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(
+        create_app(args.fail_first, args.context_window, args.preference),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+    )
 
 
 if __name__ == "__main__":

@@ -21,29 +21,58 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import Engine, ServeError, ServeSpec, get_engine
 
 # First match wins: the specific vLLM messages come before the generic ones they contain.
 LIKELY_CAUSES = [
-    (r"less than desired CPU memory utilization",
-     "vLLM's CPU build reserves a fraction of RAM unless the KV cache is sized: set cpu_kvcache_space_gib in the profile"),
-    (r"Unknown quantization method",
-     "the model's config.json names a quantization vLLM does not know (a GGUF conversion? `cupid serve prepare-tiny` writes a plain one)"),
-    (r"less than desired GPU memory utilization",
-     "the GPU has less free memory than the profile's gpu_memory_utilization asks for (another process holds some: see nvidia-smi)"),
-    (r"larger than the available KV cache memory|larger than the maximum number of tokens that can be stored in KV cache"
-     r"|No available memory for the cache blocks",
-     "the KV cache does not fit: raise gpu_memory_utilization or lower max_model_len"),
-    (r"out of memory|CUDA error: out of memory|OutOfMemoryError", "out of memory: lower the GPU memory fraction or max model length"),
+    (
+        r"less than desired CPU memory utilization",
+        (
+            "vLLM's CPU build reserves a fraction of RAM unless the KV cache is sized: "
+            "set cpu_kvcache_space_gib in the profile"
+        ),
+    ),
+    (
+        r"Unknown quantization method",
+        (
+            "the model's config.json names a quantization vLLM does not know "
+            "(a GGUF conversion? `cupid serve prepare-tiny` writes a plain one)"
+        ),
+    ),
+    (
+        r"less than desired GPU memory utilization",
+        (
+            "the GPU has less free memory than the profile's gpu_memory_utilization asks for "
+            "(another process holds some: see nvidia-smi)"
+        ),
+    ),
+    (
+        (
+            r"larger than the available KV cache memory"
+            r"|larger than the maximum number of tokens that can be stored in KV cache"
+            r"|No available memory for the cache blocks"
+        ),
+        "the KV cache does not fit: raise gpu_memory_utilization or lower max_model_len",
+    ),
+    (
+        r"out of memory|CUDA error: out of memory|OutOfMemoryError",
+        "out of memory: lower the GPU memory fraction or max model length",
+    ),
     (r"address already in use|Errno 98", "the port is taken"),
     (r"LoRA rank \d+ (is )?(greater|larger) than|max_lora_rank", "a LoRA adapter's rank is above max_lora_rank"),
-    (r"No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|libcuda|no kernel image is available",
-     "no usable CUDA device"),
-    (r"Repository Not Found|not a valid model identifier|OSError: .*does not appear to have|No such file or directory"
-     r"|is not a local folder|couldn't connect to 'https://huggingface.co'|401 Client Error|no file named \S+\.(safetensors|bin)"
-     r"|Cannot find any model weights",
-     "model not found (a Hub id needs network access or a local copy; a local path must exist)"),
+    (
+        r"No CUDA GPUs|Found no NVIDIA driver|CUDA is not available|libcuda|no kernel image is available",
+        "no usable CUDA device",
+    ),
+    (
+        (
+            r"Repository Not Found|not a valid model identifier|OSError: .*does not appear to have"
+            r"|No such file or directory|is not a local folder|couldn't connect to 'https://huggingface.co'"
+            r"|401 Client Error|no file named \S+\.(safetensors|bin)|Cannot find any model weights"
+        ),
+        "model not found (a Hub id needs network access or a local copy; a local path must exist)",
+    ),
 ]
 
 
@@ -76,7 +105,7 @@ def tail(path: str | Path, lines: int = 40) -> str:
 
 def likely_cause(log_text: str) -> str | None:
     for pattern, cause in LIKELY_CAUSES:
-        if re.search(pattern, log_text, flags=re.I):
+        if re.search(pattern, log_text, flags=re.IGNORECASE):
             return cause
     return None
 
@@ -181,7 +210,9 @@ def find(name: str) -> ServerRecord | None:
     return _read(path) if path.is_file() else None
 
 
-def healthy(base_url: str, paths: tuple[str, ...] = ("/health",), timeout: float = 2.0, api_key: str | None = None) -> bool:
+def healthy(
+    base_url: str, paths: tuple[str, ...] = ("/health",), timeout: float = 2.0, api_key: str | None = None
+) -> bool:
     """Every path (server-absolute, e.g. `/health`, `/v1/models`) answers 200."""
     root = base_url.removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -255,7 +286,10 @@ def _lora_call(base_url: str, action: str, body: dict[str, Any], api_key: str | 
     except httpx.HTTPError as e:
         raise ServeError(f"{base_url}: {action}_lora_adapter failed: {e}") from e
     if response.status_code != 200:
-        raise ServeError(f"{base_url}: {action}_lora_adapter {body['lora_name']!r}: HTTP {response.status_code} {response.text[:500]}")
+        raise ServeError(
+            f"{base_url}: {action}_lora_adapter {body['lora_name']!r}: "
+            f"HTTP {response.status_code} {response.text[:500]}"
+        )
 
 
 def load_lora(base_url: str, name: str, path: str | Path, api_key: str | None = None) -> None:
@@ -375,7 +409,10 @@ def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
         hint += f"\nroot cause: {first}"
     if cause := likely_cause(log_text):
         hint += f"\nlikely cause: {cause}"
-    return ServeError(f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n--- last lines of {log_path} ---\n{tail(log_path)}")
+    return ServeError(
+        f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n"
+        f"--- last lines of {log_path} ---\n{tail(log_path)}"
+    )
 
 
 def failure_line(error: BaseException) -> str:
@@ -448,7 +485,8 @@ def endpoint_fields(base_url: str, engine: str, api_key_env: str | None) -> dict
 
 def live_endpoints() -> dict[str, Endpoint]:
     """Endpoints for the servers answering now, by server name (a profile's name), by served name and by
-    each LoRA adapter it serves, so an evaluation can name a running profile without an entry in `configs/endpoints.yaml`."""
+    each LoRA adapter it serves, so an evaluation can name a running profile without an entry in
+    `configs/endpoints.yaml`."""
     out: dict[str, Endpoint] = {}
     for record in status():
         if not record.healthy or record.headless:  # a headless node's engines answer through its head

@@ -1,7 +1,7 @@
 """Offline executor: the client the eval tasks use, answered by an engine inside this process.
 
-For a box with no server running (`--executor vllm-offline`, on a GPU or on CPU with vLLM's CPU build). `OfflineClient` is a
-`serving.client.Client` whose transport is a batch call instead of HTTP: requests keep their exact
+For a box with no server running (`--executor vllm-offline`, on a GPU or on CPU with vLLM's CPU build).
+`OfflineClient` is a `serving.client.Client` whose transport is a batch call instead of HTTP: requests keep their exact
 bodies and cache keys, answered ones come from the same cache, identical requests in flight are
 computed once, and `request()`, `send()`, `chat()`, `stats`, `endpoints` and `aclose()` behave as
 they do over HTTP. A run can therefore switch executor and reuse everything already answered.
@@ -21,16 +21,17 @@ import gc
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
 from cupid.serving import lifecycle, profiles
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import VLLM_INSTALL, ServeError, vllm_build
 from cupid.serving.profiles import Plan, Profile
 
@@ -39,9 +40,17 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 # Request fields that mean the same to `vllm.SamplingParams` as to the chat API.
 SAMPLING_FIELDS = {
-    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "min_tokens",
-}  # fmt: skip
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+}
 
 
 class EngineLoadFailed(RuntimeError):
@@ -55,7 +64,9 @@ class Backend(Protocol):
 
 
 def _unsupported(key: str, why: str = "") -> RequestFailed:
-    return RequestFailed("unsupported_param", f"{key!r} cannot be honoured offline{': ' + why if why else ''}; use --executor http")
+    return RequestFailed(
+        "unsupported_param", f"{key!r} cannot be honoured offline{': ' + why if why else ''}; use --executor http"
+    )
 
 
 def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +97,11 @@ def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class VllmBackend:
@@ -128,7 +143,10 @@ class VllmBackend:
                 [r.messages for _, r, _ in todo],  # type: ignore[arg-type]  # OpenAI chat messages, as dicts
                 sampling_params=[p for _, _, p in todo],
                 use_tqdm=False,
-                lora_request=[self.loras.get(r.model) for _, r, _ in todo] if self.loras else None,  # type: ignore[misc]  # None: the base
+                # None: the base model
+                lora_request=(  # type: ignore[misc]
+                    [self.loras.get(r.model) for _, r, _ in todo] if self.loras else None
+                ),
             )
             elapsed = time.perf_counter() - started
             for (i, _, _), output in zip(todo, outputs):
@@ -147,7 +165,7 @@ class TransformersBackend:
 
     Greedy at temperature 0, sampling otherwise; no structured output (that needs vLLM)."""
 
-    FIELDS = {"temperature", "top_p", "seed", "max_tokens", "max_completion_tokens"}
+    FIELDS: ClassVar[set[str]] = {"temperature", "top_p", "seed", "max_tokens", "max_completion_tokens"}
 
     def __init__(self, model_dir: str | Path, default_max_tokens: int = 256):
         import torch
@@ -170,7 +188,12 @@ class TransformersBackend:
             if key not in self.FIELDS:
                 raise _unsupported(key, "the transformers-offline executor does plain sampling only")
         max_tokens = params.get("max_tokens") or params.get("max_completion_tokens") or self.default_max_tokens
-        return int(max_tokens), float(params.get("temperature", 1.0)), float(params.get("top_p", 1.0)), int(params.get("seed") or 0)
+        return (
+            int(max_tokens),
+            float(params.get("temperature", 1.0)),
+            float(params.get("top_p", 1.0)),
+            int(params.get("seed") or 0),
+        )
 
     def generate(self, requests: list[ChatRequest]) -> list[Answer | RequestFailed]:
         results: list[Answer | RequestFailed | None] = [None] * len(requests)
@@ -184,15 +207,20 @@ class TransformersBackend:
             started = time.perf_counter()
             inputs: Any = self.tokenizer.apply_chat_template(  # a BatchEncoding (return_dict)
                 [requests[i].messages for i in members],
-                add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True,
-            )  # fmt: skip
+                add_generation_prompt=True,
+                padding=True,
+                return_tensors="pt",
+                return_dict=True,
+            )
             if temperature > 0:
                 self.torch.manual_seed(seed)
                 sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": None}
             else:  # the model's generation config must not turn greedy into sampling
                 sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
             with self.torch.no_grad():
-                out = self.model.generate(**inputs, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling)
+                out = self.model.generate(
+                    **inputs, max_new_tokens=max_tokens, pad_token_id=self.tokenizer.pad_token_id, **sampling
+                )
             elapsed = time.perf_counter() - started
             width = inputs["input_ids"].shape[1]
             for row, i in enumerate(members):
@@ -200,8 +228,11 @@ class TransformersBackend:
                 stop = next((k for k, t in enumerate(tokens) if t in self.eos), None)
                 kept = tokens if stop is None else tokens[:stop]
                 prompt_tokens = int(inputs["attention_mask"][row].sum())
-                text: str = self.tokenizer.decode(kept, skip_special_tokens=True)  # type: ignore[assignment]  # one sequence: one string
-                results[i] = Answer(text, "length" if stop is None else "stop", _usage(prompt_tokens, len(kept)), elapsed, cached=False)
+                # one sequence: one string
+                text: str = self.tokenizer.decode(kept, skip_special_tokens=True)  # type: ignore[assignment]
+                results[i] = Answer(
+                    text, "length" if stop is None else "stop", _usage(prompt_tokens, len(kept)), elapsed, cached=False
+                )
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
@@ -253,7 +284,9 @@ class Batcher:
                     try:
                         self._backend = await loop.run_in_executor(self._thread, self._load)
                     except Exception as e:  # noqa: BLE001 - every waiting caller gets the reason
-                        self._load_error = EngineLoadFailed(f"could not load '{self.label}' for the offline executor: {type(e).__name__}: {e}")
+                        self._load_error = EngineLoadFailed(
+                            f"could not load '{self.label}' for the offline executor: {type(e).__name__}: {e}"
+                        )
                         for _, future in batch + self._queue:
                             if not future.done():
                                 future.set_exception(self._load_error)

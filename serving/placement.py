@@ -45,7 +45,9 @@ class Placed:
         return f"{p.name}: {p.served}{adapters} on {where}, :{p.port}{share}"
 
 
-def place(judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], first_port: int = 8100) -> tuple[list[Placed], list[list[Placed]], list[str]]:
+def place(
+    judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], first_port: int = 8100
+) -> tuple[list[Placed], list[list[Placed]], list[str]]:
     """Judges on the first GPUs, candidates in slots on the rest (or in turn beside the judges); ports from
     `first_port` up, one per slot, so side-by-side candidates never share one. Returns the judges, the slots (each
     its candidates, served one after another) and what makes the plan unworkable."""
@@ -77,7 +79,9 @@ def place(judges: list[Profile], candidates: list[Profile], gpus: list[Gpu], fir
     for i, profile in enumerate(candidates):
         slot = i % len(slots)
         if profile.on_gpu and shared:
-            profile = profile.with_args(gpu_memory_utilization=round(min(profile.gpu_memory_utilization, SHARED_CEILING - judges_share), 2))
+            profile = profile.with_args(
+                gpu_memory_utilization=round(min(profile.gpu_memory_utilization, SHARED_CEILING - judges_share), 2)
+            )
         gpu_ids = groups[slot][: profile.gpus_per_node] if groups else ()
         slots[slot].append(Placed(profile.model_copy(update={"port": first_port + slot}), gpu_ids))
 
@@ -97,7 +101,8 @@ def _memory_problems(judges: list[Placed], slots: list[list[Placed]], gpus: list
     for c in candidates:
         if c.on_gpu and c.gpu_memory_utilization <= 0:
             out.append(
-                f"'{c.name}': the judges leave it no GPU memory (they take {SHARED_CEILING - c.gpu_memory_utilization:.2f} "
+                f"'{c.name}': the judges leave it no GPU memory "
+                f"(they take {SHARED_CEILING - c.gpu_memory_utilization:.2f} "
                 f"of the GPU it shares with them, at most {SHARED_CEILING} in all): lower their gpu_memory_utilization"
             )
     for group in groups:

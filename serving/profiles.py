@@ -26,9 +26,9 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -45,9 +45,17 @@ DEFAULT_DIR = Path("configs/serve")
 
 # vLLM's arguments that shape a server over copies and nodes (`Profile._cluster_problem` checks them together).
 CLUSTER_ARGS = {
-    "data_parallel_size", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_address",
-    "data_parallel_rpc_port", "headless", "nnodes", "node_rank", "master_addr", "master_port",
-}  # fmt: skip
+    "data_parallel_size",
+    "data_parallel_size_local",
+    "data_parallel_start_rank",
+    "data_parallel_address",
+    "data_parallel_rpc_port",
+    "headless",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+}
 
 # Per-GPU memory a vLLM process needs beyond its weights before any KV cache: CUDA context, activations
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.
@@ -57,10 +65,17 @@ REGEX_COMPILATION_TIMEOUT_S = 120
 
 # The vLLM arguments this project writes itself, from a profile's own fields (`vllm:` may not set them).
 OWN_ARGS = {
-    "model": "model", "model_tag": "model", "served_model_name": "served_name", "host": "host", "port": "port",
-    "api_key": "api_key_env", "lora_modules": "lora_adapters", "enable_lora": "lora_adapters",
-    "max_loras": "lora_adapters", "generation_config": "(always `vllm`: requests carry their own sampling)",
-}  # fmt: skip
+    "model": "model",
+    "model_tag": "model",
+    "served_model_name": "served_name",
+    "host": "host",
+    "port": "port",
+    "api_key": "api_key_env",
+    "lora_modules": "lora_adapters",
+    "enable_lora": "lora_adapters",
+    "max_loras": "lora_adapters",
+    "generation_config": "(always `vllm`: requests carry their own sampling)",
+}
 
 
 class Profile(BaseModel):
@@ -84,7 +99,8 @@ class Profile(BaseModel):
         default_factory=dict, description="adapter name -> local path or Hub id (with vllm.max_lora_rank)"
     )
     runtime_lora_rank: int | None = Field(
-        default=None, description="also load LoRA adapters up to this rank while running (a night's LoRA candidates on this base)"
+        default=None,
+        description="also load LoRA adapters up to this rank while running (a night's LoRA candidates on this base)",
     )
     batch_invariant: bool = Field(default=False, description="VLLM_BATCH_INVARIANT=1: bit-reproducible batches")
     weights_gib: float | None = Field(default=None, gt=0, description="weights on the GPU, for the plan's check")
@@ -92,10 +108,14 @@ class Profile(BaseModel):
         default=None, ge=1, description="device cpu: KV cache in GiB (VLLM_CPU_KVCACHE_SPACE); vLLM's default otherwise"
     )
     cpu_reserved_cores: int | None = Field(
-        default=None, ge=0, description="device cpu: cores kept from the model (VLLM_CPU_NUM_OF_RESERVED_CPU); vLLM keeps one"
+        default=None,
+        ge=0,
+        description="device cpu: cores kept from the model (VLLM_CPU_NUM_OF_RESERVED_CPU); vLLM keeps one",
     )
     startup_timeout_s: float = Field(default=900.0, gt=0)
-    vllm: dict[str, Any] = Field(default_factory=dict, description="vLLM's engine and server arguments, in its own names")
+    vllm: dict[str, Any] = Field(
+        default_factory=dict, description="vLLM's engine and server arguments, in its own names"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -112,23 +132,33 @@ class Profile(BaseModel):
         kept = {k: v for k, v in data.items() if k in cls.model_fields and k not in ("name", "vllm")}
         new = yaml.safe_dump({**kept, "vllm": args}, sort_keys=False).strip().replace("\n", "\n    ")
         raise ValueError(
-            f"{', '.join(moved)}: vLLM's arguments go under `vllm:`, in vLLM's own names; this profile in that form:\n    {new}"
+            f"{', '.join(moved)}: vLLM's arguments go under `vllm:`, in vLLM's own names; "
+            f"this profile in that form:\n    {new}"
         )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Profile":
+    def _consistent(self) -> Profile:
         if self.engine == "transformers" and (self.vllm or self.runtime_lora_rank or self.lora_adapters):
-            raise ValueError("vllm, lora_adapters, runtime_lora_rank: vllm engine only (this profile uses the transformers engine)")
-        if self.device != "cpu" and (cpu_only := [k for k in ("cpu_kvcache_space_gib", "cpu_reserved_cores") if getattr(self, k) is not None]):
+            raise ValueError(
+                "vllm, lora_adapters, runtime_lora_rank: vllm engine only (this profile uses the transformers engine)"
+            )
+        if self.device != "cpu" and (
+            cpu_only := [k for k in ("cpu_kvcache_space_gib", "cpu_reserved_cores") if getattr(self, k) is not None]
+        ):
             raise ValueError(f"{', '.join(cpu_only)}: device cpu only (this profile runs on device cuda)")
         if self.device == "cpu" and self.batch_invariant:
             raise ValueError("batch_invariant: GPU only (this profile runs on device cpu)")
         if own := sorted(set(self.vllm) & OWN_ARGS.keys()):
             raise ValueError(f"vllm.{own[0]}: set by the profile's field {OWN_ARGS[own[0]]}")
         if self.lora_adapters and self.arg("max_lora_rank") is None:
-            raise ValueError("lora_adapters need vllm.max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)")
+            raise ValueError(
+                "lora_adapters need vllm.max_lora_rank, at least the adapters' LoRA rank (64 for a rank-64 adapter)"
+            )
         if self.arg("max_lora_rank") is not None and not self.lora_adapters:
-            raise ValueError("vllm.max_lora_rank is set but there are no lora_adapters (runtime_lora_rank sets the rank of those loaded later)")
+            raise ValueError(
+                "vllm.max_lora_rank is set but there are no lora_adapters "
+                "(runtime_lora_rank sets the rank of those loaded later)"
+            )
         if problem := self._cluster_problem():
             raise ValueError(problem)
         check_vllm_args(vllm_args(self))
@@ -142,7 +172,7 @@ class Profile(BaseModel):
         """One of vLLM's arguments as the server will run with it: the profile's, else vLLM's own default."""
         return self.vllm[name] if name in self.vllm else vllm_defaults()[name]
 
-    def with_args(self, **args: Any) -> "Profile":
+    def with_args(self, **args: Any) -> Profile:
         """This profile with some of vLLM's arguments set otherwise (a plan's memory fraction, a test's model)."""
         return self.model_copy(update={"vllm": {**self.vllm, **args}})
 
@@ -170,48 +200,73 @@ class Profile(BaseModel):
         if self.engine != "vllm" or not CLUSTER_ARGS & self.vllm.keys():
             return None  # one copy on one node, vLLM's defaults: nothing to refuse (and no need to read them)
         a, v = self.arg, self.value
-        dp, local, start, headless = v("data_parallel_size"), a("data_parallel_size_local"), a("data_parallel_start_rank"), v("headless")
+        dp, local, start, headless = (
+            v("data_parallel_size"),
+            a("data_parallel_size_local"),
+            a("data_parallel_start_rank"),
+            v("headless"),
+        )
         nnodes, node_rank = v("nnodes"), v("node_rank")
         multi_dp = local is not None and local < dp
         # vLLM's head waits for engines that never come when the other nodes cannot find it.
         if multi_dp and a("data_parallel_address") is None:
-            return (f"data_parallel_size_local {local} of data_parallel_size {dp} puts the other copies on other nodes: "
-                    "set data_parallel_address to the head node's address (the same on every node)")
+            return (
+                f"data_parallel_size_local {local} of data_parallel_size {dp} puts the other copies on other nodes: "
+                "set data_parallel_address to the head node's address (the same on every node)"
+            )
         for name in ("data_parallel_address", "data_parallel_rpc_port", "data_parallel_start_rank"):
             if a(name) is not None and not multi_dp:
-                return f"{name}: only for data parallel across nodes (data_parallel_size_local below data_parallel_size)"
+                return (
+                    f"{name}: only for data parallel across nodes (data_parallel_size_local below data_parallel_size)"
+                )
         # vLLM's hybrid balancing (a start rank without --headless): an API server per node that nothing here balances.
         if start is not None and not headless:
-            return ("data_parallel_start_rank is for a headless node (set headless: true); without it vLLM runs an "
-                    "API server per node that something else must balance")
+            return (
+                "data_parallel_start_rank is for a headless node (set headless: true); without it vLLM runs an "
+                "API server per node that something else must balance"
+            )
         if start is not None and start + local > dp:
-            return f"data_parallel_start_rank {start} + data_parallel_size_local {local} is more than data_parallel_size {dp}"
+            return (
+                f"data_parallel_start_rank {start} + data_parallel_size_local {local} "
+                f"is more than data_parallel_size {dp}"
+            )
         if nnodes > 1:
             # vLLM infers data parallel ranks from nnodes; this project states them (the fields above).
             if dp > 1:
-                return ("nnodes spreads one copy of the model over nodes; for data parallel across nodes use "
-                        "data_parallel_size_local, data_parallel_start_rank and data_parallel_address")
+                return (
+                    "nnodes spreads one copy of the model over nodes; for data parallel across nodes use "
+                    "data_parallel_size_local, data_parallel_start_rank and data_parallel_address"
+                )
             if a("distributed_executor_backend") in ("ray", "uni"):
-                return (f"nnodes is vLLM's multiprocessing across nodes, not distributed_executor_backend "
-                        f"{a('distributed_executor_backend')} (Ray places a copy over its cluster by itself)")
+                return (
+                    f"nnodes is vLLM's multiprocessing across nodes, not distributed_executor_backend "
+                    f"{a('distributed_executor_backend')} (Ray places a copy over its cluster by itself)"
+                )
             # The ranks wait for each other until vLLM's timeout when these do not add up.
             if self.width % nnodes:
-                return f"tensor_parallel_size x pipeline_parallel_size ({self.width}) does not split evenly over nnodes {nnodes}"
+                return (
+                    f"tensor_parallel_size x pipeline_parallel_size ({self.width}) "
+                    f"does not split evenly over nnodes {nnodes}"
+                )
             if a("master_addr") is None:
                 return "nnodes > 1 needs master_addr, node 0's address (the same on every node)"
             if node_rank >= nnodes:
                 return f"node_rank {node_rank} is not below nnodes {nnodes}"
             if (node_rank > 0) != headless:
-                return (f"node_rank {node_rank}: node 0 runs the API server, every other node is headless "
-                        f"(headless: {str(node_rank > 0).lower()})")
+                return (
+                    f"node_rank {node_rank}: node 0 runs the API server, every other node is headless "
+                    f"(headless: {str(node_rank > 0).lower()})"
+                )
         else:
             for name in ("node_rank", "master_addr", "master_port"):
                 if a(name) is not None:
                     return f"{name}: only with nnodes > 1"
             # A headless node with nothing to join starts engines and waits for a head forever.
             if headless and start is None:
-                return ("headless: a worker node needs data_parallel_size_local, data_parallel_start_rank and "
-                        "data_parallel_address (data parallel across nodes), or nnodes > 1 (one copy over nodes)")
+                return (
+                    "headless: a worker node needs data_parallel_size_local, data_parallel_start_rank and "
+                    "data_parallel_address (data parallel across nodes), or nnodes > 1 (one copy over nodes)"
+                )
         return None
 
     @property
@@ -240,22 +295,22 @@ class Profile(BaseModel):
         return _local_or_hub(self.model)
 
     def spec(self, **overrides: Any) -> ServeSpec:
-        fields: dict[str, Any] = dict(
-            engine=self.engine,
-            model=self.model_path(),
-            name=self.served,
-            label=self.name or None,
-            host=self.host,
-            port=self.port,
-            startup_timeout_s=self.startup_timeout_s,
-            extra_args=vllm_args(self) if self.engine == "vllm" else [],
-            env=engine_env(self),
-            api_key_env=self.api_key_env,
-            served_models=list(self.lora_adapters),
-            gpu_memory_utilization=self.gpu_memory_utilization if self.on_gpu else None,
-            device=self.device,
-            headless=bool(self.arg("headless")),  # a flag: absent is not headless
-        )
+        fields: dict[str, Any] = {
+            "engine": self.engine,
+            "model": self.model_path(),
+            "name": self.served,
+            "label": self.name or None,
+            "host": self.host,
+            "port": self.port,
+            "startup_timeout_s": self.startup_timeout_s,
+            "extra_args": vllm_args(self) if self.engine == "vllm" else [],
+            "env": engine_env(self),
+            "api_key_env": self.api_key_env,
+            "served_models": list(self.lora_adapters),
+            "gpu_memory_utilization": self.gpu_memory_utilization if self.on_gpu else None,
+            "device": self.device,
+            "headless": bool(self.arg("headless")),  # a flag: absent is not headless
+        }
         fields.update(overrides)
         return ServeSpec(**fields)
 
@@ -333,7 +388,9 @@ def vllm_defaults() -> dict[str, Any]:
     beside the checked arguments."""
     version = _vllm_version()
     if version is None:
-        raise ServeError("vLLM is not installed here: its defaults (and the LoRA ranks it accepts) come from it (`make setup`)")
+        raise ServeError(
+            "vLLM is not installed here: its defaults (and the LoRA ranks it accepts) come from it (`make setup`)"
+        )
     path = _cache_dir() / f"defaults-{hashlib.sha256(version.encode()).hexdigest()[:16]}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -556,8 +613,11 @@ class Plan:
 
     def vllm_fractions(self) -> list[tuple[str, float]]:
         planned = {p.name for p in self.profiles}
-        shares = [(f"{r.name} (running)", r.gpu_memory_utilization) for r in self.running
-                  if r.engine == "vllm" and r.gpu_memory_utilization and r.name not in planned]  # fmt: skip
+        shares = [
+            (f"{r.name} (running)", r.gpu_memory_utilization)
+            for r in self.running
+            if r.engine == "vllm" and r.gpu_memory_utilization and r.name not in planned
+        ]
         return shares + [(p.name, p.gpu_memory_utilization) for p in self.profiles if p.on_gpu]
 
     def problems(self) -> list[str]:
@@ -585,7 +645,10 @@ class Plan:
                 if not p.on_gpu:
                     continue
                 if p.gpus_per_node > len(self.gpus) and p.arg("distributed_executor_backend") != "ray":
-                    out.append(f"'{p.name}': {p.gpus_per_node} GPUs on this node ({_shape(p)}), but {len(self.gpus)} GPU(s) visible")
+                    out.append(
+                        f"'{p.name}': {p.gpus_per_node} GPUs on this node ({_shape(p)}), "
+                        f"but {len(self.gpus)} GPU(s) visible"
+                    )
                     continue
                 if p.weights_gib is None:
                     continue
@@ -593,8 +656,8 @@ class Plan:
                 need = p.weights_gib / p.width + RUNTIME_OVERHEAD_GIB
                 if share < need:
                     out.append(
-                        f"'{p.name}': {p.gpu_memory_utilization:g} of {smallest:.1f} GiB is {share:.1f} GiB, less than the "
-                        f"~{need:.1f} GiB its weights and runtime need before any KV cache "
+                        f"'{p.name}': {p.gpu_memory_utilization:g} of {smallest:.1f} GiB is {share:.1f} GiB, "
+                        f"less than the ~{need:.1f} GiB its weights and runtime need before any KV cache "
                         f"(at least {need / smallest:.2f}; alone on this GPU, try --gpu-memory-utilization 0.9)"
                     )
         return out
@@ -614,6 +677,8 @@ class Plan:
         shares = self.vllm_fractions()
         if shares:
             total = sum(f for _, f in shares)
-            gib = f" = {total * min(g.total_gib for g in self.gpus):.1f} GiB of {self.gpus[0].name}" if self.gpus else ""
+            gib = (
+                f" = {total * min(g.total_gib for g in self.gpus):.1f} GiB of {self.gpus[0].name}" if self.gpus else ""
+            )
             out.append(f"GPU memory: {total:.2f} of the GPU{gib}")
         return out

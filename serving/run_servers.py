@@ -16,7 +16,7 @@ from pathlib import Path
 from cupid.serving import profiles
 from cupid.serving.client import ManagedServer
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
 from cupid.serving.placement import Placed, place
@@ -121,19 +121,25 @@ def judge_profiles(serve: dict[str, dict], directory: str | Path = profiles.DEFA
         if overrides:
             where = f"serve.{name}"
             if clash := sorted({"name", "model", "served_name"} & overrides.keys()):
-                raise ConfigError(f"{where}.{clash[0]}: a judge keeps its profile's model; write another profile for another model")
+                raise ConfigError(
+                    f"{where}.{clash[0]}: a judge keeps its profile's model; write another profile for another model"
+                )
             profile = profiles.override(profile, overrides, where)
         out.append(profile)
     return out
 
 
-def profile_fingerprints(serve: dict[str, dict], candidates: list[ServedModel], directory: str | Path = profiles.DEFAULT_DIR) -> dict[str, str]:
+def profile_fingerprints(
+    serve: dict[str, dict], candidates: list[ServedModel], directory: str | Path = profiles.DEFAULT_DIR
+) -> dict[str, str]:
     """Each profile a run serves (its judges', its candidate's) -> eight hex digits that change when the profile's
     fields or its weights' files change: what a tracker shows beside the scores, so two runs that served
     differently never look alike."""
     served = judge_profiles(serve, directory) + [c.to_profile(directory) for c in candidates]
     return {
-        p.name: hashlib.sha256(f"{p.model_dump_json()} {fingerprint(p.model_path(), *p.adapter_paths().values())}".encode()).hexdigest()[:8]
+        p.name: hashlib.sha256(
+            f"{p.model_dump_json()} {fingerprint(p.model_path(), *p.adapter_paths().values())}".encode()
+        ).hexdigest()[:8]
         for p in served
     }
 
@@ -162,7 +168,9 @@ def plan_servers(
     by_name = {c.name: c for c in candidates}
     judge_servers = {server.profile.name: server for server in run_servers.judges}
     for name, host in hosts.items():
-        [(served, adapter)] = by_name[name].to_profile(directory).adapter_paths().items()  # named as if served on its own
+        [(served, adapter)] = (
+            by_name[name].to_profile(directory).adapter_paths().items()
+        )  # named as if served on its own
         run_servers.load(name, judge_servers[host.name], served, adapter)
         run_servers.endpoints[name] = endpoint_for(host, served, **by_name[name].endpoint)
     for server in run_servers.candidates():

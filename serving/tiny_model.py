@@ -20,8 +20,9 @@ import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cupid.serving.engines import ServeError
 from cupid.serving.lifecycle import state_dir
@@ -32,8 +33,15 @@ DIR_NAME = "SmolLM2-135M-Instruct"
 RANDOM_DIR_NAME = "tiny-random-LlamaForCausalLM"
 # Sized to the least vLLM's CPU attention takes: head size 32 (of 32, 64, 80, ... 512), 2 layers; the
 # embedding of SmolLM2's 49,152-token vocabulary is most of its ~3.2M parameters.
-RANDOM_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                     num_key_value_heads=1, max_position_embeddings=8192, tie_word_embeddings=True)  # fmt: skip
+RANDOM_CONFIG = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
 
 
 def default_dir() -> Path:
@@ -104,8 +112,13 @@ def ensure_random(dest: Path | None = None, seed: int = 0) -> Path:
 
     source = ensure(dest.parent / DIR_NAME)
     tokenizer = AutoTokenizer.from_pretrained(source)
-    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **RANDOM_CONFIG)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **RANDOM_CONFIG,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig.from_pretrained(source)

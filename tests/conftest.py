@@ -33,8 +33,8 @@ import yaml
 
 from cupid.eval import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model
-from cupid.serving.lifecycle import free_port
 from cupid.serving.instant import start as start_instant
+from cupid.serving.lifecycle import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed
@@ -51,8 +51,14 @@ def pytest_configure(config):
     shared = Path(tempfile.mkdtemp(prefix="cupid-tests-"))
     os.mkfifo(shared / "controller-alive")
     _controller.update(shared=shared, fifo=os.open(shared / "controller-alive", os.O_RDWR))  # never inherited
-    os.environ.update({SHARED: str(shared), "CUPID_TEST_CONTROLLER": str(os.getpid()), "CUPID_TEST_TINY_PORT": str(free_port()),
-                       lifecycle.STARTS_ENV: str(shared / "vllm-starts")})  # fmt: skip
+    os.environ.update(
+        {
+            SHARED: str(shared),
+            "CUPID_TEST_CONTROLLER": str(os.getpid()),
+            "CUPID_TEST_TINY_PORT": str(free_port()),
+            lifecycle.STARTS_ENV: str(shared / "vllm-starts"),
+        }
+    )
     # Two workers, the session server, a training run and a server a test owns compute at once on 2 cores. An
     # OpenMP thread that finds its partner descheduled spins by default (libgomp): two 2-thread torch processes
     # took 12.3 s where one alone took 3.3 s; with passive waits 7.7 s. Inherited by workers, servers, training.
@@ -60,9 +66,22 @@ def pytest_configure(config):
 
 
 # With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the
-# longest first, so that none starts last: the 135M fine-tune beside the training chain, then the servers' lifecycles.
-LONGEST_FIRST = ("test_training_smol.py", "test_training.py", "test_night_servers.py", "test_serve.py", "test_grpo.py",
-                 "test_bench.py", "test_synth.py", "test_inspect.py", "test_install.py", "test_track.py", "test_compare.py")
+# longest first, so that none starts last; the 135M fine-tune (no vLLM) second, beside the file whose first test starts
+# the session server, which a file of servers beside it would wait for.
+LONGEST_FIRST = (
+    "test_serve.py",
+    "test_training_smol.py",
+    "test_night_servers.py",
+    "test_training.py",
+    "test_bench.py",
+    "test_inspect.py",
+    "test_grpo.py",
+    "test_track.py",
+    "test_synth.py",
+    "test_stats.py",
+    "test_api.py",
+    "test_compare.py",
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -99,7 +118,11 @@ def sample_copies(path: Path, copies: int) -> Path:
     """The sample's rows `copies` times, each copy's personas renamed: data with enough personas for an interval
     (the sample's 4 give none)."""
     rows = [json.loads(line) for line in cupid_data.SAMPLE_PATH.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**row, "persona_id": f"{row['persona_id']}-{n}"}) + "\n" for n in range(copies) for row in rows))
+    path.write_text(
+        "".join(
+            json.dumps({**row, "persona_id": f"{row['persona_id']}-{n}"}) + "\n" for n in range(copies) for row in rows
+        )
+    )
     return path
 
 
@@ -156,7 +179,9 @@ def tiny_server(tiny_profile, session_home):
         if record is None or not lifecycle.healthy(record.base_url):
             with pytest.MonkeyPatch.context() as tie:
                 tie.setattr(lifecycle, "_tie", _tie_to_controller)  # from its first moment: not to this worker
-                record = lifecycle.up(tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}).spec(), tied=True)
+                record = lifecycle.up(
+                    tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}).spec(), tied=True
+                )
             record.tied_to = int(os.environ["CUPID_TEST_CONTROLLER"])
             record.write()
     yield {"base_url": record.base_url, "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}

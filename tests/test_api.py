@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 import cupid
-from cupid.serving import lifecycle
-from cupid.eval.stages import StageFailed
 from cupid.eval.records import MatchItem, StageError
 from cupid.eval.runner import RunConfig, run
+from cupid.eval.stages import StageFailed
+from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
@@ -28,8 +28,15 @@ def judged(endpoints, tmp_path, cupid_home):
     """One instance scored by `cupid eval run`'s runner: the session's model (held to the formats) as matcher, the
     instant server as decomposer (its checklist is matched; the random model's held answer is an empty one)."""
     cache = tmp_path / "cache.sqlite"
-    cfg = RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="tinyformat", limit=1,
-                    out=str(tmp_path / "run"), cache=str(cache))  # fmt: skip
+    cfg = RunConfig(
+        endpoints=str(endpoints),
+        candidate="instant",
+        decomposer="instant",
+        matcher="tinyformat",
+        limit=1,
+        out=str(tmp_path / "run"),
+        cache=str(cache),
+    )
     run(cfg)
     (record,) = [json.loads(line) for line in (tmp_path / "run" / "instances.jsonl").read_text().splitlines()]
     assert record["status"] == "scored", record.get("error")
@@ -43,7 +50,9 @@ def tiny_endpoint(tiny_server) -> Endpoint:
 def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, tiny_server, instant_url):
     record, cache = judged
     assert record["inferred_checklist"] and record["gt_to_infer"]  # both directions were matched
-    pm = cupid.PrefMatcher(tiny_endpoint(tiny_server), decomposer=Endpoint(base_url=instant_url, model="instant"), cache=cache)
+    pm = cupid.PrefMatcher(
+        tiny_endpoint(tiny_server), decomposer=Endpoint(base_url=instant_url, model="instant"), cache=cache
+    )
     assert pm.dialect == "fewshot"  # from the endpoint's model name, as the run chose it
     want_infer = [MatchItem(**m) for m in record["infer_to_gt"]]
     want_gt = [MatchItem(**m) for m in record["gt_to_infer"]]
@@ -53,8 +62,12 @@ def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, 
     async def notebook_cell():  # a loop is running here: the blocking API must not try to block it (it would raise)
         blocking = pm.labels(record["inferred_preference"], record["gt_checklist"])
         awaited = await pm.alabels(record["inferred_preference"], record["gt_checklist"])
-        batch = await pm.alabels_batch([(record["gt_preference"], record["inferred_checklist"]),
-                                        (record["inferred_preference"], record["gt_checklist"])])  # fmt: skip
+        batch = await pm.alabels_batch(
+            [
+                (record["gt_preference"], record["inferred_checklist"]),
+                (record["inferred_preference"], record["gt_checklist"]),
+            ]
+        )
         scored = pm.score(record["inferred_preference"], record["gt_preference"], record["gt_checklist"])
         await pm.aclose()
         return blocking, awaited, batch, scored
@@ -69,13 +82,16 @@ def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, 
 
 def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_server, tmp_path):
     """No cache: real requests. The served model is found on the server; a 135M model without the format held
-    fails to parse now and then, which the batch form returns as a failed item with its `StageError`, never as labels."""
+    fails to parse now and then, which the batch form returns as a failed item with its `StageError`, never as
+    labels."""
     pm = cupid.PrefMatcher(tiny_server["base_url"], structured_output=True, max_tokens=64)
     assert pm.endpoint.model == tiny_server["model"]
     items = ["Is the answer short?", "Does it use bullet points?"]
     labels = pm.labels("Prefers short answers in bullet points", items)
     assert [m.entry for m in labels] == items and {m.label for m in labels} <= LABELS
-    free = cupid.PrefMatcher(tiny_server["base_url"], matcher_prompt="prefmatcher", max_tokens=16)  # cut short: unparseable
+    free = cupid.PrefMatcher(
+        tiny_server["base_url"], matcher_prompt="prefmatcher", max_tokens=16
+    )  # cut short: unparseable
     (outcome,) = free.labels_batch([("Prefers short answers", items)])
     assert outcome.status == "failed" and outcome.items is None and isinstance(outcome.error, StageError)
     assert (outcome.error.stage, outcome.error.reason) == ("match", "parse_error")
@@ -86,13 +102,17 @@ def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_ser
     assert not list(tmp_path.iterdir())  # no cache given: nothing written
 
 
-def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(tiny_server, random_model_dir, tmp_path):
+def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(
+    tiny_server, random_model_dir, tmp_path
+):
     """vLLM lists a LoRA adapter loaded at run time beside its base (with a `parent`): the URL still means the base."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    get_peft_model(base, LoraConfig(r=TINY_LORA_RANK, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path / "adapter")
+    get_peft_model(base, LoraConfig(r=TINY_LORA_RANK, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        tmp_path / "adapter"
+    )
     url = tiny_server["base_url"]
     lifecycle.load_lora(url, "api-test-adapter", tmp_path / "adapter")
     try:
@@ -114,8 +134,13 @@ def test_load_dataset_and_endpoint_names(tmp_path):
 
 def test_the_wheel_holds_one_package_and_works_outside_the_checkout(tmp_path, tiny_server):
     wheels = tmp_path / "wheels"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(REPO)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel) as z:
@@ -123,26 +148,42 @@ def test_the_wheel_holds_one_package_and_works_outside_the_checkout(tmp_path, ti
         files = [line.split(",")[0] for line in z.read(record).decode().splitlines()]
     top = {f.split("/")[0] for f in files if not f.split("/")[0].endswith(".dist-info")}
     assert top == {"cupid"}
-    assert {"cupid/configs/serve/tiny.yaml", "cupid/eval/sample/cupid_sample.jsonl", "cupid/matcher/prompts/prefmatcher.user.txt"} <= set(files)
+    assert {
+        "cupid/configs/serve/tiny.yaml",
+        "cupid/eval/sample/cupid_sample.jsonl",
+        "cupid/matcher/prompts/prefmatcher.user.txt",
+    } <= set(files)
 
     target, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target), "CUPID_HOME": str(tmp_path / "home"), "COLUMNS": "300"}
 
     def python(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, *args], cwd=elsewhere, env=env, check=False, capture_output=True, text=True, timeout=300
+        )
 
     where = python("-c", "import cupid, cupid.eval; print(cupid.__file__); print(cupid.eval.__file__)")
-    assert where.stdout.split() == [str(target / "cupid" / "__init__.py"), str(target / "cupid" / "eval" / "__init__.py")], where.stderr
+    assert where.stdout.split() == [
+        str(target / "cupid" / "__init__.py"),
+        str(target / "cupid" / "eval" / "__init__.py"),
+    ], where.stderr
     checked = python("-m", "cupid", "eval", "check-data", "sample")
     assert checked.returncode == 0 and "12 valid instances" in checked.stdout, checked.stderr
     planned = python("-m", "cupid", "serve", "up", "--profile", "tiny", "--dry-run")
     assert planned.returncode == 0 and "smollm2-135m-instruct" in planned.stdout, planned.stderr
-    script = ("import cupid; pm = cupid.PrefMatcher({url!r}, structured_output=True, max_tokens=64); "
-              "print([m.label for m in pm.labels('Prefers short answers', ['Is the answer short?'])])")  # fmt: skip
+    script = (
+        "import cupid; pm = cupid.PrefMatcher({url!r}, structured_output=True, max_tokens=64); "
+        "print([m.label for m in pm.labels('Prefers short answers', ['Is the answer short?'])])"
+    )
     asked = python("-c", script.format(url=tiny_server["base_url"]))
     assert asked.returncode == 0, asked.stderr[-3000:]
     assert set(eval(asked.stdout)) <= LABELS and len(eval(asked.stdout)) == 1
@@ -150,20 +191,45 @@ def test_the_wheel_holds_one_package_and_works_outside_the_checkout(tmp_path, ti
 
 
 def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url, tmp_path, monkeypatch):
-    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
-                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
     monkeypatch.setenv("CUPID_HOME", str(home))
     monkeypatch.chdir(work)
     settings = ["standard", "oracle"]
-    cli = run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", settings=settings,
-                        tasks=["inference", "generation"], judge="instant", out=str(tmp_path / "cli"), no_cache=True)).summary  # fmt: skip
-    cli_records = {(r["key"], r["task"], r["setting"]): r for r in map(json.loads, (tmp_path / "cli" / "instances.jsonl").read_text().splitlines())}
+    cli = run(
+        RunConfig(
+            endpoints=str(endpoints),
+            candidate="instant",
+            decomposer="instant",
+            matcher="pm",
+            settings=settings,
+            tasks=["inference", "generation"],
+            judge="instant",
+            out=str(tmp_path / "cli"),
+            no_cache=True,
+        )
+    ).summary
+    cli_records = {
+        (r["key"], r["task"], r["setting"]): r
+        for r in map(json.loads, (tmp_path / "cli" / "instances.jsonl").read_text().splitlines())
+    }
 
     # roles as a name, an Endpoint object and a base URL; no out, no cache: nothing is written anywhere
-    result = cupid.evaluate("instant", decomposer=Endpoint(base_url=instant_url, model="instant"), matcher="pm", judge=instant_url,
-                            endpoints_file=endpoints, settings=settings, tasks=["inference", "generation"], progress=False)  # fmt: skip
+    result = cupid.evaluate(
+        "instant",
+        decomposer=Endpoint(base_url=instant_url, model="instant"),
+        matcher="pm",
+        judge=instant_url,
+        endpoints_file=endpoints,
+        settings=settings,
+        tasks=["inference", "generation"],
+        progress=False,
+    )
     assert not list(work.iterdir()) and not home.exists() and result.out is None
     for part in ("tasks", "n_instances", "n_runs", "n_scored", "n_failed", "failures"):
         assert getattr(result.summary, part) == getattr(cli, part), part
@@ -175,14 +241,30 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
         assert record.model_dump(mode="json", exclude_none=True) == cli_records[record.unit]
 
     async def notebook_cell():  # blocking evaluate inside a running loop, then the async form
-        blocking = cupid.evaluate("instant", decomposer="instant", matcher="pm", endpoints_file=endpoints, limit=2,
-                                  out=tmp_path / "api", progress=False)  # fmt: skip
-        awaited = await cupid.aevaluate("instant", decomposer="instant", matcher="pm", endpoints_file=endpoints, limit=2,
-                                        out=tmp_path / "api", progress=False)  # fmt: skip
+        blocking = cupid.evaluate(
+            "instant",
+            decomposer="instant",
+            matcher="pm",
+            endpoints_file=endpoints,
+            limit=2,
+            out=tmp_path / "api",
+            progress=False,
+        )
+        awaited = await cupid.aevaluate(
+            "instant",
+            decomposer="instant",
+            matcher="pm",
+            endpoints_file=endpoints,
+            limit=2,
+            out=tmp_path / "api",
+            progress=False,
+        )
         return blocking, awaited
 
     blocking, awaited = asyncio.run(notebook_cell())
-    assert blocking.out == tmp_path / "api" and len((tmp_path / "api" / "instances.jsonl").read_text().splitlines()) == 2
+    assert (
+        blocking.out == tmp_path / "api" and len((tmp_path / "api" / "instances.jsonl").read_text().splitlines()) == 2
+    )
     assert awaited.summary.requests == {"sent": 0, "cached": 0, "failed": 0}  # resumed: both units were scored
     assert awaited.summary.tasks == blocking.summary.tasks
     with pytest.raises(ValueError, match="needs endpoints for decomposer"):
@@ -250,13 +332,28 @@ print("done")
 def test_a_script_using_the_api_ends_with_nothing_left_open(tiny_server, tmp_path):
     """PrefMatcher (blocking, async never closed, `with`, `async with`, `close()` on the caller's loop) and evaluate
     (also stopped mid-run) close their connections and caches: the script, run with ResourceWarnings shown,
-    prints none and no aiohttp "Unclosed" message. The control, a client never closed, shows that the check sees a leak."""
+    prints none and no aiohttp "Unclosed" message. The control, a client never closed, shows that the check sees a
+    leak."""
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
 
     def python(mode: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-W", "always::ResourceWarning", str(script), tiny_server["base_url"], mode, str(tmp_path / "c.sqlite")],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+        return subprocess.run(
+            [
+                sys.executable,
+                "-W",
+                "always::ResourceWarning",
+                str(script),
+                tiny_server["base_url"],
+                mode,
+                str(tmp_path / "c.sqlite"),
+            ],
+            cwd=tmp_path,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     clean = python("clean")
     assert clean.returncode == 0, clean.stderr[-3000:]

@@ -2,7 +2,7 @@ import sqlite3
 
 import pytest
 
-from cupid.serving.cache import SCHEMA_VERSION, Cache, CacheError, Cached
+from cupid.serving.cache import SCHEMA_VERSION, Cache, Cached, CacheError
 from cupid.serving.client import ChatRequest
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed, classify
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 
 HELLO = [{"role": "user", "content": "hello"}]
 
@@ -66,9 +66,13 @@ def test_request_carries_endpoint_defaults_and_overrides(instant_url):
     client = Client({"e": endpoint(instant_url, max_tokens=32, extra_body={"seed": 7})})
     request = client.request("e", HELLO, response_format={"type": "json_object"}, temperature=None)
     assert request.body() == {
-        "model": "instant", "messages": HELLO, "temperature": 0.0, "max_tokens": 32, "seed": 7,
+        "model": "instant",
+        "messages": HELLO,
+        "temperature": 0.0,
+        "max_tokens": 32,
+        "seed": 7,
         "response_format": {"type": "json_object"},
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(

@@ -18,21 +18,38 @@ from tests.conftest import write_endpoints
 def runs(tmp_path_factory, instant_url, tiny_server, session_home):
     """Runs A (the random model), B (the instant server) and C (B's candidate, another decomposer) of one sample."""
     home = tmp_path_factory.mktemp("compare")
-    endpoints = write_endpoints(home / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"},
-                                pm={"base_url": instant_url, "model": "local-prefmatcher"},
-                                cand={**tiny_server, "structured_output": True, "constrain_candidate": True})  # fmt: skip
-    common = {"endpoints": str(endpoints), "matcher": "pm", "cache": str(home / "cache.sqlite"), "settings": ["standard", "oracle"]}
+    endpoints = write_endpoints(
+        home / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
+    )
+    common = {
+        "endpoints": str(endpoints),
+        "matcher": "pm",
+        "cache": str(home / "cache.sqlite"),
+        "settings": ["standard", "oracle"],
+    }
     made = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(session_home))
-        for name, candidate, decomposer in (("a", "cand", "instant"), ("b", "instant", "instant"), ("c", "instant", "pm")):
+        for name, candidate, decomposer in (
+            ("a", "cand", "instant"),
+            ("b", "instant", "instant"),
+            ("c", "instant", "pm"),
+        ):
             run(RunConfig(**common, candidate=candidate, decomposer=decomposer, out=str(home / name)))
             made[name] = home / name
     return made
 
 
 def records(run_dir):
-    return {r.unit: r for r in (UnitRecord.model_validate_json(line) for line in (run_dir / "instances.jsonl").read_text().splitlines())}
+    return {
+        r.unit: r
+        for r in (
+            UnitRecord.model_validate_json(line) for line in (run_dir / "instances.jsonl").read_text().splitlines()
+        )
+    }
 
 
 def test_every_difference_is_b_minus_a_on_the_matched_units(runs):
@@ -53,23 +70,35 @@ def test_every_difference_is_b_minus_a_on_the_matched_units(runs):
     rows = comparison["rows"]
     assert {(r["setting"], r["instance_type"]) for r in rows} >= {("standard", None), ("oracle", "changing")}
     for row in rows:
-        want_a, want_b = figures(a, row["setting"], row["instance_type"])[row["metric"]], figures(b, row["setting"], row["instance_type"])[row["metric"]]
+        want_a, want_b = (
+            figures(a, row["setting"], row["instance_type"])[row["metric"]],
+            figures(b, row["setting"], row["instance_type"])[row["metric"]],
+        )
         assert (row["a"], row["b"], row["difference"]) == pytest.approx((want_a, want_b, want_b - want_a))
         assert row["p_value"] <= row["p_holm"] <= 1
     headlines = [r for r in rows if r["headline"]]
-    assert [(r["task"], r["setting"], r["instance_type"], r["metric"]) for r in headlines] == [("inference", "standard", None, INFERENCE.headline[0])]
+    assert [(r["task"], r["setting"], r["instance_type"], r["metric"]) for r in headlines] == [
+        ("inference", "standard", None, INFERENCE.headline[0])
+    ]
     counts = comparison["per_unit"]["inference"]
     assert counts["better"] + counts["worse"] + counts["tied"] == len(matched)
-    assert all(u["view"].startswith("runs/report/view.html#unit=") and u["change"] == pytest.approx(u["b"] - u["a"]) for u in comparison["units"])
+    assert all(
+        u["view"].startswith("runs/report/view.html#unit=") and u["change"] == pytest.approx(u["b"] - u["a"])
+        for u in comparison["units"]
+    )
 
     table = CliRunner().invoke(app, ["compare", str(runs["a"]), str(runs["b"])]).output
-    assert "inference/standard/micro_f1 *" in table and "personas (<10): no intervals" in table  # the sample: 4 personas
+    assert (
+        "inference/standard/micro_f1 *" in table and "personas (<10): no intervals" in table
+    )  # the sample: 4 personas
 
 
 def test_a_changed_judge_is_named_and_the_same_answers_differ_by_nothing(runs):
     comparison = json.loads(CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["c"]), "--json"]).output)
     assert comparison["differs"] == ["judge decomposer: instant -> local-prefmatcher"]
-    same = json.loads(CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"]), "--json", "--fail-if-regression"]).output)
+    same = json.loads(
+        CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"]), "--json", "--fail-if-regression"]).output
+    )
     assert all((r["difference"], r["low"], r["high"], r["p_value"]) == (0.0, 0.0, 0.0, 1.0) for r in same["rows"])
     missing = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"] / "nowhere")])
     assert missing.exit_code == 1 and "nowhere: no such run directory" in missing.output

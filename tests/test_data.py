@@ -18,8 +18,10 @@ def test_sample_is_valid_and_balanced():
     assert dataset.bad_rows == []
     assert len(dataset.instances) == 12
     assert {t: sum(i.instance_type == t for i in dataset.instances) for t in data.INSTANCE_TYPES} == {
-        "consistent": 4, "contrastive": 4, "changing": 4,
-    }  # fmt: skip
+        "consistent": 4,
+        "contrastive": 4,
+        "changing": 4,
+    }
     assert all(len(i.prior_interactions) == 8 for i in dataset.instances)
     assert len({i.key for i in dataset.instances}) == 12
 
@@ -38,8 +40,10 @@ def test_filters():
 
 
 def test_bad_rows_are_reported_with_file_line_key_and_field(tmp_path, rows):
-    missing = dict(rows[0]); del missing["current_checklist"]
-    bad_role = json.loads(json.dumps(rows[1])); bad_role["prior_interactions"][2]["dialogue"][0]["role"] = "system"
+    missing = dict(rows[0])
+    del missing["current_checklist"]
+    bad_role = json.loads(json.dumps(rows[1]))
+    bad_role["prior_interactions"][2]["dialogue"][0]["role"] = "system"
     path = tmp_path / "data.jsonl"
     lines = [json.dumps(missing), json.dumps(bad_role), "{not json", json.dumps(rows[2]), json.dumps(rows[2])]
     path.write_text("\n".join(lines) + "\n")
@@ -47,7 +51,10 @@ def test_bad_rows_are_reported_with_file_line_key_and_field(tmp_path, rows):
     assert [i.key for i in dataset.instances] == [f"{rows[2]['persona_id']}/{rows[2]['instance_type']}"]
     problems = [str(b) for b in dataset.bad_rows]
     assert len(problems) == 4
-    assert f"{path}:1 ({rows[0]['persona_id']}/{rows[0]['instance_type']}): current_checklist: Field required" == problems[0]
+    assert (
+        f"{path}:1 ({rows[0]['persona_id']}/{rows[0]['instance_type']}): current_checklist: Field required"
+        == problems[0]
+    )
     assert f"{path}:2" in problems[1] and "prior_interactions.2.dialogue.0.role" in problems[1]
     assert f"{path}:3" in problems[2] and "not valid JSON" in problems[2]
     assert f"{path}:5" in problems[3] and "duplicate instance key, first seen at " + f"{path}:4" in problems[3]

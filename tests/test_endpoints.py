@@ -18,7 +18,11 @@ def test_project_endpoints():
     [
         ({"base_url": "not a url", "model": "m"}, "base_url", "URL"),
         ({"base_url": "http://x/v1"}, "model", "Field required"),
-        ({"base_url": "http://x/v1", "model": "m", "max_concurrency": 0}, "max_concurrency", "greater than or equal to 1"),
+        (
+            {"base_url": "http://x/v1", "model": "m", "max_concurrency": 0},
+            "max_concurrency",
+            "greater than or equal to 1",
+        ),
         ({"base_url": "http://x/v1", "model": "m", "colour": "red"}, "colour", "Extra inputs"),
         ({"base_url": "http://x/v1", "model": "m", "matcher_prompt": "zeroshot"}, "matcher_prompt", "prefmatcher"),
     ],
@@ -42,7 +46,11 @@ def test_not_a_mapping_and_missing_file(tmp_path):
 
 def test_missing_keys(tmp_path, monkeypatch):
     monkeypatch.delenv("CUPID_TEST_KEY", raising=False)
-    endpoints = load_endpoints(write_endpoints(tmp_path / "ep.yaml", k={"base_url": "http://x/v1", "model": "m", "api_key_env": "CUPID_TEST_KEY"}))
+    endpoints = load_endpoints(
+        write_endpoints(
+            tmp_path / "ep.yaml", k={"base_url": "http://x/v1", "model": "m", "api_key_env": "CUPID_TEST_KEY"}
+        )
+    )
     assert missing_keys(endpoints) == ["CUPID_TEST_KEY"]
     monkeypatch.setenv("CUPID_TEST_KEY", "sk-test")
     assert missing_keys(endpoints) == []

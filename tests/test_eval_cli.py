@@ -1,4 +1,5 @@
-"""`cupid eval run`'s options are RunConfig's fields: the same names and the same descriptions, so the two cannot drift."""
+"""`cupid eval run`'s options are RunConfig's fields: the same names and the same descriptions, so the two cannot
+drift."""
 
 import typer.main
 

@@ -1,4 +1,5 @@
-"""The inference task end to end over real HTTP: the instant server for exact scoring, the real tiny model for real answers."""
+"""The inference task end to end over real HTTP: the instant server for exact scoring, the real tiny model for real
+answers."""
 
 import json
 import subprocess
@@ -14,8 +15,14 @@ from tests.conftest import REPO, write_endpoints
 
 
 def config(endpoints, tmp_path, **kw) -> RunConfig:
-    values = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm",
-                  out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    values = {
+        "endpoints": str(endpoints),
+        "candidate": "instant",
+        "decomposer": "instant",
+        "matcher": "pm",
+        "out": str(tmp_path / "run"),
+        "cache": str(tmp_path / "cache.sqlite"),
+    }
     values.update(kw)
     return RunConfig(**values)
 
@@ -96,17 +103,19 @@ def test_cli_exit_code_and_last_line(endpoints, tmp_path, cupid_home):
     args = [str(REPO / ".venv" / "bin" / "cupid"), "eval", "run", "--endpoints", str(endpoints),
             "--candidate", "instant", "--decomposer", "instant", "--matcher", "tinymatch", "--limit", "1",
             "--out", str(tmp_path / "cli"), "--cache", str(tmp_path / "cache.sqlite")]  # fmt: skip
-    strict = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
+    strict = subprocess.run(args, check=False, capture_output=True, text=True, cwd=REPO)
     summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
     last = strict.stdout.strip().splitlines()[-1]
     assert last.startswith(f"{summary['n_failed']} failed, 0 invalid rows, {summary['n_scored']} scored of 1")
     assert strict.returncode == (1 if summary["n_failed"] else 0)
-    lenient = subprocess.run(args + ["--allow-failures"], capture_output=True, text=True, cwd=REPO)
+    lenient = subprocess.run(args + ["--allow-failures"], check=False, capture_output=True, text=True, cwd=REPO)
     assert lenient.returncode == 0
 
 
 def test_dry_run_writes_batch_requests_and_sends_nothing(tmp_path, cupid_home):
-    endpoints = write_endpoints(tmp_path / "ep.yaml", off={"base_url": "http://127.0.0.1:9/v1", "model": "cand", "max_tokens": 99})
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml", off={"base_url": "http://127.0.0.1:9/v1", "model": "cand", "max_tokens": 99}
+    )
     out = tmp_path / "batch.jsonl"
     n = dry_run(config(endpoints, tmp_path, candidate="off", decomposer="off", matcher="off", settings=["oracle"]), out)
     lines = [json.loads(line) for line in out.read_text().splitlines()]

@@ -19,13 +19,16 @@ from tests.conftest import REPO, write_endpoints
 
 @pytest.fixture
 def instant_endpoints(tmp_path, instant_url):
-    return write_endpoints(tmp_path / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"},
-                           pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    return write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
 
 
 def eval_args(endpoints, out, cache, *extra):
-    return ["eval", "run", "--endpoints", str(endpoints), "--candidate", "instant", "--decomposer", "instant", "--matcher", "pm",
-            "--out", str(out), "--cache", str(cache), *extra]  # fmt: skip
+    return ["eval", "run", "--endpoints", str(endpoints), "--candidate", "instant", "--decomposer", "instant",
+            "--matcher", "pm", "--out", str(out), "--cache", str(cache), *extra]  # fmt: skip
 
 
 def test_a_cache_that_is_not_one_is_named_with_what_to_do(instant_endpoints, tmp_path, cupid_home):
@@ -42,8 +45,21 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
     cache = tmp_path / "cache.sqlite"
     env = {**os.environ, "CUPID_HOME": str(cupid_home)}
     runs = [
-        subprocess.Popen([sys.executable, "-m", "cupid", *eval_args(instant_endpoints, tmp_path / f"run{i}", cache, "--setting", "standard", "--setting", "oracle")],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cupid",
+                *eval_args(
+                    instant_endpoints, tmp_path / f"run{i}", cache, "--setting", "standard", "--setting", "oracle"
+                ),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in (1, 2)
     ]
     outputs = [r.communicate(timeout=300)[0] for r in runs]
@@ -52,12 +68,25 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
     assert all(s["n_scored"] == 24 for s in summaries)
     entries = sqlite3.connect(cache).execute("SELECT COUNT(*) FROM responses").fetchone()[0]
     assert entries >= max(s["requests"]["sent"] for s in summaries) > 0
-    third = run(RunConfig(endpoints=str(instant_endpoints), candidate="instant", decomposer="instant", matcher="pm",
-                          settings=["standard", "oracle"], out=str(tmp_path / "run3"), cache=str(cache))).summary  # fmt: skip
-    assert third.requests is not None and third.requests["sent"] == 0 and third.n_scored == 24  # every answer either run got is in the cache
+    third = run(
+        RunConfig(
+            endpoints=str(instant_endpoints),
+            candidate="instant",
+            decomposer="instant",
+            matcher="pm",
+            settings=["standard", "oracle"],
+            out=str(tmp_path / "run3"),
+            cache=str(cache),
+        )
+    ).summary
+    assert (
+        third.requests is not None and third.requests["sent"] == 0 and third.n_scored == 24
+    )  # every answer either run got is in the cache
 
 
-def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(instant_endpoints, tmp_path, cupid_home):
+def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(
+    instant_endpoints, tmp_path, cupid_home
+):
     out, cache = tmp_path / "run", tmp_path / "cache.sqlite"
     out.mkdir()  # an existing run directory (one that `hold` creates and leaves empty, it removes)
     with hold(out):  # a run of this process holds the directory
@@ -80,17 +109,27 @@ def small_disk(tmp_path):
     """A 1 MiB tmpfs of this test's own (needs root, or skips); unmounted after."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=False, capture_output=True, text=True
+    )
     if made.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_a_full_disk_stops_the_run_clearly_and_a_resume_loses_nothing(instant_endpoints, tmp_path, cupid_home, small_disk):
+def test_a_full_disk_stops_the_run_clearly_and_a_resume_loses_nothing(
+    instant_endpoints, tmp_path, cupid_home, small_disk
+):
     out = small_disk / "run"
-    cfg = RunConfig(endpoints=str(instant_endpoints), candidate="instant", decomposer="instant", matcher="pm",
-                    out=str(out), cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    cfg = RunConfig(
+        endpoints=str(instant_endpoints),
+        candidate="instant",
+        decomposer="instant",
+        matcher="pm",
+        out=str(out),
+        cache=str(tmp_path / "cache.sqlite"),
+    )
     filler = small_disk / "filler"
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     filler.write_bytes(b"\0" * (free - 3 * 4096))  # run.json, the lock and a few records' worth left

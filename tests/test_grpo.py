@@ -36,7 +36,8 @@ def short_sample(path):
 
 
 def header_bias(policy) -> list:
-    """`sequence_bias` that makes the answer's header likely once begun: its first token a little, each next one a lot."""
+    """`sequence_bias` that makes the answer's header likely once begun: its first token a little, each next one a
+    lot."""
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(policy)(f"{PREFERENCE_HEADER}\n", add_special_tokens=False)["input_ids"]
@@ -46,19 +47,39 @@ def header_bias(policy) -> list:
 def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
     data = short_sample(tmp_path / "short.jsonl")
     cfg = {
-        "name": "grpo-test", "out": str(tmp_path / "run"), "policy": str(policy),
+        "name": "grpo-test",
+        "out": str(tmp_path / "run"),
+        "policy": str(policy),
         "lora": {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
         "data": {"source": str(data), "setting": "oracle", "limit": 3},
-        "reward": {"task": "inference", "matcher": "tinyformat", "decomposer": "instant", "endpoints_file": str(endpoints),
-                   "cache": str(tmp_path / "cache.sqlite")},
-        "grpo": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 32,
-                 "temperature": 1.0, "top_k": 50, "learning_rate": 1.0e-2, "seed": 0,
-                 **({"generation_kwargs": generation_kwargs} if generation_kwargs else {})},
-        "evaluate": {"data": {"source": str(data), "setting": "oracle", "limit": 1}, "profile": "tiny", "baseline": False,
-                     "endpoint": {"max_tokens": 48, "constrain_candidate": True, "structured_output": True},
-                     "profiles": str(tmp_path / "profiles"), "runtime_lora": True},
+        "reward": {
+            "task": "inference",
+            "matcher": "tinyformat",
+            "decomposer": "instant",
+            "endpoints_file": str(endpoints),
+            "cache": str(tmp_path / "cache.sqlite"),
+        },
+        "grpo": {
+            "max_steps": 2,
+            "per_device_train_batch_size": 4,
+            "num_generations": 4,
+            "max_completion_length": 32,
+            "temperature": 1.0,
+            "top_k": 50,
+            "learning_rate": 1.0e-2,
+            "seed": 0,
+            **({"generation_kwargs": generation_kwargs} if generation_kwargs else {}),
+        },
+        "evaluate": {
+            "data": {"source": str(data), "setting": "oracle", "limit": 1},
+            "profile": "tiny",
+            "baseline": False,
+            "endpoint": {"max_tokens": 48, "constrain_candidate": True, "structured_output": True},
+            "profiles": str(tmp_path / "profiles"),
+            "runtime_lora": True,
+        },
         **extra,
-    }  # fmt: skip
+    }
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -72,8 +93,11 @@ def trained(tmp_path_factory, instant_url, tiny_server, tiny_profile, random_mod
     (tmp / "profiles").mkdir()
     served = tiny_profile.model_dump(mode="json", exclude_unset=True, exclude={"name"})
     (tmp / "profiles" / "tiny.yaml").write_text(yaml.safe_dump({**served, "runtime_lora_rank": TINY_LORA_RANK}))
-    endpoints = write_endpoints(tmp / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"},
-                                tinyformat={**tiny_server, "structured_output": True, "matcher_prompt": "prefmatcher"})  # fmt: skip
+    endpoints = write_endpoints(
+        tmp / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        tinyformat={**tiny_server, "structured_output": True, "matcher_prompt": "prefmatcher"},
+    )
     path = grpo_config(tmp, endpoints, random_model_dir, {"sequence_bias": header_bias(random_model_dir)})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(session_home))
@@ -86,35 +110,62 @@ def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trai
     tmp, report, output = trained
     steps = [row for row in report["log_history"] if "rewards/cupid_inference_f1/mean" in row]
     assert len(steps) == 2  # TRL called the reward and logged it under the function's name, each step
-    assert any(row["rewards/cupid_inference_f1/std"] > 0 for row in steps)  # the rewards varied: there was something to learn
+    assert any(
+        row["rewards/cupid_inference_f1/std"] > 0 for row in steps
+    )  # the rewards varied: there was something to learn
     assert report["parameters_changed"] > 0  # and the policy learnt it
     assert (tmp / "run" / "adapter" / "adapter_config.json").exists()
     trained_eval = report["evaluation"]["trained"]
-    records = [json.loads(line) for line in (tmp / "run" / "eval" / "trained" / "instances.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp / "run" / "eval" / "trained" / "instances.jsonl").read_text().splitlines()
+    ]
     assert records and all(r["persona_id"] not in ("sample-01",) for r in records)  # held out: not a training persona
     assert trained_eval["n_scored"] + trained_eval["n_failed"] == len(records)
-    assert json.loads((tmp / "run" / "eval" / "trained" / "run.json").read_text())["roles"]["candidate"].startswith("grpo-test-trained")
-    assert "using the server that already answers" in output and "loaded into tiny's server" in output  # no start of its own
+    assert json.loads((tmp / "run" / "eval" / "trained" / "run.json").read_text())["roles"]["candidate"].startswith(
+        "grpo-test-trained"
+    )
+    assert (
+        "using the server that already answers" in output and "loaded into tiny's server" in output
+    )  # no start of its own
 
 
 def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):
     endpoints = write_endpoints(tmp_path / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 tinyformat={"base_url": instant_url, "model": "m"})  # fmt: skip
-    good = CliRunner().invoke(app, ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path)), "--dry-run"])
+    good = CliRunner().invoke(
+        app, ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path)), "--dry-run"]
+    )
     assert good.exit_code == 0, good.output
     assert "reward cupid_inference_f1" in good.output and "num_generations=4" in good.output
     path = grpo_config(tmp_path, endpoints, tmp_path, grpo={"max_stepz": 2})
     bad = CliRunner().invoke(app, ["train", "grpo", "--config", str(path), "--dry-run"])
     assert bad.exit_code == 2
-    assert f"{path}: grpo.max_stepz: not an argument of TRL's GRPOConfig" in bad.output and "unexpected keyword argument" in bad.output
-    owned = CliRunner().invoke(app, ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, grpo={"output_dir": "x"})), "--dry-run"])
+    assert (
+        f"{path}: grpo.max_stepz: not an argument of TRL's GRPOConfig" in bad.output
+        and "unexpected keyword argument" in bad.output
+    )
+    owned = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "grpo",
+            "--config",
+            str(grpo_config(tmp_path, endpoints, tmp_path, grpo={"output_dir": "x"})),
+            "--dry-run",
+        ],
+    )
     assert owned.exit_code == 2 and "grpo.output_dir: set by the run itself" in owned.output
-    lora = CliRunner().invoke(app, ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, lora={"rank": 8})), "--dry-run"])
+    lora = CliRunner().invoke(
+        app,
+        ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, lora={"rank": 8})), "--dry-run"],
+    )
     assert lora.exit_code == 2 and "lora: peft's LoraConfig refuses it" in lora.output and "rank" in lora.output
 
 
 @pytest.mark.parametrize("name", ["grpo-tiny", "grpo-qwen2.5-7b"])
 def test_the_shipped_grpo_recipes_pass_their_dry_run(name):
-    result = CliRunner().invoke(app, ["train", "grpo", "--config", str(REPO / "configs" / "train" / f"{name}.yaml"), "--dry-run"])
+    result = CliRunner().invoke(
+        app, ["train", "grpo", "--config", str(REPO / "configs" / "train" / f"{name}.yaml"), "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     assert "reward cupid_inference_f1" in result.output and "TRL's GRPOConfig accepts" in result.output

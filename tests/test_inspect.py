@@ -18,9 +18,9 @@ from inspect_ai.log import EvalLog, read_eval_log
 from cupid.eval import inspect_tasks
 from cupid.eval.data import load
 from cupid.eval.records import UnitRecord
-from cupid.eval.tasks import INFERENCE
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, build_tasks
+from cupid.eval.tasks import INFERENCE
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import load_endpoints
@@ -31,13 +31,17 @@ RUN_ONLY = ("roles", "requests", "wall_s", "inspect_logs")  # what says how a ru
 
 
 def inspect_eval(*args: str, cwd: Path, base_url: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TINY_BASE_URL": base_url, "TINY_API_KEY": "EMPTY"}  # inspect's openai-api/<service>/ variables
+    env = {
+        **os.environ,
+        "TINY_BASE_URL": base_url,
+        "TINY_API_KEY": "EMPTY",
+    }  # inspect's openai-api/<service>/ variables
     cmd = [str(BIN / "inspect"), "eval", *args, "--model", "openai-api/tiny/tiny-random-llama", "--display", "none"]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=cwd, env=env)
 
 
 def cupid(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / "cupid"), *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([str(BIN / "cupid"), *args], check=False, capture_output=True, text=True, cwd=cwd)
 
 
 def logs(directory: Path) -> dict[str, EvalLog]:
@@ -55,29 +59,40 @@ def both_ways(tmp_path_factory, tiny_server, instant_url, session_home):
         tmp / "ep.yaml",
         cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
         # The judges that label are the instant server's (a checklist to match, labels by word overlap): the random
-        # model held to the decomposer's format writes an empty checklist, which ends a unit before its matcher requests.
-        judges={"base_url": instant_url, "model": "instant", "structured_output": True},  # what the base URL below makes
+        # model held to the decomposer's format writes an empty checklist, which ends a unit before its matcher
+        # requests.
+        judges={
+            "base_url": instant_url,
+            "model": "instant",
+            "structured_output": True,
+        },  # what the base URL below makes
         decomposer={"base_url": instant_url, "model": "instant"},  # by name
         freejudge=tiny_server,  # a judge without its format (random weights): failed stages, counted as such
     )
     cache = tmp / "cache.sqlite"
-    args = ["-T", "setting=oracle", "-T", "limit=3", "-T", "constrain=true", "-T", f"max_tokens={tiny_server['max_tokens']}",
+    args = ["-T", "setting=oracle", "-T", "limit=3", "-T", "constrain=true",
+            "-T", f"max_tokens={tiny_server['max_tokens']}",
             "-T", "decomposer=decomposer", "-T", f"matcher={instant_url}", "-T", "structured_output=true",
-            "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", f"cache={cache}", "--log-dir", str(tmp / "logs")]  # fmt: skip
+            "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", f"cache={cache}",
+            "--log-dir", str(tmp / "logs")]  # fmt: skip
     inspected = inspect_eval("cupid/inference", "cupid/generation", *args, cwd=tmp, base_url=url)
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
-    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "decomposer", "--matcher", "judges",
-                "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "decomposer",
+                "--matcher", "judges", "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",
                 "--out", str(tmp / "run"), "--cache", str(cache), cwd=tmp)  # fmt: skip
     assert ran.returncode == 1 and "failed at generation/judge" in ran.stdout, ran.stderr  # exit 1: some units failed
-    imported = cupid("import-inspect", *map(str, sorted((tmp / "logs").glob("*.eval"))), "--out", str(tmp / "imported"), cwd=tmp)
+    imported = cupid(
+        "import-inspect", *map(str, sorted((tmp / "logs").glob("*.eval"))), "--out", str(tmp / "imported"), cwd=tmp
+    )
     assert imported.returncode == 0, imported.stderr
     return tmp
 
 
 def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(both_ways):
     found = logs(both_ways / "logs")
-    assert set(found) == {"cupid/inference", "cupid/generation"} and all(log.status == "success" for log in found.values())
+    assert set(found) == {"cupid/inference", "cupid/generation"} and all(
+        log.status == "success" for log in found.values()
+    )
     cli = {(r.key, r.task): r for r in RunDir(both_ways / "run").read()}
     summary = json.loads((both_ways / "run" / "summary.json").read_text())
     # every judge request of the CLI run was answered from the cache the inspect run filled: same requests
@@ -89,13 +104,17 @@ def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(b
     for sample in inference.samples:
         score = sample.scores["cupid_scorer"]
         record = cli[(sample.id, "inference")]
-        assert record.scored and UnitRecord.model_validate(score.metadata) == record  # the whole unit, answers and labels
+        assert (
+            record.scored and UnitRecord.model_validate(score.metadata) == record
+        )  # the whole unit, answers and labels
         assert score.value == record.scores.as_dict()
         assert score.answer == record.inferred_preference and record.infer_to_gt[0].label in score.explanation
     metrics = {name: m.value for name, m in inference.results.scores[0].metrics.items()}
     block = summary["inference"]
     assert inference.results.scores[0].scored_samples == block["n_scored"] == 3
-    assert metrics["micro_f1"] == pytest.approx(block["micro"]["f1"]) and metrics["macro_recall"] == pytest.approx(block["macro"]["recall"])
+    assert metrics["micro_f1"] == pytest.approx(block["micro"]["f1"]) and metrics["macro_recall"] == pytest.approx(
+        block["macro"]["recall"]
+    )
     for t, b in block["by_type"].items():
         assert metrics[f"{t}/micro_precision"] == pytest.approx(b["micro"]["precision"])
     bounds = INFERENCE.intervals(cli.values())["micro_f1"]  # personas resampled, as the report's
@@ -128,9 +147,13 @@ def test_a_failed_stage_is_an_unscored_sample_with_its_reason_counted_out_as_the
 def test_the_imported_log_is_the_cli_runs_run_directory(both_ways):
     cli = json.loads((both_ways / "run" / "summary.json").read_text())
     imported = json.loads((both_ways / "imported" / "summary.json").read_text())
-    assert {k: v for k, v in imported.items() if k not in RUN_ONLY} == {k: v for k, v in cli.items() if k not in RUN_ONLY}
+    assert {k: v for k, v in imported.items() if k not in RUN_ONLY} == {
+        k: v for k, v in cli.items() if k not in RUN_ONLY
+    }
     assert imported["roles"]["candidate"] == "openai-api/tiny/tiny-random-llama (inspect-ai)"
-    assert sorted(RunDir(both_ways / "imported").read(), key=lambda r: r.unit) == sorted(RunDir(both_ways / "run").read(), key=lambda r: r.unit)
+    assert sorted(RunDir(both_ways / "imported").read(), key=lambda r: r.unit) == sorted(
+        RunDir(both_ways / "run").read(), key=lambda r: r.unit
+    )
     # what reads run directories reads it
     for command in ("report", "view"):
         page = cupid(command, str(both_ways / "imported"), cwd=both_ways)
@@ -141,20 +164,52 @@ def test_a_candidate_that_gives_no_answer_fails_at_its_stage_as_in_the_runner(tm
     """A cap beyond the model's window: vLLM refuses the request (HTTP 400), in inspect as in the runner."""
     url = tiny_server["base_url"]
     endpoints = write_endpoints(tmp_path / "ep.yaml", cand={**tiny_server, "max_tokens": 9000}, freejudge=tiny_server)
-    common = ["-T", "setting=oracle", "-T", "limit=1", "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", "no_cache=true"]
-    inspected = inspect_eval("cupid/generation", *common, "-T", "max_tokens=9000", "--log-dir", str(tmp_path / "logs"), cwd=tmp_path, base_url=url)
+    common = [
+        "-T",
+        "setting=oracle",
+        "-T",
+        "limit=1",
+        "-T",
+        "judge=freejudge",
+        "-T",
+        f"endpoints={endpoints}",
+        "-T",
+        "no_cache=true",
+    ]
+    inspected = inspect_eval(
+        "cupid/generation",
+        *common,
+        "-T",
+        "max_tokens=9000",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        cwd=tmp_path,
+        base_url=url,
+    )
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
-    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--judge", "freejudge", "--task", "generation",
-                "--setting", "oracle", "--limit", "1", "--out", str(tmp_path / "run"), "--no-cache", cwd=tmp_path)  # fmt: skip
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--judge", "freejudge",
+                "--task", "generation", "--setting", "oracle", "--limit", "1",
+                "--out", str(tmp_path / "run"), "--no-cache", cwd=tmp_path)  # fmt: skip
     assert ran.returncode == 1, ran.stderr
     [sample] = logs(tmp_path / "logs")["cupid/generation"].samples
     score = sample.scores["cupid_scorer"]
     [record] = RunDir(tmp_path / "run").read()
-    assert math.isnan(score.value) and score.reason == "generate: http_400" == f"{record.error.stage}: {record.error.reason}"
+    assert (
+        math.isnan(score.value)
+        and score.reason == "generate: http_400" == f"{record.error.stage}: {record.error.reason}"
+    )
     assert "max_model_len" in score.explanation and "max_model_len" in record.error.detail
-    imported = cupid("import-inspect", *map(str, (tmp_path / "logs").glob("*.eval")), "--out", str(tmp_path / "imported"), cwd=tmp_path)
+    imported = cupid(
+        "import-inspect",
+        *map(str, (tmp_path / "logs").glob("*.eval")),
+        "--out",
+        str(tmp_path / "imported"),
+        cwd=tmp_path,
+    )
     assert imported.returncode == 0, imported.stderr
-    assert json.loads((tmp_path / "imported" / "summary.json").read_text())["failures"] == {"generation/generate: http_400": 1}
+    assert json.loads((tmp_path / "imported" / "summary.json").read_text())["failures"] == {
+        "generation/generate: http_400": 1
+    }
 
 
 def test_import_refuses_what_is_not_a_cupid_log(tmp_path):
@@ -164,44 +219,61 @@ def test_import_refuses_what_is_not_a_cupid_log(tmp_path):
     assert result.returncode == 2 and str(bogus) in result.stderr and not (tmp_path / "run").exists()
 
 
-
 def test_the_summary_setting_asks_the_candidate_with_the_runners_summaries(tmp_path, tiny_server, cupid_home):
     """The prompt is built in inspect's solver from the summarizer's summaries: the CLI run of the same unit on the
     same cache finds every summary there and gets the same answer and score."""
     url = tiny_server["base_url"]
     endpoints = write_endpoints(
-        tmp_path / "ep.yaml", cand=tiny_server, summarizer={**tiny_server, "structured_output": True}, freejudge=tiny_server
+        tmp_path / "ep.yaml",
+        cand=tiny_server,
+        summarizer={**tiny_server, "structured_output": True},
+        freejudge=tiny_server,
     )
     cache = tmp_path / "cache.sqlite"
-    inspected = inspect_eval("cupid/generation", "-T", "setting=summary", "-T", "limit=1", "-T", "summarizer=summarizer", "-T", "judge=freejudge",
-                             "-T", f"endpoints={endpoints}", "-T", f"cache={cache}", "-T", f"max_tokens={tiny_server['max_tokens']}",
+    inspected = inspect_eval("cupid/generation", "-T", "setting=summary", "-T", "limit=1",
+                             "-T", "summarizer=summarizer", "-T", "judge=freejudge",
+                             "-T", f"endpoints={endpoints}", "-T", f"cache={cache}",
+                             "-T", f"max_tokens={tiny_server['max_tokens']}",
                              "--log-dir", str(tmp_path / "logs"), cwd=tmp_path, base_url=url)  # fmt: skip
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
     [sample] = logs(tmp_path / "logs")["cupid/generation"].samples
     assert "### Session 1" in sample.messages[1].text  # the summaries' layout in place of the log
-    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--summarizer", "summarizer", "--judge", "freejudge",
-                "--task", "generation", "--setting", "summary", "--limit", "1", "--out", str(tmp_path / "run"), "--cache", str(cache),
-                "--allow-failures", cwd=tmp_path)  # fmt: skip
+    ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--summarizer", "summarizer",
+                "--judge", "freejudge", "--task", "generation", "--setting", "summary", "--limit", "1",
+                "--out", str(tmp_path / "run"), "--cache", str(cache), "--allow-failures", cwd=tmp_path)  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     [record] = RunDir(tmp_path / "run").read()
     assert UnitRecord.model_validate(sample.scores["cupid_scorer"].metadata) == record and record.candidate_answer
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["requests"]["cached"] == record.n_sessions + (record.judge_answer is not None)  # the summaries, the judge
+    assert summary["requests"]["cached"] == record.n_sessions + (
+        record.judge_answer is not None
+    )  # the summaries, the judge
 
 
 def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_arguments():
     built = inspect_tasks.inference(setting="oracle", types=["changing", "contrastive"])
     meta = built.metadata["cupid"]
-    assert meta["roles"] == {"decomposer": "qwen2.5-7b-instruct (Qwen/Qwen2.5-7B-Instruct)", "matcher": "prefmatcher (kixlab/prefmatcher-7b)"}
-    cfg = RunConfig(candidate="qwen2.5-7b-instruct", decomposer="qwen2.5-7b-instruct", matcher="prefmatcher", settings=["oracle"])
+    assert meta["roles"] == {
+        "decomposer": "qwen2.5-7b-instruct (Qwen/Qwen2.5-7B-Instruct)",
+        "matcher": "prefmatcher (kixlab/prefmatcher-7b)",
+    }
+    cfg = RunConfig(
+        candidate="qwen2.5-7b-instruct", decomposer="qwen2.5-7b-instruct", matcher="prefmatcher", settings=["oracle"]
+    )
     runner = build_tasks(cfg, Client(load_endpoints("configs/endpoints.yaml")))["inference"]
     instances = {i.key: i for i in load("sample").instances}
-    assert {instances[s.id].instance_type for s in built.dataset} == {"changing", "contrastive"} and len(built.dataset) == meta["n_instances"]
+    assert {instances[s.id].instance_type for s in built.dataset} == {"changing", "contrastive"} and len(
+        built.dataset
+    ) == meta["n_instances"]
     for sample in built.dataset:  # the request the runner sends, message for message
         sent = runner.plain_request(instances[sample.id], "oracle").body()["messages"]
         assert [(m.role, m.text) for m in sample.input] == [(m["role"], m["content"]) for m in sent]
     # the summary setting takes the shipped run's summarizer; a setting or type the task has not is refused
-    assert inspect_tasks.inference(setting="summary").metadata["cupid"]["roles"]["summarizer"].startswith("qwen2.5-7b-instruct")
+    assert (
+        inspect_tasks.inference(setting="summary")
+        .metadata["cupid"]["roles"]["summarizer"]
+        .startswith("qwen2.5-7b-instruct")
+    )
     with pytest.raises(ConfigError, match="oracle-preference"):
         inspect_tasks.inference(setting="oracle-preference")
     with pytest.raises(ConfigError, match="sometimes"):

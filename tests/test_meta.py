@@ -42,7 +42,14 @@ def test_alpha_ordinal_and_nominal_on_three_labels_by_hand():
 
 
 def test_labels_in_every_spelling():
-    assert [canonical_label(x) for x in ("Fully Covered", "partial", "NO", 1, "0.5", 0.0)] == ["Yes", "Partial", "No", "Yes", "Partial", "No"]
+    assert [canonical_label(x) for x in ("Fully Covered", "partial", "NO", 1, "0.5", 0.0)] == [
+        "Yes",
+        "Partial",
+        "No",
+        "Yes",
+        "Partial",
+        "No",
+    ]
     with pytest.raises(ValueError, match="'Maybe'"):
         canonical_label("Maybe")
 
@@ -50,18 +57,26 @@ def test_labels_in_every_spelling():
 def _two_matcher_runs(tmp_path):
     """Same candidate answers and checklists, two matchers: the hand case above on five pairs, plus
     one pair on another item (a different decomposition) and one instance B failed on."""
-    a = write_run(tmp_path / "a", [
-        inference("p1/consistent", "YP", "N"),
-        inference("p2/consistent", "Y", "P"),
-        inference("p3/changing", "Y", "Y"),  # B failed here: A-only pairs
-    ], {"candidate": "m", "matcher": "A"})  # fmt: skip
+    a = write_run(
+        tmp_path / "a",
+        [
+            inference("p1/consistent", "YP", "N"),
+            inference("p2/consistent", "Y", "P"),
+            inference("p3/changing", "Y", "Y"),  # B failed here: A-only pairs
+        ],
+        {"candidate": "m", "matcher": "A"},
+    )
     b_second = inference("p2/consistent", "P", "N")
     b_second["infer_to_gt"][0]["entry"] = "another decomposition"
-    b = write_run(tmp_path / "b", [
-        inference("p1/consistent", "YP", "N"),
-        b_second,
-        inference("p3/changing", failed="match_gt_to_infer"),
-    ], {"candidate": "m", "matcher": "B"})  # fmt: skip
+    b = write_run(
+        tmp_path / "b",
+        [
+            inference("p1/consistent", "YP", "N"),
+            b_second,
+            inference("p3/changing", failed="match_gt_to_infer"),
+        ],
+        {"candidate": "m", "matcher": "B"},
+    )
     return a, b
 
 
@@ -97,10 +112,22 @@ def test_agree_cli_run_against_human_label_csv(tmp_path):
 
 
 def test_agree_reads_a_runs_reference_scoring(tmp_path):
-    run = write_run(tmp_path / "r", [
-        inference("p1/consistent", "YP", "N", reference=scoring("YN", "N")),
-        inference("p2/consistent", "Y", "P", reference={"status": "failed", "error": {"stage": "decompose", "reason": "parse_error", "detail": "no JSON"}}),
-    ], {"candidate": "m", "matcher": "A", "reference": "gpt-4o"})  # fmt: skip
+    run = write_run(
+        tmp_path / "r",
+        [
+            inference("p1/consistent", "YP", "N", reference=scoring("YN", "N")),
+            inference(
+                "p2/consistent",
+                "Y",
+                "P",
+                reference={
+                    "status": "failed",
+                    "error": {"stage": "decompose", "reason": "parse_error", "detail": "no JSON"},
+                },
+            ),
+        ],
+        {"candidate": "m", "matcher": "A", "reference": "gpt-4o"},
+    )
     result = agree(run_labels(run), run_labels(run, reference=True))
     assert (result.n, result.only_a, result.confusion[1]) == (3, 2, [0, 0, 1])
 
@@ -108,7 +135,10 @@ def test_agree_reads_a_runs_reference_scoring(tmp_path):
 def test_bad_label_files_name_the_row(tmp_path):
     a, _ = _two_matcher_runs(tmp_path)
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"key": "p1/consistent", "direction": "infer_to_gt", "index": 1, "label": "Yes"}\n{"key": "p1/consistent", "direction": "sideways", "index": 2, "label": "No"}\n')
+    bad.write_text(
+        '{"key": "p1/consistent", "direction": "infer_to_gt", "index": 1, "label": "Yes"}\n'
+        '{"key": "p1/consistent", "direction": "sideways", "index": 2, "label": "No"}\n'
+    )
     result = cli.invoke(app, ["meta", "agree", str(a), str(bad)])
     assert result.exit_code == 2 and f"{bad}:2" in result.output and "sideways" in result.output
     bad.write_text('{"key": "p1/consistent", "direction": "infer_to_gt", "index": 1, "label": "Maybe"}\n')
@@ -117,7 +147,9 @@ def test_bad_label_files_name_the_row(tmp_path):
 
 
 def test_correlate_spec_table_gives_the_papers_r():
-    result = cli.invoke(app, ["meta", "correlate", "--table", str(PAPER_TABLE), "--columns", "gpt4o_f1", "prefmatcher_f1"])
+    result = cli.invoke(
+        app, ["meta", "correlate", "--table", str(PAPER_TABLE), "--columns", "gpt4o_f1", "prefmatcher_f1"]
+    )
     assert result.exit_code == 0, result.output
     assert last_line(result) == "pearson_r=0.997"
     assert "n_models=10" in result.output
@@ -143,8 +175,13 @@ def test_correlate_from_run_directories_with_reference_scorings(tmp_path):
     # x = (1, .5, 0), y = (.5, .5, 0): sum dx dy = 1/4, sum dx^2 = 1/2, sum dy^2 = 1/6: r = sqrt(3)/2.
     runs = []
     for model, own, ref in (("m1", "Y", "P"), ("m2", "P", "P"), ("m3", "N", "N")):
-        records = [inference("p1/consistent", own, own, reference=scoring(ref, ref)), inference("p2/consistent", failed="parse_preference")]
-        runs.append(write_run(tmp_path / model, records, {"candidate": model, "matcher": "prefmatcher", "reference": "gpt-4o"}))
+        records = [
+            inference("p1/consistent", own, own, reference=scoring(ref, ref)),
+            inference("p2/consistent", failed="parse_preference"),
+        ]
+        runs.append(
+            write_run(tmp_path / model, records, {"candidate": model, "matcher": "prefmatcher", "reference": "gpt-4o"})
+        )
     table = f1_table(runs)
     assert table.values["m1"] == {"prefmatcher": 1.0, "gpt-4o": 0.5}  # the failed instance is not a zero
     result = cli.invoke(app, ["meta", "correlate", *map(str, runs)])

@@ -23,7 +23,6 @@ from cupid.serving.lifecycle import free_port
 from tests.conftest import REPO, TINY_NAME, write_endpoints
 
 
-
 @pytest.fixture(scope="module")
 def night_parts(tmp_path_factory, random_model_dir):
     """A serve-profile directory with two judges' profiles (the shipped `tiny` one: `judge` on a free port, started by
@@ -39,7 +38,9 @@ def night_parts(tmp_path_factory, random_model_dir):
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(root / "adapter")
+    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        root / "adapter"
+    )
     return root
 
 
@@ -47,15 +48,41 @@ def night_config(root, tmp_path, models, cache, judge_profile="judge", **candida
     judge_port = yaml.safe_load((root / f"profiles/{judge_profile}.yaml").read_text())["port"]
     endpoints = write_endpoints(
         tmp_path / "endpoints.yaml",
-        judge={"base_url": f"http://127.0.0.1:{judge_port}/v1", "model": TINY_NAME, "max_tokens": 64, "structured_output": True, "timeout_s": 600},
+        judge={
+            "base_url": f"http://127.0.0.1:{judge_port}/v1",
+            "model": TINY_NAME,
+            "max_tokens": 64,
+            "structured_output": True,
+            "timeout_s": 600,
+        },
         **candidates,
     )
     path = tmp_path / f"night-{len(list(tmp_path.glob('night-*.yaml')))}.yaml"
     # The oracle setting: the instance's relevant sessions only, a prompt ~4x shorter than the standard setting's
     # for the candidate (what a night does with its servers does not depend on the setting).
-    run = {"data": "sample", "endpoints": str(endpoints), "profiles": str(root / "profiles"), "serve": [judge_profile], "decomposer": "judge",
-           "matcher": "judge", "tasks": ["inference"], "settings": ["oracle"], "limit": 1, "cache": str(cache)}  # fmt: skip
-    path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "candidate_port": free_port(), "run": run}))
+    run = {
+        "data": "sample",
+        "endpoints": str(endpoints),
+        "profiles": str(root / "profiles"),
+        "serve": [judge_profile],
+        "decomposer": "judge",
+        "matcher": "judge",
+        "tasks": ["inference"],
+        "settings": ["oracle"],
+        "limit": 1,
+        "cache": str(cache),
+    }
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "models": models,
+                "out": str(tmp_path / "nightly"),
+                "report": False,
+                "candidate_port": free_port(),
+                "run": run,
+            }
+        )
+    )
     return path
 
 
@@ -69,12 +96,16 @@ def vllm_processes_of(root) -> list[psutil.Process]:
     return found
 
 
-def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_running(night_parts, tmp_path, cupid_home, tiny_server):
+def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_running(
+    night_parts, tmp_path, cupid_home, tiny_server
+):
     # The judges' profile points at the session's tiny server: the night finds it answering, uses it, leaves it up.
     # That server loads adapters at run time (tests/conftest.py), as the profile says: a LoRA candidate on it rides.
     port = int(tiny_server["base_url"].rsplit(":", 1)[1].split("/")[0])
     judge = yaml.safe_load((night_parts / "profiles/judge.yaml").read_text())
-    (night_parts / "profiles/sessionjudge.yaml").write_text(yaml.safe_dump({**judge, "port": port, "runtime_lora_rank": 8}))
+    (night_parts / "profiles/sessionjudge.yaml").write_text(
+        yaml.safe_dump({**judge, "port": port, "runtime_lora_rank": 8})
+    )
     lora = {"name": "lora-cand", "profile": "judge", "adapter": str(night_parts / "adapter"),
             "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}  # fmt: skip
     rider = {**lora, "name": "lora-rider", "profile": "sessionjudge"}
@@ -83,7 +114,9 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     broken = {"name": "broken-cand", "profile": "judge", "model": str(night_parts / "no-such-model")}
     cache = tmp_path / "cache.sqlite"
 
-    board, code = run_nightly(night_config(night_parts, tmp_path, ["judge", broken, lora, rider], cache, "sessionjudge"), "2026-01-01")
+    board, code = run_nightly(
+        night_config(night_parts, tmp_path, ["judge", broken, lora, rider], cache, "sessionjudge"), "2026-01-01"
+    )
     board = board.model_dump(mode="json")  # as leaderboard.json holds it
     entries = {e["model"]: e for e in board["models"]}
     assert code & 1  # failures: the broken candidate
@@ -92,7 +125,9 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     assert "no-such-model not found" in failed["error"]
     # DID NOT RUN: the reason stands for its units (none counted as failed), and no server is listed as served
     assert (failed["n_scored"], failed["n_failed"], failed["failures"], failed["served"]) == (0, 0, {}, None)
-    served_lines = (tmp_path / "nightly/2026-01-01/leaderboard.md").read_text().split("Served by the night:")[1].split("\n\n")[0]
+    served_lines = (
+        (tmp_path / "nightly/2026-01-01/leaderboard.md").read_text().split("Served by the night:")[1].split("\n\n")[0]
+    )
     assert "broken-cand" not in served_lines and "lora-cand" in served_lines
     for name in ("judge", "lora-cand", "lora-rider"):  # the night went on after the failure, on the same port
         assert entries[name]["n_scored"] + entries[name]["n_failed"] == 1
@@ -103,7 +138,9 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     assert board["servers_started"] == ["lora-cand"]  # the judges' server was up already; the rider needed none
     served = entries["lora-rider"]["served"]
     assert entries["lora-rider"]["requests"]["sent"] > 0 and f"loaded into sessionjudge's server, :{port}" in served
-    assert not any(" candidate: http_" in k for k in entries["lora-rider"]["failures"])  # its served name answered (no 404)
+    assert not any(
+        " candidate: http_" in k for k in entries["lora-rider"]["failures"]
+    )  # its served name answered (no 404)
     listed = httpx.get(tiny_server["base_url"] + "/models")
     assert listed.status_code == 200  # the judges' server is still up, the rider's adapter unloaded from it
     assert served.split(" ")[0] not in [m["id"] for m in listed.json()["data"]]
@@ -112,10 +149,14 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     board_md = (tmp_path / "nightly/2026-01-01/leaderboard.md").read_text()
     assert "lora-cand" in board_md and "broken-cand" in board_md and "servers started: lora-cand" in board_md
 
-    again, code = run_nightly(night_config(night_parts, tmp_path, ["judge", lora, rider], cache, "sessionjudge"), "2026-01-02")
+    again, code = run_nightly(
+        night_config(night_parts, tmp_path, ["judge", lora, rider], cache, "sessionjudge"), "2026-01-02"
+    )
     assert again.requests["sent"] == 0 and again.requests["cached"] > 0
     assert again.servers_started == []  # every answer was in the cache: no server was needed
-    assert {e.model: e.status for e in again.models} == {n: entries[n]["status"] for n in ("judge", "lora-cand", "lora-rider")}
+    assert {e.model: e.status for e in again.models} == {
+        n: entries[n]["status"] for n in ("judge", "lora-cand", "lora-rider")
+    }
 
 
 def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_path, cupid_home):
@@ -140,7 +181,9 @@ def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_
         os.killpg(pgid, 0)  # the whole process group is gone, engine processes included
 
 
-def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(night_parts, tmp_path, cupid_home, monkeypatch):
+def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(
+    night_parts, tmp_path, cupid_home, monkeypatch
+):
     """The night's judge (real vLLM on CPU, loading adapters at run time) is SIGKILLed, process group and all, before
     the second candidate, a LoRA candidate on it: it is restarted, the adapter loaded into the new server, and that
     candidate answered; killed again before the third, it is not restarted twice, and the third's units are
@@ -148,14 +191,30 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(ni
     from cupid.eval import nightly
     from cupid.serving.instant import start as start_instant
 
-    instants = [start_instant("--preference", f"Answers should mention {word} first.") for word in ("apples", "rivers", "clocks")]
+    instants = [
+        start_instant("--preference", f"Answers should mention {word} first.")
+        for word in ("apples", "rivers", "clocks")
+    ]
     try:
-        candidates = {f"cand-{i}": {"base_url": url, "model": f"instant-{i}"} for i, (_, url) in enumerate(instants, start=1) if i != 2}
+        candidates = {
+            f"cand-{i}": {"base_url": url, "model": f"instant-{i}"}
+            for i, (_, url) in enumerate(instants, start=1)
+            if i != 2
+        }
         judge = yaml.safe_load((night_parts / "profiles/judge.yaml").read_text())
-        (night_parts / "profiles/lorajudge.yaml").write_text(yaml.safe_dump({**judge, "port": free_port(), "runtime_lora_rank": 8}))
-        rider = {"name": "cand-2", "profile": "lorajudge", "adapter": str(night_parts / "adapter"), "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}
+        (night_parts / "profiles/lorajudge.yaml").write_text(
+            yaml.safe_dump({**judge, "port": free_port(), "runtime_lora_rank": 8})
+        )
+        rider = {
+            "name": "cand-2",
+            "profile": "lorajudge",
+            "adapter": str(night_parts / "adapter"),
+            "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600},
+        }
         models = ["cand-1", rider, "cand-3"]
-        config = night_config(night_parts, tmp_path, models, tmp_path / "cache.sqlite", judge_profile="lorajudge", **candidates)
+        config = night_config(
+            night_parts, tmp_path, models, tmp_path / "cache.sqlite", judge_profile="lorajudge", **candidates
+        )
         real_run_one, killed = nightly.run_one, []
 
         def run_one_after_killing_the_judge(name, *args):
@@ -163,7 +222,9 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(ni
                 pgid = json.loads((cupid_home / "servers" / "lorajudge.json").read_text())["pid"]
                 os.killpg(pgid, signal.SIGKILL)
                 killed.append(pgid)
-                deadline = time.monotonic() + 60  # dead, not dying: its death is then seen as such (not as a failed health check)
+                deadline = (
+                    time.monotonic() + 60
+                )  # dead, not dying: its death is then seen as such (not as a failed health check)
                 while lifecycle.alive(pgid) and time.monotonic() < deadline:
                     time.sleep(0.1)
             return real_run_one(name, *args)
@@ -180,15 +241,21 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(ni
     assert (entries["cand-1"]["status"], entries["cand-1"]["n_scored"]) == ("ok", 1), entries["cand-1"]
     rider = entries["cand-2"]  # the tiny model may answer badly; its adapter answered, on the restarted server
     assert rider["n_scored"] + rider["n_failed"] == 1 and rider["requests"]["sent"] > 0, rider
-    assert rider["error"] is None and not any(why in k for k in rider["failures"] for why in ("server_", "http_")), rider
+    assert rider["error"] is None and not any(why in k for k in rider["failures"] for why in ("server_", "http_")), (
+        rider
+    )
     assert "loaded into lorajudge's server" in rider["served"]
     gone = entries["cand-3"]
     assert (gone["status"], gone["n_scored"], gone["n_failed"]) == ("failed", 0, 1) and gone["metrics"] == {}
-    assert [k.split(" ", 1)[1].split(":")[0] for k in gone["failures"]] == ["decompose"] and all("server_died" in k for k in gone["failures"])
+    assert [k.split(" ", 1)[1].split(":")[0] for k in gone["failures"]] == ["decompose"] and all(
+        "server_died" in k for k in gone["failures"]
+    )
     deaths = board["servers_stopped_answering"]["lorajudge"]
     assert len(deaths) == 2 and all(d.startswith("its process is gone; its log: ") for d in deaths)
     kept = [Path(d.split("its log: ")[1]) for d in deaths]
     assert all(p.exists() and p.stat().st_size > 0 for p in kept)  # the dead servers' logs, kept for the morning
     assert code & 1
-    assert "Server lorajudge stopped answering 2 time(s)" in (tmp_path / "nightly/2026-02-01/leaderboard.md").read_text()
+    assert (
+        "Server lorajudge stopped answering 2 time(s)" in (tmp_path / "nightly/2026-02-01/leaderboard.md").read_text()
+    )
     assert vllm_processes_of(night_parts) == [] and list((cupid_home / "servers").glob("*.json")) == []

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval import nightly
-from cupid.eval.nightly import Leaderboard, run_nightly
+from cupid.eval.leaderboard import Leaderboard
+from cupid.eval.nightly import run_nightly
 from cupid.eval.stats import Interval
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant
@@ -38,27 +39,47 @@ def many_personas(tmp_path):
 
 def suite(tmp_path, name, endpoints, models, data="sample", **extra):
     path = tmp_path / f"{name}.yaml"
-    run = {"data": str(data), "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
-    path.write_text(yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, **extra}))
+    run = {
+        "data": str(data),
+        "endpoints": str(endpoints),
+        "decomposer": "instant",
+        "matcher": "pm",
+        "cache": str(tmp_path / "cache.sqlite"),
+    }
+    path.write_text(
+        yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, **extra})
+    )
     return path
 
 
 def by_model(board):
     """A leaderboard's entries by model: typed (what `run_nightly` returns) or as leaderboard.json holds them."""
-    return {e.model: e for e in board.models} if isinstance(board, Leaderboard) else {e["model"]: e for e in board["models"]}
+    return (
+        {e.model: e for e in board.models}
+        if isinstance(board, Leaderboard)
+        else {e["model"]: e for e in board["models"]}
+    )
 
 
 def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path, instant_url, drifted_url, cupid_home):
-    common = {"instant": {"base_url": instant_url, "model": "instant"}, "pm": {"base_url": instant_url, "model": "local-prefmatcher"}}
+    common = {
+        "instant": {"base_url": instant_url, "model": "instant"},
+        "pm": {"base_url": instant_url, "model": "local-prefmatcher"},
+    }
     before = write_endpoints(tmp_path / "before.yaml", **common,
                              steady={"base_url": instant_url, "model": "steady-v1"},
                              drifting={"base_url": instant_url, "model": "drifting-v1"})  # fmt: skip
-    after = write_endpoints(tmp_path / "after.yaml", **common,
-                            steady={"base_url": instant_url, "model": "steady-v1"},
-                            drifting={"base_url": drifted_url, "model": "drifting-v2"},
-                            down={"base_url": "http://127.0.0.1:9/v1", "model": "down", "max_retries": 0, "timeout_s": 5})  # fmt: skip
+    after = write_endpoints(
+        tmp_path / "after.yaml",
+        **common,
+        steady={"base_url": instant_url, "model": "steady-v1"},
+        drifting={"base_url": drifted_url, "model": "drifting-v2"},
+        down={"base_url": "http://127.0.0.1:9/v1", "model": "down", "max_retries": 0, "timeout_s": 5},
+    )
 
-    first, code = run_nightly(suite(tmp_path, "n1", before, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-01")
+    first, code = run_nightly(
+        suite(tmp_path, "n1", before, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-01"
+    )
     assert code == 0 and first.previous is None
     f1 = "inference/standard/micro_f1"
     units = 12 * COPIES
@@ -67,7 +88,9 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
         assert entry.change == {} and entry.regressions == []
         assert entry.metrics[f1].low > 0 and entry.metrics[f1].personas == 4 * COPIES  # an interval, personas resampled
 
-    second, code = run_nightly(suite(tmp_path, "n2", after, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-02")
+    second, code = run_nightly(
+        suite(tmp_path, "n2", after, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-02"
+    )
     assert code == 2  # a regression, no failures
     assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
@@ -76,39 +99,67 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     assert (same.difference, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0) and steady.regressions == []
     assert drifting.metrics[f1].estimate == 0.0
     drop = drifting.change[f1]  # paired on the 48 units both nights scored
-    assert drop.difference == pytest.approx(-by_model(first)["drifting"].metrics[f1].estimate) and drop.high < 0 and drop.headline
+    assert (
+        drop.difference == pytest.approx(-by_model(first)["drifting"].metrics[f1].estimate)
+        and drop.high < 0
+        and drop.headline
+    )
     assert (drop.n, drop.personas) == (units, 4 * COPIES)
     assert f1 in drifting.regressions and second.regressions == [f"drifting: {f1}"]
     assert [e.model for e in second.models] == ["steady", "drifting"]  # ranked by F1
     board = (tmp_path / "nightly" / "2025-03-02" / "leaderboard.md").read_text()
     drifting_row = next(line for line in board.splitlines() if "| drifting |" in line)
-    assert "**REGRESSION**" in drifting_row and f"{100 * drop.difference:+.1f} [{100 * drop.low:+.1f}, {100 * drop.high:+.1f}]" in drifting_row
-    assert (tmp_path / "nightly" / "leaderboard.json").read_text() == (tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()
+    assert (
+        "**REGRESSION**" in drifting_row
+        and f"{100 * drop.difference:+.1f} [{100 * drop.low:+.1f}, {100 * drop.high:+.1f}]" in drifting_row
+    )
+    assert (tmp_path / "nightly" / "leaderboard.json").read_text() == (
+        tmp_path / "nightly" / "2025-03-02" / "leaderboard.json"
+    ).read_text()
 
     # Night 3 through the CLI: drifting holds steady at its new level; a model whose server is down fails.
-    result = CliRunner().invoke(app, ["nightly", "--config", str(suite(tmp_path, "n3", after, ["steady", "drifting", "down"], data=many_personas(tmp_path))), "--date", "2025-03-03"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "nightly",
+            "--config",
+            str(suite(tmp_path, "n3", after, ["steady", "drifting", "down"], data=many_personas(tmp_path))),
+            "--date",
+            "2025-03-03",
+        ],
+    )
     assert result.exit_code == 1, result.output  # failures, no regression
     third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
     assert third["previous"] == "2025-03-02" and third["regressions"] == []
     down = by_model(third)["down"]
     assert (down["status"], down["n_scored"], down["n_failed"]) == ("failed", 0, units)
     assert down["metrics"] == {}  # no score at all, not a zero
-    assert sum(down["failures"].values()) == units and list(down["failures"]) == ["inference/standard infer: connection"]
+    assert sum(down["failures"].values()) == units and list(down["failures"]) == [
+        "inference/standard infer: connection"
+    ]
     assert third["models"][-1]["model"] == "down"
     assert "**FAILURES**" in next(line for line in result.output.splitlines() if "| down |" in line)
-    assert result.output.strip().splitlines()[-1].startswith("nightly 2025-03-03: 3 models, 0 regression(s), 1 with failures")
+    assert (
+        result.output.strip()
+        .splitlines()[-1]
+        .startswith("nightly 2025-03-03: 3 models, 0 regression(s), 1 with failures")
+    )
 
     # Night 4: the decomposer is another model, and drifting is good again: not comparable, never flagged.
     changed = write_endpoints(tmp_path / "changed.yaml", instant={"base_url": instant_url, "model": "instant-v2"},
                               pm={"base_url": instant_url, "model": "local-prefmatcher"},
                               steady={"base_url": instant_url, "model": "steady-v1"},
                               drifting={"base_url": instant_url, "model": "drifting-v1"})  # fmt: skip
-    fourth, code = run_nightly(suite(tmp_path, "n4", changed, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-04")
+    fourth, code = run_nightly(
+        suite(tmp_path, "n4", changed, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-04"
+    )
     assert code == 0 and fourth.regressions == []
     for entry in fourth.models:
         assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
     board = (tmp_path / "nightly" / "2025-03-04" / "leaderboard.md").read_text()
-    assert "not comparable: judge decomposer: instant -> instant-v2" in next(line for line in board.splitlines() if "| steady |" in line)
+    assert "not comparable: judge decomposer: instant -> instant-v2" in next(
+        line for line in board.splitlines() if "| steady |" in line
+    )
 
 
 def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(tmp_path, instant_url, cupid_home):
@@ -116,7 +167,7 @@ def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(
                                 pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
     config = suite(tmp_path, "n", endpoints, ["instant"], report=True)
     run_nightly(config, "2025-03-01")
-    board, code = run_nightly(config, "2025-03-02")
+    _board, code = run_nightly(config, "2025-03-02")
     again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
     assert (code, code_again) == (0, 0) and again.previous == "2025-03-01"
     assert by_model(again)["instant"].requests["sent"] == 0
@@ -128,7 +179,11 @@ def test_bad_suites_are_refused_before_anything_runs(tmp_path, cupid_home):
     config.write_text(yaml.safe_dump({"models": ["a"], "out": out, "run": {"candidate": "x"}}))
     with pytest.raises(ConfigError, match="run.candidate is set per model"):
         run_nightly(config, "2025-03-01")
-    config.write_text(yaml.safe_dump({"models": ["a"], "out": out, "run": {"decomposer": "d", "matcher": "m", "settings": ["sideways"]}}))
+    config.write_text(
+        yaml.safe_dump(
+            {"models": ["a"], "out": out, "run": {"decomposer": "d", "matcher": "m", "settings": ["sideways"]}}
+        )
+    )
     with pytest.raises(ConfigError, match=r"(?s)bad\.yaml: run \(for model a\).*settings"):
         run_nightly(config, "2025-03-01")
     # Faults every model shares: the night does not start, and its leaderboard says why, for each model.
@@ -154,7 +209,9 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
         {"name": "misnamed", "profile": "no-such-profile"},
         "no-such-endpoint",
     ]
-    result = CliRunner().invoke(app, ["nightly", "--config", str(suite(tmp_path, "n", endpoints, models)), "--date", "2025-03-01"])
+    result = CliRunner().invoke(
+        app, ["nightly", "--config", str(suite(tmp_path, "n", endpoints, models)), "--date", "2025-03-01"]
+    )
     assert result.exit_code == 1, result.output  # failures
     board = json.loads((tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").read_text())
     entries = by_model(board)
@@ -169,15 +226,19 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
     assert set(board["with_failures"]) == {"untrained", "misnamed", "no-such-endpoint"}
 
 
-def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_night_with_its_reason(tmp_path, instant_url, cupid_home):
+def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_night_with_its_reason(
+    tmp_path, instant_url, cupid_home
+):
     from cupid.eval.files import hold
 
     endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
     config = suite(tmp_path, "n", endpoints, ["instant"])
-    with hold(tmp_path / "nightly" / "2025-03-01"):  # tonight's night, started by the first cron run
-        with pytest.raises(ConfigError, match=r"2025-03-01 is in use by another run \(pid \d+"):
-            run_nightly(config, "2025-03-01")
+    with (
+        hold(tmp_path / "nightly" / "2025-03-01"),  # tonight's night, started by the first cron run
+        pytest.raises(ConfigError, match=r"2025-03-01 is in use by another run \(pid \d+"),
+    ):
+        run_nightly(config, "2025-03-01")
     assert not (tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").exists()  # the running night's to write
 
     (tmp_path / "cache.sqlite").write_text("not a cache")

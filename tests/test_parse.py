@@ -7,7 +7,10 @@ ITEMS = ["Is the tone stern?", "Is the tone direct?", "Are deadlines stated?"]
 
 
 def test_preference_first_line_after_header():
-    answer = "### Analysis\n\nThe user wants brevity.\n\n### Most Likely Preference\n\n  Keep it short and blunt.  \nExtra line."
+    answer = (
+        "### Analysis\n\nThe user wants brevity.\n\n### Most Likely Preference\n\n  Keep it short and blunt.  \n"
+        "Extra line."
+    )
     assert parse.preference(answer) == "Keep it short and blunt."
 
 
@@ -19,7 +22,10 @@ def test_preference_missing_or_empty_is_a_typed_error_with_the_raw_answer(answer
 
 
 def test_checklist_fenced_with_prose_around():
-    answer = '**Analysis**\n\nTwo aspects.\n\n**Checklist**\n\n```json\n{\n  "checklist": ["Is it stern?", "Is it direct?"]\n}\n```\nHope this helps!'
+    answer = (
+        "**Analysis**\n\nTwo aspects.\n\n**Checklist**\n\n"
+        '```json\n{\n  "checklist": ["Is it stern?", "Is it direct?"]\n}\n```\nHope this helps!'
+    )
     assert parse.checklist(answer) == ["Is it stern?", "Is it direct?"]
 
 
@@ -73,16 +79,34 @@ def test_matches_bare_list_with_trailing_explanation_wrong_case_and_order():
 
 def test_matches_without_index_fall_back_to_position():
     answer = '[{"label": "Fully Covered"}, {"label": "Not Covered"}, {"label": "Not Covered"}]'
-    assert [m.label for m in parse.matches(answer, ITEMS)][0] == "Fully Covered"
+    assert parse.matches(answer, ITEMS)[0].label == "Fully Covered"
 
 
 @pytest.mark.parametrize(
     "answer, message",
     [
         ('[{"index": 1, "label": "Fully Covered"}]', "expected 3 labels, got 1"),
-        ('[{"index": 1, "label": "Fully Covered"}, {"index": 2, "label": "Not Covered"}, {"index": 3, "label": "Not Covered"}, {"index": 4, "label": "Not Covered"}]', "expected 3 labels, got 4"),
-        ('[{"index": 1, "label": "Covered"}, {"index": 2, "label": "Not Covered"}, {"index": 3, "label": "Not Covered"}]', "not one of"),
-        ('[{"index": 1, "label": "Not Covered"}, {"index": 1, "label": "Not Covered"}, {"index": 3, "label": "Not Covered"}]', "repeated"),
+        (
+            (
+                '[{"index": 1, "label": "Fully Covered"}, {"index": 2, "label": "Not Covered"}, '
+                '{"index": 3, "label": "Not Covered"}, {"index": 4, "label": "Not Covered"}]'
+            ),
+            "expected 3 labels, got 4",
+        ),
+        (
+            (
+                '[{"index": 1, "label": "Covered"}, {"index": 2, "label": "Not Covered"}, '
+                '{"index": 3, "label": "Not Covered"}]'
+            ),
+            "not one of",
+        ),
+        (
+            (
+                '[{"index": 1, "label": "Not Covered"}, {"index": 1, "label": "Not Covered"}, '
+                '{"index": 3, "label": "Not Covered"}]'
+            ),
+            "repeated",
+        ),
         ('[{"index": 1, "label": "Not Covered"}, {"index": 2}, {"index": 3, "label": "Not Covered"}]', "no label"),
         ('```json\n[{"index": 1, "label": "Not Covered"},\n```', "no valid JSON"),
         ('{"verdict": "yes"}', "expected a list"),
@@ -99,7 +123,9 @@ def test_matches_errors(answer, message):
     [("8", 8), ("8/10", 8), ("**8**", 8), ("8.0", 8), ("Score: 8", 8), ("**10/10**", 10), ("1", 1), ("7.5", 7.5)],
 )
 def test_judge_score_forms(tail, expected):
-    answer = f"### Evaluation of AI Assistant's Response\n\n1. **Item**: fine. 3 points.\n\n### Evaluation Score\n\n{tail}\n"
+    answer = (
+        f"### Evaluation of AI Assistant's Response\n\n1. **Item**: fine. 3 points.\n\n### Evaluation Score\n\n{tail}\n"
+    )
     assert parse.score(answer) == expected
 
 
@@ -120,7 +146,10 @@ def test_judge_score_rejections_are_parse_failures_never_zero(answer, message):
 
 
 def test_session_summary():
-    answer = 'Here:\n```json\n{"summaries": [{"session_id": 1, "analysis": "x", "context": [" a "], "preferences": ["b"]}]}\n```'
+    answer = (
+        'Here:\n```json\n{"summaries": [{"session_id": 1, "analysis": "x", "context": [" a "], '
+        '"preferences": ["b"]}]}\n```'
+    )
     assert parse.session_summary(answer) == {"context": ["a"], "preferences": ["b"]}
     with pytest.raises(parse.ParseError, match="'preferences' must be a non-empty list"):
         parse.session_summary('{"summaries": [{"context": ["a"], "preferences": []}]}')

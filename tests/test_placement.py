@@ -11,16 +11,19 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.serving.run_servers import judge_profiles, plan_servers
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel, fingerprint
 from cupid.serving.placement import SHARED_CEILING
 from cupid.serving.profiles import Gpu, vllm_defaults
+from cupid.serving.run_servers import judge_profiles, plan_servers
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
-JUDGES = {"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.25}}, "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.3}}}
+JUDGES = {
+    "prefmatcher": {"vllm": {"gpu_memory_utilization": 0.25}},
+    "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.3}},
+}
 
 
 def h100s(n: int) -> list[Gpu]:
@@ -28,7 +31,15 @@ def h100s(n: int) -> list[Gpu]:
 
 
 def candidates(n: int, **serve) -> list[ServedModel]:
-    return [ServedModel(name=f"cand-{i}", model=f"org/model-{i}", profile="qwen2.5-7b-instruct", serve={"weights_gib": 15.0, **serve}) for i in range(n)]
+    return [
+        ServedModel(
+            name=f"cand-{i}",
+            model=f"org/model-{i}",
+            profile="qwen2.5-7b-instruct",
+            serve={"weights_gib": 15.0, **serve},
+        )
+        for i in range(n)
+    ]
 
 
 def gpus_of(run_servers) -> dict[str, tuple[int, ...]]:
@@ -50,7 +61,9 @@ def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_
     plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR)
     assert [j.placed.gpus for j in plan.judges] == [(0,), (0,)]
     assert [c.placed.gpus for c in plan.candidates()] == [(1,)] * 3
-    assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {vllm_defaults()["gpu_memory_utilization"]}  # vLLM's, not the base profile's 0.45
+    assert {c.profile.gpu_memory_utilization for c in plan.candidates()} == {
+        vllm_defaults()["gpu_memory_utilization"]
+    }  # vLLM's, not the base profile's 0.45
     assert [c.placed.env for c in plan.candidates()] == [{"CUDA_VISIBLE_DEVICES": "1"}] * 3
     assert len(plan.slots) == 1
 
@@ -59,7 +72,10 @@ def test_eight_gpus_seven_slots_side_by_side_each_with_its_own_port():
     run_servers = plan_servers(JUDGES, candidates(9), h100s(8), directory=SERVE_DIR)
     plan = run_servers
     assert len(plan.slots) == 7
-    assert run_servers.slot_names[0] == ["cand-0", "cand-7"] and run_servers.slot_names[1] == ["cand-1", "cand-8"]  # two waves
+    assert run_servers.slot_names[0] == ["cand-0", "cand-7"] and run_servers.slot_names[1] == [
+        "cand-1",
+        "cand-8",
+    ]  # two waves
     assert [slot[0].placed.gpus for slot in plan.slots] == [(g,) for g in range(1, 8)]
     assert [slot[0].profile.port for slot in plan.slots] == list(range(8100, 8107))
     text = "\n".join(plan.lines())
@@ -73,7 +89,10 @@ def test_tensor_parallel_candidates_get_slots_of_their_width():
 
 
 def test_plans_that_cannot_work_are_refused_before_anything_starts():
-    greedy = {"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.5}}, "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.45}}}
+    greedy = {
+        "prefmatcher": {"vllm": {"gpu_memory_utilization": 0.5}},
+        "qwen2.5-7b-instruct": {"vllm": {"gpu_memory_utilization": 0.45}},
+    }
     with pytest.raises(ServeError, match="leave it no GPU memory"):
         plan_servers(greedy, candidates(1), h100s(1), directory=SERVE_DIR)
     with pytest.raises(ServeError, match="less than the"):  # 0.4 of a 24 GiB GPU cannot hold 15 GiB of weights
@@ -85,7 +104,12 @@ def test_plans_that_cannot_work_are_refused_before_anything_starts():
 
 
 def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
-    run_servers = plan_servers({"tiny": {}}, [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")], [], directory=SERVE_DIR)
+    run_servers = plan_servers(
+        {"tiny": {}},
+        [ServedModel(name="a", profile="tiny"), ServedModel(name="b", profile="tiny")],
+        [],
+        directory=SERVE_DIR,
+    )
     plan = run_servers
     assert run_servers.slot_names == [["a", "b"]]
     assert [c.placed.gpus for c in plan.candidates()] == [(), ()] and all(c.placed.env == {} for c in plan.candidates())
@@ -111,7 +135,12 @@ def adapter(path, rank=8):
 
 
 def test_a_lora_candidate_is_served_on_its_base_and_answers_as_itself(tmp_path):
-    served = ServedModel(name="mine", profile="qwen2.5-7b-instruct", adapter=str(adapter(tmp_path / "a", rank=16)), endpoint={"max_tokens": 99})
+    served = ServedModel(
+        name="mine",
+        profile="qwen2.5-7b-instruct",
+        adapter=str(adapter(tmp_path / "a", rank=16)),
+        endpoint={"max_tokens": 99},
+    )
     profile = served.to_profile(SERVE_DIR)
     [(name, path)] = profile.lora_adapters.items()
     assert name.startswith("mine@") and path == str(tmp_path / "a") and profile.arg("max_lora_rank") == 16
@@ -130,22 +159,33 @@ def test_a_lora_candidate_on_a_judge_that_loads_adapters_rides_on_the_judges_ser
     cands = [
         ServedModel(name="rider", profile="qwen2.5-7b-instruct", adapter=small, endpoint={"max_tokens": 99}),
         ServedModel(name="big", profile="qwen2.5-7b-instruct", adapter=large),
-        ServedModel(name="tuned", profile="qwen2.5-7b-instruct", adapter=small, serve={"vllm": {"max_model_len": 2048}}),
+        ServedModel(
+            name="tuned", profile="qwen2.5-7b-instruct", adapter=small, serve={"vllm": {"max_model_len": 2048}}
+        ),
         ServedModel(name="on-pm", profile="prefmatcher", adapter=small),
     ]
     run_servers = plan_servers(judges, cands, h100s(1), directory=SERVE_DIR)
     assert list(run_servers.riders) == ["rider"] and run_servers.slot_names == [["big", "tuned", "on-pm"]]
     rider = run_servers.riders["rider"]
     assert rider.host is next(s for s in run_servers.judges if s.profile.name == "qwen2.5-7b-instruct")
-    assert [rider.served] == list(cands[0].to_profile(SERVE_DIR).lora_adapters) and rider.adapter == small  # its name on its own
+    assert [rider.served] == list(
+        cands[0].to_profile(SERVE_DIR).lora_adapters
+    ) and rider.adapter == small  # its name on its own
     endpoint = run_servers.endpoints["rider"]
     assert endpoint.model == rider.served and endpoint.url == "http://127.0.0.1:8001/v1" and endpoint.max_tokens == 99
-    assert run_servers.server_of("rider") is rider and run_servers.server_of("big") is run_servers.candidate_servers["big"]
+    assert (
+        run_servers.server_of("rider") is rider and run_servers.server_of("big") is run_servers.candidate_servers["big"]
+    )
     lines = run_servers.lines()
-    assert lines[lines.index("  candidates on a judge's server:") + 1] == f"    rider: {rider.served} (LoRA {small}) loaded into qwen2.5-7b-instruct's server, :8001"
+    assert (
+        lines[lines.index("  candidates on a judge's server:") + 1]
+        == f"    rider: {rider.served} (LoRA {small}) loaded into qwen2.5-7b-instruct's server, :8001"
+    )
     alone = plan_servers(judges, cands[:1], h100s(1), directory=SERVE_DIR).lines()
     assert not any(line.startswith("  candidates, ") for line in alone)  # no slot to list
-    assert plan_servers(JUDGES, cands[:1], h100s(1), directory=SERVE_DIR).riders == {}  # the judge does not load adapters
+    assert (
+        plan_servers(JUDGES, cands[:1], h100s(1), directory=SERVE_DIR).riders == {}
+    )  # the judge does not load adapters
 
 
 def test_the_served_name_changes_when_the_weights_do(tmp_path):
@@ -172,12 +212,16 @@ def test_bad_candidates_are_refused_with_the_field_named(tmp_path):
 
 
 def test_nightly_dry_run_prints_the_plan_for_eight_gpus_and_starts_nothing(tmp_path, cupid_home):
-    result = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "8"])
+    result = CliRunner().invoke(
+        app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "8"]
+    )
     assert result.exit_code == 0, result.output
     assert "plan on 8 x assumed GPU (80 GiB)" in result.output and "GPU 0, :8000, 0.25" in result.output
     assert "on GPU 2, :8101, 0.9" in result.output
     assert not (cupid_home / "servers").exists() or not list((cupid_home / "servers").glob("*.json"))
-    refused = CliRunner().invoke(app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "0"])
+    refused = CliRunner().invoke(
+        app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "0"]
+    )
     assert refused.exit_code == 1 and "no GPU is visible" in refused.output
 
 
@@ -204,7 +248,8 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
             order.append(name)
         return {"model": name}
 
-    entries = _run_slots([["a1", "a2"], ["b1"]], run, tmp_path, Console(file=open(os.devnull, "w")))
+    with open(os.devnull, "w") as devnull:
+        entries = _run_slots([["a1", "a2"], ["b1"]], run, tmp_path, Console(file=devnull))
     assert sorted(e["model"] for e in entries) == ["a1", "a2", "b1"]
     assert max(overlap) == 2  # two slots at once
     assert order.index("a1") < order.index("a2")  # a slot's candidates in turn

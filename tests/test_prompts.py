@@ -12,10 +12,10 @@ SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "prompts.md"
 @pytest.mark.skipif(not SPEC.is_file(), reason="the benchmark spec is not beside this checkout")
 def test_prompt_files_are_byte_identical_to_the_spec():
     spec = SPEC.read_text(encoding="utf-8")
-    for section in re.split(r"^## (?=prompt: )", spec, flags=re.M)[1:]:
+    for section in re.split(r"^## (?=prompt: )", spec, flags=re.MULTILINE)[1:]:
         name = section.split("\n", 1)[0].removeprefix("prompt: ").strip()
         for role in ("system", "user"):
-            m = re.search(r"^### " + role + r"\n\n````text\n(.*?)\n````\n", section, flags=re.S | re.M)
+            m = re.search(r"^### " + role + r"\n\n````text\n(.*?)\n````\n", section, flags=re.DOTALL | re.MULTILINE)
             if m:
                 assert getattr(prompts.load(name), role) == m.group(1), f"{name}.{role} differs from the spec"
 

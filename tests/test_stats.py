@@ -14,10 +14,19 @@ PERFECT = MatchCounts(2.0, 2, 3.0, 3)  # P = R = F1 = 1
 MISSED = MatchCounts(0.0, 2, 0.0, 3)  # P = R = F1 = 0
 # A spread of instances like a real run's: 2-4 items per checklist, labels 0 / 0.5 / 1.
 VARIED = [
-    MatchCounts(1.5, 3, 1.0, 2), MatchCounts(0.0, 2, 0.5, 3), MatchCounts(2.0, 2, 2.5, 3), MatchCounts(0.5, 4, 0.0, 2),
-    MatchCounts(1.0, 3, 1.5, 3), MatchCounts(3.0, 4, 2.0, 4), MatchCounts(0.0, 3, 0.0, 2), MatchCounts(1.0, 2, 1.0, 3),
-    MatchCounts(2.5, 3, 1.5, 2), MatchCounts(0.5, 2, 1.0, 4), MatchCounts(1.5, 4, 2.5, 3), MatchCounts(2.0, 3, 0.5, 2),
-]  # fmt: skip
+    MatchCounts(1.5, 3, 1.0, 2),
+    MatchCounts(0.0, 2, 0.5, 3),
+    MatchCounts(2.0, 2, 2.5, 3),
+    MatchCounts(0.5, 4, 0.0, 2),
+    MatchCounts(1.0, 3, 1.5, 3),
+    MatchCounts(3.0, 4, 2.0, 4),
+    MatchCounts(0.0, 3, 0.0, 2),
+    MatchCounts(1.0, 2, 1.0, 3),
+    MatchCounts(2.5, 3, 1.5, 2),
+    MatchCounts(0.5, 2, 1.0, 4),
+    MatchCounts(1.5, 4, 2.5, 3),
+    MatchCounts(2.0, 3, 0.5, 2),
+]
 
 
 def prf_intervals(counts, personas=None, **kw):
@@ -68,7 +77,11 @@ def test_interval_narrows_with_more_personas_of_the_same_kind():
         assert large[name].half_width < 0.5 * small[name].half_width
     scores = [1, 3, 4, 4, 5, 6, 7, 7, 8, 10]
     assert mean_interval(scores * 16).half_width < 0.5 * mean_interval(scores).half_width
-    assert mean_interval(scores).resolved and mean_interval(scores).text() == f"{np.mean(scores):.1f} [{mean_interval(scores).low:.1f}, {mean_interval(scores).high:.1f}]"
+    assert (
+        mean_interval(scores).resolved
+        and mean_interval(scores).text()
+        == f"{np.mean(scores):.1f} [{mean_interval(scores).low:.1f}, {mean_interval(scores).high:.1f}]"
+    )
 
 
 def test_same_units_same_interval_in_any_order_other_seed_other_draws():
@@ -82,7 +95,9 @@ def test_same_units_same_interval_in_any_order_other_seed_other_draws():
 def test_agrees_with_scipy_percentile_bootstrap_on_the_mean():
     values = np.random.default_rng(7).integers(1, 11, size=60).astype(float)  # judge scores 1..10
     ours = mean_interval(values, n_resamples=5000)
-    theirs = bootstrap((values,), np.mean, n_resamples=5000, method="percentile", confidence_level=0.95, rng=np.random.default_rng(3))
+    theirs = bootstrap(
+        (values,), np.mean, n_resamples=5000, method="percentile", confidence_level=0.95, rng=np.random.default_rng(3)
+    )
     # Two independent Monte Carlo draws of the same percentile interval: ends agree to a small fraction of the width.
     width = theirs.confidence_interval.high - theirs.confidence_interval.low
     assert ours.low == pytest.approx(theirs.confidence_interval.low, abs=0.1 * width)
@@ -133,7 +148,11 @@ def simulate(rng, n_personas, drop=0.0):
     for shift in (np.zeros(n), change):
         q = 1 / (1 + np.exp(-(logit + shift)))
         n_pred, n_true = rng.integers(3, 7, n), rng.integers(3, 7, n)
-        runs.append(np.stack([rng.binomial(2 * n_pred, q) / 2, n_pred, rng.binomial(2 * n_true, q) / 2, n_true], axis=1).astype(float))
+        runs.append(
+            np.stack([rng.binomial(2 * n_pred, q) / 2, n_pred, rng.binomial(2 * n_true, q) / 2, n_true], axis=1).astype(
+                float
+            )
+        )
     a, b = runs
     b[:, [0, 2]] *= 1 - drop
     return persona, columns(a), columns(b)
@@ -186,7 +205,9 @@ def test_simulated_comparisons_have_the_stated_error_rates():
 
     # Coverage of the true difference: persona-resampled 92-97.5%; resampling instances on the same data < 92%.
     covered = np.mean([r.low <= truth <= r.high for r in found])
-    naive_covered = np.mean([r.low <= truth <= r.high for _, a, b in dropped for r in [paired(units, a, b, headline)["micro_f1"]]])
+    naive_covered = np.mean(
+        [r.low <= truth <= r.high for _, a, b in dropped for r in [paired(units, a, b, headline)["micro_f1"]]]
+    )
     assert 0.92 <= covered <= 0.975, covered
     assert naive_covered < 0.92, naive_covered
     assert stats.MIN_PERSONAS <= N_PERSONAS

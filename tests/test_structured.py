@@ -9,14 +9,15 @@ import re
 import pytest
 
 from cupid.eval import data as cupid_data
-from cupid.eval.stages import constraint
 from cupid.eval.runner import RunConfig, run
+from cupid.eval.stages import constraint
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint, load_endpoints
-from tests.conftest import REPO, write_endpoints
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import load_endpoints
 from cupid.training.matchdata import completion_text
+from tests.conftest import REPO, write_endpoints
 
 ITEMS = ["Is the plan short?", 'Does it say "hi"?', "Is the tone polite, même en français?"]
 
@@ -49,7 +50,9 @@ def test_fewshot_pattern_admits_the_prompt_examples_form_and_its_reasoning_field
     fields = schemas.matcher("fewshot", ITEMS)
     rows = labelled(["Fully Covered", "Not Covered", "Partially Covered"])
     assert admits(fields, "```json\n" + json.dumps({"results": rows}, indent=2, ensure_ascii=False) + "\n```")
-    with_reasoning = [{"index": r["index"], "entry": r["entry"], "reasoning": "It is covered.", "label": r["label"]} for r in rows]
+    with_reasoning = [
+        {"index": r["index"], "entry": r["entry"], "reasoning": "It is covered.", "label": r["label"]} for r in rows
+    ]
     assert admits(fields, "```json\n" + json.dumps({"results": with_reasoning}, indent=2, ensure_ascii=False) + "\n```")
     assert not admits(fields, "```json\n" + json.dumps(rows, indent=2, ensure_ascii=False) + "\n```")
 
@@ -62,29 +65,48 @@ def test_judge_pattern_is_the_prompt_format_with_a_score_that_matches_its_label(
     )
     assert admits(fields, answer) and parse.score(answer) == 8
     assert not admits(fields, answer.replace("Score\n\n8", "Score\n\n9"))  # 9 is "Excellent"
-    assert not admits(fields, answer.replace("Very Good\n\n### Evaluation Score\n\n8", "Superb\n\n### Evaluation Score\n\n11"))
+    assert not admits(
+        fields, answer.replace("Very Good\n\n### Evaluation Score\n\n8", "Superb\n\n### Evaluation Score\n\n11")
+    )
     assert admits(fields, answer.replace("Very Good", "Exceptional").replace("Score\n\n8", "Score\n\n10"))
 
 
 def test_decomposer_and_summarizer_patterns_admit_their_prompted_forms():
-    checklist = "**Analysis**\n\nTwo aspects: tone and length.\n\n**Checklist**\n\n```json\n" + json.dumps(
-        {"checklist": ["Is the tone direct?", "Is it short?"]}, indent=2
-    ) + "\n```"
-    assert admits(schemas.decomposer(None), checklist) and parse.checklist(checklist) == ["Is the tone direct?", "Is it short?"]
+    checklist = (
+        "**Analysis**\n\nTwo aspects: tone and length.\n\n**Checklist**\n\n```json\n"
+        + json.dumps({"checklist": ["Is the tone direct?", "Is it short?"]}, indent=2)
+        + "\n```"
+    )
+    assert admits(schemas.decomposer(None), checklist) and parse.checklist(checklist) == [
+        "Is the tone direct?",
+        "Is it short?",
+    ]
     five = checklist.replace('"Is it short?"', '"a?", "b?", "c?", "d?"')
     assert not admits(schemas.decomposer(None), five)  # at most 4 entries, as the prompt says
-    summary = {"summaries": [{"session_id": 1, "analysis": "The user plans.", "context": ["A trip"], "preferences": ["Short plans"]}]}
+    summary = {
+        "summaries": [
+            {"session_id": 1, "analysis": "The user plans.", "context": ["A trip"], "preferences": ["Short plans"]}
+        ]
+    }
     text = "```json\n" + json.dumps(summary, indent=2) + "\n```"
     assert admits(schemas.summarizer(None), text) and parse.session_summary(text)["preferences"] == ["Short plans"]
 
 
 def test_candidate_inference_pattern_and_the_length_every_pattern_guarantees():
-    answer = "### Analysis\n\nThe user wanted short plans before.\n\n### Most Likely Preference\n\nPlans should be short."
+    answer = (
+        "### Analysis\n\nThe user wanted short plans before.\n\n### Most Likely Preference\n\nPlans should be short."
+    )
     assert admits(schemas.inference_answer(None), answer) and parse.preference(answer) == "Plans should be short."
     assert not admits(schemas.inference_answer(None), answer + "\nAnd a second line.")
     for cap in (64, 200, 2048):
-        for fields in (schemas.judge(cap), schemas.decomposer(cap), schemas.summarizer(cap), schemas.inference_answer(cap),
-                       schemas.matcher("prefmatcher", ITEMS, cap), schemas.matcher("fewshot", ITEMS, cap)):  # fmt: skip
+        for fields in (
+            schemas.judge(cap),
+            schemas.decomposer(cap),
+            schemas.summarizer(cap),
+            schemas.inference_answer(cap),
+            schemas.matcher("prefmatcher", ITEMS, cap),
+            schemas.matcher("fewshot", ITEMS, cap),
+        ):
             # a token is at least one character: the answer always fits in the tokens the request allows
             assert schemas.width(pattern(fields)) <= fields.get("max_tokens", cap)
 
@@ -102,21 +124,39 @@ def test_every_role_held_to_its_format_on_the_real_tiny_model(tiny_server):
     endpoint = Endpoint(**{**tiny_server, "structured_output": True})
     session = cupid_data.load("sample").instances[0].sessions("standard")[0]
     asks = {
-        "prefmatcher": (prompts.matcher("Plans should be short and polite.", ITEMS, "prefmatcher"),
-                        schemas.matcher("prefmatcher", ITEMS, endpoint.max_tokens), lambda a: parse.matches(a, ITEMS)),
-        "fewshot": (prompts.matcher("Plans should be short and polite.", ITEMS, "fewshot"),
-                    schemas.matcher("fewshot", ITEMS, endpoint.max_tokens), lambda a: parse.matches(a, ITEMS)),
-        "decomposer": (prompts.decomposer("Plans should be short and polite."), schemas.decomposer(endpoint.max_tokens), parse.checklist),
+        "prefmatcher": (
+            prompts.matcher("Plans should be short and polite.", ITEMS, "prefmatcher"),
+            schemas.matcher("prefmatcher", ITEMS, endpoint.max_tokens),
+            lambda a: parse.matches(a, ITEMS),
+        ),
+        "fewshot": (
+            prompts.matcher("Plans should be short and polite.", ITEMS, "fewshot"),
+            schemas.matcher("fewshot", ITEMS, endpoint.max_tokens),
+            lambda a: parse.matches(a, ITEMS),
+        ),
+        "decomposer": (
+            prompts.decomposer("Plans should be short and polite."),
+            schemas.decomposer(endpoint.max_tokens),
+            parse.checklist,
+        ),
         "summarizer": (prompts.summarizer(session), schemas.summarizer(endpoint.max_tokens), parse.session_summary),
-        "judge": (prompts.judge("Plans should be short.", ITEMS, "Plan my day", "Wake up. Work. Sleep."),
-                  schemas.judge(endpoint.max_tokens), parse.score),
-        "candidate": (prompts.inference(prompts.format_interaction_log([session]), "Plan my day"),
-                      schemas.inference_answer(endpoint.max_tokens), parse.preference),
-    }  # fmt: skip
+        "judge": (
+            prompts.judge("Plans should be short.", ITEMS, "Plan my day", "Wake up. Work. Sleep."),
+            schemas.judge(endpoint.max_tokens),
+            parse.score,
+        ),
+        "candidate": (
+            prompts.inference(prompts.format_interaction_log([session]), "Plan my day"),
+            schemas.inference_answer(endpoint.max_tokens),
+            parse.preference,
+        ),
+    }
 
     async def ask_all():
         async with Client({"t": endpoint}) as client:
-            return await asyncio.gather(*[client.chat("t", messages, **fields) for messages, fields, _ in asks.values()])
+            return await asyncio.gather(
+                *[client.chat("t", messages, **fields) for messages, fields, _ in asks.values()]
+            )
 
     answers = dict(zip(asks, asyncio.run(ask_all())))
     for role, answer in answers.items():
@@ -134,8 +174,16 @@ def test_constrained_tiny_candidate_reaches_scoring_and_says_so(tmp_path, tiny_s
         tinyformat={**tiny_server, "structured_output": True},
         tinyconstrained={**tiny_server, "structured_output": True, "constrain_candidate": True},
     )
-    common = dict(endpoints=str(endpoints), decomposer="tinyformat", matcher="tinyformat", judge="tinyformat",
-                  tasks=["inference", "generation"], limit=1, out=str(tmp_path / "run"), cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    common = {
+        "endpoints": str(endpoints),
+        "decomposer": "tinyformat",
+        "matcher": "tinyformat",
+        "judge": "tinyformat",
+        "tasks": ["inference", "generation"],
+        "limit": 1,
+        "out": str(tmp_path / "run"),
+        "cache": str(tmp_path / "cache.sqlite"),
+    }
     summary = run(RunConfig(candidate="tinyconstrained", **common)).summary
     assert summary.n_failed == 0 and summary.n_scored == 2, summary.failures
     assert summary.candidate_constrained == ["inference"]

@@ -27,7 +27,6 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.endpoints import load_endpoints
 from cupid.serving.lifecycle import free_port
-from tests.conftest import write_endpoints
 from cupid.training.synth import parse, tables
 from cupid.training.synth.ask import Asker, StepFailed
 from cupid.training.synth.config import MaxTokens, SynthConfig
@@ -38,6 +37,7 @@ from cupid.training.synth.personas import read_description, template
 from cupid.training.synth.personas import shape as persona_shape
 from cupid.training.synth.pipeline import SynthesisDir, persona_id, run
 from cupid.training.synth.sessions import FINAL, layout, request_shape
+from tests.conftest import write_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 ATTRS = tables.attributes()
@@ -112,27 +112,55 @@ def fake_record(seed: int) -> PersonaRecord:
     pid = persona_id(seed, 0)
     c = draw_choices(seed, pid, ATTRS)
     factors = [
-        Factor(index=i, **s.model_dump(), factor=f"Factor {i}", background="b", preference=f"Preference {i} holds.", checklist=[f"Is {i} met?"])
+        Factor(
+            index=i,
+            **s.model_dump(),
+            factor=f"Factor {i}",
+            background="b",
+            preference=f"Preference {i} holds.",
+            checklist=[f"Is {i} met?"],
+        )
         for i, s in enumerate(c.slots)
     ]
     changed = "Preference changed holds."
     sessions = []
     for s in layout(c.positions, c.current_factor, c.contrastive_factor):
         pref = {"final": None, "current_changed": changed}.get(s.role, factors[s.factor_index].preference)
-        dialogue = [] if s.role == "final" else [Message(role="user", content=f"request {s.position}"), Message(role="assistant", content="ok")]
+        dialogue = (
+            []
+            if s.role == "final"
+            else [Message(role="user", content=f"request {s.position}"), Message(role="assistant", content="ok")]
+        )
         sessions.append(
             SessionRecord(
-                position=s.position, role=s.role, factor_index=s.factor_index, context_factor=factors[s.factor_index].factor,
-                contextual_preference=pref, checklist=["Is it?"], task_type=c.task_types[s.position], request=f"request {s.position}",
-                dialogue=dialogue, turns=[] if s.role == "final" else [Turn(verdicts=[False], score=1, kind="feedback", items=[0])],
+                position=s.position,
+                role=s.role,
+                factor_index=s.factor_index,
+                context_factor=factors[s.factor_index].factor,
+                contextual_preference=pref,
+                checklist=["Is it?"],
+                task_type=c.task_types[s.position],
+                request=f"request {s.position}",
+                dialogue=dialogue,
+                turns=[] if s.role == "final" else [Turn(verdicts=[False], score=1, kind="feedback", items=[0])],
                 ended=None if s.role == "final" else "turn_cap",
             )
-        )  # fmt: skip
+        )
     template_ = template(seed, 0, ATTRS, SEEDS)
     return PersonaRecord(
-        persona_id=pid, index=0, seed=seed, template=template_, description="d", choices=c, factors=factors,
-        changed_preference=changed, changed_checklist=["Is it changed?"], sessions=sessions, example_copies=[], raw=[],
-    )  # fmt: skip
+        persona_id=pid,
+        index=0,
+        seed=seed,
+        template=template_,
+        description="d",
+        choices=c,
+        factors=factors,
+        changed_preference=changed,
+        changed_checklist=["Is it changed?"],
+        sessions=sessions,
+        example_copies=[],
+        raw=[],
+    )
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -161,7 +189,9 @@ def test_instance_construction_rules(seed):
             assert (with_original, with_changed, with_contrast, others) == (2, 2, 0, 4)
             assert set(c.removed["changing"]) <= set(p.other) and not set(c.removed["changing"]) & set(kept)
             # the user held the original preference before the changed one
-            order = [s["contextual_preference"] for s in row["prior_interactions"] if s["context_factor"] == current.factor]
+            order = [
+                s["contextual_preference"] for s in row["prior_interactions"] if s["context_factor"] == current.factor
+            ]
             assert order == [current.preference] * 2 + [record.changed_preference] * 2
         expected = record.changed_preference if kind == "changing" else current.preference
         assert row["current_contextual_preference"] == expected
@@ -188,7 +218,10 @@ def test_record_round_trips_through_json():
 
 
 def test_labelled_fields_tolerate_markdown_and_repeats():
-    answer = "Here you go:\n**Factor:** Dr. Okafor\n- Background: Night hospitalist;\n  prefers stories.\nPreference: Updates should be told in order.\n\nFactor: Again"
+    answer = (
+        "Here you go:\n**Factor:** Dr. Okafor\n- Background: Night hospitalist;\n  prefers stories.\n"
+        "Preference: Updates should be told in order.\n\nFactor: Again"
+    )
     assert parse.labelled(answer, ("Factor", "Background", "Preference")) == {
         "Factor": "Dr. Okafor",
         "Background": "Night hospitalist; prefers stories.",
@@ -207,7 +240,9 @@ def test_questions_yes_no_and_free_text():
     assert parse.yes_no("Yes.") is True and parse.yes_no("The answer is no, because") is False
     with pytest.raises(parse.Unusable):
         parse.yes_no("Maybe yes, maybe no")
-    assert parse.free_text('Request: "Draft my update to Dr. Okafor."', ("request",)) == "Draft my update to Dr. Okafor."
+    assert (
+        parse.free_text('Request: "Draft my update to Dr. Okafor."', ("request",)) == "Draft my update to Dr. Okafor."
+    )
     assert parse.echoes("Lena is a nurse who runs workshops", "Lena is a nurse who runs workshops for parents.")
     assert not parse.echoes("Please draft the update for Dr. Okafor", "Lena is a nurse who runs workshops.")
 
@@ -232,14 +267,15 @@ SHAPES = {  # every model step of the pipeline, with the cap it is sized for
     "message": (message_shape, "message"),
 }
 TINY_CAPS = SynthConfig.model_validate(yaml.safe_load((REPO / "configs/synth/tiny.yaml").read_text())).max_tokens
+DEFAULT_CAPS = MaxTokens()  # MaxTokens' own defaults
 
 
-def shaped(name: str, caps: MaxTokens = MaxTokens()) -> str:
+def shaped(name: str, caps: MaxTokens = DEFAULT_CAPS) -> str:
     shape, cap = SHAPES[name]
     return schemas.constrained(shape, getattr(caps, cap))["structured_outputs"]["regex"]
 
 
-def admits(name: str, text: str, caps: MaxTokens = MaxTokens()) -> bool:
+def admits(name: str, text: str, caps: MaxTokens = DEFAULT_CAPS) -> bool:
     return re.fullmatch(shaped(name, caps), text) is not None
 
 
@@ -276,7 +312,15 @@ def test_content_rules_stay_checks_inside_the_shape():
 
     cfg = SynthConfig(generator="t", user_simulator="t", assistant_simulator="t")
     slot = Slot(factor_type="Location/Place", preference_type="Clarity", task_types=["Planning", "Learning"])
-    earlier = [Factor(index=0, **slot.model_dump(), factor="Harbor Office", background="b", preference="Plans should list every berth.")]
+    earlier = [
+        Factor(
+            index=0,
+            **slot.model_dump(),
+            factor="Harbor Office",
+            background="b",
+            preference="Plans should list every berth.",
+        )
+    ]
     example = tables.examples()["factors"][0]
     read = _read_factor(Asker(None, cfg, "p"), "factor[1]", 1, slot, earlier, {"example": example})
     line = "\nBackground: The user walks the harbor each morning.\nPreference: "
@@ -291,7 +335,9 @@ def test_content_rules_stay_checks_inside_the_shape():
         assert admits("factor", answer)
         with pytest.raises(parse.Unusable, match=reason):
             read(answer)
-    assert read(f"Factor: Pier 39 Ferry Dock{line}Maps should mark the tide times in red.").factor == "Pier 39 Ferry Dock"
+    assert (
+        read(f"Factor: Pier 39 Ferry Dock{line}Maps should mark the tide times in red.").factor == "Pier 39 Ferry Dock"
+    )
 
 
 def test_checklist_and_changed_preference_shapes_admit_the_examples():
@@ -319,8 +365,16 @@ def test_prose_shapes_hold_their_sentences_and_paragraphs():
     )
     assert admits("persona", six) and read_description(template(0, 0, ATTRS, SEEDS))(six) == six
     assert not admits("persona", six.rsplit(" She checks", 1)[0])  # six sentences, as the prompt asks
-    assert not admits("persona", "## Persona\n\n" + six) and not admits("persona", six.replace(". She wants", ".\n\nShe wants"))
-    paper = "```json\n" + json.dumps({"personas": [{"description": six, "occupation": "bridge engineer"}]}, indent=2, ensure_ascii=False) + "\n```"
+    assert not admits("persona", "## Persona\n\n" + six) and not admits(
+        "persona", six.replace(". She wants", ".\n\nShe wants")
+    )
+    paper = (
+        "```json\n"
+        + json.dumps(
+            {"personas": [{"description": six, "occupation": "bridge engineer"}]}, indent=2, ensure_ascii=False
+        )
+        + "\n```"
+    )
     assert admits("persona (paper prompt)", paper) and read_description(template(0, 0, ATTRS, SEEDS))(paper) == six
     factor = "Dr. Okafor's Night Shift (Ward 4)"
     request = f"Please draft my handover notes for {factor}; the patient list is below."
@@ -330,7 +384,9 @@ def test_prose_shapes_hold_their_sentences_and_paragraphs():
     assert parse.mentions(f"Please draft {factor}'s handover notes.", factor)
     assert not admits("request", f"{request}\n\n1. Bed 3: stable.")  # one paragraph
     reply = "Here is a plan. Start with the ward list. Then the admissions. Add the open tasks. Keep it short. Sign it."
-    assert admits("assistant", reply) and admits("assistant", "Sure: " + "the plan has the ward list, then " * 20 + "the end.")
+    assert admits("assistant", reply) and admits(
+        "assistant", "Sure: " + "the plan has the ward list, then " * 20 + "the end."
+    )
     assert not admits("assistant", reply + " " + reply * 9)  # the cap: 1000 characters by default
     assert not admits("assistant", "### Plan\n\n" + reply) and not admits("assistant", "**Plan:** " + reply)
     assert not admits("assistant", reply.replace(" Then", "\n- Then"))
@@ -357,7 +413,14 @@ def test_an_unusable_answer_is_retried_with_another_request_then_fails(tmp_path,
         async with Client(load_endpoints(endpoints), cache) as client:
             asker = Asker(client, cfg, "p")
             with pytest.raises(StepFailed) as failed:
-                await asker.ask("persona", "generator", [{"role": "user", "content": "Describe a nurse."}], parse.yes_no, 8, judge_shape)
+                await asker.ask(
+                    "persona",
+                    "generator",
+                    [{"role": "user", "content": "Describe a nurse."}],
+                    parse.yes_no,
+                    8,
+                    judge_shape,
+                )
             return asker, failed.value
 
     asker, failure = asyncio.run(go())
@@ -397,7 +460,14 @@ def test_a_seeds_file_is_checked_by_entry(tmp_path):
     seeds.write_text(yaml.safe_dump([{"occupation": "baker", "description": "A baker."}, {"occupation": "smith"}]))
     with pytest.raises(ValueError, match=r"(?s)seeds.yaml: entry 1.*description: Field required"):
         tables.load_seeds(str(seeds))
-    seeds.write_text(yaml.safe_dump([{"occupation": "baker", "description": "A baker."}, {"occupation": "baker", "description": "A pastry baker."}]))
+    seeds.write_text(
+        yaml.safe_dump(
+            [
+                {"occupation": "baker", "description": "A baker."},
+                {"occupation": "baker", "description": "A pastry baker."},
+            ]
+        )
+    )
     loaded = tables.load_seeds(str(seeds))
     assert loaded.by_occupation == {"baker": ["A baker.", "A pastry baker."]}
     assert template(0, 1, ATTRS, loaded).occupation == "baker"  # one occupation: every persona takes it
@@ -405,7 +475,9 @@ def test_a_seeds_file_is_checked_by_entry(tmp_path):
 
 def test_config_rejects_unknown_fields(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"generator": "tiny", "user_simulator": "tiny", "assistant_simulator": "tiny", "n_turns": 3}))
+    bad.write_text(
+        yaml.safe_dump({"generator": "tiny", "user_simulator": "tiny", "assistant_simulator": "tiny", "n_turns": 3})
+    )
     result = CliRunner().invoke(app, ["synth", "--config", str(bad)])
     assert result.exit_code == 2 and "n_turns" in result.output
 
@@ -425,11 +497,18 @@ def scripted_answer(messages: list[dict]) -> str:
     tag = hashlib.sha256(user.encode()).hexdigest()[:6]
     if "Invent a realistic person" in user:
         return (
-            f"Mara {tag} is a 41-year-old engineer. She wants her bridges inspected on time. She fears missing a crack. "
-            "She cares about safety above all. Colleagues call her exacting but fair. She checks every report twice."
+            f"Mara {tag} is a 41-year-old engineer. She wants her bridges inspected on time. "
+            "She fears missing a crack. She cares about safety above all. Colleagues call her exacting but fair. "
+            "She checks every report twice."
         )
-    if system == prompts.load("project_synth_factor").system or system == prompts.load("project_synth_contrastive_factor").system:
-        return f"Factor: Site {tag}\nBackground: She visits site {tag} monthly.\nPreference: Reports on site {tag} should list cracks by size."
+    if (
+        system == prompts.load("project_synth_factor").system
+        or system == prompts.load("project_synth_contrastive_factor").system
+    ):
+        return (
+            f"Factor: Site {tag}\nBackground: She visits site {tag} monthly.\n"
+            f"Preference: Reports on site {tag} should list cracks by size."
+        )
     if system == prompts.load("project_synth_changed_preference").system:
         return f"New preference: Reports should group cracks by location {tag} instead of size."
     if system == prompts.load("project_synth_checklist").system:
@@ -444,7 +523,11 @@ def scripted_answer(messages: list[dict]) -> str:
         first_item = "1. " not in user and re.search(r"Question: Does the report list", user) is not None
         return "Yes" if draft_two or first_item else "No"
     if "You are the user with this profile" in system:
-        return "Thanks, that settles it." if "satisfies you" in user else f"Hmm, that is not how I read the site notes ({tag})."
+        return (
+            "Thanks, that settles it."
+            if "satisfies you" in user
+            else f"Hmm, that is not how I read the site notes ({tag})."
+        )
     return "OK"
 
 
@@ -465,7 +548,9 @@ def scripted_url():
         regex = body.get("structured_outputs", {}).get("regex")
         if regex is not None and not re.fullmatch(regex, content):
             state["outside"].append((content, regex))
-        return JSONResponse({"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]})
+        return JSONResponse(
+            {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
+        )
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(api, host="127.0.0.1", port=port, log_level="warning"))
@@ -484,7 +569,9 @@ def test_every_step_asks_for_its_shape_where_the_endpoint_enforces_it(tmp_path, 
     url, state = scripted_url
     for structured in (True, False):
         state["bodies"].clear()
-        endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "structured_output": structured})
+        endpoints = write_endpoints(
+            tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "structured_output": structured}
+        )
         cfg = cfg_for(tmp_path, endpoints, personas=1, max_turns=2, out=str(tmp_path / f"run-{structured}"))
         assert run(cfg)["done"] == 1
         bodies = state["bodies"]
@@ -500,7 +587,9 @@ def test_every_step_asks_for_its_shape_where_the_endpoint_enforces_it(tmp_path, 
 
 def test_scripted_end_to_end_dialogue_rules_and_resume(tmp_path, scripted_url):
     url, state = scripted_url
-    endpoints = write_endpoints(tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "max_retries": 0, "structured_output": True})
+    endpoints = write_endpoints(
+        tmp_path / "e.yaml", tiny={"base_url": url, "model": "m", "max_retries": 0, "structured_output": True}
+    )
     cfg = cfg_for(tmp_path, endpoints, personas=2, max_turns=3, reject_example_copies=True)
     state["broken"] = True
     first = run(cfg)
@@ -552,10 +641,14 @@ def test_tiny_model_held_to_the_shapes_writes_a_persona_then_resumes(tmp_path, t
     dataset = cupid_data.load(out.records_file)
     assert dataset.bad_rows == [] and len(dataset.instances) == 3 and out.failures() == {}
     record = out.persona_records()[0]
-    assert len(record.sessions) == 13 and all(s.dialogue[-1].role == "user" for s in record.sessions if s.role != "final")
+    assert len(record.sessions) == 13 and all(
+        s.dialogue[-1].role == "user" for s in record.sessions if s.role != "final"
+    )
     caps = SynthConfig.model_validate(yaml.safe_load((REPO / "configs/synth/tiny.yaml").read_text())).max_tokens
     factors = [r["content"] for r in record.raw if r["step"].startswith("factor[")]
-    assert factors and all(re.fullmatch(schemas.constrained(factor_shape, caps.factor)["structured_outputs"]["regex"], f) for f in factors)
+    assert factors and all(
+        re.fullmatch(schemas.constrained(factor_shape, caps.factor)["structured_outputs"]["regex"], f) for f in factors
+    )
     snapshot = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*.json*") if p.name != "summary.json"}
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "requests 0 sent" in again.output

@@ -18,9 +18,17 @@ SETTINGS = ["standard", "oracle", "oracle-preference", "summary"]
 
 
 def config(endpoints, tmp_path, **kw) -> RunConfig:
-    values = dict(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm", judge="instant",
-                  summarizer="instant", tasks=["inference", "generation"], out=str(tmp_path / "run"),
-                  cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
+    values = {
+        "endpoints": str(endpoints),
+        "candidate": "instant",
+        "decomposer": "instant",
+        "matcher": "pm",
+        "judge": "instant",
+        "summarizer": "instant",
+        "tasks": ["inference", "generation"],
+        "out": str(tmp_path / "run"),
+        "cache": str(tmp_path / "cache.sqlite"),
+    }
     values.update(kw)
     return RunConfig(**values)
 
@@ -41,7 +49,9 @@ def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tmp_path
     summary = run(config(endpoints, tmp_path, candidate="tiny", settings=SETTINGS, limit=1)).summary
     rows = {(r["task"], r["setting"]): r for r in records(tmp_path)}
     # oracle-preference is a generation setting only
-    assert set(rows) == {("inference", s) for s in ("standard", "oracle", "summary")} | {("generation", s) for s in SETTINGS}
+    assert set(rows) == {("inference", s) for s in ("standard", "oracle", "summary")} | {
+        ("generation", s) for s in SETTINGS
+    }
     instance = cupid_data.load("sample").instances[0]
     for (task, setting), row in rows.items():
         assert row["key"] == instance.key and row["relevant_sessions"] == relevant_sessions(instance)
@@ -51,7 +61,11 @@ def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tmp_path
             assert "### Evaluation Score" in row["judge_answer"]
         elif row["status"] == "failed":  # a 135M model rarely follows the inference answer format
             assert row["error"]["stage"] == "parse_preference" and row["error"]["raw"] == row["candidate_answer"]
-    assert rows[("inference", "oracle")]["n_sessions"] == len(relevant_sessions(instance)) < rows[("inference", "standard")]["n_sessions"]
+    assert (
+        rows[("inference", "oracle")]["n_sessions"]
+        == len(relevant_sessions(instance))
+        < rows[("inference", "standard")]["n_sessions"]
+    )
     assert rows[("generation", "oracle-preference")]["n_sessions"] == 0
     assert set(summary.tasks["generation"].settings) == set(SETTINGS)
     assert set(summary.tasks["inference"].settings) == {"standard", "oracle", "summary"}
@@ -71,10 +85,21 @@ def test_candidate_prompts_per_setting_and_summaries_cached_per_session(endpoint
     by_setting = {}
     for request in sent(cache_file, "generation") + sent(cache_file, prompts.ORACLE_PREFERENCE):
         user = request["messages"][1]["content"]
-        by_setting.setdefault("summary" if "#### Preferences" in user else "oracle-preference" if "## User's Preference" in user else "log", []).append(user)
+        by_setting.setdefault(
+            "summary"
+            if "#### Preferences" in user
+            else "oracle-preference"
+            if "## User's Preference" in user
+            else "log",
+            [],
+        ).append(user)
     # identical requests are sent (and cached) once
-    assert len(by_setting["oracle-preference"]) == len({(i.current_contextual_preference, i.current_request) for i in sample})
-    assert len(by_setting["summary"]) == len({(json.dumps(i.model_dump()["prior_interactions"]), i.current_request) for i in sample})
+    assert len(by_setting["oracle-preference"]) == len(
+        {(i.current_contextual_preference, i.current_request) for i in sample}
+    )
+    assert len(by_setting["summary"]) == len(
+        {(json.dumps(i.model_dump()["prior_interactions"]), i.current_request) for i in sample}
+    )
     assert all("#### User" not in u for u in by_setting["summary"] + by_setting["oracle-preference"])
     gt = {i.current_contextual_preference for i in sample}
     assert {u.split("## User's Preference\n\n")[1].split("\n\n---")[0] for u in by_setting["oracle-preference"]} == gt
@@ -85,7 +110,9 @@ def test_candidate_prompts_per_setting_and_summaries_cached_per_session(endpoint
     assert "| instances | standard score | standard n | oracle score | oracle n | oracle-preference score |" in md
 
 
-def test_reference_rescoring_side_by_side_without_asking_the_candidate_again(endpoints, tmp_path, cupid_home, monkeypatch):
+def test_reference_rescoring_side_by_side_without_asking_the_candidate_again(
+    endpoints, tmp_path, cupid_home, monkeypatch
+):
     monkeypatch.delenv("CUPID_TEST_MISSING_KEY", raising=False)
     with pytest.raises(ConfigError, match="CUPID_TEST_MISSING_KEY"):
         run(config(endpoints, tmp_path, reference="paid"))
@@ -109,9 +136,22 @@ def test_reference_rescoring_side_by_side_without_asking_the_candidate_again(end
 def test_a_small_context_window_is_counted_not_crashed(tmp_path, cupid_home):
     proc, url = start_instant("--context-window", "1500")
     try:
-        endpoints = write_endpoints(tmp_path / "ep.yaml", small={"base_url": url, "model": "small", "max_tokens": 100, "matcher_prompt": "prefmatcher"})
-        summary = run(config(endpoints, tmp_path, candidate="small", decomposer="small", matcher="small", judge="small", summarizer=None,
-                             settings=["standard", "oracle"])).summary  # fmt: skip
+        endpoints = write_endpoints(
+            tmp_path / "ep.yaml",
+            small={"base_url": url, "model": "small", "max_tokens": 100, "matcher_prompt": "prefmatcher"},
+        )
+        summary = run(
+            config(
+                endpoints,
+                tmp_path,
+                candidate="small",
+                decomposer="small",
+                matcher="small",
+                judge="small",
+                summarizer=None,
+                settings=["standard", "oracle"],
+            )
+        ).summary
     finally:
         proc.terminate()
         proc.wait()
@@ -119,7 +159,9 @@ def test_a_small_context_window_is_counted_not_crashed(tmp_path, cupid_home):
     too_long = [r for r in rows if r["status"] == "failed"]
     assert too_long and all(r["error"]["reason"] == "context_length_exceeded" for r in too_long)
     assert {r["error"]["stage"] for r in too_long} <= {"infer", "generate"}
-    assert summary.failures["inference/infer: context_length_exceeded"] == sum(r["task"] == "inference" for r in too_long)
+    assert summary.failures["inference/infer: context_length_exceeded"] == sum(
+        r["task"] == "inference" for r in too_long
+    )
     assert summary.tasks["inference"].overall.failed_by_stage.get("infer", 0) == sum(
         r["task"] == "inference" and r["setting"] == "standard" for r in too_long
     )

@@ -5,6 +5,7 @@ reader (`mlflow.search_runs`/`load_table`, `wandb leet inspect`)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def mlflow_store(tmp_path, monkeypatch):
 
 
 def cupid(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([CUPID, *args], capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [CUPID, *args], check=False, capture_output=True, text=True, cwd=cwd, env={**os.environ, **(env or {})}
+    )
 
 
 def expected_metrics(summary: dict) -> dict[str, float]:
@@ -63,7 +66,9 @@ def expected_metrics(summary: dict) -> dict[str, float]:
     return expected
 
 
-def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps_one_run(tmp_path, tiny_server, mlflow_store, cupid_home):
+def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps_one_run(
+    tmp_path, tiny_server, mlflow_store, cupid_home
+):
     mlflow = mlflow_store
     endpoints = write_endpoints(
         tmp_path / "ep.yaml",
@@ -73,8 +78,9 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
     )
     run_dir = tmp_path / "run"
     result = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "judgeformat",
-                   "--matcher", "judgeformat", "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",
-                   "--out", str(run_dir), "--cache", str(tmp_path / "cache.sqlite"), "--track", "mlflow", cwd=tmp_path)  # fmt: skip
+                   "--matcher", "judgeformat", "--judge", "freejudge", "--task", "both", "--setting", "oracle",
+                   "--limit", "3", "--out", str(run_dir), "--cache", str(tmp_path / "cache.sqlite"),
+                   "--track", "mlflow", cwd=tmp_path)  # fmt: skip
     assert (run_dir / "summary.json").exists(), result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert result.returncode == (1 if summary["n_failed"] else 0), result.stderr
@@ -83,26 +89,40 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT])
     assert len(runs) == 1
     tracked = runs.iloc[0]
-    assert json.loads((run_dir / "tracker.json").read_text())["mlflow"] == {os.environ["MLFLOW_TRACKING_URI"]: tracked.run_id}
-    metrics = {k.removeprefix("metrics."): v for k, v in tracked.items() if k.startswith("metrics.") and v == v}  # NaN: not this run's
+    assert json.loads((run_dir / "tracker.json").read_text())["mlflow"] == {
+        os.environ["MLFLOW_TRACKING_URI"]: tracked.run_id
+    }
+    metrics = {
+        k.removeprefix("metrics."): v for k, v in tracked.items() if k.startswith("metrics.") and not math.isnan(v)
+    }  # NaN: not this run's
     expected = expected_metrics(summary)
     assert {k: metrics.get(k) for k in expected} == pytest.approx(expected)
-    assert tracked["params.role.candidate"] == summary["roles"]["candidate"] and tracked["params.data"] == summary["data"]
+    assert (
+        tracked["params.role.candidate"] == summary["roles"]["candidate"] and tracked["params.data"] == summary["data"]
+    )
     assert tracked["params.tasks"] == "inference,generation" and tracked["params.settings.inference"] == "oracle"
     assert tracked["params.prompt.prefmatcher"] == summary["prompts"]["prefmatcher"]
 
     # every estimate with its bootstrap bounds, as the report and the nightly compute them
     records = [UnitRecord.model_validate_json(line) for line in (run_dir / "instances.jsonl").read_text().splitlines()]
     if (interval := INFERENCE.intervals(records).get("micro_f1")) is not None:
-        assert (metrics["inference/oracle/micro_f1_low"], metrics["inference/oracle/micro_f1_high"]) == pytest.approx((interval.low, interval.high))
+        assert (metrics["inference/oracle/micro_f1_low"], metrics["inference/oracle/micro_f1_high"]) == pytest.approx(
+            (interval.low, interval.high)
+        )
     if (interval := GENERATION.intervals(records).get("mean_score")) is not None:
-        assert (metrics["generation/oracle/mean_score_low"], metrics["generation/oracle/mean_score_high"]) == pytest.approx((interval.low, interval.high))
+        assert (
+            metrics["generation/oracle/mean_score_low"],
+            metrics["generation/oracle/mean_score_high"],
+        ) == pytest.approx((interval.low, interval.high))
     else:  # no judge answer parsed: no score at all, never a zero
         assert not any(k.startswith("generation/oracle/mean_score") for k in metrics)
 
     def table():
         units = mlflow.load_table("units.json", run_ids=[tracked.run_id])
-        return {(u.key, u.task, u.setting): (u.status, None if u.failed_stage != u.failed_stage else u.failed_stage) for u in units.itertuples()}
+        return {
+            (u.key, u.task, u.setting): (u.status, None if u.failed_stage != u.failed_stage else u.failed_stage)
+            for u in units.itertuples()
+        }
 
     statuses = {r.unit: (r.status, r.error.stage if r.error else None) for r in records}
     assert len(mlflow.load_table("units.json", run_ids=[tracked.run_id])) == len(records) == summary["n_runs"] == 6
@@ -126,8 +146,12 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
     logged = cupid("track", str(run_dir), "--to", "wandb", cwd=tmp_path, env=offline)
     assert logged.returncode == 0, logged.stderr
     run_id = json.loads((run_dir / "tracker.json").read_text())["wandb"]["cupid-tests"]
-    inspected = subprocess.run([str(REPO / ".venv" / "bin" / "wandb"), "leet", "inspect", "--summary", "--json", str(wandb_dir / "wandb")],
-                               capture_output=True, text=True, check=True)  # fmt: skip
+    inspected = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "wandb"), "leet", "inspect", "--summary", "--json", str(wandb_dir / "wandb")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     state = json.loads(inspected.stdout)
     assert (state["run_id"], state["project"], state["state"]) == (run_id, "cupid-tests", "finished")
     assert {k: state["summary"].get(k) for k in expected} == pytest.approx(expected)
@@ -136,30 +160,43 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
 
 
 def _run_args(endpoints: Path, out: Path, cache: Path) -> list[str]:
-    return ["eval", "run", "--endpoints", str(endpoints), "--candidate", "instant", "--decomposer", "instant", "--matcher", "pm",
-            "--out", str(out), "--cache", str(cache)]  # fmt: skip
+    return ["eval", "run", "--endpoints", str(endpoints), "--candidate", "instant", "--decomposer", "instant",
+            "--matcher", "pm", "--out", str(out), "--cache", str(cache)]  # fmt: skip
 
 
 def test_a_tracker_that_fails_is_a_warning_and_the_run_stands(tmp_path, instant_url, cupid_home):
-    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
-                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
     bad = {"MLFLOW_TRACKING_URI": "nowhere://tracker.invalid/x"}
-    result = cupid(*_run_args(endpoints, tmp_path / "run", tmp_path / "cache.sqlite"), "--track", "mlflow", cwd=tmp_path, env=bad)
+    result = cupid(
+        *_run_args(endpoints, tmp_path / "run", tmp_path / "cache.sqlite"), "--track", "mlflow", cwd=tmp_path, env=bad
+    )
     assert result.returncode == 0, result.stderr  # the run's own status: every unit scored
     assert "warning: mlflow (tracking URI nowhere://tracker.invalid/x) did not log" in result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["n_scored"] == 12 and len((tmp_path / "run" / "instances.jsonl").read_text().splitlines()) == 12
     assert (tmp_path / "run" / "summary.md").exists()
-    later = cupid("track", str(tmp_path / "run"), cwd=tmp_path, env=bad)  # the command whose only job is the tracker fails
+    later = cupid(
+        "track", str(tmp_path / "run"), cwd=tmp_path, env=bad
+    )  # the command whose only job is the tracker fails
     assert later.returncode == 1 and "did not log" in later.stderr
 
 
 def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_path):
-    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": "http://127.0.0.1:9/v1", "model": "instant"},
-                                pm={"base_url": "http://127.0.0.1:9/v1", "model": "pm"})  # fmt: skip
-    hidden = "import sys; sys.modules['wandb'] = None; from cupid.cli import app; app()"  # as if the extra were not installed
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        instant={"base_url": "http://127.0.0.1:9/v1", "model": "instant"},
+        pm={"base_url": "http://127.0.0.1:9/v1", "model": "pm"},
+    )
+    # as if the extra were not installed
+    hidden = "import sys; sys.modules['wandb'] = None; from cupid.cli import app; app()"
     args = _run_args(endpoints, tmp_path / "run", tmp_path / "cache.sqlite") + ["--track", "wandb"]
-    result = subprocess.run([sys.executable, "-c", hidden, *args], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", hidden, *args], check=False, capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode == 2
     assert "the wandb package is not installed" in result.stderr and "pip install -e '.[track]'" in result.stderr
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache.sqlite").exists()
@@ -169,21 +206,39 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     from cupid.eval.nightly import run_nightly
 
     mlflow = mlflow_store
-    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
-                                pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
     models = ["instant", {"name": "untrained", "profile": "tiny", "adapter": str(tmp_path / "no-adapter")}]
-    run = {"data": "sample", "endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "cache": str(tmp_path / "cache.sqlite")}
+    run = {
+        "data": "sample",
+        "endpoints": str(endpoints),
+        "decomposer": "instant",
+        "matcher": "pm",
+        "cache": str(tmp_path / "cache.sqlite"),
+    }
     night = {"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run}
     (tmp_path / "tracked.yaml").write_text(yaml.safe_dump({**night, "track": "mlflow"}))
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump(night))
 
     first, _ = run_nightly(tmp_path / "tracked.yaml", "2025-03-01")  # the file's `track:`
-    second = CliRunner().invoke(app, ["nightly", "--config", str(tmp_path / "plain.yaml"), "--date", "2025-03-02", "--track", "mlflow"])
+    second = CliRunner().invoke(
+        app, ["nightly", "--config", str(tmp_path / "plain.yaml"), "--date", "2025-03-02", "--track", "mlflow"]
+    )
     assert second.exit_code == 1, second.output  # the broken candidate's failure, not the tracker's
-    boards = [first.model_dump(mode="json"), json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())]
+    boards = [
+        first.model_dump(mode="json"),
+        json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()),
+    ]
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], order_by=["tags.`cupid.night` ASC"])
     assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"])) == [
-        ("2025-03-01", "instant"), ("2025-03-01", "untrained"), ("2025-03-02", "instant"), ("2025-03-02", "untrained")]  # fmt: skip
+        ("2025-03-01", "instant"),
+        ("2025-03-01", "untrained"),
+        ("2025-03-02", "instant"),
+        ("2025-03-02", "untrained"),
+    ]
     broken = runs[runs["tags.cupid.candidate"] == "untrained"]
     assert set(broken["tags.cupid.flag"]) == {"DID NOT RUN"} and set(broken["tags.cupid.status"]) == {"not run"}
     assert all("no-adapter/adapter_config.json: not a LoRA adapter" in reason for reason in broken["tags.cupid.reason"])
@@ -197,8 +252,13 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     assert list(history[f"metrics.{f1}_low"]) == pytest.approx([m["low"] for m in on_board])
     # the second night's paired change since the first, beside its own figures (the first night has none)
     change = next(e for e in boards[1]["models"] if e["model"] == "instant")["change"][f1]
-    logged = {k: list(history[f"metrics.compare/{f1}/difference{end}"]) for k, end in (("difference", ""), ("low", "_low"), ("p_holm", "_p"))}
-    assert {k: v[1] for k, v in logged.items()} == pytest.approx({k: change[k] for k in logged}) and all(v[0] != v[0] for v in logged.values())
+    logged = {
+        k: list(history[f"metrics.compare/{f1}/difference{end}"])
+        for k, end in (("difference", ""), ("low", "_low"), ("p_holm", "_p"))
+    }
+    assert {k: v[1] for k, v in logged.items()} == pytest.approx({k: change[k] for k in logged}) and all(
+        v[0] != v[0] for v in logged.values()
+    )
 
     # the night's directory logged again, one of its runs torn meanwhile: the same tracker runs, none added, and
     # the torn one still logged with its flag and what did not read
@@ -212,10 +272,10 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
 
 
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
-    from cupid.serving.run_servers import profile_fingerprints
     from cupid.eval.summary import Summary
     from cupid.eval.track import of_run
     from cupid.serving.fleet import ServedModel
+    from cupid.serving.run_servers import profile_fingerprints
 
     model = tmp_path / "model"
     model.mkdir()
@@ -224,11 +284,13 @@ def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tm
     directory = REPO / "configs" / "serve"
     first = profile_fingerprints({"tiny": {}}, [candidate], directory)
     assert set(first) == {"tiny", "cand"} and first == profile_fingerprints({"tiny": {}}, [candidate], directory)
-    assert profile_fingerprints({"tiny": {"vllm": {"max_model_len": 4096}}}, [candidate], directory)["tiny"] != first["tiny"]
+    assert (
+        profile_fingerprints({"tiny": {"vllm": {"max_model_len": 4096}}}, [candidate], directory)["tiny"]
+        != first["tiny"]
+    )
     (model / "model.safetensors").write_bytes(b"retrained")
     retrained = profile_fingerprints({"tiny": {}}, [candidate], directory)
     assert retrained["cand"] != first["cand"] and retrained["tiny"] == first["tiny"]
     summary = Summary(n_instances=0, n_runs=0, n_scored=0, n_failed=0, serve_profiles=retrained)
     params = of_run(None, records=[], summary=summary).params
     assert (params["serve.tiny"], params["serve.cand"]) == (retrained["tiny"], retrained["cand"])
-

@@ -29,21 +29,20 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
-from cupid.cli import app as cupid_app
 from rich.console import Console
 from typer.testing import CliRunner
 
+from cupid.cli import app as cupid_app
 from cupid.eval.data import DataError
 from cupid.matcher import parse, prompts
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.lifecycle import free_port
-from tests.conftest import REPO, TINY_NAME, write_endpoints
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
+from tests.conftest import REPO, TINY_NAME, write_endpoints
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
 
@@ -58,7 +57,9 @@ def chain(random_model_dir, tmp_path_factory, request):
     the adapter on the session's tiny server (the same model directory, run-time LoRA loading on), asked for only
     then: another worker may have started it meanwhile."""
     work = tmp_path_factory.mktemp("train")
-    cfg = _load(TINY, out=str(work / "run"), base_model=str(random_model_dir), labelling__cache=str(work / "cache.sqlite"))
+    cfg = _load(
+        TINY, out=str(work / "run"), base_model=str(random_model_dir), labelling__cache=str(work / "cache.sqlite")
+    )
     # The chain's own state directory, only while it runs: a module-long setting would be undone after the
     # session's `tiny_server` set its own (the state directory of the session server, shared by the workers).
     with pytest.MonkeyPatch.context() as mp:
@@ -98,7 +99,9 @@ def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
         teacher = [m["label"] for m in e["teacher_labels"]]
         assert [m.label for m in parse.matches(e["completion"][0]["content"], e["items"])] == teacher
         assert e["completion"][0]["content"].startswith("```json\n[")  # the prefmatcher dialect: a bare list
-        assert e["teacher_prompt"] == "fewshot" and '"results"' in e["teacher_raw"]  # the teacher's own dialect, kept raw
+        assert (
+            e["teacher_prompt"] == "fewshot" and '"results"' in e["teacher_raw"]
+        )  # the teacher's own dialect, kept raw
         assert [m.label for m in parse.matches(e["teacher_raw"], e["items"])] == teacher
         assert e["candidate"] == "instant" and e["instance_key"].startswith(e["persona_id"] + "/")
     assert Counter(e["direction"] for e in examples) == {"infer_to_gt": 4, "gt_to_infer": 4}
@@ -116,15 +119,19 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
     report = reports["sft"]
     assert report["loss_after"]["train"] < report["loss_before"]["train"]
     steps = cfg.sft.max_steps
-    assert [r["step"] for r in report["logged_losses"]] == list(range(1, steps + 1)) and report["optimizer_steps"] == steps
+    assert [r["step"] for r in report["logged_losses"]] == list(range(1, steps + 1)) and report[
+        "optimizer_steps"
+    ] == steps
     assert all(math.isfinite(r["loss"]) for r in report["logged_losses"])
     assert report["quantization"] == {"load_in_4bit": True, "quant_type": "nf4", "double_quant": True}
-    # LoRA r=8 on q,v,o (hidden->hidden, hidden->kv heads, hidden->hidden) and the MLP (hidden<->intermediate) of each layer.
+    # LoRA r=8 on q,v,o (hidden->hidden, hidden->kv heads, hidden->hidden) and the MLP (hidden<->intermediate) of each
+    # layer.
     model = json.loads((random_model_dir / "config.json").read_text())
     hidden, kv = model["hidden_size"], model["num_key_value_heads"] * model["head_dim"]
     per_layer = 8 * ((hidden + hidden) + (hidden + kv) + (hidden + hidden) + 3 * (hidden + model["intermediate_size"]))
     assert report["trainable_parameters"] == model["num_hidden_layers"] * per_layer
-    # The loss covers exactly the assistant turn: prompt+completion tokens minus the prompt's (with its generation prompt).
+    # The loss covers exactly the assistant turn: prompt+completion tokens minus the prompt's (with its generation
+    # prompt).
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(random_model_dir)
@@ -187,8 +194,14 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
     assert report["base"]["n_failed"] == 4  # the random model's answers are noise: each a parse failure, counted
     assert report["adapter"]["model"] == str((cfg.out_dir / "adapter").resolve())
     assert report["trained"]["model"] == str((cfg.out_dir / "export").resolve())
-    print("agreement: " + ", ".join(f"{w} {report[w]['n_parsed']}/4 parsed, accuracy {report[w]['accuracy']}, "
-                                    f"alpha {report[w]['alpha_interval']}" for w in ("base", "adapter", "trained")))  # fmt: skip
+    print(
+        "agreement: "
+        + ", ".join(
+            f"{w} {report[w]['n_parsed']}/4 parsed, accuracy {report[w]['accuracy']}, "
+            f"alpha {report[w]['alpha_interval']}"
+            for w in ("base", "adapter", "trained")
+        )
+    )
 
 
 def _running_in_group(pgid: int) -> list[int]:
@@ -205,7 +218,9 @@ def _running_in_group(pgid: int) -> list[int]:
     return out
 
 
-def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(chain, monkeypatch):
+def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(
+    chain, monkeypatch
+):
     cfg, reports = chain
     monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's own server had its record
     names = agreement.served_names(cfg)
@@ -215,14 +230,21 @@ def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_ex
     # after the check, the adapter is gone again.
     assert on_base["loaded_at_run_time"] and on_base["model"] == str(Path(cfg.base_model).resolve())
     assert {"id": names["adapter"], "root": adapter, "parent": TINY_NAME} in on_base["listed"]
-    assert TINY_NAME in [m["id"] for m in on_base["listed"]] and names["adapter"] not in [m["id"] for m in on_base["listed_after"]]
+    assert TINY_NAME in [m["id"] for m in on_base["listed"]] and names["adapter"] not in [
+        m["id"] for m in on_base["listed_after"]
+    ]
     assert on_base["asked"] == {"base": TINY_NAME, "adapter": names["adapter"]}
-    assert [m["id"] for m in merged["listed"]] == [names["trained"]] and merged["asked"] == {"trained": names["trained"]}
+    assert [m["id"] for m in merged["listed"]] == [names["trained"]] and merged["asked"] == {
+        "trained": names["trained"]
+    }
     assert merged["model"] == str((cfg.out_dir / "export").resolve())
     assert merged["command"][1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     # vLLM's CPU build, eager, fp32, a 1 GiB KV cache (tiny.yaml's agreement.serve)
     assert (merged["engine"], merged["device"], merged["env"]["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
-    assert "--enforce-eager" in merged["command"] and merged["command"][merged["command"].index("--dtype") + 1] == "float32"
+    assert (
+        "--enforce-eager" in merged["command"]
+        and merged["command"][merged["command"].index("--dtype") + 1] == "float32"
+    )
     # Tied to the process that ran the check (a killed `cupid train` takes it along), and stopped with its whole
     # process group (engine core, workers) before the check returned.
     assert merged["tied_to"] == os.getpid() and merged["left_running"] == []
@@ -237,7 +259,9 @@ def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_a
     names = agreement.served_names(cfg)
     adapter = str((cfg.out_dir / "adapter").resolve())
     lora, merged = agreement.plan(cfg)
-    assert lora.asks == {"base": names["base"], "adapter": names["adapter"]} and merged.asks == {"trained": names["trained"]}
+    assert lora.asks == {"base": names["base"], "adapter": names["adapter"]} and merged.asks == {
+        "trained": names["trained"]
+    }
     engine = get_engine("vllm")
     command = engine.command(lora.profile.spec(), tmp_path)
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -249,14 +273,18 @@ def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_a
     for server in (lora, merged):
         spec = server.profile.spec()
         assert (spec.engine, server.profile.device, spec.env["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
-        assert "--enforce-eager" in spec.extra_args and spec.extra_args[spec.extra_args.index("--dtype") + 1] == "float32"
+        assert (
+            "--enforce-eager" in spec.extra_args and spec.extra_args[spec.extra_args.index("--dtype") + 1] == "float32"
+        )
     lora.profile.check_local_files("test")  # the adapter's rank fits the server's
 
 
 def test_check_refuses_a_running_server_of_another_model_before_loading_anything(chain, tiny_server):
     cfg, _ = chain
     other = _load(TINY, out=str(cfg.out_dir), base_model=str(cfg.out_dir / "export"))
-    with pytest.raises(ServeError, match=r"serves 'tiny-random-llama' from .*tiny-random-LlamaForCausalLM, not the base model .*export"):
+    with pytest.raises(
+        ServeError, match=r"serves 'tiny-random-llama' from .*tiny-random-LlamaForCausalLM, not the base model .*export"
+    ):
         agreement.check(other, Console(stderr=True), running=Endpoint(**tiny_server))
     listed = httpx.get(tiny_server["base_url"] + "/models").json()["data"]
     assert agreement.served_names(cfg)["adapter"] not in [m["id"] for m in listed]
@@ -266,7 +294,9 @@ def greedy_answers(model, tok, prompts: list[list[dict]], max_tokens: int) -> li
     """A transformers model's greedy answers to chat prompts, in one batch (`tok` pads on the left)."""
     import torch
 
-    batch = tok.apply_chat_template(prompts, add_generation_prompt=True, return_tensors="pt", return_dict=True, padding=True)
+    batch = tok.apply_chat_template(
+        prompts, add_generation_prompt=True, return_tensors="pt", return_dict=True, padding=True
+    )
     with torch.no_grad():
         out = model.eval().generate(**batch, max_new_tokens=max_tokens, do_sample=False)
     return tok.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -293,7 +323,9 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, random_model
     longest = max(len(tok(answer, add_special_tokens=False).input_ids) for answer in served)
     answers = greedy_answers(model, tok, prompts_, min(longest + 1, cfg.agreement.max_tokens))
     same = sum(a.strip() == s.strip() for a, s in zip(answers, served, strict=True))
-    assert same >= 3  # all 4 when measured one by one on a bf16 server; greedy decoding in two implementations may break one near-tie differently
+    # all 4 when measured one by one on a bf16 server; greedy decoding in two implementations may break one near-tie
+    # differently
+    assert same >= 3
 
 
 def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
@@ -316,7 +348,11 @@ def test_agreement_is_computed_on_parsed_answers_only():
     rows = [
         {"teacher": ["Fully Covered", "Not Covered"], "labels": ["Fully Covered", "Not Covered"], "error": None},
         {"teacher": ["Partially Covered"], "labels": ["Not Covered"], "error": None},
-        {"teacher": ["Not Covered", "Not Covered"], "labels": None, "error": {"reason": "parse_error", "detail": "no valid JSON in the answer"}},
+        {
+            "teacher": ["Not Covered", "Not Covered"],
+            "labels": None,
+            "error": {"reason": "parse_error", "detail": "no valid JSON in the answer"},
+        },
     ]
     result = agreement.agreement(rows)
     assert (result["n_parsed"], result["n_failed"], result["n_items_compared"]) == (2, 1, 3)
@@ -324,7 +360,11 @@ def test_agreement_is_computed_on_parsed_answers_only():
     assert result["failures"] == {"parse_error: no valid JSON in the answer": 1}
     import krippendorff
 
-    expected = krippendorff.alpha(reliability_data=[[1.0, 0.0, 0.5], [1.0, 0.0, 0.0]], level_of_measurement="interval", value_domain=[0.0, 0.5, 1.0])
+    expected = krippendorff.alpha(
+        reliability_data=[[1.0, 0.0, 0.5], [1.0, 0.0, 0.0]],
+        level_of_measurement="interval",
+        value_domain=[0.0, 0.5, 1.0],
+    )
     assert result["alpha_interval"] == round(float(expected), 4)
     assert agreement.agreement([rows[2]])["accuracy"] is None
 
@@ -348,32 +388,72 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
     value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with TRL's message."""
     from cupid.training.sft import sft_config
 
-    extra = {"neftune_noise_alpha": 5, "lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}
+    extra = {
+        "neftune_noise_alpha": 5,
+        "lr_scheduler_type": "cosine_with_min_lr",
+        "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+    }
     path = _write_config(tmp_path / "more.yaml", sft=extra)
     args = sft_config(config.load(path), "fp32")
-    assert (args.neftune_noise_alpha, args.lr_scheduler_type, args.lr_scheduler_kwargs) == (5, "cosine_with_min_lr", {"min_lr_rate": 0.1})
+    assert (args.neftune_noise_alpha, args.lr_scheduler_type, args.lr_scheduler_kwargs) == (
+        5,
+        "cosine_with_min_lr",
+        {"min_lr_rate": 0.1},
+    )
     result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path), "--dry-run"])
-    assert result.exit_code == 0 and "neftune_noise_alpha=5" in result.output and "lr_scheduler_type=cosine_with_min_lr" in result.output
+    assert (
+        result.exit_code == 0
+        and "neftune_noise_alpha=5" in result.output
+        and "lr_scheduler_type=cosine_with_min_lr" in result.output
+    )
 
     cases = {
-        "name": ({"learning_rte": 0.1}, r"sft\.learning_rte: not an argument of TRL's SFTConfig .*unexpected keyword argument 'learning_rte'"),
-        "value": ({"lr_scheduler_type": "nonsense"}, r"sft\.lr_scheduler_type: TRL/transformers refuse it: nonsense is not a valid SchedulerType, please select one of \[.*'cosine_with_min_lr'"),
+        "name": (
+            {"learning_rte": 0.1},
+            r"sft\.learning_rte: not an argument of TRL's SFTConfig .*unexpected keyword argument 'learning_rte'",
+        ),
+        "value": (
+            {"lr_scheduler_type": "nonsense"},
+            (
+                r"sft\.lr_scheduler_type: TRL/transformers refuse it: nonsense is not a valid SchedulerType, "
+                r"please select one of \[.*'cosine_with_min_lr'"
+            ),
+        ),
         # transformers' own check of two arguments together (the chain evaluates nothing inside the trainer)
-        "combination": ({"load_best_model_at_end": True}, r"sft\.load_best_model_at_end: TRL/transformers refuse it: --load_best_model_at_end requires the save and eval strategy to match"),
+        "combination": (
+            {"load_best_model_at_end": True},
+            (
+                r"sft\.load_best_model_at_end: TRL/transformers refuse it: "
+                r"--load_best_model_at_end requires the save and eval strategy to match"
+            ),
+        ),
         # SFTConfig checks no types itself; its declared ones are checked: YAML reads 2e-3 (no dot) as text
-        "type": ({"learning_rate": "2e-3"}, r"sft\.learning_rate: TRL's SFTConfig declares float, not '2e-3' \(YAML reads 2e-3, without a dot, as text: write 2\.0e-3\)"),
+        "type": (
+            {"learning_rate": "2e-3"},
+            (
+                r"sft\.learning_rate: TRL's SFTConfig declares float, not '2e-3' "
+                r"\(YAML reads 2e-3, without a dot, as text: write 2\.0e-3\)"
+            ),
+        ),
     }
     for name, (given, message) in cases.items():
         bad = _write_config(tmp_path / f"{name}.yaml", sft=given)
         with pytest.raises(ConfigError, match=message):
             sft_config(config.load(bad), "fp32")
         for command in (["--dry-run"], []):  # the run refuses it before the match data are made
-            result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(bad), *command, "--out", str(tmp_path / name)])
-            assert result.exit_code == 2 and re.search(f"error: {re.escape(str(bad))}: {message}", result.output), (name, result.output)
+            result = CliRunner().invoke(
+                cupid_app, ["train", "run", "-c", str(bad), *command, "--out", str(tmp_path / name)]
+            )
+            assert result.exit_code == 2 and re.search(f"error: {re.escape(str(bad))}: {message}", result.output), (
+                name,
+                result.output,
+            )
             assert not (tmp_path / name).exists(), name
     two = yaml.safe_load(TINY.read_text())  # two wrong: the first in the config's order (optim), with its own message
     two["sft"] |= {"optim": "nope", "lr_scheduler_type": "nonsense"}
-    with pytest.raises(ConfigError, match=r"sft\.optim: TRL/transformers refuse it: nope is not a valid OptimizerNames"):
+    with pytest.raises(
+        ConfigError, match=r"sft\.optim: TRL/transformers refuse it: nope is not a valid OptimizerNames"
+    ):
         sft_config(config.TrainConfig.model_validate(two), "fp32")
     with pytest.raises(ConfigError, match=r"sft.*output_dir: set by the chain itself"):
         config.load(_write_config(tmp_path / "owned.yaml", sft={"output_dir": "elsewhere"}))
@@ -385,23 +465,35 @@ def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_tr
     from cupid.training.sft import sft_config
 
     before = json.loads((REPO / "tests" / "data" / "sft_args_before_trl_passthrough.json").read_text())
-    changed_since = {"tiny": {"per_device_train_batch_size": 1}}  # 10 steps of 1 teach the format as 10 of 2 did, at half the cost
+    changed_since = {
+        "tiny": {"per_device_train_batch_size": 1}
+    }  # 10 steps of 1 teach the format as 10 of 2 did, at half the cost
     for name, recipe in before.items():
         cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
         args = sft_config(cfg, "fp32")
         project = recipe.pop("_project")
         recipe.update(changed_since.get(name, {}))
         assert {k: getattr(args, k) for k in recipe} == recipe, name
-        assert (cfg.sft.precision, cfg.sft.resume, cfg.sft.measure_loss_on) == (project["precision"], project["resume"], project["measure_loss_on"])
+        assert (cfg.sft.precision, cfg.sft.resume, cfg.sft.measure_loss_on) == (
+            project["precision"],
+            project["resume"],
+            project["measure_loss_on"],
+        )
 
 
 def test_check_server_settings_that_cannot_work_are_refused_when_the_config_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"agreement: .*serve\.port: set by the check"):
         config.load(_write_config(tmp_path / "a.yaml", agreement={"serve": {"device": "cpu", "port": 8000}}))
     with pytest.raises(ConfigError, match=r"serve: .*gpu_memory_utilization: vLLM's arguments go under `vllm:`"):
-        config.load(_write_config(tmp_path / "b.yaml", agreement={"serve": {"device": "cpu", "gpu_memory_utilization": 0.5}}))
+        config.load(
+            _write_config(tmp_path / "b.yaml", agreement={"serve": {"device": "cpu", "gpu_memory_utilization": 0.5}})
+        )
     with pytest.raises(ConfigError, match=r"serve: vllm: .*--max-num-seqs: invalid int value: 'many'"):  # vLLM's parser
-        config.load(_write_config(tmp_path / "b2.yaml", agreement={"serve": {"device": "cpu", "vllm": {"max_num_seqs": "many"}}}))
+        config.load(
+            _write_config(
+                tmp_path / "b2.yaml", agreement={"serve": {"device": "cpu", "vllm": {"max_num_seqs": "many"}}}
+            )
+        )
     with pytest.raises(ConfigError, match=r"--max-lora-rank: invalid choice: 12"):
         config.load(_write_config(tmp_path / "c.yaml", agreement={"max_lora_rank": 12}))
     with pytest.raises(ConfigError, match=r"agreement.max_lora_rank 8 is below lora.r 16"):
@@ -410,8 +502,13 @@ def test_check_server_settings_that_cannot_work_are_refused_when_the_config_load
         config.load(_write_config(tmp_path / "e.yaml", agreement={"serve": {"engine": "transformers"}}))
     with pytest.raises(ConfigError, match=r"agreement.engine: Extra inputs"):  # the old form, before `serve`
         config.load(_write_config(tmp_path / "f.yaml", agreement={"engine": "vllm"}))
-    plain = config.load(_write_config(tmp_path / "g.yaml", agreement={"serve": {"engine": "transformers"}, "adapter": False}))
-    assert [(s.asks.keys(), s.profile.engine) for s in agreement.plan(plain)] == [({"base"}, "transformers"), ({"trained"}, "transformers")]
+    plain = config.load(
+        _write_config(tmp_path / "g.yaml", agreement={"serve": {"engine": "transformers"}, "adapter": False})
+    )
+    assert [(s.asks.keys(), s.profile.engine) for s in agreement.plan(plain)] == [
+        ({"base"}, "transformers"),
+        ({"trained"}, "transformers"),
+    ]
 
 
 def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, random_model_dir, monkeypatch):
@@ -422,7 +519,9 @@ def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, ran
     (copy / "export").symlink_to(cfg.out_dir / "export", target_is_directory=True)  # the export, but no adapter/
     moved = _load(TINY, out=str(copy), base_model=str(random_model_dir))
     assert not export.adapter_dir(moved).exists()
-    with pytest.raises(ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"):
+    with pytest.raises(
+        ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"
+    ):
         agreement.check(moved, Console(stderr=True))
     assert lifecycle.records() == [] and not (copy / "agreement.json").exists()  # refused before any start
 
@@ -450,7 +549,13 @@ def test_match_data_with_missing_fields_names_line_and_field(tmp_path, random_mo
     data = tmp_path / "data"
     data.mkdir()
     (data / "train.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(broken) + "\n")
-    path = _write_config(tmp_path / "c.yaml", base_model=str(random_model_dir), out=str(tmp_path / "run"), labelling=None, match_data=str(data))
+    path = _write_config(
+        tmp_path / "c.yaml",
+        base_model=str(random_model_dir),
+        out=str(tmp_path / "run"),
+        labelling=None,
+        match_data=str(data),
+    )
     with pytest.raises(ConfigError) as e:
         sft.train(config.load(path))
     assert f"{data / 'train.jsonl'}:2: completion: Field required" in str(e.value)
@@ -474,20 +579,32 @@ def test_unreachable_teacher_fails_clearly_and_runs_nothing(tmp_path, instant_ur
         instant={"base_url": instant_url, "model": "instant"},
         closed={"base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "gpt-4o", "max_retries": 0},
     )
-    cfg = _load(TINY, out=str(tmp_path / "run"), labelling__endpoints=str(endpoints), labelling__instant_server=False,
-                labelling__candidates=["instant"], labelling__decomposer="instant", labelling__teacher="closed")  # fmt: skip
+    cfg = _load(
+        TINY,
+        out=str(tmp_path / "run"),
+        labelling__endpoints=str(endpoints),
+        labelling__instant_server=False,
+        labelling__candidates=["instant"],
+        labelling__decomposer="instant",
+        labelling__teacher="closed",
+    )
     with pytest.raises(LabellingError, match=r"endpoint 'closed' \(http://127\.0\.0\.1:\d+/v1\) cannot be reached"):
         matchdata.label(cfg)
     assert not (tmp_path / "run" / "label" / "instant").exists()
 
 
 def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
-    """`kixlab/CUPID` is refused by name; here it names a local copy (the Hub is out of reach), so the forced run is real."""
+    """`kixlab/CUPID` is refused by name; here it names a local copy (the Hub is out of reach), so the forced run is
+    real."""
     local = tmp_path / "kixlab" / "CUPID"
     local.mkdir(parents=True)
     shutil.copy(REPO / "eval" / "sample" / "cupid_sample.jsonl", local / "test.jsonl")
     monkeypatch.chdir(tmp_path)
-    path = _write_config(tmp_path / "c.yaml", out=str(tmp_path / "run"), labelling={"data": "kixlab/CUPID", "cache": str(tmp_path / "c.sqlite")})
+    path = _write_config(
+        tmp_path / "c.yaml",
+        out=str(tmp_path / "run"),
+        labelling={"data": "kixlab/CUPID", "cache": str(tmp_path / "c.sqlite")},
+    )
     refused = CliRunner().invoke(cupid_app, ["train", "label", "-c", str(path)])
     assert refused.exit_code == 2 and "allow_test_split" in refused.output and "--force" in refused.output
     assert not (tmp_path / "run" / "label").exists()
@@ -500,7 +617,9 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
     """A model that cannot answer in CUPID's format as candidate (the session's random-weight one, as SmolLM2-135M):
     its answer has no `### Most Likely Preference`, the runner records the
     failure, nothing reaches the teacher, and synthesis says why instead of writing an empty data set."""
-    endpoints = write_endpoints(tmp_path / "endpoints.yaml", tiny=tiny_server, instant={"base_url": instant_url, "model": "instant"})
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml", tiny=tiny_server, instant={"base_url": instant_url, "model": "instant"}
+    )
     cfg = _load(TINY, out=str(tmp_path / "run"), labelling__endpoints=str(endpoints), labelling__instant_server=False,
                 labelling__candidates=["tiny"], labelling__limit=1, labelling__settings=["oracle"],
                 labelling__cache=str(tmp_path / "cache.sqlite"))  # fmt: skip

@@ -20,8 +20,13 @@ def smol_trained(smol_model_dir, tmp_path_factory):
     instant server, trained and exported (the loss is read from the logged steps: the before/after passes are the
     random model's chain, tests/test_training.py)."""
     work = tmp_path_factory.mktemp("smol")
-    smol = _load(TINY, out=str(work / "run"), base_model=str(smol_model_dir), labelling__cache=str(work / "cache.sqlite"),
-                 sft__measure_loss_on=[])  # fmt: skip
+    smol = _load(
+        TINY,
+        out=str(work / "run"),
+        base_model=str(smol_model_dir),
+        labelling__cache=str(work / "cache.sqlite"),
+        sft__measure_loss_on=[],
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(work / "home"))
         reports = pipeline.run(smol, Console(stderr=True), stages=("label", "sft", "export"))
@@ -41,8 +46,9 @@ def _assert_prefmatcher_answers(answers: list[str], examples: list[dict]) -> Non
 
 
 def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_format(smol_trained, smol_model_dir):
-    """The adapter on the fp32 base, as vLLM serves it (PEFT computes what vLLM serves: tests/test_training.py), answers the
-    held-out prompts in PrefMatcher's format: the format is learnt (train loss ~1.0 -> ~0.05), not good labels."""
+    """The adapter on the fp32 base, as vLLM serves it (PEFT computes what vLLM serves: tests/test_training.py),
+    answers the held-out prompts in PrefMatcher's format: the format is learnt (train loss ~1.0 -> ~0.05), not good
+    labels."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

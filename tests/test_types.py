@@ -30,14 +30,30 @@ def test_the_package_the_bench_and_the_scripts_pass_mypy(tmp_path):
     scripts = sorted((REPO / "scripts").glob("*.py"))
     modules = ["-p", "cupid", "-p", "bench", *(arg for script in scripts for arg in ("-m", script.stem))]
     checked = subprocess.run(
-        [sys.executable, "-m", "mypy", *modules, "--config-file", str(REPO / "pyproject.toml"),
-         "--cache-dir", str(REPO / ".mypy_cache")],
-        cwd=tmp_path, env={**os.environ, "MYPYPATH": str(REPO / "scripts")},  # the scripts, as top-level modules
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            *modules,
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(REPO / ".mypy_cache"),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(REPO / "scripts")},  # the scripts, as top-level modules
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert checked.returncode == 0, checked.stdout[-6000:] + checked.stderr[-2000:]
     found = re.search(r"Success: no issues found in (\d+) source files", checked.stdout)
-    files = {f for package, folder in mapping.items() for f in (REPO / folder).glob("*.py" if package == "cupid" else "**/*.py")}
+    files = {
+        f
+        for package, folder in mapping.items()
+        for f in (REPO / folder).glob("*.py" if package == "cupid" else "**/*.py")
+    }
     files |= {*(REPO / "bench").glob("*.py"), *scripts}
     # Every module file was read (and namespace folders): the bench and each script too.
     assert scripts and found and int(found.group(1)) >= len(files), checked.stdout[-2000:]

@@ -23,8 +23,16 @@ from tests.conftest import REPO, write_endpoints
 from tests.run_records import inference, write_run
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = REPO / "runs" / "test-artifacts"
 SHORT = {"Fully Covered": "Y", "Partially Covered": "P", "Not Covered": "N"}
 
@@ -68,8 +76,16 @@ def runs(tmp_path_factory, tiny_server, instant_url):
         judge={"base_url": instant_url, "model": "judge"},
         ref={"base_url": instant_url, "model": "ref-4o", "matcher_prompt": "fewshot"},
     )
-    common = dict(endpoints=str(endpoints), decomposer="instant", matcher="pm", judge="judge", limit=3,
-                  tasks=["inference", "generation"], settings=["oracle"], cache=str(tmp / "cache.sqlite"))  # fmt: skip
+    common = {
+        "endpoints": str(endpoints),
+        "decomposer": "instant",
+        "matcher": "pm",
+        "judge": "judge",
+        "limit": 3,
+        "tasks": ["inference", "generation"],
+        "settings": ["oracle"],
+        "cache": str(tmp / "cache.sqlite"),
+    }
     run(RunConfig(candidate="tiny", out=str(tmp / "a"), **common))
     run(RunConfig(candidate="instant", reference="ref", out=str(tmp / "b"), **common))
     mp.undo()
@@ -115,10 +131,16 @@ def test_unit_of_a_real_run_shows_what_instances_jsonl_holds(runs, page, tmp_pat
             for direction, css in (("infer_to_gt", ".m-infer"), ("gt_to_infer", ".m-gt")):
                 labels = column.locator(f"{css} .lab").all_inner_texts()
                 assert labels == [m["label"] for m in r[direction]]
-                classes = [c.split()[-1] for c in column.locator(f"{css} .lab").evaluate_all("els => els.map(e => e.className)")]
+                classes = [
+                    c.split()[-1]
+                    for c in column.locator(f"{css} .lab").evaluate_all("els => els.map(e => e.className)")
+                ]
                 assert classes == [f"lab-{SHORT[m['label']]}" for m in r[direction]]  # coloured by label
             s = r["scores"]
-            assert column.locator(".scores").inner_text() == f"P {100 * s['precision']:.1f} · R {100 * s['recall']:.1f} · F1 {100 * s['f1']:.1f}"
+            assert (
+                column.locator(".scores").inner_text()
+                == f"P {100 * s['precision']:.1f} · R {100 * s['recall']:.1f} · F1 {100 * s['f1']:.1f}"
+            )
         else:
             assert column.locator(".scores").inner_text() == f"score {r['score']} / 10"
             assert column.locator(".judge").text_content() == r["judge_answer"]
@@ -211,7 +233,9 @@ def test_bad_record_is_named_by_file_and_line(tmp_path):
     result = CliRunner().invoke(app, ["view", str(run_dir)])
     assert result.exit_code == 2
     assert f"{run_dir / 'instances.jsonl'}:2: not a unit record" in result.output
-    other = write_run(tmp_path / "other", [inference("sample-01/consistent", "Y", "Y")], {"candidate": "y"}, data="elsewhere.jsonl")
+    other = write_run(
+        tmp_path / "other", [inference("sample-01/consistent", "Y", "Y")], {"candidate": "y"}, data="elsewhere.jsonl"
+    )
     (run_dir / "instances.jsonl").write_text(json.dumps(inference("sample-01/consistent", "Y", "Y")) + "\n")
     result = CliRunner().invoke(app, ["view", str(run_dir), str(other)])
     assert result.exit_code == 2 and "runs on different data cannot be compared" in result.output

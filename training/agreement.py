@@ -36,11 +36,11 @@ from cupid.matcher import parse
 from cupid.serving import lifecycle
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.placement import Placed
-from cupid.serving.run_servers import RunServers
 from cupid.serving.profiles import Profile
+from cupid.serving.run_servers import RunServers
 from cupid.training.config import TrainConfig
 from cupid.training.export import adapter_dir, export_dir
 from cupid.training.matchdata import MatchExample, data_dir, read_examples
@@ -81,7 +81,11 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy and Krippendorff's alpha (the meta-evaluation's `agree`, teacher against model) over the items of
     parsed answers; failures counted by reason."""
     parsed = [(n, r) for n, r in enumerate(rows) if r["labels"] is not None]
-    pairs = [((str(n), "validation", "teacher-model", i), t, m) for n, r in parsed for i, (t, m) in enumerate(zip(r["teacher"], r["labels"]))]
+    pairs = [
+        ((str(n), "validation", "teacher-model", i), t, m)
+        for n, r in parsed
+        for i, (t, m) in enumerate(zip(r["teacher"], r["labels"]))
+    ]
     teacher = {key: Labelled(canonical_label(t)) for key, t, _ in pairs}
     model = {key: Labelled(canonical_label(m)) for key, _, m in pairs}
     out: dict[str, Any] = {
@@ -97,7 +101,9 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"alpha_{level}"] = None if agreed.alpha is None else round(agreed.alpha, 4)
     agreed = by_level["ordinal"]  # accuracy and confusion are the same at every level
     out["accuracy"] = None if agreed.accuracy is None else round(agreed.accuracy, 4)
-    out["confusion"] = {f"{a} -> {b}": n for a, row in zip(LABELS, agreed.confusion) for b, n in zip(LABELS, row) if n}  # teacher -> model
+    out["confusion"] = {
+        f"{a} -> {b}": n for a, row in zip(LABELS, agreed.confusion) for b, n in zip(LABELS, row) if n
+    }  # teacher -> model
     if pairs and agreed.alpha is None:
         out["alpha_undefined"] = "a single label value throughout: alpha is undefined"
     return out
@@ -118,11 +124,15 @@ def plan(cfg: TrainConfig) -> list[Served]:
     a = cfg.agreement
     names = served_names(cfg)
     out = []
-    on_base: dict[str, str] = {k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)}
+    on_base: dict[str, str] = {
+        k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)
+    }
     if on_base:
         adapters = {names["adapter"]: str(adapter_dir(cfg))} if a.adapter else None
         out.append(Served(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
-    out.append(Served(a.profile(names["trained"], str(export_dir(cfg)), names["trained"]), {"trained": names["trained"]}))
+    out.append(
+        Served(a.profile(names["trained"], str(export_dir(cfg)), names["trained"]), {"trained": names["trained"]})
+    )
     return out
 
 
@@ -165,25 +175,46 @@ def group_left(pgid: int) -> list[int]:
 def _endpoints(base_url: str, asks: dict[str, str], api_key_env: str | None, cfg: TrainConfig) -> dict[str, Endpoint]:
     a = cfg.agreement
     return {
-        which: Endpoint.model_validate({"base_url": base_url, "model": name, "api_key_env": api_key_env, "max_tokens": a.max_tokens,
-                                        "max_concurrency": a.concurrency, "timeout_s": a.timeout_s, "max_retries": 1})
+        which: Endpoint.model_validate(
+            {
+                "base_url": base_url,
+                "model": name,
+                "api_key_env": api_key_env,
+                "max_tokens": a.max_tokens,
+                "max_concurrency": a.concurrency,
+                "timeout_s": a.timeout_s,
+                "max_retries": 1,
+            }
+        )
         for which, name in asks.items()
-    }  # fmt: skip
+    }
 
 
-def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+def measure(
+    served: Served, examples: list[MatchExample], cfg: TrainConfig, console: Console
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Start one server (tied to this process), ask every example of each of its models at once, stop it
     (also on failure)."""
     profile = served.profile
     adapters = profile.adapter_paths()
     what = ", ".join(f"'{name}' ({which})" for which, name in served.asks.items())
     device = f" {profile.device}" if profile.engine == "vllm" else ""
-    console.print(f"[bold]check[/bold]: serving {profile.model}" + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
-                  + f" ({profile.engine}{device}): {what}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
+    console.print(
+        f"[bold]check[/bold]: serving {profile.model}"
+        + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
+        + f" ({profile.engine}{device}): {what}, {len(examples)} validation prompts each",
+        highlight=False,
+    )
     servers = RunServers(say=lambda message: console.print(message, highlight=False))
     server = servers.add(Placed(profile))
     started = time.monotonic()
-    info: dict[str, Any] = {"name": server.name, "engine": profile.engine, "model": profile.model, "adapters": adapters, "asked": served.asks}
+    info: dict[str, Any] = {
+        "name": server.name,
+        "engine": profile.engine,
+        "model": profile.model,
+        "adapters": adapters,
+        "asked": served.asks,
+    }
     try:
         server.ensure()
         info["start_s"] = round(time.monotonic() - started, 2)
@@ -193,7 +224,10 @@ def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, cons
         info["listed"] = _listed(server.base_url, server.spec.api_key())
         missing = sorted(set(served.asks.values()) - {m["id"] for m in info["listed"]})
         if missing and get_engine(profile.engine).lists_served_model:
-            raise ServeError(f"'{server.name}' started but /v1/models does not list {', '.join(missing)} (it lists {[m['id'] for m in info['listed']]})")
+            raise ServeError(
+                f"'{server.name}' started but /v1/models does not list {', '.join(missing)} "
+                f"(it lists {[m['id'] for m in info['listed']]})"
+            )
         asked = time.monotonic()
         rows = asyncio.run(_ask_all(_endpoints(server.base_url, served.asks, profile.api_key_env, cfg), examples))
         info["ask_s"] = round(time.monotonic() - asked, 2)
@@ -204,7 +238,9 @@ def measure(served: Served, examples: list[MatchExample], cfg: TrainConfig, cons
     return info, rows
 
 
-def measure_on_running(running: Endpoint, blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+def measure_on_running(
+    running: Endpoint, blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`), started with a
     `runtime_lora_rank`: the adapter is loaded into it as a night loads a LoRA candidate into a judge's server, and
     unloaded after (also on failure). Refused when the server serves another model than the config's base."""
@@ -222,11 +258,21 @@ def measure_on_running(running: Endpoint, blocks: list[str], examples: list[Matc
     adapter = str(adapter_dir(cfg).resolve())
     asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in blocks}
     adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
-    console.print(f"[bold]check[/bold]: loading LoRA {adapter} into the server at {base_url} ({base_name}): "
-                  f"{', '.join(asks.values())}, {len(examples)} validation prompts each", highlight=False)  # fmt: skip
+    console.print(
+        f"[bold]check[/bold]: loading LoRA {adapter} into the server at {base_url} ({base_name}): "
+        f"{', '.join(asks.values())}, {len(examples)} validation prompts each",
+        highlight=False,
+    )
     servers = RunServers(say=lambda message: console.print(message, highlight=False))
     server = servers.add(Placed(host))
-    info: dict[str, Any] = {"name": base_url, "engine": "vllm", "model": str(root), "adapters": adapters, "asked": asks, "loaded_at_run_time": True}
+    info: dict[str, Any] = {
+        "name": base_url,
+        "engine": "vllm",
+        "model": str(root),
+        "adapters": adapters,
+        "asked": asks,
+        "loaded_at_run_time": True,
+    }
     started = time.monotonic()
     try:
         server.ensure()  # answers already: used as it is, never stopped here
@@ -251,21 +297,34 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
     if cfg.agreement.limit:
         examples = examples[: cfg.agreement.limit]
     if not (export_dir(cfg) / "config.json").is_file():
-        raise ConfigError(f"{export_dir(cfg)}: no exported model here; run `cupid train export --config {cfg.source}` first")
+        raise ConfigError(
+            f"{export_dir(cfg)}: no exported model here; run `cupid train export --config {cfg.source}` first"
+        )
     servers = plan(cfg)
     for server in servers:  # missing adapter, rank above max_lora_rank: refused before a server starts
         server.profile.check_local_files(f"{cfg.source}: agreement")
-    report: dict[str, Any] = {"validation": str(data_dir(cfg) / "validation.jsonl"), "teacher_prompt": examples[0].teacher_prompt, "servers": []}
+    report: dict[str, Any] = {
+        "validation": str(data_dir(cfg) / "validation.jsonl"),
+        "teacher_prompt": examples[0].teacher_prompt,
+        "servers": [],
+    }
     answers: dict[str, list[dict[str, Any]]] = {}
     measured = []
-    if running is not None and len(servers) == 2:  # the base and its adapter on the running server; the export is started
+    if (
+        running is not None and len(servers) == 2
+    ):  # the base and its adapter on the running server; the export is started
         measured.append(measure_on_running(running, list(servers.pop(0).asks), examples, cfg, console))
     measured += [measure(server, examples, cfg, console) for server in servers]
     for info, rows in measured:
         report["servers"].append(info)
         for which, served in info["asked"].items():
             answers[which] = rows[which]
-            report[which] = {**agreement(rows[which]), "model": info["adapters"].get(served, info["model"]), "served_as": served, "server": info["name"]}
+            report[which] = {
+                **agreement(rows[which]),
+                "model": info["adapters"].get(served, info["model"]),
+                "served_as": served,
+                "server": info["name"],
+            }
     with (cfg.out_dir / "agreement_answers.jsonl").open("w", encoding="utf-8") as sink:
         for which in MODELS:
             for row in answers.get(which, []):
@@ -279,7 +338,15 @@ def table(report: dict[str, Any]) -> list[tuple[str, ...]]:
     for which in MODELS:
         if which in report:
             r = report[which]
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-            rows.append((which, f"{r['n_parsed']}/{r['n_examples']}", fmt(r["accuracy"]), fmt(r["alpha_interval"]), fmt(r["alpha_ordinal"]), str(r["n_failed"])))
+            fmt = lambda v: "-" if v is None else f"{v:.3f}"
+            rows.append(
+                (
+                    which,
+                    f"{r['n_parsed']}/{r['n_examples']}",
+                    fmt(r["accuracy"]),
+                    fmt(r["alpha_interval"]),
+                    fmt(r["alpha_ordinal"]),
+                    str(r["n_failed"]),
+                )
+            )
     return rows
-

@@ -7,8 +7,9 @@ the stages before them left in the run directory.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -21,7 +22,9 @@ from cupid.serving.engines import ServeError
 from cupid.training import agreement, config, pipeline
 from cupid.training.matchdata import LabellingError
 
-app = typer.Typer(no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement.")
+app = typer.Typer(
+    no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement."
+)
 console = Console()
 err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never wrapped
 
@@ -43,7 +46,9 @@ def _guarded(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except (ConfigError, DataError, LabellingError, ServeError) as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)  # whole lines: paths stay greppable
+        err.print(
+            f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True
+        )  # whole lines: paths stay greppable
         raise typer.Exit(2)
 
 
@@ -55,8 +60,11 @@ def _print_labelling(report: dict[str, Any] | None) -> None:
         shares = [f"{block['labels'][k]} ({(block['label_shares'][k] or 0):.0%})" for k in agreement_labels()]
         table.add_row(split, str(block["n_examples"]), str(block["n_personas"]), str(block["n_items"]), *shares)
     console.print(table)
-    console.print(f"{report['n_examples_raw']} labelled pairs, {report['n_duplicates']} duplicates dropped "
-                  f"({report['n_conflicting_duplicates']} with conflicting labels)", highlight=False)  # fmt: skip
+    console.print(
+        f"{report['n_examples_raw']} labelled pairs, {report['n_duplicates']} duplicates dropped "
+        f"({report['n_conflicting_duplicates']} with conflicting labels)",
+        highlight=False,
+    )
 
 
 def agreement_labels() -> tuple[str, ...]:
@@ -69,7 +77,9 @@ def _print_sft(report: dict[str, Any] | None) -> None:
     if report:
         console.print(
             f"sft: {report['optimizer_steps']} steps; mean loss "
-            + ", ".join(f"{split} {before} -> {report['loss_after'][split]}" for split, before in report["loss_before"].items())
+            + ", ".join(
+                f"{split} {before} -> {report['loss_after'][split]}" for split, before in report["loss_before"].items()
+            )
             + f"; {report['mean_tokens_per_s']} tokens/s; {report['train_runtime_s']}s; adapter in {report['adapter']}",
             highlight=False,
         )
@@ -78,7 +88,15 @@ def _print_sft(report: dict[str, Any] | None) -> None:
 def _print_check(report: dict[str, Any] | None) -> None:
     if not report:
         return
-    table = Table("model", "parsed", "accuracy", "alpha (interval)", "alpha (ordinal)", "failed", title="agreement with the teacher (validation)")
+    table = Table(
+        "model",
+        "parsed",
+        "accuracy",
+        "alpha (interval)",
+        "alpha (ordinal)",
+        "failed",
+        title="agreement with the teacher (validation)",
+    )
     for row in agreement.table(report):
         table.add_row(*row)
     console.print(table)
@@ -87,17 +105,24 @@ def _print_check(report: dict[str, Any] | None) -> None:
             console.print(f"[yellow]{which} failed:[/yellow] {n} x {what}", highlight=False)
     for server in report.get("servers", []):
         listed = ", ".join(m["id"] for m in server.get("listed", []))
-        console.print(f"server {server['name']} ({server['engine']} {server['device']}): served {listed}; "
-                      f"started in {server['start_s']}s, answered in {server.get('ask_s', '-')}s", highlight=False)  # fmt: skip
+        console.print(
+            f"server {server['name']} ({server['engine']} {server['device']}): served {listed}; "
+            f"started in {server['start_s']}s, answered in {server.get('ask_s', '-')}s",
+            highlight=False,
+        )
 
 
 @app.command()
 def run(
     config_path: str = ConfigOption,
     force: bool = ForceOption,
-    out: Optional[str] = OutOption,
+    out: str | None = OutOption,
     skip_check: bool = typer.Option(False, "--skip-check", help="stop after the export"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="check the config (TRL's SFTConfig arguments included) and say what would run; run nothing"),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="check the config (TRL's SFTConfig arguments included) and say what would run; run nothing",
+    ),
 ) -> None:
     """The whole chain: label match data -> fine-tune -> export -> agreement check."""
     cfg = _guarded(lambda: _load(config_path, force, out))
@@ -106,9 +131,11 @@ def run(
         from cupid.training import sft as sft_stage
 
         args = _guarded(lambda: sft_stage.sft_config(cfg))
-        value = lambda v: v.value if isinstance(v, Enum) else v  # noqa: E731 (transformers' str enums)
+        value = lambda v: v.value if isinstance(v, Enum) else v  # transformers' str enums
         given = ", ".join(f"{k}={value(getattr(args, k))}" for k in cfg.sft.args)
-        console.print(f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True)
+        console.print(
+            f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True
+        )
         console.print(f"sft: TRL's SFTConfig accepts {given}", highlight=False, soft_wrap=True)
         return
     reports = _guarded(lambda: pipeline.run(cfg, err, stages))
@@ -121,7 +148,7 @@ def run(
 
 
 @app.command()
-def label(config_path: str = ConfigOption, force: bool = ForceOption, out: Optional[str] = OutOption) -> None:
+def label(config_path: str = ConfigOption, force: bool = ForceOption, out: str | None = OutOption) -> None:
     """Match data only: candidates -> decomposer -> teacher labels -> train/validation JSONL."""
     cfg = _guarded(lambda: _load(config_path, force, out))
     from cupid.training import matchdata
@@ -130,7 +157,7 @@ def label(config_path: str = ConfigOption, force: bool = ForceOption, out: Optio
 
 
 @app.command()
-def sft(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
+def sft(config_path: str = ConfigOption, out: str | None = OutOption) -> None:
     """The QLoRA fine-tune on the run directory's match data (resumes from the newest checkpoint)."""
     cfg = _guarded(lambda: _load(config_path, out=out))
     from cupid.training import sft as sft_stage
@@ -139,7 +166,7 @@ def sft(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None
 
 
 @app.command()
-def export(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
+def export(config_path: str = ConfigOption, out: str | None = OutOption) -> None:
     """Merge the adapter into the base and save a directory vLLM and `transformers serve` load as is."""
     cfg = _guarded(lambda: _load(config_path, out=out))
     from cupid.training import export as export_stage
@@ -149,7 +176,7 @@ def export(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> N
 
 
 @app.command()
-def check(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> None:
+def check(config_path: str = ConfigOption, out: str | None = OutOption) -> None:
     """Serve base and export, run each as the matcher on the validation split, compare with the teacher."""
     cfg = _guarded(lambda: _load(config_path, out=out))
     _print_check(_guarded(lambda: agreement.check(cfg, err)))
@@ -158,22 +185,38 @@ def check(config_path: str = ConfigOption, out: Optional[str] = OutOption) -> No
 @app.command()
 def grpo(
     config_path: str = typer.Option(..., "--config", "-c", help="GRPO config YAML (configs/train/grpo-*.yaml)"),
-    out: Optional[str] = OutOption,
-    dry_run: bool = typer.Option(False, "--dry-run", help="check the config (TRL's GRPOConfig and peft's LoraConfig arguments, the reward's endpoints); run nothing"),
+    out: str | None = OutOption,
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="check the config (TRL's GRPOConfig and peft's LoraConfig arguments, the reward's endpoints); run nothing",
+    ),
 ) -> None:
-    """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter beside the base."""
+    """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter
+    beside the base."""
     from cupid.training import grpo as grpo_run
 
     cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))
     if dry_run:
         args, lora, reward = _guarded(lambda: grpo_run.check(cfg))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
-        console.print(f"{config_path}: valid; GRPO into {cfg.out}; reward {reward.func.__name__}; LoRA r={lora.r}", highlight=False, soft_wrap=True)
+        console.print(
+            f"{config_path}: valid; GRPO into {cfg.out}; reward {reward.func.__name__}; LoRA r={lora.r}",
+            highlight=False,
+            soft_wrap=True,
+        )
         console.print(f"grpo: TRL's GRPOConfig accepts {given}", highlight=False, soft_wrap=True)
         return
     report = _guarded(lambda: grpo_run.train(cfg, err))
     rewards = [row[k] for row in report["log_history"] for k in row if k.startswith("rewards/") and k.endswith("/mean")]
-    console.print(f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} -> {rewards[-1] if rewards else '-'}; "
-                  f"adapter in {report['adapter']}", highlight=False)  # fmt: skip
+    console.print(
+        f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} "
+        f"-> {rewards[-1] if rewards else '-'}; adapter in {report['adapter']}",
+        highlight=False,
+    )
     for label, block in (report["evaluation"] or {}).items():
-        console.print(f"eval {label}: {block['figure']} ({block['n_scored']} scored, {block['n_failed']} failed) in {block['run']}", highlight=False)
+        console.print(
+            f"eval {label}: {block['figure']} ({block['n_scored']} scored, {block['n_failed']} failed) "
+            f"in {block['run']}",
+            highlight=False,
+        )

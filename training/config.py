@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving.config import ConfigError, read_yaml, validate
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
 
@@ -39,7 +39,10 @@ class Labelling(_Section):
     candidates: list[str] = Field(min_length=1, description="endpoints whose inferred preferences get labelled")
     decomposer: str
     teacher: str = Field(description="the matcher endpoint whose labels become the training targets")
-    settings: list[Literal["standard", "oracle"]] = Field(default_factory=lambda: ["standard"], min_length=1)  # type: ignore[arg-type]
+    settings: list[Literal["standard", "oracle"]] = Field(
+        default_factory=lambda: ["standard"],  # type: ignore[arg-type]
+        min_length=1,
+    )
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
     concurrency: int | None = Field(default=None, ge=1)
     cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
@@ -88,11 +91,12 @@ class Sft(_Section):
     )
     resume: bool = Field(default=True, description="continue from the newest checkpoint in the run directory")
     measure_loss_on: list[Literal["train", "validation"]] = Field(
-        default_factory=lambda: ["train", "validation"], description="splits whose mean loss is reported before and after"  # type: ignore[arg-type]
+        default_factory=lambda: ["train", "validation"],  # type: ignore[arg-type]
+        description="splits whose mean loss is reported before and after",
     )
 
     @model_validator(mode="after")
-    def _not_the_chains(self) -> "Sft":
+    def _not_the_chains(self) -> Sft:
         if owned := sorted(set(self.args) & set(SET_BY_THE_CHAIN)):
             raise ValueError(f"{owned[0]}: set by the chain itself ({', '.join(SET_BY_THE_CHAIN)} are)")
         return self
@@ -135,18 +139,25 @@ class Agreement(_Section):
     limit: int | None = Field(default=None, ge=1, description="only the first N validation examples")
 
     @model_validator(mode="after")
-    def _servable(self) -> "Agreement":
+    def _servable(self) -> Agreement:
         owned = sorted(set(CHECK_OWNED) & set(self.serve))
         if owned:
-            raise ValueError(f"serve.{owned[0]}: set by the check (it serves the base, the adapter and the export on free ports)")
+            raise ValueError(
+                f"serve.{owned[0]}: set by the check (it serves the base, the adapter and the export on free ports)"
+            )
         if "max_lora_rank" in (self.serve.get("vllm") or {}):
             raise ValueError("serve.vllm.max_lora_rank: set by the check from agreement.max_lora_rank")
         if self.adapter and self.serve.get("engine", "vllm") != "vllm":
-            raise ValueError(f"adapter: serving the LoRA adapter needs the vllm engine (serve.engine is {self.serve['engine']}); set adapter: false")
+            raise ValueError(
+                f"adapter: serving the LoRA adapter needs the vllm engine (serve.engine is {self.serve['engine']}); "
+                "set adapter: false"
+            )
         self.profile("check", "model", "model", {"adapter": "adapter"} if self.adapter else None, port=8000)
         return self
 
-    def profile(self, name: str, model: str, served_name: str, adapters: dict[str, str] | None = None, port: int | None = None):
+    def profile(
+        self, name: str, model: str, served_name: str, adapters: dict[str, str] | None = None, port: int | None = None
+    ):
         """The serve profile of one of the check's servers (`serving.profiles.Profile`), on a free port by default."""
         from pydantic import ValidationError
 
@@ -155,12 +166,18 @@ class Agreement(_Section):
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
         if adapters:
-            fields.update(lora_adapters=adapters, vllm={**(self.serve.get("vllm") or {}), "max_lora_rank": self.max_lora_rank})
+            fields.update(
+                lora_adapters=adapters, vllm={**(self.serve.get("vllm") or {}), "max_lora_rank": self.max_lora_rank}
+            )
         try:
             return Profile.model_validate(fields)
         except ValidationError as e:
-            problems = [(".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")) for err in e.errors()]
-            raise ValueError("; ".join(f"serve.{loc}: {msg}" if loc else f"serve: {msg}" for loc, msg in problems)) from None
+            problems = [
+                (".".join(map(str, err["loc"])), err["msg"].removeprefix("Value error, ")) for err in e.errors()
+            ]
+            raise ValueError(
+                "; ".join(f"serve.{loc}: {msg}" if loc else f"serve: {msg}" for loc, msg in problems)
+            ) from None
 
 
 class TrainConfig(_Section):
@@ -186,13 +203,13 @@ class TrainConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _data_source(self) -> "TrainConfig":
+    def _data_source(self) -> TrainConfig:
         if (self.labelling is None) == (self.match_data is None):
             raise ValueError("give exactly one of `labelling` (build match data) or `match_data` (use existing)")
         if self.agreement.enabled and self.agreement.adapter and self.lora.r > self.agreement.max_lora_rank:
             raise ValueError(
-                f"agreement.max_lora_rank {self.agreement.max_lora_rank} is below lora.r {self.lora.r}: vLLM would refuse "
-                "the adapter (raise agreement.max_lora_rank, or set agreement.adapter: false)"
+                f"agreement.max_lora_rank {self.agreement.max_lora_rank} is below lora.r {self.lora.r}: "
+                "vLLM would refuse the adapter (raise agreement.max_lora_rank, or set agreement.adapter: false)"
             )
         return self
 

@@ -38,13 +38,19 @@ def end_of_turn_token(tokenizer) -> str:
     if "MARKER-7d1f" not in text:
         raise ConfigError("the chat template does not render assistant messages")
     tail = text.split("MARKER-7d1f", 1)[1]
-    specials = sorted({*tokenizer.all_special_tokens, *(t.content for t in tokenizer.added_tokens_decoder.values())}, key=len, reverse=True)
+    specials = sorted(
+        {*tokenizer.all_special_tokens, *(t.content for t in tokenizer.added_tokens_decoder.values())},
+        key=len,
+        reverse=True,
+    )
     for token in specials:
         if token and tail.startswith(token):
             return token
     if tokenizer.eos_token and tokenizer.eos_token in tail:
         return tokenizer.eos_token
-    raise ConfigError(f"cannot find the end-of-turn token after an assistant message in the chat template (it renders {tail!r})")
+    raise ConfigError(
+        f"cannot find the end-of-turn token after an assistant message in the chat template (it renders {tail!r})"
+    )
 
 
 def _lora_rank(cfg: TrainConfig) -> int:
@@ -67,7 +73,9 @@ def export_dir(cfg: TrainConfig) -> Path:
 def _logits(model, tokenizer, messages) -> Any:
     import torch
 
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
     with torch.no_grad():
         return model(input_ids=ids.to(model.device)).logits.float().cpu()
 
@@ -136,7 +144,9 @@ def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)  # a half-written export never carries the final name
-    if not tokenizer.chat_template or not ((out / "chat_template.jinja").is_file() or "chat_template" in (out / "tokenizer_config.json").read_text()):
+    if not tokenizer.chat_template or not (
+        (out / "chat_template.jinja").is_file() or "chat_template" in (out / "tokenizer_config.json").read_text()
+    ):
         raise RuntimeError(f"{out}: the chat template was not saved")
 
     report = {
@@ -151,10 +161,15 @@ def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         "size_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
         "serve": {
             "merged": f"vllm serve {out} --served-model-name {cfg.name}",
-            "adapter": f"vllm serve {base} --enable-lora --max-lora-rank {_lora_rank(cfg)} --lora-modules {cfg.name}={adapter}",
+            "adapter": (
+                f"vllm serve {base} --enable-lora --max-lora-rank {_lora_rank(cfg)} --lora-modules {cfg.name}={adapter}"
+            ),
         },
         "wall_s": round(time.monotonic() - started, 2),
     }
     (cfg.out_dir / "export_report.json").write_text(json.dumps(report, indent=2))
-    console.print(f"[bold]export[/bold]: {method} -> {out} ({cfg.export.dtype}, eos {generation.eos_token_id} = {eot})", highlight=False)
+    console.print(
+        f"[bold]export[/bold]: {method} -> {out} ({cfg.export.dtype}, eos {generation.eos_token_id} = {eot})",
+        highlight=False,
+    )
     return report

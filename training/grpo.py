@@ -18,10 +18,11 @@ from rich.console import Console
 
 from cupid.eval import data as cupid_data
 from cupid.eval.reward import reward, reward_dataset
-from cupid.eval.runner import RunConfig, run as run_eval
+from cupid.eval.runner import RunConfig
+from cupid.eval.runner import run as run_eval
+from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet import ServedModel
-from cupid.serving import profiles
 from cupid.serving.profiles import lora_rank_for
 from cupid.training import trl_args
 
@@ -34,7 +35,8 @@ class _Section(BaseModel):
 
 
 class Data(_Section):
-    """The prompts (`cupid.reward_dataset`): any CUPID-format data; train on synthesized personas, evaluate on others."""
+    """The prompts (`cupid.reward_dataset`): any CUPID-format data; train on synthesized personas, evaluate on
+    others."""
 
     source: str = Field(default="sample", description="'sample', a CUPID-format file or directory, or a Hub id")
     setting: Literal["standard", "oracle"] = "standard"
@@ -60,16 +62,22 @@ class Evaluation(_Section):
     evaluation data's instances of personas the training data does not hold."""
 
     enabled: bool = True
-    data: Data = Field(default_factory=Data, description="where the held-out instances come from (training personas left out)")
+    data: Data = Field(
+        default_factory=Data, description="where the held-out instances come from (training personas left out)"
+    )
     profile: str = Field(default="tiny", description="the serve profile that serves the policy (PROFILES/NAME.yaml)")
     profiles: str = Field(default="configs/serve", description="the serve profiles' directory")
     baseline: bool = Field(default=True, description="also evaluate the policy without the adapter (a second server)")
     runtime_lora: bool = Field(
         default=False,
-        description="load the adapter into the profile's server of the policy at run time (one already answering, started "
-        "with a runtime_lora_rank, is used as it is) instead of serving it on a server of its own",
+        description=(
+            "load the adapter into the profile's server of the policy at run time (one already answering, started "
+            "with a runtime_lora_rank, is used as it is) instead of serving it on a server of its own"
+        ),
     )
-    endpoint: dict[str, Any] = Field(default_factory=dict, description="the served candidate's endpoint fields (max_tokens, ...)")
+    endpoint: dict[str, Any] = Field(
+        default_factory=dict, description="the served candidate's endpoint fields (max_tokens, ...)"
+    )
 
 
 class GrpoRunConfig(_Section):
@@ -102,13 +110,14 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunCo
 
 def grpo_config(cfg: GrpoRunConfig) -> Any:
     """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`)."""
-    from trl import GRPOConfig
-
     import torch
+    from trl import GRPOConfig
 
     owned = {"output_dir": str(cfg.out_dir / "checkpoints"), "report_to": "none"}
     bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # GRPOConfig's own default (bf16) fails on CPU
-    return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults={"logging_steps": 1, "bf16": bf16}, owned=owned, source=cfg.source)
+    return trl_args.build(
+        GRPOConfig, "grpo", cfg.grpo, defaults={"logging_steps": 1, "bf16": bf16}, owned=owned, source=cfg.source
+    )
 
 
 def lora_config(cfg: GrpoRunConfig) -> Any:
@@ -131,7 +140,9 @@ def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
     """Train, write `<out>/adapter` and `<out>/grpo_report.json` (evaluations included); return the report."""
     console = console or Console(stderr=True)
     args, lora, rewarding = check(cfg)
-    dataset = reward_dataset(cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit)
+    dataset = reward_dataset(
+        cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
+    )
 
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
@@ -164,13 +175,26 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, A
     ev, r = cfg.evaluate, cfg.reward
     host = {ev.profile: {"runtime_lora_rank": lora_rank_for(lora_config(cfg).r)}} if ev.runtime_lora else {}
     if host and (served_model := profiles.load(ev.profile, ev.profiles).model) != cfg.policy:
-        raise ConfigError(f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, not the policy {cfg.policy}")
-    roles: dict[str, Any] = {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
+        raise ConfigError(
+            f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, "
+            f"not the policy {cfg.policy}"
+        )
+    roles: dict[str, Any] = (
+        {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
+    )
     candidates = {"trained": adapter} | ({"base": None} if ev.baseline else {})
-    trained_on = {i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances}
-    held_out = [i for i in cupid_data.load(ev.data.source).filter(ev.data.types, None).instances if i.persona_id not in trained_on][: ev.data.limit]
+    trained_on = {
+        i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances
+    }
+    held_out = [
+        i
+        for i in cupid_data.load(ev.data.source).filter(ev.data.types, None).instances
+        if i.persona_id not in trained_on
+    ][: ev.data.limit]
     if not held_out:
-        raise ConfigError(f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out")
+        raise ConfigError(
+            f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out"
+        )
     data = cfg.out_dir / "eval" / "held_out.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
@@ -178,12 +202,26 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, A
     for label, weights in candidates.items():
         served = ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
                              adapter=str(weights) if weights else None, endpoint=ev.endpoint)  # fmt: skip
-        run_cfg = RunConfig(candidate=served, serve=host if weights else {}, profiles=ev.profiles, **roles, data=str(data),
-                            tasks=[r.task], settings=[ev.data.setting], out=str(cfg.out_dir / "eval" / label),
-                            endpoints=r.endpoints_file)  # fmt: skip
+        run_cfg = RunConfig(
+            candidate=served,
+            serve=host if weights else {},
+            profiles=ev.profiles,
+            **roles,
+            data=str(data),
+            tasks=[r.task],
+            settings=[ev.data.setting],
+            out=str(cfg.out_dir / "eval" / label),
+            endpoints=r.endpoints_file,
+        )
         result = run_eval(run_cfg, console=console)
         block = result.summary.tasks[r.task].overall
-        out[label] = {"run": str(cfg.out_dir / "eval" / label), "n_scored": block.n_scored, "n_failed": block.n_failed,
-                      "figure": block.micro.f1 if r.task == "inference" and block.micro else getattr(block, "mean_score", None)}  # fmt: skip
-        console.print(f"grpo: {label}: {out[label]['figure']} ({block.n} scored/run) -> {out[label]['run']}", highlight=False)
+        out[label] = {
+            "run": str(cfg.out_dir / "eval" / label),
+            "n_scored": block.n_scored,
+            "n_failed": block.n_failed,
+            "figure": block.micro.f1 if r.task == "inference" and block.micro else getattr(block, "mean_score", None),
+        }
+        console.print(
+            f"grpo: {label}: {out[label]['figure']} ({block.n} scored/run) -> {out[label]['run']}", highlight=False
+        )
     return out

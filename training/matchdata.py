@@ -14,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict
 import random
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import httpx
 import yaml
@@ -29,8 +30,9 @@ from cupid.eval import data as cupid_data
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
+from cupid.eval.runner import RunConfig
+from cupid.eval.runner import run as run_eval
 from cupid.eval.tasks import INFERENCE
-from cupid.eval.runner import RunConfig, run as run_eval
 from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
 from cupid.serving.config import ConfigError
@@ -82,7 +84,7 @@ class MatchExample(BaseModel):
     teacher_raw: str | None = Field(description="the teacher's answer as sent back (from the run's record)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "MatchExample":
+    def _consistent(self) -> MatchExample:
         roles = [m.role for m in self.prompt] + [m.role for m in self.completion]
         if roles != ["system", "user", "assistant"]:
             raise ValueError(f"messages must be system, user | assistant, got {roles}")
@@ -94,7 +96,9 @@ class MatchExample(BaseModel):
 def completion_text(labels: list[dict[str, Any]]) -> str:
     """What the fine-tuned matcher learns to answer: the prefmatcher dialect's fenced JSON list, one
     object per line (indenting every key would add about a third more tokens to learn and to generate)."""
-    rows = [json.dumps({"index": m["index"], "entry": m["entry"], "label": m["label"]}, ensure_ascii=False) for m in labels]
+    rows = [
+        json.dumps({"index": m["index"], "entry": m["entry"], "label": m["label"]}, ensure_ascii=False) for m in labels
+    ]
     return "```json\n[\n" + ",\n".join(rows) + "\n]\n```"
 
 
@@ -260,7 +264,9 @@ def _input_file(syn: Labelling, work: Path) -> tuple[Path, int]:
     dataset = cupid_data.load(syn.data, split=syn.split)
     if dataset.bad_rows:
         listed = "\n  ".join(str(b) for b in dataset.bad_rows[:20])
-        raise cupid_data.DataError(f"{dataset.source}: {len(dataset.bad_rows)} invalid row(s), fix or remove them:\n  {listed}")
+        raise cupid_data.DataError(
+            f"{dataset.source}: {len(dataset.bad_rows)} invalid row(s), fix or remove them:\n  {listed}"
+        )
     instances = dataset.filter(None, syn.limit).instances
     if not instances:
         raise cupid_data.DataError(f"{dataset.source}: no instances")
@@ -302,16 +308,29 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         runs: dict[str, dict[str, Any]] = {}
         for candidate in syn.candidates:
             out = work / _slug(candidate)
-            console.print(f"[bold]label[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}")
+            console.print(
+                f"[bold]label[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}"
+            )
             summary = run_eval(
                 RunConfig(
-                    data=str(input_path), endpoints=str(endpoints_path), candidate=candidate,
-                    decomposer=syn.decomposer, matcher=syn.teacher, settings=list(syn.settings),
-                    concurrency=syn.concurrency, out=str(out), cache=str(cache_path),
-                ),  # fmt: skip
+                    data=str(input_path),
+                    endpoints=str(endpoints_path),
+                    candidate=candidate,
+                    decomposer=syn.decomposer,
+                    matcher=syn.teacher,
+                    settings=list(syn.settings),
+                    concurrency=syn.concurrency,
+                    out=str(out),
+                    cache=str(cache_path),
+                ),
                 console=console,
             ).summary
-            runs[candidate] = {"dir": str(out), "n_scored": summary.n_scored, "n_failed": summary.n_failed, "failures": summary.failures}
+            runs[candidate] = {
+                "dir": str(out),
+                "n_scored": summary.n_scored,
+                "n_failed": summary.n_failed,
+                "failures": summary.failures,
+            }
 
     examples = []
     for candidate in syn.candidates:
@@ -320,8 +339,14 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             if task == INFERENCE.name and record.scored:
                 examples += examples_from_record(record, candidate, syn.teacher, dialect)
 
-    report: dict[str, Any] = {"data": syn.data, "n_instances": n_instances, "teacher": f"{syn.teacher} ({teacher.model})",
-                              "teacher_prompt": dialect, "runs": runs, "n_examples_raw": len(examples)}  # fmt: skip
+    report: dict[str, Any] = {
+        "data": syn.data,
+        "n_instances": n_instances,
+        "teacher": f"{syn.teacher} ({teacher.model})",
+        "teacher_prompt": dialect,
+        "runs": runs,
+        "n_examples_raw": len(examples),
+    }
     out_dir = cfg.out_dir / "data"
     out_dir.mkdir(parents=True, exist_ok=True)
     if not examples:
@@ -332,8 +357,9 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         (out_dir / "report.json").write_text(json.dumps(report, indent=2))
         listed = "\n  ".join(f"{what}: {n}" for what, n in failures.most_common()) or "(none recorded)"
         raise LabellingError(
-            f"no match data: none of the {n_instances} instance(s) x {len(syn.candidates)} candidate(s) was scored, so the "
-            f"teacher labelled nothing. Failures by stage:\n  {listed}\nrecords with the raw answers: {work}/*/instances.jsonl"
+            f"no match data: none of the {n_instances} instance(s) x {len(syn.candidates)} candidate(s) was scored, "
+            f"so the teacher labelled nothing. Failures by stage:\n  {listed}\n"
+            f"records with the raw answers: {work}/*/instances.jsonl"
         )
     examples.sort(key=lambda e: (e["persona_id"], e["instance_key"], e["setting"], e["candidate"], e["direction"]))
     kept, duplicates, conflicts = deduplicate(examples)

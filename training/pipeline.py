@@ -12,14 +12,16 @@ from typing import Any
 
 from rich.console import Console
 
-from cupid.serving.endpoints import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.training import agreement, export, matchdata, sft
 from cupid.training.config import TrainConfig
 
 STAGES = ("label", "sft", "export", "check")
 
 
-def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: Endpoint | None = None) -> dict[str, Any]:
+def run(
+    cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: Endpoint | None = None
+) -> dict[str, Any]:
     """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
     if "sft" in stages:
@@ -39,7 +41,9 @@ def run(cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...
         _release_memory()
     reports["wall_s"] = {**wall, "total": round(sum(wall.values()), 2)}
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.out_dir / "chain.json").write_text(json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": reports["wall_s"]}, indent=2))
+    (cfg.out_dir / "chain.json").write_text(
+        json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": reports["wall_s"]}, indent=2)
+    )
     return reports
 
 

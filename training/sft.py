@@ -68,7 +68,9 @@ def load_base(base: str, cfg: TrainConfig, dtype):
     if existing is not None:
         method = existing.get("quant_method") if isinstance(existing, dict) else getattr(existing, "quant_method", None)
         if method != "gguf":
-            raise ConfigError(f"{cfg.source}: base_model: {base} is already quantized ({method}); give the full-precision model")
+            raise ConfigError(
+                f"{cfg.source}: base_model: {base} is already quantized ({method}); give the full-precision model"
+            )
         del config.quantization_config
     q = cfg.quantization
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
@@ -126,12 +128,20 @@ def _throughput_callback(console: Console):
             if self._last is not None and now > self._last[0]:
                 rate = (tokens - self._last[1]) / (now - self._last[0])
             self._last = (now, tokens)
-            row = {"step": state.global_step, "loss": logs["loss"], "learning_rate": logs.get("learning_rate"),
-                   "num_tokens": tokens, "tokens_per_s": round(rate, 1) if rate else None}  # fmt: skip
+            row = {
+                "step": state.global_step,
+                "loss": logs["loss"],
+                "learning_rate": logs.get("learning_rate"),
+                "num_tokens": tokens,
+                "tokens_per_s": round(rate, 1) if rate else None,
+            }
             self.rows.append(row)
             rate_text = f"{rate:,.0f} tokens/s" if rate else "tokens/s from the next log"
-            console.print(f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
-                          f"lr {logs.get('learning_rate', 0):.2e}  {rate_text}", highlight=False)  # fmt: skip
+            console.print(
+                f"step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
+                f"lr {logs.get('learning_rate', 0):.2e}  {rate_text}",
+                highlight=False,
+            )
 
     return Throughput()
 
@@ -161,11 +171,19 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
 
     prec = prec or precision(cfg)
     given = cfg.sft.args
-    defaults = {**CHAIN_DEFAULTS, "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed"))}  # the data order follows the seed
+    defaults = {
+        **CHAIN_DEFAULTS,
+        "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
+    }  # the data order follows the seed
     chain: dict[str, Any] = {
-        "output_dir": str(cfg.out_dir / "checkpoints"), "bf16": prec == "bf16", "fp16": False, "completion_only_loss": True,
-        "packing": False, "report_to": "none", "eval_strategy": "no",
-    }  # fmt: skip
+        "output_dir": str(cfg.out_dir / "checkpoints"),
+        "bf16": prec == "bf16",
+        "fp16": False,
+        "completion_only_loss": True,
+        "packing": False,
+        "report_to": "none",
+        "eval_strategy": "no",
+    }
     return trl_args.build(SFTConfig, "sft", given, defaults=defaults, owned=chain, source=cfg.source)
 
 
@@ -199,9 +217,13 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     out = cfg.out_dir
     checkpoints = out / "checkpoints"
     peft_config = LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     throughput = _throughput_callback(console)
     trainer: Any = SFTTrainer(  # its datasets and model are set by now (typed optional in TRL)
         model=model,
@@ -218,9 +240,11 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
     completion_tokens = sum(sum(label != -100 for label in labels) for labels in trainer.train_dataset["labels"])
     console.print(
-        f"[bold]sft[/bold]: {base}, {'4-bit ' + cfg.quantization.quant_type if cfg.quantization.load_in_4bit else 'unquantized'} "
+        f"[bold]sft[/bold]: {base}, "
+        f"{'4-bit ' + cfg.quantization.quant_type if cfg.quantization.load_in_4bit else 'unquantized'} "
         f"base, LoRA r={lora.r}: {n_trainable:,} trainable of {n_total:,} parameters; {n_kept} examples "
-        f"({train_tokens:,} tokens, {completion_tokens:,} in completions), {n_long} over max_length {args.max_length}; {prec}",
+        f"({train_tokens:,} tokens, {completion_tokens:,} in completions), "
+        f"{n_long} over max_length {args.max_length}; {prec}",
         highlight=False,
     )
 

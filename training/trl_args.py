@@ -1,15 +1,24 @@
-"""A TRL trainer config (`SFTConfig`, `GRPOConfig`) built from a config section's arguments, as given, under TRL's names:
-TRL and transformers check them, and a refusal names the file, the section's key and their message."""
+"""A TRL trainer config (`SFTConfig`, `GRPOConfig`) built from a config section's arguments, as given, under TRL's
+names: TRL and transformers check them, and a refusal names the file, the section's key and their message."""
 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cupid.serving.config import ConfigError
 
 
-def build(config_class: type, section: str, given: dict[str, Any], *, defaults: dict[str, Any], owned: dict[str, Any], source: str) -> Any:
+def build(
+    config_class: type,
+    section: str,
+    given: dict[str, Any],
+    *,
+    defaults: dict[str, Any],
+    owned: dict[str, Any],
+    source: str,
+) -> Any:
     """`config_class(**defaults, **given, **owned)`: `given` over this project's `defaults`, and `owned` (what the
     caller sets itself). An unknown argument, a value of another type than the class declares, or a value TRL or
     transformers refuse, is a ConfigError naming `source` and `<section>.<key>`. Building it writes nothing."""
@@ -24,7 +33,9 @@ def build(config_class: type, section: str, given: dict[str, Any], *, defaults: 
     except (TypeError, ValueError) as e:
         unknown = re.search(r"unexpected keyword argument '(\w+)'", str(e))
         if isinstance(e, TypeError) and unknown:
-            raise ConfigError(f"{source}: {section}.{unknown[1]}: not an argument of TRL's {config_class.__name__} ({e})") from None
+            raise ConfigError(
+                f"{source}: {section}.{unknown[1]}: not an argument of TRL's {config_class.__name__} ({e})"
+            ) from None
         keys, refusal = _refused(make, args, list(given), e)
         named = ", ".join(f"{section}.{key}" for key in keys) or section
         raise ConfigError(f"{source}: {named}: TRL/transformers refuse it: {refusal}") from None
@@ -40,7 +51,7 @@ def _check_declared_types(config_class: type, section: str, given: dict[str, Any
 
     try:
         declared = typing.get_type_hints(config_class)
-    except Exception:  # a TRL whose annotations do not resolve here: its own checks remain
+    except Exception:  # noqa: BLE001 (a TRL whose annotations do not resolve here: its own checks remain)
         return
     for key, value in given.items():
         if key not in declared:
@@ -53,12 +64,16 @@ def _check_declared_types(config_class: type, section: str, given: dict[str, Any
             hint = ""
             if isinstance(value, str) and (number := re.fullmatch(r"([-+]?\d+)([eE][-+]?\d+)", value)):
                 hint = f" (YAML reads {value}, without a dot, as text: write {number[1]}.0{number[2]})"
-            raise ConfigError(f"{source}: {section}.{key}: TRL's {config_class.__name__} declares {name}, not {value!r}{hint}") from None
-        except Exception:  # a declared type pydantic cannot check: its own checks remain
+            raise ConfigError(
+                f"{source}: {section}.{key}: TRL's {config_class.__name__} declares {name}, not {value!r}{hint}"
+            ) from None
+        except Exception:  # noqa: BLE001, S112 (a declared type pydantic cannot check: its own checks remain)
             continue
 
 
-def _refused(build: Callable[[dict[str, Any]], Any], args: dict[str, Any], given: list[str], error: Exception) -> tuple[list[str], Exception]:
+def _refused(
+    build: Callable[[dict[str, Any]], Any], args: dict[str, Any], given: list[str], error: Exception
+) -> tuple[list[str], Exception]:
     """The given keys the config class's refusal (`error`) is about: those without which it builds (two that conflict
     are both named); failing that (several wrong at once), the first, in the config's order, with which it stops
     building, and that refusal."""
@@ -78,5 +93,3 @@ def _refused(build: Callable[[dict[str, Any]], Any], args: dict[str, Any], given
         if (e := refusal(kept)) is not None:
             return [key], e
     return [], error
-
-

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from cupid.eval.stages import constraint
 from cupid.matcher import prompts, schemas
@@ -139,7 +140,8 @@ async def all_of(*coroutines: Awaitable[T]) -> list[T]:
     """Results in order; on the first failure the others are cancelled and that failure is raised."""
     try:
         async with asyncio.TaskGroup() as group:
-            tasks: list[asyncio.Task[T]] = [group.create_task(c) for c in coroutines]  # type: ignore[arg-type]  # coroutines
+            # coroutines, whatever the annotation says
+            tasks: list[asyncio.Task[T]] = [group.create_task(c) for c in coroutines]  # type: ignore[arg-type]
     except BaseExceptionGroup as eg:
         first = eg.exceptions[0]
         while isinstance(first, BaseExceptionGroup):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -23,28 +23,38 @@ err = Console(stderr=True)
 
 @app.callback()
 def synth(
-    config: str = typer.Option(DEFAULT_CONFIG, help="synthesis config YAML (configs/synth/*.yaml); options below override it"),
-    personas: Optional[int] = typer.Option(None, help="personas 0..N-1 of the seed (raising N extends a run)"),
-    seed: Optional[int] = typer.Option(None, help="seed of every random choice"),
-    out: Optional[str] = typer.Option(None, help="run directory (resumable)"),
-    endpoints: Optional[str] = typer.Option(None, help="endpoints YAML"),
-    generator: Optional[str] = typer.Option(None, help="endpoint writing personas, factors, checklists, requests"),
-    user_simulator: Optional[str] = typer.Option(None, help="endpoint playing the user"),
-    assistant_simulator: Optional[str] = typer.Option(None, help="endpoint playing the assistant"),
-    max_turns: Optional[int] = typer.Option(None, help="assistant replies per dialogue at most"),
-    parallel: Optional[int] = typer.Option(None, help="personas in flight at once"),
-    retries: Optional[int] = typer.Option(None, help="extra attempts per step; raise it to rescue failed personas"),
-    cache: Optional[str] = typer.Option(None, help="SQLite request cache file"),
+    config: str = typer.Option(
+        DEFAULT_CONFIG, help="synthesis config YAML (configs/synth/*.yaml); options below override it"
+    ),
+    personas: int | None = typer.Option(None, help="personas 0..N-1 of the seed (raising N extends a run)"),
+    seed: int | None = typer.Option(None, help="seed of every random choice"),
+    out: str | None = typer.Option(None, help="run directory (resumable)"),
+    endpoints: str | None = typer.Option(None, help="endpoints YAML"),
+    generator: str | None = typer.Option(None, help="endpoint writing personas, factors, checklists, requests"),
+    user_simulator: str | None = typer.Option(None, help="endpoint playing the user"),
+    assistant_simulator: str | None = typer.Option(None, help="endpoint playing the assistant"),
+    max_turns: int | None = typer.Option(None, help="assistant replies per dialogue at most"),
+    parallel: int | None = typer.Option(None, help="personas in flight at once"),
+    retries: int | None = typer.Option(None, help="extra attempts per step; raise it to rescue failed personas"),
+    cache: str | None = typer.Option(None, help="SQLite request cache file"),
     no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write the request cache"),
     allow_failures: bool = typer.Option(False, "--allow-failures", help="exit 0 even when personas failed"),
 ) -> None:
     """Run (or resume) a synthesis run; the last line counts finished and failed personas."""
     values: dict[str, Any] = dict(read_yaml(config) or {})
     options = {
-        "personas": personas, "seed": seed, "out": out, "endpoints": endpoints, "generator": generator,
-        "user_simulator": user_simulator, "assistant_simulator": assistant_simulator, "max_turns": max_turns,
-        "parallel_personas": parallel, "retries": retries, "cache": cache,
-    }  # fmt: skip
+        "personas": personas,
+        "seed": seed,
+        "out": out,
+        "endpoints": endpoints,
+        "generator": generator,
+        "user_simulator": user_simulator,
+        "assistant_simulator": assistant_simulator,
+        "max_turns": max_turns,
+        "parallel_personas": parallel,
+        "retries": retries,
+        "cache": cache,
+    }
     values.update({k: v for k, v in options.items() if v is not None})
     if no_cache:
         values["no_cache"] = True
@@ -60,7 +70,8 @@ def synth(
     print(  # one plain line, never wrapped: scripts read it
         f"{summary['done']} of {summary['personas']} personas done, {summary['failed']} failed; "
         f"{summary['instances']} instances in {summary['instances_file']}; "
-        f"requests {requests['sent']} sent, {requests['cached']} cached; {summary['retries']} retries; {summary['seconds']}s"
+        f"requests {requests['sent']} sent, {requests['cached']} cached; "
+        f"{summary['retries']} retries; {summary['seconds']}s"
     )
     if summary["failed"] and not allow_failures:
         raise typer.Exit(1)

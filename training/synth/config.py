@@ -50,7 +50,10 @@ class SynthConfig(BaseModel):
     cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
     no_cache: bool = False
     parallel_personas: int = Field(default=8, ge=1, description="personas in flight at once")
-    seeds: str | None = Field(default=None, description="seed persona descriptions (YAML list of {occupation, description}); default: the bundled list")
+    seeds: str | None = Field(
+        default=None,
+        description="seed persona descriptions (YAML list of {occupation, description}); default: the bundled list",
+    )
     persona_prompt: Literal["synth_persona", "project_synth_persona"] = Field(
         default="synth_persona",
         description="the paper's persona prompt (Fig. 13, JSON answer) or the project's short one for small models",
@@ -61,7 +64,9 @@ class SynthConfig(BaseModel):
         "(name, age, occupation), which tiny models can still read past",
     )
     max_turns: int = Field(default=8, ge=1, description="assistant replies per dialogue at most (the turn cap)")
-    retries: int = Field(default=2, ge=0, le=10, description="extra attempts for an answer that does not parse or validate")
+    retries: int = Field(
+        default=2, ge=0, le=10, description="extra attempts for an answer that does not parse or validate"
+    )
     reject_example_copies: bool = Field(
         default=True,
         description="refuse an answer that copies its prompt's one-shot example (tiny models do little else: "

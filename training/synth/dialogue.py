@@ -100,7 +100,9 @@ async def simulate(
     for turn in range(1, cfg.max_turns + 1):
         step = f"dialogue[{position}].turn[{turn}]"
         chat = [{"role": "system", "content": system}] + [m.model_dump() for m in dialogue]
-        reply = await asker.ask(f"{step}.assistant", "assistant_simulator", chat, read_reply, cfg.max_tokens.assistant, reply_shape)
+        reply = await asker.ask(
+            f"{step}.assistant", "assistant_simulator", chat, read_reply, cfg.max_tokens.assistant, reply_shape
+        )
         dialogue.append(Message(role="assistant", content=reply))
         verdicts = list(
             await all_of(
@@ -121,7 +123,10 @@ async def simulate(
         if all(verdicts):
             items = [i for i in range(len(checklist)) if i not in mentioned] or list(range(len(checklist)))
             msgs = prompts.load("project_synth_closing").render(
-                persona=persona, factor=factor, conversation=conversation, items="\n".join(f"- {checklist[i]}" for i in items)
+                persona=persona,
+                factor=factor,
+                conversation=conversation,
+                items="\n".join(f"- {checklist[i]}" for i in items),
             )
             kind: Literal["feedback", "closing"] = "closing"
         else:

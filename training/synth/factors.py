@@ -77,7 +77,9 @@ def _check_new(fields: dict[str, str], slot: Slot, factors: list[Factor]) -> Non
     if normalized(name) in {normalized(t) for t in [slot.factor_type, slot.preference_type, *slot.task_types]}:
         raise Unusable(f"'{name}' names a type, not a factor; give the specific name of one {slot.factor_type}")
     if normalized(slot.factor_type) in normalized(name):  # "Location/Place for this user": the prompt, not a name
-        raise Unusable(f"'{name}' repeats the type {slot.factor_type}; give the specific name of one {slot.factor_type}")
+        raise Unusable(
+            f"'{name}' repeats the type {slot.factor_type}; give the specific name of one {slot.factor_type}"
+        )
     if len(words(preference)) < MIN_PREFERENCE_WORDS:
         raise Unusable(f"the preference needs at least {MIN_PREFERENCE_WORDS} words")
     if any(normalized(p) in normalized(name) for p in [preference, *(f.preference for f in factors)]):
@@ -88,7 +90,6 @@ def _check_new(fields: dict[str, str], slot: Slot, factors: list[Factor]) -> Non
             raise Unusable(f"the factor '{name}' already exists; invent a different one")
         if normalized(other.preference) == normalized(preference):
             raise Unusable(f"the preference of '{other.factor}' is the same; write a different preference")
-    return None
 
 
 NAME_CHARS = 60
@@ -100,7 +101,9 @@ def factor_shape(chars: int) -> str:
     NAME_CHARS), `Background: <one line>`, `Preference: <one statement>`, sharing `chars` between the last two."""
     name = rf"[A-Za-z0-9][^:{schemas.PLAIN}]{{1,{NAME_CHARS - 1}}}"
     background = schemas.paragraph(chars // 2, LINE_LEAST)
-    return rf"Factor: {name}\nBackground: {background}\nPreference: {schemas.sentence(chars // 2, LINE_LEAST, ends='.')}"
+    return (
+        rf"Factor: {name}\nBackground: {background}\nPreference: {schemas.sentence(chars // 2, LINE_LEAST, ends='.')}"
+    )
 
 
 def changed_shape(chars: int) -> str:
@@ -133,10 +136,12 @@ def example_lists() -> tuple[list[dict], list[list[dict]]]:
     return singles, pairs[::-1]
 
 
-_LABELLED_START = re.compile(r"^\W*(factor|background|preference)\b", re.I)
+_LABELLED_START = re.compile(r"^\W*(factor|background|preference)\b", re.IGNORECASE)
 
 
-def _read_factor(asker: Asker, step: str, index: int, slot: Slot, factors: list[Factor], shown: dict, related: str | None = None):
+def _read_factor(
+    asker: Asker, step: str, index: int, slot: Slot, factors: list[Factor], shown: dict, related: str | None = None
+):
     def read(answer: str) -> Factor:
         first = next((line for line in answer.splitlines() if line.strip()), "")
         if first and not _LABELLED_START.match(first):  # the prompt ends in "Factor:", so the name may come bare
@@ -212,7 +217,9 @@ def _read_changed(asker: Asker, factors: list[Factor], shown: dict):
         if len(words(text)) < MIN_PREFERENCE_WORDS:
             raise Unusable(f"the new preference needs at least {MIN_PREFERENCE_WORDS} words")
         if any(normalized(text) == normalized(f.preference) for f in factors):
-            raise Unusable("the new preference repeats an existing preference; write one that contradicts the old preference")
+            raise Unusable(
+                "the new preference repeats an existing preference; write one that contradicts the old preference"
+            )
         if any(normalized(text) in normalized(f.factor) for f in factors):
             raise Unusable("the new preference is a factor's name; write a preference that contradicts the old one")
         asker.check_copy("changed_preference", text, shown["example"]["new"])
@@ -229,7 +236,11 @@ async def change_preference(asker: Asker, factor: Factor, factors: list[Factor])
     def build(attempt: int) -> list[dict[str, str]]:
         ex = shown["example"] = changes[(attempt - 1) % len(changes)]
         return prompts.load("project_synth_changed_preference").render(
-            example_factor=ex["factor"], example_old=ex["old"], example_new=ex["new"], factor=factor.factor, preference=factor.preference
+            example_factor=ex["factor"],
+            example_old=ex["old"],
+            example_new=ex["new"],
+            factor=factor.factor,
+            preference=factor.preference,
         )
 
     read = _read_changed(asker, factors, shown)

@@ -137,7 +137,9 @@ def rows(record: PersonaRecord) -> list[dict[str, Any]]:
 def validated(record: PersonaRecord) -> list[dict[str, Any]]:
     """The rows, checked by the project's data layer; any problem names the persona and the field."""
     built = rows(record)
-    dataset: Dataset = validate_rows(((f"{record.persona_id}/{r['instance_type']}", r) for r in built), record.persona_id)
+    dataset: Dataset = validate_rows(
+        ((f"{record.persona_id}/{r['instance_type']}", r) for r in built), record.persona_id
+    )
     if dataset.bad_rows:
         raise ValueError("; ".join(str(bad) for bad in dataset.bad_rows))
     return built

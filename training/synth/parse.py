@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class Unusable(ValueError):
@@ -20,11 +20,12 @@ _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 _MARKUP = re.compile(r"^[\s>#*_`-]*(?:\d+[.)]\s*)?[\s*_`]*")
 STOPWORDS = frozenset(
-    "a an the and or of for to in on at by with from about as is are be this that these those my our your "
-    "their his her its new".split()
+    "a an the and or of for to in on at by with from about as is are be this "  # noqa: SIM905 (words, not a list)
+    "that these those my our your their his her its new".split()
 )
 YES_NO_STARTS = frozenset(
-    "is are does do did has have can could will would should was were am may might must shall".split()
+    "is are does do did has have can could will would should "  # noqa: SIM905 (words, not a list)
+    "was were am may might must shall".split()
 )
 
 
@@ -45,7 +46,7 @@ def unquote(text: str) -> str:
     text = text.strip()
     while len(text) >= 2 and text[0] in "\"'“‘" and text[-1] in "\"'”’":
         text = text[1:-1].strip()
-    return text.lstrip("\"“").rstrip("\"”") if text.count('"') == 1 else text
+    return text.lstrip('"“').rstrip('"”') if text.count('"') == 1 else text
 
 
 def sentences(text: str) -> list[str]:
@@ -67,7 +68,9 @@ def labelled(answer: str, labels: Sequence[str]) -> dict[str, str]:
     label wins (small models often repeat the whole block).
     """
     wanted = {label.lower(): label for label in labels}
-    pattern = re.compile(r"^(" + "|".join(re.escape(label) for label in wanted) + r")\s*(?:name)?\s*[:=\-–]\s*(.*)$", re.I)
+    pattern = re.compile(
+        r"^(" + "|".join(re.escape(label) for label in wanted) + r")\s*(?:name)?\s*[:=\-–]\s*(.*)$", re.IGNORECASE
+    )
     values: dict[str, list[str]] = {}
     current: str | None = None
     for line in answer.splitlines():
@@ -106,7 +109,7 @@ def free_text(answer: str, prefixes: Sequence[str] = ()) -> str:
         lines.pop(0)
     text = "\n".join(lines).strip()
     for prefix in prefixes:
-        m = re.match(r"^[\s*_#]*(?:the\s+)?" + re.escape(prefix) + r"[\s*_]*[:\-–][\s*_]*", text, flags=re.I)
+        m = re.match(r"^[\s*_#]*(?:the\s+)?" + re.escape(prefix) + r"[\s*_]*[:\-–][\s*_]*", text, flags=re.IGNORECASE)
         if m:
             text = text[m.end() :]
             break
@@ -134,7 +137,7 @@ def mentions(text: str, name: str) -> bool:
 
 def json_value(answer: str):
     """The first JSON value in the answer (inside a ```json fence if there is one), or None."""
-    fenced = re.search(r"```(?:json)?\s*\n?(.*?)```", answer, flags=re.S)
+    fenced = re.search(r"```(?:json)?\s*\n?(.*?)```", answer, flags=re.DOTALL)
     decoder = json.JSONDecoder()
     for text in ([fenced.group(1)] if fenced else []) + [answer]:
         starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]

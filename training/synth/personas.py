@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -88,7 +89,9 @@ def shape(prompt_name: str) -> Shape:
     if prompt_name == "synth_persona":
 
         def paper(chars: int) -> str:  # a JSON string's longest match has every character escaped: half of them
-            persona = schemas.jobject([("description", schemas.jstring(max(1, chars // 2))), ("occupation", schemas.jstring(40))])
+            persona = schemas.jobject(
+                [("description", schemas.jstring(max(1, chars // 2))), ("occupation", schemas.jstring(40))]
+            )
             return schemas.fenced(schemas.jobject([("personas", schemas.jlist([persona]))]))
 
         return paper
@@ -116,7 +119,9 @@ def read_description(t: Template):
                 f"(it has {len(distinct)} and {len(words(text))})"
             )
         if echoes(text, t.seed_description, share=0.8):
-            raise Unusable("the description only repeats the basic description; describe the person in six new sentences")
+            raise Unusable(
+                "the description only repeats the basic description; describe the person in six new sentences"
+            )
         return text
 
     return read
@@ -125,5 +130,10 @@ def read_description(t: Template):
 async def expand(asker: Asker, t: Template) -> str:
     cfg = asker.cfg
     return await asker.ask(
-        "persona", "generator", messages(t, cfg.persona_prompt), read_description(t), cfg.max_tokens.persona, shape(cfg.persona_prompt)
+        "persona",
+        "generator",
+        messages(t, cfg.persona_prompt),
+        read_description(t),
+        cfg.max_tokens.persona,
+        shape(cfg.persona_prompt),
     )

@@ -39,17 +39,25 @@ from cupid.training.synth.ask import Asker, StepFailed, all_of
 from cupid.training.synth.config import Role, SynthConfig
 from cupid.training.synth.dialogue import simulate
 from cupid.training.synth.factors import change_preference, checklist, generate_factors
-from cupid.training.synth.parse import sentences
 from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, rows, validated
+from cupid.training.synth.parse import sentences
 from cupid.training.synth.personas import expand, template
 from cupid.training.synth.sessions import layout, write_requests
 
 ROLES: tuple[Role, ...] = ("generator", "user_simulator", "assistant_simulator")
 PROMPTS_USED = (
-    "synth_persona", "project_synth_persona", "project_synth_factor", "project_synth_contrastive_factor",
-    "project_synth_changed_preference", "project_synth_checklist", "project_synth_request",
-    "synth_assistant_simulator", "project_synth_judge", "project_synth_feedback", "project_synth_closing",
-)  # fmt: skip
+    "synth_persona",
+    "project_synth_persona",
+    "project_synth_factor",
+    "project_synth_contrastive_factor",
+    "project_synth_changed_preference",
+    "project_synth_checklist",
+    "project_synth_request",
+    "synth_assistant_simulator",
+    "project_synth_judge",
+    "project_synth_feedback",
+    "project_synth_closing",
+)
 
 
 def persona_id(seed: int, index: int) -> str:
@@ -159,7 +167,14 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     prior = [s for s in slots if s.role != "final"]
     dialogues = await all_of(
         *(
-            simulate(asker, persona, s.position, factors[s.factor_index].factor, requests[s.position], preference_of(s.role, s.factor_index)[1])
+            simulate(
+                asker,
+                persona,
+                s.position,
+                factors[s.factor_index].factor,
+                requests[s.position],
+                preference_of(s.role, s.factor_index)[1],
+            )
             for s in prior
         )
     )
@@ -201,9 +216,17 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     return record
 
 
-async def _run_all(cfg: SynthConfig, client: Client, out: SynthesisDir, todo: list[int], seeds: tables.Seeds, console: Console) -> None:
+async def _run_all(
+    cfg: SynthConfig, client: Client, out: SynthesisDir, todo: list[int], seeds: tables.Seeds, console: Console
+) -> None:
     slots = asyncio.Semaphore(cfg.parallel_personas)
-    columns = (TextColumn("synth"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn())
+    columns = (
+        TextColumn("synth"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("personas", total=len(todo), failed=0)
         failed = 0
@@ -242,7 +265,9 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
     for role in ROLES:
         used[cfg.endpoint(role)] = require(endpoints, cfg.endpoint(role), cfg.endpoints)
     if missing := missing_keys(used):
-        raise ConfigError(f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)")
+        raise ConfigError(
+            f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)"
+        )
     seeds = tables.load_seeds(cfg.seeds)
     out = SynthesisDir(cfg.out)
     out.check_same_run(identity(cfg, endpoints, seeds), what="synthesis run")

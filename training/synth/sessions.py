@@ -34,7 +34,7 @@ class Positions(BaseModel):
     final: int = FINAL
 
     @model_validator(mode="after")
-    def _is_a_partition(self) -> "Positions":
+    def _is_a_partition(self) -> Positions:
         used = self.current_original + self.current_changed + self.contrastive + self.other + [self.final]
         if sorted(used) != list(range(1, N_SESSIONS + 1)):
             raise ValueError(f"positions do not cover 1..{N_SESSIONS} exactly once: {sorted(used)}")
@@ -111,7 +111,12 @@ def read_request(persona: str, factor: str, preferences: list[str], earlier: lis
 
 
 async def write_requests(
-    asker: Asker, persona: str, slots: list[SessionSlot], factors: list[Factor], task_types: dict[int, str], preferences: list[str]
+    asker: Asker,
+    persona: str,
+    slots: list[SessionSlot],
+    factors: list[Factor],
+    task_types: dict[int, str],
+    preferences: list[str],
 ) -> dict[int, str]:
     """One request per position, in order: each sees the previous one, which links them in time.
 
@@ -132,5 +137,7 @@ async def write_requests(
         )
         step = f"request[{slot.position}]"
         read = read_request(persona, factor.factor, preferences, list(requests.values()))
-        requests[slot.position] = await asker.ask(step, "generator", msgs, read, asker.cfg.max_tokens.request, request_shape(factor.factor))
+        requests[slot.position] = await asker.ask(
+            step, "generator", msgs, read, asker.cfg.max_tokens.request, request_shape(factor.factor)
+        )
     return requests

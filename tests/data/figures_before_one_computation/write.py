@@ -17,11 +17,11 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.append(str(HERE.parents[2]))  # tests/run_records.py
 
-from cupid.eval import meta, nightly, report  # noqa: E402
-from cupid.eval.records import UnitRecord  # noqa: E402
-from cupid.eval.rundir import RunDir  # noqa: E402
-from cupid.eval.summary import summarize  # noqa: E402
-from cupid.eval.tasks import TASKS  # noqa: E402
+from cupid.eval import meta, nightly, report
+from cupid.eval.records import UnitRecord
+from cupid.eval.rundir import RunDir
+from cupid.eval.summary import summarize
+from cupid.eval.tasks import TASKS
 
 
 def sample(path: Path) -> None:
@@ -33,11 +33,22 @@ def sample(path: Path) -> None:
     for setting, shift in (("standard", 0), ("oracle", 5)):
         for i, key in enumerate(keys):
             a, b = labels[(i + shift) % len(labels)], labels[(i + shift + 3) % len(labels)]
-            reference = rr.scoring(b, a) if i % 4 else {"status": "failed", "error": {"stage": "matcher", "reason": "parse_error", "detail": "no header", "raw": "?"}}
+            reference = (
+                rr.scoring(b, a)
+                if i % 4
+                else {
+                    "status": "failed",
+                    "error": {"stage": "matcher", "reason": "parse_error", "detail": "no header", "raw": "?"},
+                }
+            )
             failed = "decomposer" if (i + shift) % 7 == 3 else "matcher" if (i + shift) % 11 == 5 else None
             inference.append(rr.inference(key, a, b, setting=setting, failed=failed, reference=reference))
-            generation.append(rr.generation(key, None if (i + shift) % 6 == 2 else 1 + (3 * i + shift) % 10, setting=setting))
-    rr.write_run(path, inference + generation, {"candidate": "model-a", "matcher": "matcher-x", "reference": "matcher-y"})
+            generation.append(
+                rr.generation(key, None if (i + shift) % 6 == 2 else 1 + (3 * i + shift) % 10, setting=setting)
+            )
+    rr.write_run(
+        path, inference + generation, {"candidate": "model-a", "matcher": "matcher-x", "reference": "matcher-y"}
+    )
     records = [UnitRecord.model_validate(r) for r in inference + generation]
     plan = {TASKS["inference"]: ["standard", "oracle"], TASKS["generation"]: ["standard", "oracle"]}
     summary = summarize(records, plan, len(keys), {"roles": {"candidate": "model-a"}}, reference=True)
@@ -47,10 +58,12 @@ def sample(path: Path) -> None:
 def figures(path: Path) -> None:
     run = report.load_run(path)
     records = list(RunDir(path).records().values())
-    rows = lambda rs: [{**asdict(r), "cells": {k: v and v.as_dict() for k, v in r.cells.items()}} for r in rs]  # noqa: E731
+    rows = lambda rs: [{**asdict(r), "cells": {k: v and v.as_dict() for k, v in r.cells.items()}} for r in rs]
     f1 = {
         f"{setting} {aggregate}{' reference' if reference else ''}": meta.run_f1(records, setting, aggregate, reference)
-        for setting in ("standard", "oracle", "interleaved") for aggregate in ("micro", "macro") for reference in (False, True)
+        for setting in ("standard", "oracle", "interleaved")
+        for aggregate in ("micro", "macro")
+        for reference in (False, True)
     }
     out = {
         "report": {
@@ -60,7 +73,10 @@ def figures(path: Path) -> None:
             "generation reference": rows(report.generation_rows(run, reference=True)),
             "failures": report.failure_counts(run),
         },
-        "nightly": {"metrics": {k: v.as_dict() for k, v in nightly.metrics(records).items()}, "failures": nightly.failure_counts(records)},
+        "nightly": {
+            "metrics": {k: v.as_dict() for k, v in nightly.metrics(records).items()},
+            "failures": nightly.failure_counts(records),
+        },
         "meta": {"run_f1": f1, "f1_table": meta.f1_table([path]).values},
     }
     (path / "figures.json").write_text(json.dumps(out, indent=2))

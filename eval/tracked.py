@@ -1,0 +1,36 @@
+"""A run, then, when its config asks (`track:`), its tracker run: what `cupid eval run` and `cupid.evaluate` call.
+
+The export sits on top of both the runner (`eval.runner`), which never calls it, and the tracker (`eval.track`),
+which reads a finished run's files and never runs one; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rich.console import Console
+
+from cupid.eval import track
+from cupid.eval.runner import RunConfig, RunResult
+from cupid.eval.runner import arun as arun_untracked
+from cupid.serving.aio import blocking
+
+
+async def arun(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
+    """A run (`runner.arun`), then, with `cfg.track`, its tracker run: checked before anything starts, logged once the
+    run's files are written and its servers stopped (the tracker is no request's). `options` go to `runner.arun`."""
+    console = console or Console(stderr=True)
+    if cfg.track:
+        track.require(cfg.track)
+    result = await arun_untracked(cfg, console=console, **options)
+    if cfg.track:
+        make = lambda: [track.of_run(result.out, records=result.records, summary=result.summary)]
+        say = lambda m: console.print(m, highlight=False, markup=False)
+        await asyncio.to_thread(track.log_after, make, cfg.track, say)
+    return result
+
+
+def run(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
+    """`arun` from blocking code (the CLI)."""
+    return blocking(lambda: arun(cfg, console=console, **options))

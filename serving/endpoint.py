@@ -1,0 +1,43 @@
+"""One OpenAI-compatible endpoint: where a client sends a model's requests, and how.
+
+Its own module, below both the named endpoints and their resolver (`serving.endpoints`) and the servers this project
+starts (`serving.lifecycle`, which gives an endpoint for each one running), so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
+
+
+class Endpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: HttpUrl
+    model: str = Field(min_length=1)
+    api_key_env: str | None = None
+    max_concurrency: int = Field(default=64, ge=1, le=4096)
+    timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=4, ge=0, le=20)
+    max_tokens: int | None = Field(default=None, ge=1, description="cap on answer length for every request")
+    structured_output: bool = Field(
+        default=False,
+        description="the server enforces answer formats (vLLM's structured_outputs): judge roles then always get one",
+    )
+    constrain_candidate: bool = Field(
+        default=False,
+        description="as candidate, its answers are constrained to the task's answer format (recorded with the run)",
+    )
+    matcher_prompt: Literal["prefmatcher", "fewshot"] | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")
+
+    @property
+    def url(self) -> str:
+        return str(self.base_url).rstrip("/")
+
+    def api_key(self) -> str | None:
+        if self.api_key_env is None:
+            return None
+        return os.environ.get(self.api_key_env)
