@@ -123,7 +123,8 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
         "optimizer_steps"
     ] == steps
     assert all(math.isfinite(r["loss"]) for r in report["logged_losses"])
-    assert report["quantization"] == {"load_in_4bit": True, "quant_type": "nf4", "double_quant": True}
+    quantized = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+    assert report["quantization"] == quantized
     # LoRA r=8 on q,v,o (hidden->hidden, hidden->kv heads, hidden->hidden) and the MLP (hidden<->intermediate) of each
     # layer.
     model = json.loads((random_model_dir / "config.json").read_text())
@@ -144,7 +145,7 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
     assert report["completion_tokens_per_epoch"] == expected
     adapter = json.loads((cfg.out_dir / "adapter" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
-    assert set(adapter["target_modules"]) == set(cfg.lora.target_modules)
+    assert set(adapter["target_modules"]) == set(cfg.lora.args["target_modules"])
     import torch
 
     args = torch.load(cfg.out_dir / "checkpoints" / f"checkpoint-{steps}" / "training_args.bin", weights_only=False)
@@ -479,6 +480,48 @@ def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_tr
             project["resume"],
             project["measure_loss_on"],
         )
+
+
+def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_before_their_own_names():
+    """What each shipped config gave LoraConfig and BitsAndBytesConfig when `lora:` and `quantization:` had names of
+    their own (recorded then in tests/data/lora_bnb_args_before_passthrough.json), it gives now under peft's and
+    bitsandbytes' names."""
+    import torch
+
+    from cupid.training.sft import bnb_config, lora_config
+
+    before = json.loads((REPO / "tests" / "data" / "lora_bnb_args_before_passthrough.json").read_text())
+    for name, recorded in before.items():
+        cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
+        lora, bnb = lora_config(cfg), bnb_config(cfg, torch.float32)
+        plain = lambda v: (
+            sorted(v) if isinstance(v, set) else str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+        )
+        assert {k: plain(getattr(lora, k)) for k in recorded["LoraConfig"]} == recorded["LoraConfig"], name
+        assert {k: plain(getattr(bnb, k)) for k in recorded["BitsAndBytesConfig"]} == recorded["BitsAndBytesConfig"], (
+            name
+        )
+
+
+def test_lora_and_quantization_are_checked_by_peft_and_against_bitsandbytes_signature(tmp_path):
+    from cupid.training.sft import bnb_config, check, lora_config
+
+    old = config.load(_write_config(tmp_path / "old.yaml", lora={"alpha": 16}))  # the project's old name: peft's now
+    with pytest.raises(ConfigError, match=r"old\.yaml: lora: peft's LoraConfig refuses it: .*'alpha'"):
+        lora_config(old)
+    typo = config.load(_write_config(tmp_path / "typo.yaml", quantization={"bnb_4bit_quant_typ": "nf4"}))
+    # BitsAndBytesConfig itself only logs an unknown argument and goes on: refused here, by name
+    with pytest.raises(ConfigError, match=r"typo\.yaml: quantization\.bnb_4bit_quant_typ: not an argument of"):
+        bnb_config(typo)
+    with pytest.raises(ConfigError, match=r"lora.*task_type: set by the chain itself"):
+        config.load(_write_config(tmp_path / "owned.yaml", lora={"task_type": "SEQ_CLS"}))
+    with pytest.raises(ConfigError, match=r"quantization.*bnb_4bit_compute_dtype: set by the chain itself"):
+        config.load(_write_config(tmp_path / "owned2.yaml", quantization={"bnb_4bit_compute_dtype": "float16"}))
+    plain = config.load(_write_config(tmp_path / "plain.yaml", quantization={"load_in_4bit": False}))
+    _, lora, bnb = check(plain)
+    assert bnb is None and lora.r == 8 and lora.lora_alpha == 16  # plain LoRA: no BitsAndBytesConfig at all
+    result = CliRunner().invoke(cupid_app, ["train", "run", "--config", str(tmp_path / "typo.yaml"), "--dry-run"])
+    assert result.exit_code == 2 and "quantization.bnb_4bit_quant_typ: not an argument" in result.output
 
 
 def test_check_server_settings_that_cannot_work_are_refused_when_the_config_loads(tmp_path):

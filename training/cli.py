@@ -130,13 +130,19 @@ def run(
     if dry_run:
         from cupid.training import sft as sft_stage
 
-        args = _guarded(lambda: sft_stage.sft_config(cfg))
-        value = lambda v: v.value if isinstance(v, Enum) else v  # transformers' str enums
-        given = ", ".join(f"{k}={value(getattr(args, k))}" for k in cfg.sft.args)
+        args, lora, bnb = _guarded(lambda: sft_stage.check(cfg))
+        value = lambda v: v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v  # str enums, sets
+        accepts = lambda built, keys: ", ".join(f"{k}={value(getattr(built, k))}" for k in keys)
         console.print(
             f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True
         )
-        console.print(f"sft: TRL's SFTConfig accepts {given}", highlight=False, soft_wrap=True)
+        quantized = f"BitsAndBytesConfig accepts {accepts(bnb, cfg.quantization.args)}" if bnb else "none (plain LoRA)"
+        for line in (
+            f"sft: TRL's SFTConfig accepts {accepts(args, cfg.sft.args)}",
+            f"lora: peft's LoraConfig accepts {accepts(lora, cfg.lora.args)}",
+            f"quantization: {quantized}",
+        ):
+            console.print(line, highlight=False, soft_wrap=True)
         return
     reports = _guarded(lambda: pipeline.run(cfg, err, stages))
     _print_labelling(reports.get("label"))

@@ -7,7 +7,7 @@ instead of silently taking its default. Paths are kept as written and resolved w
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -51,27 +51,77 @@ class Labelling(_Section):
     allow_test_split: bool = Field(default=False, description="allow kixlab/CUPID (the benchmark) as input")
 
 
-class Quantization(_Section):
-    """bitsandbytes loading of the frozen base: 4-bit NF4 is QLoRA; `load_in_4bit: false` is plain LoRA."""
+# What the chain sets itself in each upstream configuration, whatever a config says: one list each. SFTConfig:
+# checkpoints in the run directory, the precision `precision` picks, the loss on the answer only (the matcher's
+# completion), no packing (see sft._loss), no tracker inside the trainer and no evaluation in it (the chain measures the
+# loss itself). LoraConfig: a causal LM's adapter. BitsAndBytesConfig: the compute dtype `precision` picks.
+def chain_sft_args(out_dir: Path, precision: str) -> dict[str, Any]:
+    return {
+        "output_dir": str(out_dir / "checkpoints"),
+        "bf16": precision == "bf16",
+        "fp16": False,
+        "completion_only_loss": True,
+        "packing": False,
+        "report_to": "none",
+        "eval_strategy": "no",
+    }
 
+
+SET_BY_THE_CHAIN = tuple(chain_sft_args(Path(), "fp32"))
+LORA_SET_BY_THE_CHAIN = ("task_type",)
+BNB_SET_BY_THE_CHAIN = ("bnb_4bit_compute_dtype",)
+
+# The chain's defaults where a config is silent (the shipped recipes give every one): the paper's Table 4 adapter and
+# QLoRA's NF4 with quantized block scales.
+LORA_DEFAULTS: dict[str, Any] = {
+    "lora_alpha": 128,
+    "lora_dropout": 0.0,
+    "target_modules": ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+BNB_DEFAULTS: dict[str, Any] = {"bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
+
+
+class _Passthrough(_Section):
+    """An upstream configuration's arguments under its own names, as given: its own class checks them (at `--dry-run`
+    and when the run starts, `training.sft`), not a copy of their types here. Loading a config imports neither."""
+
+    model_config = ConfigDict(extra="allow")
+    owned: ClassVar[tuple[str, ...]] = ()
+    defaults: ClassVar[dict[str, Any]] = {}
+
+    @model_validator(mode="after")
+    def _not_the_chains(self) -> Self:
+        if owned := sorted(set(self.model_extra or {}) & set(self.owned)):
+            raise ValueError(f"{owned[0]}: set by the chain itself ({', '.join(self.owned)} are)")
+        return self
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The arguments: the chain's defaults, then the config's."""
+        return {**self.defaults, **self.model_dump()}
+
+
+class Quantization(_Passthrough):
+    """`quantization:` is transformers' `BitsAndBytesConfig` arguments: the frozen base in 4-bit NF4 is QLoRA;
+    `load_in_4bit: false` (and no `load_in_8bit`) is plain LoRA, with no BitsAndBytesConfig at all. `load_in_4bit` is
+    typed because the chain reads it before transformers does (the export dequantizes what was quantized)."""
+
+    owned = BNB_SET_BY_THE_CHAIN
+    defaults = BNB_DEFAULTS
     load_in_4bit: bool = True
-    quant_type: Literal["nf4", "fp4"] = "nf4"
-    double_quant: bool = Field(default=True, description="quantize the block scales too (torchao NF4 does the same)")
+
+    @property
+    def active(self) -> bool:
+        return self.load_in_4bit or bool((self.model_extra or {}).get("load_in_8bit"))
 
 
-class Lora(_Section):
+class Lora(_Passthrough):
+    """`lora:` is peft's `LoraConfig` arguments. `r` is typed because the chain reads it before peft does (the check's
+    vLLM --max-lora-rank)."""
+
+    owned = LORA_SET_BY_THE_CHAIN
+    defaults = LORA_DEFAULTS
     r: int = Field(default=64, ge=1)
-    alpha: int = Field(default=128, ge=1)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1
-    )
-
-
-# SFTConfig arguments the chain sets itself, whatever a config says: checkpoints in the run directory, the
-# precision `precision` picks, the loss on the answer only (the matcher's completion), no packing (see
-# sft._loss), no tracker inside the trainer and no evaluation in it (the chain measures the loss itself).
-SET_BY_THE_CHAIN = ("output_dir", "bf16", "fp16", "completion_only_loss", "packing", "report_to", "eval_strategy")
 
 
 class Sft(_Section):

@@ -107,7 +107,7 @@ def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         reference = _logits(with_adapter, tokenizer, probe)
         model = with_adapter.unload()  # the untouched base again
     method = "merge into the unquantized base"
-    if cfg.quantization.load_in_4bit:
+    if cfg.quantization.active:
         model = model.dequantize(dtype=dtype)  # W' = dequant(NF4(W0)), in place of every Linear4bit
         method = "dequantize-then-merge: dequant(NF4(W0)) + BA"
     model = PeftModel.from_pretrained(model, adapter).merge_and_unload()

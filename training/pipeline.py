@@ -25,7 +25,7 @@ def run(
     """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
     if "sft" in stages:
-        sft.sft_config(cfg)  # TRL refuses a wrong argument now, not after the match data are made
+        sft.check(cfg)  # TRL, peft, transformers refuse a wrong argument now, not after the match data are made
     steps = {
         "label": lambda: matchdata.label(cfg, console) if cfg.labelling is not None else None,
         "sft": lambda: sft.train(cfg, console),

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from cupid.serving.config import ConfigError
 from cupid.training import trl_args
-from cupid.training.config import TrainConfig
+from cupid.training.config import TrainConfig, chain_sft_args
 from cupid.training.matchdata import data_dir, read_examples
 
 
@@ -58,7 +58,7 @@ def load_base(base: str, cfg: TrainConfig, dtype):
     """The frozen base, 4-bit NF4 when configured. A GGUF origin note in config.json (the tiny model's)
     is dropped: the directory holds plain weights. Any other pre-quantized base is refused."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
         config = AutoConfig.from_pretrained(base)
@@ -72,19 +72,13 @@ def load_base(base: str, cfg: TrainConfig, dtype):
                 f"{cfg.source}: base_model: {base} is already quantized ({method}); give the full-precision model"
             )
         del config.quantization_config
-    q = cfg.quantization
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
-    if q.load_in_4bit:
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type=q.quant_type,
-            bnb_4bit_use_double_quant=q.double_quant,
-            bnb_4bit_compute_dtype=dtype,
-        )
+    if quantization := bnb_config(cfg, dtype):
+        kwargs["quantization_config"] = quantization
     if torch.cuda.is_available():
         kwargs["device_map"] = {"": 0}
     model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
-    if q.load_in_4bit:
+    if cfg.quantization.load_in_4bit:
         keep_cpu_weights_unpacked(model)
     return model
 
@@ -164,7 +158,7 @@ CHAIN_DEFAULTS: dict[str, Any] = {
 
 def sft_config(cfg: TrainConfig, prec: str | None = None):
     """The `trl.SFTConfig` of this run: the config's `sft:` arguments over the chain's defaults, and what the
-    chain sets itself (`config.SET_BY_THE_CHAIN`). TRL and transformers check the arguments here
+    chain sets itself (`config.chain_sft_args`). TRL and transformers check the arguments here
     (`trl_args.build`): an unknown one, a value of another type than SFTConfig declares, or a value they refuse,
     is a ConfigError that names the file and `sft.<key>` and gives their message. Nothing is written."""
     from trl import SFTConfig
@@ -175,16 +169,51 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
         **CHAIN_DEFAULTS,
         "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
     }  # the data order follows the seed
-    chain: dict[str, Any] = {
-        "output_dir": str(cfg.out_dir / "checkpoints"),
-        "bf16": prec == "bf16",
-        "fp16": False,
-        "completion_only_loss": True,
-        "packing": False,
-        "report_to": "none",
-        "eval_strategy": "no",
-    }
+    chain = chain_sft_args(cfg.out_dir, prec)
     return trl_args.build(SFTConfig, "sft", given, defaults=defaults, owned=chain, source=cfg.source)
+
+
+def check(cfg: TrainConfig) -> tuple[Any, Any, Any]:
+    """What the fine-tune is given, checked by each owner before anything loads: TRL's `SFTConfig`, peft's
+    `LoraConfig`, transformers' `BitsAndBytesConfig` (None: plain LoRA)."""
+    return sft_config(cfg), lora_config(cfg), bnb_config(cfg)
+
+
+def lora_config(cfg: TrainConfig):
+    """peft's `LoraConfig` of the run: the config's `lora:` arguments (over the chain's defaults), a causal LM's
+    adapter. peft refuses an unknown argument itself; a ConfigError names the file."""
+    from peft import LoraConfig
+
+    try:
+        return LoraConfig(**cfg.lora.args, task_type="CAUSAL_LM")
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cfg.source}: lora: peft's LoraConfig refuses it: {e}") from None
+
+
+def bnb_config(cfg: TrainConfig, dtype: Any = None):
+    """transformers' `BitsAndBytesConfig` of the run (None: plain LoRA): the config's `quantization:` arguments over
+    the chain's defaults, computing in `dtype`. BitsAndBytesConfig only logs an argument it does not know and goes on,
+    so each is checked against its signature here and refused by name."""
+    import inspect
+
+    from transformers import BitsAndBytesConfig
+
+    if not cfg.quantization.active:
+        return None
+    given = cfg.quantization.args
+    accepted = {
+        name
+        for name, p in inspect.signature(BitsAndBytesConfig.__init__).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
+    }
+    if unknown := sorted(set(given) - accepted):
+        raise ConfigError(
+            f"{cfg.source}: quantization.{unknown[0]}: not an argument of transformers' BitsAndBytesConfig"
+        )
+    try:
+        return BitsAndBytesConfig(**given, bnb_4bit_compute_dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cfg.source}: quantization: transformers' BitsAndBytesConfig refuses it: {e}") from None
 
 
 def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
@@ -201,7 +230,6 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
     import datasets
     import torch
-    from peft import LoraConfig
     from transformers import AutoTokenizer
     from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
@@ -216,14 +244,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     s, lora = cfg.sft, cfg.lora
     out = cfg.out_dir
     checkpoints = out / "checkpoints"
-    peft_config = LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
+    peft_config = lora_config(cfg)
     throughput = _throughput_callback(console)
     trainer: Any = SFTTrainer(  # its datasets and model are set by now (typed optional in TRL)
         model=model,
@@ -239,9 +260,17 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     n_kept = len(trainer.train_dataset)
     train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
     completion_tokens = sum(sum(label != -100 for label in labels) for labels in trainer.train_dataset["labels"])
+    q = cfg.quantization.args
+    quantized = (
+        f"4-bit {q['bnb_4bit_quant_type']}"
+        if q["load_in_4bit"]
+        else "8-bit"
+        if q.get("load_in_8bit")
+        else "unquantized"
+    )
     console.print(
         f"[bold]sft[/bold]: {base}, "
-        f"{'4-bit ' + cfg.quantization.quant_type if cfg.quantization.load_in_4bit else 'unquantized'} "
+        f"{quantized} "
         f"base, LoRA r={lora.r}: {n_trainable:,} trainable of {n_total:,} parameters; {n_kept} examples "
         f"({train_tokens:,} tokens, {completion_tokens:,} in completions), "
         f"{n_long} over max_length {args.max_length}; {prec}",
@@ -275,8 +304,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         "adapter": str(adapter_dir),
         "resumed_from": last,
         "precision": prec,
-        "quantization": cfg.quantization.model_dump() if cfg.quantization.load_in_4bit else None,
-        "lora": lora.model_dump(),
+        "quantization": cfg.quantization.args if cfg.quantization.active else None,
+        "lora": lora.args,
         "trainable_parameters": n_trainable,
         "total_parameters": n_total,
         "n_train_examples": len(train_examples),
