@@ -54,7 +54,7 @@ if TYPE_CHECKING:
         load_dataset,
         reward,
         reward_dataset,
-    )  # fmt: skip
+    )
     from cupid.serving.endpoint import Endpoint
 
 

@@ -47,7 +47,7 @@ from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import failure_line, state_dir
-from cupid.serving.profiles import Gpu
+from cupid.serving.plan import Gpu
 from cupid.serving.run_servers import RunServers, plan_servers
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2

@@ -13,7 +13,8 @@ from rich.table import Table
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.engines import ServeError, get_engine, vllm_build
-from cupid.serving.profiles import Plan, Profile
+from cupid.serving.plan import Plan, gpus
+from cupid.serving.profiles import Profile
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them
@@ -138,7 +139,7 @@ def up(
             get_engine(spec.engine).preflight(spec)
             p.check_local_files()
             specs.append(spec)
-        plan = Plan(todo, running, profiles.gpus() if any(p.on_gpu for p in todo) else [])
+        plan = Plan(todo, running, gpus() if any(p.on_gpu for p in todo) else [])
         plan.check()
     except ServeError as e:
         _fail(str(e))
@@ -161,7 +162,7 @@ def up(
 
 
 def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> None:
-    plan = Plan(chosen, running, profiles.gpus())
+    plan = Plan(chosen, running, gpus())
     for line in plan.lines():
         console.print(line, highlight=False)
     for p in chosen:

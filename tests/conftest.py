@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from cupid.eval import data as cupid_data
-from cupid.serving import lifecycle, profiles, tiny_model
+from cupid.serving import lifecycle, profiles, tiny_model, vllm_args
 from cupid.serving.instant import start as start_instant
 from cupid.serving.lifecycle import free_port
 
@@ -41,7 +41,7 @@ lifecycle.tie_servers = True  # every server a test starts dies with this proces
 TINY_NAME = "tiny-random-llama"  # the session server's served name
 SHARED = "CUPID_TEST_SHARED"
 # The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
-TINY_LORA_RANK = profiles.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
+TINY_LORA_RANK = vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
 _controller: dict = {}  # the controller's own: the shared directory and its end of the FIFO
 
 

@@ -15,8 +15,9 @@ from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError
 from cupid.serving.fleet import ServedModel, fingerprint
 from cupid.serving.placement import SHARED_CEILING
-from cupid.serving.profiles import Gpu, vllm_defaults
+from cupid.serving.plan import Gpu
 from cupid.serving.run_servers import judge_profiles, plan_servers
+from cupid.serving.vllm_args import vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"

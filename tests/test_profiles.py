@@ -17,7 +17,9 @@ from cupid.serving import profiles
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import ServeError, get_engine
 from cupid.serving.lifecycle import ServerRecord
-from cupid.serving.profiles import Gpu, Plan, Profile
+from cupid.serving.plan import Gpu, Plan, parse_nvidia_smi
+from cupid.serving.profiles import Profile
+from cupid.serving.vllm_args import llm_kwargs, vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -138,7 +140,7 @@ def test_several_adapters_and_any_vllm_argument(tmp_path):
     assert value(cmd, "--max-loras") == "2" and value(cmd, "--max-num-seqs") == "128"
     assert "--enforce-eager" in cmd and "--no-enable-chunked-prefill" in cmd and "--no-enable-prefix-caching" in cmd
     assert json.loads(value(cmd, "--compilation-config")) == {"cudagraph_mode": "PIECEWISE"}
-    kwargs = profiles.llm_kwargs(profiles.load(str(path)))
+    kwargs = llm_kwargs(profiles.load(str(path)))
     assert kwargs["generation_config"] == "vllm" and kwargs["enable_lora"] and kwargs["max_lora_rank"] == 32
     assert kwargs["max_num_seqs"] == 128 and kwargs["enable_prefix_caching"] is False and kwargs["enforce_eager"]
 
@@ -269,7 +271,7 @@ def test_every_shipped_profile_builds_the_command_line_it_built_before_the_vllm_
         env = {k: v for k, v in spec.env.items() if k != "OMP_NUM_THREADS"}
         assert env == before[name]["env"], name
         if not profile.scaled_out:  # what the offline executor may load: the same, less vLLM's own defaults
-            now, then = profiles.llm_kwargs(profile), before[name]["llm_kwargs"]
+            now, then = llm_kwargs(profile), before[name]["llm_kwargs"]
             assert {k: v for k, v in then.items() if k not in now} == {
                 k: defaults[k] for k in then.keys() - now.keys()
             }, name
@@ -582,7 +584,7 @@ def test_plan_counts_every_gpu_a_server_takes_on_this_node(shipped, tmp_path):
 
 
 def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profile(tmp_path, shipped):
-    kwargs = profiles.llm_kwargs(
+    kwargs = llm_kwargs(
         profiles.load(str(write(tmp_path, "tp-pp", model="org/m", port=8000, vllm=PARALLEL_SHAPES["tp4-pp2"])))
     )
     assert (
@@ -590,8 +592,8 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
         kwargs["pipeline_parallel_size"],
         kwargs["distributed_executor_backend"],
     ) == (4, 2, "mp")
-    assert "headless" not in profiles.llm_kwargs(shipped["prefmatcher-2node-worker"])  # the server's, not the engine's
-    assert profiles.llm_kwargs(shipped["tiny"])["distributed_executor_backend"] == "uni"
+    assert "headless" not in llm_kwargs(shipped["prefmatcher-2node-worker"])  # the server's, not the engine's
+    assert llm_kwargs(shipped["tiny"])["distributed_executor_backend"] == "uni"
     # prefmatcher-2node-head, -2node-worker and -dp8 serve kixlab/prefmatcher-7b too, and sort before it
     assert profiles.for_model("kixlab/prefmatcher-7b", SERVE_DIR)[0].name == "prefmatcher"
 
@@ -640,10 +642,10 @@ def test_duplicate_ports_within_a_plan(tmp_path, shipped):
 
 def test_nvidia_smi_rows():
     text = "0, NVIDIA H100 80GB HBM3, 81559, 3\n1, NVIDIA H100 80GB HBM3, 81559, 40960\n"
-    gpus = profiles.parse_nvidia_smi(text)
+    gpus = parse_nvidia_smi(text)
     assert [g.index for g in gpus] == [0, 1] and gpus[1].used_mib == 40960 and round(gpus[0].total_gib, 1) == 79.6
     with pytest.raises(ServeError, match="unexpected nvidia-smi output"):
-        profiles.parse_nvidia_smi("No devices were found")
+        parse_nvidia_smi("No devices were found")
 
 
 def test_local_adapter_checks_use_the_adapters_own_config(tmp_path):
@@ -690,7 +692,7 @@ def test_requests_find_the_profile_that_serves_them():
     profile, adapter = profiles.for_model("org/unknown-7b", SERVE_DIR)
     assert (
         profile.model == "org/unknown-7b"
-        and profile.gpu_memory_utilization == profiles.vllm_defaults()["gpu_memory_utilization"]
+        and profile.gpu_memory_utilization == vllm_defaults()["gpu_memory_utilization"]
     )  # vLLM's own
 
 

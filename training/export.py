@@ -55,7 +55,7 @@ def end_of_turn_token(tokenizer) -> str:
 
 def _lora_rank(cfg: TrainConfig) -> int:
     """--max-lora-rank for serving the adapter: the check's, or the smallest rank vLLM accepts that fits."""
-    from cupid.serving.profiles import lora_rank_for
+    from cupid.serving.vllm_args import lora_rank_for
 
     if cfg.agreement.max_lora_rank >= cfg.lora.r:
         return cfg.agreement.max_lora_rank

@@ -23,7 +23,7 @@ from cupid.eval.runner import run as run_eval
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet import ServedModel
-from cupid.serving.profiles import lora_rank_for
+from cupid.serving.vllm_args import lora_rank_for
 from cupid.training import trl_args
 
 # GRPOConfig arguments the run sets itself: checkpoints in the run directory, no tracker inside the trainer.
