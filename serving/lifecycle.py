@@ -147,6 +147,11 @@ def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
     return True
 
 
+# Its own source of randomness: `random`'s is seeded by whatever trains in this process (transformers' set_seed), and
+# two processes seeded alike would then pick the same ports, one server starting on the other's.
+_PORTS = random.SystemRandom()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing is bound to, for a server started now or later (tests, a training check's server, `make bench`).
 
@@ -155,7 +160,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     low = _ephemeral_range()[0]
     if low > 10_001:
         for _ in range(100):
-            port = random.randrange(10_000, low)
+            port = _PORTS.randrange(10_000, low)
             if port_free(host, port):
                 return port
     with socket.socket() as sock:  # an unusual ephemeral range: take one the kernel hands out
