@@ -37,11 +37,14 @@ def short_sample(path):
 
 def header_bias(policy) -> list:
     """`sequence_bias` that makes the answer's header likely once begun: its first token a little, each next one a
-    lot."""
+    lot. A little: the header then starts in about 6 of 10 answers (+1.0; at +3.0 in all of them), so a group mixes
+    0.0 (no header) with the judges' F1, and the rewards vary whatever the random matcher's labels. Those labels come
+    from the session server's greedy decoding, which shifts with its batch: with every answer headed, all 8 rewards of
+    a run once came out 0.5 and there was nothing to learn."""
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(policy)(f"{PREFERENCE_HEADER}\n", add_special_tokens=False)["input_ids"]
-    return [[ids[:1], 3.0]] + [[ids[:k], 15.0] for k in range(2, len(ids) + 1)]
+    return [[ids[:1], 1.0]] + [[ids[:k], 15.0] for k in range(2, len(ids) + 1)]
 
 
 def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
