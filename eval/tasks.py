@@ -39,20 +39,22 @@ class TaskSpec:
     title: str  # what it measures, as report titles say it
     candidate_stage: str  # the stage a candidate that gave no answer failed at
     messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
-    answer_format: (
-        Callable[[int | None], dict[str, Any]] | None
-    )  # what a constrained candidate is held to; None: free text
+    # what a constrained candidate is held to; None: free text
+    answer_format: Callable[[int | None], dict[str, Any]] | None
     roles: tuple[str, ...]  # the judge roles that score it
     scorer: Callable[[Client, dict[str, str]], Scorer]  # from the endpoint name of each role
-    figures: type[summary.Figures]  # its summary figures (`.of(scorings)`), as summary.json holds them
     columns: Callable[[Scoring], list[float] | None]  # a scored unit's columns (None: it gives no figure)
     statistic: stats.Statistic  # its figures from column sums: ratios of sums, recomputed on each resample
     metrics: tuple[str, ...]  # the names `statistic` gives, in the order tables show them
     scale: float  # how a figure is shown (100: as a percentage)
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
-    tables: Callable[[str, Any], list[summary.Table]]  # summary.md's tables of its block, under a title
     unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
+
+    @property
+    def figures(self) -> type[summary.Figures]:
+        """Its summary figures (`.of(scorings)`), as summary.json holds them: its block's (`summary.BLOCKS`)."""
+        return summary.BLOCKS[self.name].figures
 
     def units(self, records: Iterable[UnitRecord], reference: bool = False) -> tuple[list[str], np.ndarray]:
         """The task's scored units' personas and columns (of the run's own scoring, or its reference's)."""
@@ -102,14 +104,12 @@ INFERENCE = TaskSpec(
     scorer=lambda client, roles: InferenceScorer(
         client, roles["decomposer"], roles["matcher"], matcher_dialect(client.endpoints[roles["matcher"]])
     ),
-    figures=summary.BLOCKS["inference"].figures,
     columns=lambda scoring: stats.prf_row(scoring.match_counts()),
     statistic=stats.prf,
     metrics=tuple(f"{aggregate}_{name}" for aggregate in ("micro", "macro") for name in ("precision", "recall", "f1")),
     scale=100,
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
-    tables=summary.BLOCKS["inference"].tables,
     unit_score=lambda record: round(100 * record.scores.f1, 1) if record.scores else None,  # F1 in %
 )
 GENERATION = TaskSpec(
@@ -120,14 +120,12 @@ GENERATION = TaskSpec(
     answer_format=None,  # generation answers are free text: nothing to constrain
     roles=("judge",),
     scorer=lambda client, roles: GenerationScorer(client, roles["judge"]),
-    figures=summary.BLOCKS["generation"].figures,
     columns=_score_columns,
     statistic=stats.mean_score,
     metrics=("mean_score",),
     scale=1,
     headline=("mean_score",),
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
-    tables=summary.BLOCKS["generation"].tables,
     unit_score=lambda record: record.score,  # the judge's 1-10
 )
 TASKS = {

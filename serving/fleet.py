@@ -232,7 +232,6 @@ class Server:
             if log.exists():
                 log.replace(kept)  # the next start writes server.log afresh
             lifecycle.down(self.name)  # what is left of its process group, and its record
-            lifecycle.wait_port_free(self.spec.host, self.spec.port)  # else the restart finds it taken
             self.up = self.owned = False
             self.deaths.append(f"{why}; its log: {kept}")
             self.say(f"{self.name} stopped answering ({why}); its log is kept in {kept}:\n{lifecycle.tail(kept, 10)}")

@@ -136,17 +136,6 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def wait_port_free(host: str, port: int, timeout_s: float = 30.0) -> bool:
-    """Whether the port is free within `timeout_s`. A server killed hard (SIGKILL, the OOM killer) can leave its port
-    held for a moment after its process group is gone, longer on a loaded machine: a restart waits it out."""
-    deadline = time.monotonic() + timeout_s
-    while not port_free(host, port):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 # Its own source of randomness: `random`'s is seeded by whatever trains in this process (transformers' set_seed), and
 # two processes seeded alike would then pick the same ports, one server starting on the other's.
 _PORTS = random.SystemRandom()

@@ -124,7 +124,7 @@ class Lora(_Passthrough):
     r: int = Field(default=64, ge=1)
 
 
-class Sft(_Section):
+class Sft(_Passthrough):
     """`sft:` is TRL's `SFTConfig` (transformers' `TrainingArguments` included) under TRL's own names, as given:
     any of its arguments reaches the trainer, and TRL checks them when the run starts and at `cupid train run
     --dry-run` (`sft.sft_config`), not a copy of their types here. The shipped configs hold the paper's
@@ -134,7 +134,7 @@ class Sft(_Section):
     chain sets itself (`SET_BY_THE_CHAIN`) are refused by name. Loading a config does not import TRL (seconds):
     that waits for the run and `--dry-run`."""
 
-    model_config = ConfigDict(extra="allow")
+    owned = SET_BY_THE_CHAIN
 
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="auto: bf16 on a GPU that supports it, else fp32 (sets SFTConfig's bf16)"
@@ -145,15 +145,9 @@ class Sft(_Section):
         description="splits whose mean loss is reported before and after",
     )
 
-    @model_validator(mode="after")
-    def _not_the_chains(self) -> Sft:
-        if owned := sorted(set(self.args) & set(SET_BY_THE_CHAIN)):
-            raise ValueError(f"{owned[0]}: set by the chain itself ({', '.join(SET_BY_THE_CHAIN)} are)")
-        return self
-
     @property
     def args(self) -> dict[str, Any]:
-        """The SFTConfig arguments as the config gives them."""
+        """The SFTConfig arguments as the config gives them (the typed fields are this project's own)."""
         return dict(self.model_extra or {})
 
 

@@ -122,12 +122,7 @@ def grpo_config(cfg: GrpoRunConfig) -> Any:
 
 def lora_config(cfg: GrpoRunConfig) -> Any:
     """peft's `LoraConfig` of the run, peft checking the arguments."""
-    from peft import LoraConfig
-
-    try:
-        return LoraConfig(task_type="CAUSAL_LM", **cfg.lora)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{cfg.source}: lora: peft's LoraConfig refuses it: {e}") from None
+    return trl_args.lora_config(cfg.lora, cfg.source)
 
 
 def check(cfg: GrpoRunConfig) -> tuple[Any, Any, Any]:
@@ -161,19 +156,20 @@ def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
         "adapter": str(adapter),
         "log_history": trainer.state.log_history,
         "parameters_changed": changed,
-        "evaluation": evaluate(cfg, adapter, console) if cfg.evaluate.enabled else None,
+        "evaluation": evaluate(cfg, adapter, lora.r, console) if cfg.evaluate.enabled else None,
     }
     (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report, indent=2, default=str))
     return report
 
 
-def evaluate(cfg: GrpoRunConfig, adapter: Path, console: Console) -> dict[str, Any]:
+def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> dict[str, Any]:
     """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data, judged by the
     reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded into
     the profile's server of the policy, as a night loads a LoRA candidate into a judge's server: one already answering
-    (started with a `runtime_lora_rank`) is used as it is, no start of its own; else the run starts it and stops it."""
+    (started with a `runtime_lora_rank`) is used as it is, no start of its own; else the run starts it and stops it.
+    `rank`: the trained adapter's."""
     ev, r = cfg.evaluate, cfg.reward
-    host = {ev.profile: {"runtime_lora_rank": lora_rank_for(lora_config(cfg).r)}} if ev.runtime_lora else {}
+    host = {ev.profile: {"runtime_lora_rank": lora_rank_for(rank)}} if ev.runtime_lora else {}
     if host and (served_model := profiles.load(ev.profile, ev.profiles).model) != cfg.policy:
         raise ConfigError(
             f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, "

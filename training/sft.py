@@ -180,14 +180,8 @@ def check(cfg: TrainConfig) -> tuple[Any, Any, Any]:
 
 
 def lora_config(cfg: TrainConfig):
-    """peft's `LoraConfig` of the run: the config's `lora:` arguments (over the chain's defaults), a causal LM's
-    adapter. peft refuses an unknown argument itself; a ConfigError names the file."""
-    from peft import LoraConfig
-
-    try:
-        return LoraConfig(**cfg.lora.args, task_type="CAUSAL_LM")
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{cfg.source}: lora: peft's LoraConfig refuses it: {e}") from None
+    """peft's `LoraConfig` of the run: the config's `lora:` arguments over the chain's defaults."""
+    return trl_args.lora_config(cfg.lora.args, cfg.source)
 
 
 def bnb_config(cfg: TrainConfig, dtype: Any = None):

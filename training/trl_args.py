@@ -1,5 +1,6 @@
-"""A TRL trainer config (`SFTConfig`, `GRPOConfig`) built from a config section's arguments, as given, under TRL's
-names: TRL and transformers check them, and a refusal names the file, the section's key and their message."""
+"""A TRL trainer config (`SFTConfig`, `GRPOConfig`), and the peft `LoraConfig` beside it, built from a config
+section's arguments, as given, under their owners' names: TRL, transformers and peft check them, and a refusal names
+the file, the section's key and their message."""
 
 from __future__ import annotations
 
@@ -8,6 +9,17 @@ from collections.abc import Callable
 from typing import Any
 
 from cupid.serving.config import ConfigError
+
+
+def lora_config(given: dict[str, Any], source: str) -> Any:
+    """peft's `LoraConfig` of a causal LM's adapter from a `lora:` section's arguments; peft refuses an unknown one
+    itself, and the ConfigError names the file."""
+    from peft import LoraConfig
+
+    try:
+        return LoraConfig(**given, task_type="CAUSAL_LM")
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: lora: peft's LoraConfig refuses it: {e}") from None
 
 
 def build(
