@@ -70,7 +70,7 @@ def main() -> None:
     for name in args.variants.split(","):
         profile = variant(shipped, name)
         started = time.perf_counter()
-        record = lifecycle.up(profile.spec(), tied=True)
+        record = lifecycle.up(profile, tied=True)
         start_s = time.perf_counter() - started
         try:
             endpoint = Endpoint.model_validate({"base_url": record.base_url, "model": profile.served, "timeout_s": 1800,

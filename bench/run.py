@@ -46,9 +46,10 @@ from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.endpoints import load_endpoints
-from cupid.serving.engines import ServeError, ServeSpec
+from cupid.serving.errors import ServeError
 from cupid.serving.instant import start as start_instant
 from cupid.serving.lifecycle import ServerRecord, free_port
+from cupid.serving.profiles import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_SIZE = 756
@@ -148,31 +149,42 @@ def cached_rerun(url: str, limit: int | None) -> dict:
 # --- servers -------------------------------------------------------------------------------------------
 
 
-def start(spec: ServeSpec) -> tuple[ServerRecord, dict[str, float]]:
+def start(profile: Profile) -> tuple[ServerRecord, dict[str, float]]:
     """Start a server tied to this process; return its record and its start-up: seconds until it reported
     ready, and seconds until it answered a first one-token request (a server that loads its model lazily,
     as `transformers serve` does, pays for the load there)."""
     started = time.perf_counter()
-    record = lifecycle.up(spec, tied=True)
+    record = lifecycle.up(profile, tied=True)
     ready = time.perf_counter() - started
-    body = {"model": spec.name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
+    body = {
+        "model": profile.served,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
     httpx.post(record.base_url + "/chat/completions", json=body, timeout=600).raise_for_status()
     return record, {"ready_s": round(ready, 1), "first_answer_s": round(time.perf_counter() - started, 1)}
 
 
-def vllm_spec(model_dir: Path, label: str, *, eager: bool = True) -> ServeSpec:
+def vllm_profile(model_dir: Path, name: str, *, eager: bool = True) -> Profile:
     """The shipped tiny profile on a free port under its own name (a demo server on :8011 is left alone)."""
     profile = profiles.load(TINY_PROFILE)
     if not eager:
         profile = profile.with_args(enforce_eager=False)
-    return profile.spec(model=str(model_dir), label=label, port=free_port())
+    return profile.model_copy(update={"model": str(model_dir), "name": name, "port": free_port()})
 
 
-def transformers_spec(model_dir: Path, label: str) -> ServeSpec:
+def transformers_profile(model_dir: Path, name: str) -> Profile:
     """`transformers serve` on the same model directory, under the same served name as the tiny profile."""
     served = profiles.load(TINY_PROFILE).served
-    return ServeSpec(
-        engine="transformers", model=str(model_dir), name=served, label=label, port=free_port(), startup_timeout_s=600
+    return Profile(
+        name=name,
+        engine="transformers",
+        device="cpu",
+        model=str(model_dir),
+        served_name=served,
+        port=free_port(),
+        startup_timeout_s=600,
     )
 
 
@@ -327,11 +339,11 @@ def loadavg(before: tuple[float, float, float]) -> dict[str, list[float]]:
 
 
 def vllm_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, Any]:
-    spec = vllm_spec(model_dir, "bench-vllm")
+    profile = vllm_profile(model_dir, "bench-vllm")
     before = os.getloadavg()
     try:
-        record, startup = start(spec)
-        server = endpoint(record.base_url, spec.name, timeout_s=1800)
+        record, startup = start(profile)
+        server = endpoint(record.base_url, profile.served, timeout_s=1800)
         print(f"vLLM (CPU, eager) up: {startup}; demo workload ...", file=sys.stderr)
         demo = demo_workload(record.base_url, workdir / "vllm", workload)
         print("demo workload without answer formats (as transformers serve gets it) ...", file=sys.stderr)
@@ -341,7 +353,7 @@ def vllm_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, A
         print(f"requests/s at {'/'.join(map(str, LEVELS))} in flight ...", file=sys.stderr)
         levels = concurrency_levels(server, LEVELS, workload.level_requests, workload.level_max_tokens)
     finally:
-        lifecycle.down(spec.handle)
+        lifecycle.down(profile.name)
     return {
         "startup_s": startup,
         "demo": demo,
@@ -353,32 +365,32 @@ def vllm_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, A
 
 
 def transformers_part(model_dir: Path, workdir: Path, workload: Workload) -> dict[str, Any]:
-    spec = transformers_spec(model_dir, "bench-transformers")
+    profile = transformers_profile(model_dir, "bench-transformers")
     before = os.getloadavg()
     try:
         try:
-            record, startup = start(spec)
+            record, startup = start(profile)
         except (ServeError, httpx.HTTPError) as e:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
         print(f"transformers serve up: {startup}; demo workload ...", file=sys.stderr)
         demo = demo_workload(record.base_url, workdir / "transformers", workload, free=True)
     finally:
-        lifecycle.down(spec.handle)
+        lifecycle.down(profile.name)
     return {"startup_s": startup, "demo": demo, "loadavg": loadavg(before)}
 
 
 def compiled_part(model_dir: Path, workload: Workload) -> dict[str, Any]:
     """The tiny profile without enforce-eager: its start-up, and requests/s at 32 in flight to set against eager's."""
-    spec = vllm_spec(model_dir, "bench-vllm-compiled", eager=False)
+    profile = vllm_profile(model_dir, "bench-vllm-compiled", eager=False)
     try:
         try:
-            record, startup = start(spec)
+            record, startup = start(profile)
         except (ServeError, httpx.HTTPError) as e:
             return {"error": f"{type(e).__name__}: {e}"[:2000]}
-        server = endpoint(record.base_url, spec.name, timeout_s=1800)
+        server = endpoint(record.base_url, profile.served, timeout_s=1800)
         levels = concurrency_levels(server, (32,), workload.level_requests, workload.level_max_tokens)
     finally:
-        lifecycle.down(spec.handle)
+        lifecycle.down(profile.name)
     return {"startup_s": startup, "concurrency": levels}
 
 

@@ -44,7 +44,7 @@ from cupid.eval.tasks import TASKS
 from cupid.eval.track import require as require_tracker
 from cupid.serving.cache import Cache
 from cupid.serving.config import ConfigError, describe, load_model
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import failure_line, state_dir
 from cupid.serving.plan import Gpu

@@ -30,7 +30,8 @@ from cupid.serving import lifecycle, plan, profiles
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.engines import get_engine
+from cupid.serving.errors import ServeError
 
 
 def examples() -> list[dict]:
@@ -45,13 +46,12 @@ def start(profile: profiles.Profile, keep: bool) -> tuple[lifecycle.ServerRecord
     if record and lifecycle.alive(record.pid) and lifecycle.healthy(record.base_url):
         print(f"using the running server '{profile.name}' at {record.base_url}")
         return record, False
-    spec = profile.spec()
-    get_engine(spec.engine).preflight(spec)
+    get_engine(profile.engine).preflight(profile)
     profile.check_local_files()
     plan.Plan([profile], [r for r in lifecycle.status() if r.alive], plan.gpus()).check()
     print(f"starting '{profile.name}' ({profile.engine}, {profile.served}) ...", flush=True)
     started = time.monotonic()
-    record = lifecycle.up(spec, tied=not keep)
+    record = lifecycle.up(profile, tied=not keep)
     print(f"serving at {record.base_url} after {time.monotonic() - started:.0f}s")
     return record, True
 

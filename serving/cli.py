@@ -12,9 +12,11 @@ from rich.table import Table
 
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.config import ConfigError, validate
-from cupid.serving.engines import ServeError, get_engine, vllm_build
+from cupid.serving.engines import get_engine, vllm_build
+from cupid.serving.errors import ServeError
 from cupid.serving.plan import Plan, gpus
 from cupid.serving.profiles import Profile
+from cupid.serving.vllm_args import engine_env
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them
@@ -132,13 +134,10 @@ def up(
     if dry_run:
         _dry_run(todo, running)
         return
-    specs = []
     try:
         for p in todo:  # everything that can be refused is refused before anything starts
-            spec = p.spec()
-            get_engine(spec.engine).preflight(spec)
+            get_engine(p.engine).preflight(p)
             p.check_local_files()
-            specs.append(spec)
         plan = Plan(todo, running, gpus() if any(p.on_gpu for p in todo) else [])
         plan.check()
     except ServeError as e:
@@ -146,12 +145,10 @@ def up(
     for line in plan.lines():
         console.print(line, highlight=False)
     started: list[str] = []
-    for spec in specs:  # one after the other: vLLM measures free GPU memory while it starts
-        console.print(
-            f"starting '{spec.handle}' ({spec.engine}) ... log: cupid serve logs {spec.handle}", highlight=False
-        )
+    for p in todo:  # one after the other: vLLM measures free GPU memory while it starts
+        console.print(f"starting '{p.handle}' ({p.engine}) ... log: cupid serve logs {p.handle}", highlight=False)
         try:
-            record = lifecycle.up(spec)
+            record = lifecycle.up(p)
         except ServeError as e:
             still = f"\nstill serving: {', '.join(started)} (`cupid serve down NAME` to stop)" if started else ""
             _fail(f"{e}{still}")
@@ -166,10 +163,9 @@ def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> No
     for line in plan.lines():
         console.print(line, highlight=False)
     for p in chosen:
-        spec = p.spec()
-        env = "".join(f"{k}={v} " for k, v in spec.env.items())
+        env = "".join(f"{k}={v} " for k, v in engine_env(p).items())
         console.print(
-            f"{p.name}: {env}{' '.join(get_engine(spec.engine).command(spec, Path('SERVER_DIR')))}",
+            f"{p.name}: {env}{' '.join(get_engine(p.engine).command(p, Path('SERVER_DIR')))}",
             highlight=False,
             soft_wrap=True,
         )

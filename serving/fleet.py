@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from cupid.serving import lifecycle, profiles
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.engines import get_engine
+from cupid.serving.errors import ServeError
 from cupid.serving.placement import Placed
 from cupid.serving.profiles import Profile
 from cupid.serving.vllm_args import lora_rank_for
@@ -101,7 +102,7 @@ class ServedModel(BaseModel):
 
 def endpoint_for(profile: Profile, model: str | None = None, **fields: Any) -> Endpoint:
     """How a run talks to a server it starts from a profile: as to the same server started by `cupid serve up`."""
-    defaults = lifecycle.endpoint_fields(profile.spec().base_url, profile.engine, profile.api_key_env)
+    defaults = lifecycle.endpoint_fields(profile.base_url, profile.engine, profile.api_key_env)
     return validate(Endpoint, {**defaults, "model": model or profile.served, **fields}, f"'{profile.name}': endpoint")
 
 
@@ -143,8 +144,6 @@ class Server:
         self.say = say or (lambda message: None)
         self.placed = placed
         self.profile = placed.profile
-        spec = placed.profile.spec()
-        self.spec = spec.model_copy(update={"env": {**spec.env, **placed.env}})
         self.up = False  # answering, whoever started it
         self.error: ServeError | None = None
         self.owned = False  # started by this run (and so stopped by it)
@@ -159,11 +158,11 @@ class Server:
 
     @property
     def name(self) -> str:
-        return self.spec.handle
+        return self.profile.handle
 
     @property
     def base_url(self) -> str:
-        return self.spec.base_url
+        return self.profile.base_url
 
     def ensure(self) -> None:
         with self._lock:
@@ -171,19 +170,19 @@ class Server:
                 raise self.error
             if self.up:
                 return
-            if lifecycle.ready(self.spec, get_engine(self.spec.engine)):  # `cupid serve up`, by hand or elsewhere
-                self.say(f"using the server that already answers as {self.spec.name} at {self.base_url}")
+            if lifecycle.ready(self.profile, get_engine(self.profile.engine)):  # `cupid serve up`, by hand or elsewhere
+                self.say(f"using the server that already answers as {self.profile.served} at {self.base_url}")
                 self.up = True
                 return
             self.say(
-                f"starting {self.name} ({self.spec.model}) on :{self.spec.port}; "
+                f"starting {self.name} ({self.profile.model_path()}) on :{self.profile.port}; "
                 f"log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}"
             )
             began = time.monotonic()
             self.starting = True
             try:
                 self.profile.check_local_files(f"'{self.name}'")
-                lifecycle.up(self.spec, tied=True, cancel=self._cancel)
+                lifecycle.up(self.profile, env=self.placed.env, tied=True, cancel=self._cancel)
                 self.up = self.owned = self.started = True
             except ServeError as e:
                 self.error = e
@@ -221,7 +220,7 @@ class Server:
             record = lifecycle.find(self.name)
             if record is not None and lifecycle.alive(record.pid):
                 for _ in range(HEALTH_CHECKS):
-                    if lifecycle.ready(self.spec, get_engine(self.spec.engine), timeout=5.0):
+                    if lifecycle.ready(self.profile, get_engine(self.profile.engine), timeout=5.0):
                         return False
                     time.sleep(HEALTH_INTERVAL_S)
                 why = f"its health check failed {HEALTH_CHECKS} times"
@@ -245,7 +244,7 @@ class Server:
                 raise self.error
             self.say(f"restarting {self.name} (restart {len(self.deaths)} of {RESTARTS})")
             try:
-                lifecycle.up(self.spec, tied=True, cancel=self._cancel)
+                lifecycle.up(self.profile, env=self.placed.env, tied=True, cancel=self._cancel)
             except ServeError as e:
                 self.died = True
                 self.error = ServeError(
@@ -316,7 +315,7 @@ class AdapterOnServer:
         return self._error is None and self.host.failed_to_start
 
     def line(self) -> str:
-        return f"{self.served} (LoRA {self.adapter}) loaded into {self.host.name}'s server, :{self.host.spec.port}"
+        return f"{self.served} (LoRA {self.adapter}) loaded into {self.host.name}'s server, :{self.host.profile.port}"
 
     def ensure(self) -> None:
         self.host.ensure()
@@ -350,7 +349,7 @@ class AdapterOnServer:
         with self._lock:
             if self._loaded == generation:
                 return
-            lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.spec.api_key())
+            lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.profile.api_key())
             self._loaded = generation
         self.host.say(f"loaded LoRA {self.served} into {self.host.name}'s server ({self.adapter})")
 
@@ -377,7 +376,7 @@ class AdapterOnServer:
         loaded, self._loaded = self._loaded is not None, None
         if loaded and self.host.up:
             try:
-                lifecycle.unload_lora(self.host.base_url, self.served, self.host.spec.api_key(), timeout=10)
+                lifecycle.unload_lora(self.host.base_url, self.served, self.host.profile.api_key(), timeout=10)
                 self.host.say(f"unloaded LoRA {self.served} from {self.host.name}'s server")
             except ServeError as e:  # the server went meanwhile: nothing is left loaded
                 self.host.say(f"LoRA {self.served} not unloaded: {e}")

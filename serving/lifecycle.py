@@ -22,7 +22,10 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import Engine, ServeError, ServeSpec, get_engine
+from cupid.serving.engines import Engine, get_engine
+from cupid.serving.errors import ServeError
+from cupid.serving.profiles import Profile
+from cupid.serving.vllm_args import engine_env
 
 # First match wins: the specific vLLM messages come before the generic ones they contain.
 LIKELY_CAUSES = [
@@ -166,29 +169,65 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 class ServerRecord(BaseModel):
-    """What is kept of a server this project started (`<state>/servers/<name>.json`): how to reach it by name
-    (`cupid eval`, `status`) and how to stop it (`down`). Secrets stay out: the key's variable only."""
+    """What is kept of a server this project started (`<state>/servers/<name>.json`): the profile as served (any
+    override applied, local paths absolute) and what the running adds. How to reach it by name (`cupid eval`,
+    `status`) and how to stop it (`down`). Secrets stay out: the key's variable only."""
 
     model_config = ConfigDict(extra="ignore")  # a record written by another version
 
-    name: str
-    served_name: str
-    served_models: list[str] = Field(default_factory=list)  # the served name, then each LoRA adapter
-    engine: str
-    model: str
-    host: str
-    port: int
-    base_url: str
-    api_key_env: str | None = None
-    gpu_memory_utilization: float | None = None
-    device: str = "cpu"
-    headless: bool = False
-    env: dict[str, str] = Field(default_factory=dict)
+    profile: Profile
+    env: dict[str, str] = Field(default_factory=dict)  # what this project set in its environment (never a secret)
     pid: int  # its process group's id too: it starts in a session of its own
     tied_to: int | None = None  # the process it lives no longer than
     log: str
     command: list[str] = Field(default_factory=list)
     started_at: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.profile.handle
+
+    @property
+    def served_name(self) -> str:
+        return self.profile.served
+
+    @property
+    def served_models(self) -> list[str]:
+        """The served name, then each LoRA adapter it was started with."""
+        return [self.profile.served, *self.profile.lora_adapters]
+
+    @property
+    def engine(self) -> str:
+        return self.profile.engine
+
+    @property
+    def model(self) -> str:
+        return self.profile.model
+
+    @property
+    def host(self) -> str:
+        return self.profile.host
+
+    @property
+    def port(self) -> int:
+        return self.profile.port
+
+    @property
+    def base_url(self) -> str:
+        return self.profile.base_url
+
+    @property
+    def api_key_env(self) -> str | None:
+        return self.profile.api_key_env
+
+    @property
+    def headless(self) -> bool:
+        return self.profile.headless
+
+    @property
+    def gpu_memory_utilization(self) -> float | None:
+        """Its share of the GPU (plans count it against the servers they start); None off the GPU."""
+        return self.profile.gpu_memory_utilization if self.profile.on_gpu else None
 
     def write(self) -> None:
         record_path(self.name).write_text(self.model_dump_json(indent=2))
@@ -227,16 +266,17 @@ def healthy(
         return False
 
 
-def ready(spec: ServeSpec, engine: Engine, timeout: float = 2.0) -> bool:
+def ready(profile: Profile, engine: Engine, timeout: float = 2.0) -> bool:
     """The engine's readiness paths answer and, where the engine lists it, the served model is loaded."""
-    if not healthy(spec.base_url, engine.ready_paths, timeout, spec.api_key()):
+    key = profile.api_key()
+    if not healthy(profile.base_url, engine.ready_paths, timeout, key):
         return False
     if not engine.lists_served_model:
         return True
-    headers = {"Authorization": f"Bearer {spec.api_key()}"} if spec.api_key() else {}
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        listed = httpx.get(spec.base_url + "/models", timeout=timeout, headers=headers).json()
-        return spec.name in {m.get("id") for m in listed.get("data", [])}
+        listed = httpx.get(profile.base_url + "/models", timeout=timeout, headers=headers).json()
+        return profile.served in {m.get("id") for m in listed.get("data", [])}
     except (httpx.HTTPError, ValueError, AttributeError):
         return False
 
@@ -315,28 +355,39 @@ def _tie(pid: int) -> None:
     _lifelines[pid] = watchdog.stdin
 
 
-def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = None) -> ServerRecord:
-    """Start a server and return its record once it answers (a headless node: once it has run HEADLESS_SETTLE_S);
-    raise ServeError with the log's tail if not.
+def up(
+    profile: Profile,
+    *,
+    env: dict[str, str] | None = None,
+    tied: bool = False,
+    cancel: threading.Event | None = None,
+) -> ServerRecord:
+    """Start a profile's server and return its record once it answers (a headless node: once it has run
+    HEADLESS_SETTLE_S); raise ServeError with the log's tail if not.
 
+    `env`: more environment, beside what the profile sets (a placement's visible GPUs).
     `tied`: the server lives only as long as this process (tests, runs that start their own servers), however
     this process ends; otherwise it outlives the command that started it (`cupid serve up`) until `down`.
     `cancel`: set from another thread, it stops a server still starting (a run interrupted meanwhile)."""
     tied = tied or tie_servers
-    engine = get_engine(spec.engine)
-    existing = find(spec.handle)
+    engine = get_engine(profile.engine)
+    name = profile.handle
+    existing = find(name)
     if existing and alive(existing.pid):
-        raise ServeError(f"'{spec.handle}' is already served (pid {existing.pid}, {existing.base_url})")
-    if not port_free(spec.host, spec.port):
-        owner = next((r.name for r in records() if r.port == spec.port and alive(r.pid)), None)
-        raise ServeError(f"port {spec.port} on {spec.host} is taken" + (f" by '{owner}'" if owner else ""))
-    engine.preflight(spec)
+        raise ServeError(f"'{name}' is already served (pid {existing.pid}, {existing.base_url})")
+    if not port_free(profile.host, profile.port):
+        owner = next((r.name for r in records() if r.port == profile.port and alive(r.pid)), None)
+        raise ServeError(f"port {profile.port} on {profile.host} is taken" + (f" by '{owner}'" if owner else ""))
+    engine.preflight(profile)
+    # As served: its local paths absolute, so the record means the same from any directory.
+    profile = profile.model_copy(update={"model": profile.model_path(), "lora_adapters": profile.adapter_paths()})
 
-    workdir = _servers() / _slug(spec.handle)
+    workdir = _servers() / _slug(name)
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "server.log"
-    engine.prepare(spec, workdir)
-    command = engine.command(spec, workdir)
+    engine.prepare(profile, workdir)
+    command = engine.command(profile, workdir)
+    environment = {**engine_env(profile), **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command,
@@ -345,26 +396,15 @@ def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = 
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **spec.env, **engine.env(spec, workdir)},
+            env={**os.environ, **environment, **engine.env(profile, workdir)},
         )
     if tied:
         _tie(process.pid)
-    if spec.engine == "vllm":
-        count_vllm_start(f"server {spec.handle}")
+    if engine.name == "vllm":
+        count_vllm_start(f"server {name}")
     record = ServerRecord(
-        name=spec.handle,
-        served_name=spec.name,
-        served_models=[spec.name, *spec.served_models],
-        engine=spec.engine,
-        model=spec.model,
-        host=spec.host,
-        port=spec.port,
-        base_url=spec.base_url,
-        api_key_env=spec.api_key_env,
-        gpu_memory_utilization=spec.gpu_memory_utilization,
-        device=spec.device if spec.engine == "vllm" else "cpu",
-        headless=spec.headless,
-        env=spec.env,
+        profile=profile,
+        env=environment,
         pid=process.pid,
         tied_to=os.getpid() if tied else None,
         log=str(log_path),
@@ -373,20 +413,21 @@ def up(spec: ServeSpec, *, tied: bool = False, cancel: threading.Event | None = 
     )
     record.write()
 
-    deadline = time.monotonic() + spec.startup_timeout_s
-    settled = time.monotonic() + min(HEADLESS_SETTLE_S, spec.startup_timeout_s / 2)
+    timeout = profile.startup_timeout_s
+    deadline = time.monotonic() + timeout
+    settled = time.monotonic() + min(HEADLESS_SETTLE_S, timeout / 2)
     while time.monotonic() < deadline:
         if cancel is not None and cancel.is_set():
-            down(spec.handle)
-            raise ServeError(f"'{spec.handle}': start cancelled (stopped it)")
+            down(name)
+            raise ServeError(f"'{name}': start cancelled (stopped it)")
         if process.poll() is not None:
-            record_path(spec.handle).unlink(missing_ok=True)
-            raise _startup_failure(spec, log_path, f"server exited with code {process.returncode} during start-up")
-        if (time.monotonic() >= settled) if spec.headless else ready(spec, engine):
+            record_path(name).unlink(missing_ok=True)
+            raise _startup_failure(profile, log_path, f"server exited with code {process.returncode} during start-up")
+        if (time.monotonic() >= settled) if profile.headless else ready(profile, engine):
             return record
         time.sleep(0.2)
-    down(spec.handle)
-    raise _startup_failure(spec, log_path, f"server did not answer within {spec.startup_timeout_s:g}s (stopped it)")
+    down(name)
+    raise _startup_failure(profile, log_path, f"server did not answer within {timeout:g}s (stopped it)")
 
 
 # An exception's own line, as a traceback or a logged error ends: `SomeError: message`, after vLLM's log prefix.
@@ -404,7 +445,7 @@ def root_cause(log_text: str) -> str | None:
     return None
 
 
-def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
+def _startup_failure(profile: Profile, log_path: Path, what: str) -> ServeError:
     try:
         log_text = log_path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -415,7 +456,7 @@ def _startup_failure(spec: ServeSpec, log_path: Path, what: str) -> ServeError:
     if cause := likely_cause(log_text):
         hint += f"\nlikely cause: {cause}"
     return ServeError(
-        f"'{spec.handle}' ({spec.engine}, {spec.model}): {what}{hint}\n"
+        f"'{profile.handle}' ({profile.engine}, {profile.model}): {what}{hint}\n"
         f"--- last lines of {log_path} ---\n{tail(log_path)}"
     )
 
@@ -470,7 +511,7 @@ def status() -> list[ServerStatus]:
     for record in records():
         running = alive(record.pid)
         answers = running and (record.headless or healthy(record.base_url))  # headless: no API to ask
-        out.append(ServerStatus(**record.model_dump(), alive=running, healthy=answers))
+        out.append(ServerStatus(**dict(record), alive=running, healthy=answers))
     return out
 
 
@@ -497,8 +538,7 @@ def live_endpoints() -> dict[str, Endpoint]:
         if not record.healthy or record.headless:  # a headless node's engines answer through its head
             continue
         common = endpoint_fields(record.base_url, record.engine, record.api_key_env)
-        served = record.served_models or [record.served_name]
-        out[record.name] = Endpoint(model=served[0], **common)
-        for name in served:  # the served name answers too, and each adapter as itself
+        out[record.name] = Endpoint(model=record.served_name, **common)
+        for name in record.served_models:  # the served name answers too, and each adapter as itself
             out.setdefault(name, Endpoint(model=name, **common))
     return out

@@ -32,26 +32,17 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import VLLM_INSTALL, ServeError, vllm_build
+from cupid.serving.engines import VLLM_INSTALL, vllm_build
+from cupid.serving.errors import ServeError
 from cupid.serving.plan import Plan
 from cupid.serving.profiles import Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
-# Request fields that mean the same to `vllm.SamplingParams` as to the chat API.
-SAMPLING_FIELDS = {
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "min_tokens",
-}
+# What an offline answer does not carry (log-probabilities, more than one choice), or what the chat API gives in
+# another form than `SamplingParams` takes it (logit_bias: string token ids), among the fields both share.
+NOT_OFFLINE = {"n", "logprobs", "prompt_logprobs", "logprob_token_ids", "logit_bias"}
 
 
 class EngineLoadFailed(RuntimeError):
@@ -74,14 +65,17 @@ def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     """A chat request's fields as `vllm.SamplingParams` keyword arguments, with structured output as the plain
     dict for `StructuredOutputsParams`. A field with no offline equivalent fails the request, never silently."""
     out: dict[str, Any] = {"max_tokens": None}  # as the server does: up to the context length
+    shared = set(vllm_args.vllm_defaults()["sampling_fields"]) - NOT_OFFLINE  # the same names, read from vLLM
     for key, value in params.items():
-        if key in SAMPLING_FIELDS:
-            out[key] = value
-        elif key in ("max_tokens", "max_completion_tokens"):
+        if key in ("max_tokens", "max_completion_tokens"):
             out["max_tokens"] = value
         elif key == "n":
             if value != 1:
                 raise _unsupported(key, "one answer per request")
+        elif key == "structured_outputs":
+            out["structured_outputs"] = dict(value)
+        elif key in shared:
+            out[key] = value
         elif key == "response_format":
             kind = value.get("type") if isinstance(value, dict) else None
             if kind == "json_schema":
@@ -90,8 +84,6 @@ def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
                 out["structured_outputs"] = {"json_object": True}
             elif kind != "text":
                 raise _unsupported(key, f"type {kind!r}")
-        elif key == "structured_outputs":
-            out["structured_outputs"] = dict(value)
         else:
             raise _unsupported(key)
     return out

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 from cupid.serving.profiles import Profile
 
 if TYPE_CHECKING:  # the servers running now, as their records say

@@ -17,6 +17,7 @@ nodes; one copy larger than a node runs on a Ray cluster (`distributed_executor_
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,8 +25,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving.config import ConfigError, locate, read_yaml, validate
-from cupid.serving.engines import ServeError, ServeSpec
-from cupid.serving.vllm_args import OWN_ARGS, check_vllm_args, engine_env, lora_rank_for, vllm_args, vllm_defaults
+from cupid.serving.errors import ServeError
+from cupid.serving.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
 
@@ -244,6 +245,23 @@ class Profile(BaseModel):
         return self.served_name or self.model
 
     @property
+    def handle(self) -> str:
+        """The server's name in records, `down` and `logs`: the profile's name, else its served name."""
+        return self.name or self.served
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def headless(self) -> bool:
+        """Engines only, no HTTP API: a worker node of a multi-node server (a flag: absent is not headless)."""
+        return bool(self.arg("headless"))
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    @property
     def gpus_per_node(self) -> int:
         """GPUs this server occupies on the node it starts on: one copy's (tensor x pipeline parallel) times the
         copies on this node, a share of them when one copy spans `nnodes`; 0 off the GPU. With Ray it is the
@@ -259,26 +277,6 @@ class Profile(BaseModel):
 
     def model_path(self) -> str:
         return _local_or_hub(self.model)
-
-    def spec(self, **overrides: Any) -> ServeSpec:
-        fields: dict[str, Any] = {
-            "engine": self.engine,
-            "model": self.model_path(),
-            "name": self.served,
-            "label": self.name or None,
-            "host": self.host,
-            "port": self.port,
-            "startup_timeout_s": self.startup_timeout_s,
-            "extra_args": vllm_args(self) if self.engine == "vllm" else [],
-            "env": engine_env(self),
-            "api_key_env": self.api_key_env,
-            "served_models": list(self.lora_adapters),
-            "gpu_memory_utilization": self.gpu_memory_utilization if self.on_gpu else None,
-            "device": self.device,
-            "headless": bool(self.arg("headless")),  # a flag: absent is not headless
-        }
-        fields.update(overrides)
-        return ServeSpec(**fields)
 
     def check_local_files(self, where: str = "") -> None:
         """Refuse before starting what would fail inside the server: missing adapters, ranks above the limit."""

@@ -17,7 +17,7 @@ from cupid.serving import plan, profiles
 from cupid.serving.client import ManagedServer
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 from cupid.serving.fleet import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
 from cupid.serving.placement import Placed, place
 from cupid.serving.plan import Gpu

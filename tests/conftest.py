@@ -179,9 +179,7 @@ def tiny_server(tiny_profile, session_home):
         if record is None or not lifecycle.healthy(record.base_url):
             with pytest.MonkeyPatch.context() as tie:
                 tie.setattr(lifecycle, "_tie", _tie_to_controller)  # from its first moment: not to this worker
-                record = lifecycle.up(
-                    tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}).spec(), tied=True
-                )
+                record = lifecycle.up(tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}), tied=True)
             record.tied_to = int(os.environ["CUPID_TEST_CONTROLLER"])
             record.write()
     yield {"base_url": record.base_url, "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}

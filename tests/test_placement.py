@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.serving.config import ConfigError
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 from cupid.serving.fleet import ServedModel, fingerprint
 from cupid.serving.placement import SHARED_CEILING
 from cupid.serving.plan import Gpu
 from cupid.serving.run_servers import judge_profiles, plan_servers
-from cupid.serving.vllm_args import vllm_defaults
+from cupid.serving.vllm_args import engine_env, vllm_args, vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -115,8 +115,8 @@ def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
     assert run_servers.slot_names == [["a", "b"]]
     assert [c.placed.gpus for c in plan.candidates()] == [(), ()] and all(c.placed.env == {} for c in plan.candidates())
     assert plan.judges[0].profile.port == 8011 and {c.profile.port for c in plan.candidates()} == {8100}
-    spec = run_servers.candidate_servers["a"].spec
-    assert "--gpu-memory-utilization" not in spec.extra_args and spec.env.get("VLLM_CPU_KVCACHE_SPACE") == "3"
+    profile = run_servers.candidate_servers["a"].profile
+    assert "--gpu-memory-utilization" not in vllm_args(profile) and engine_env(profile)["VLLM_CPU_KVCACHE_SPACE"] == "3"
 
 
 def test_judges_keep_their_model_and_take_field_overrides():

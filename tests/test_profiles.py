@@ -15,11 +15,12 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError
-from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.engines import get_engine
+from cupid.serving.errors import ServeError
 from cupid.serving.lifecycle import ServerRecord
 from cupid.serving.plan import Gpu, Plan, parse_nvidia_smi
 from cupid.serving.profiles import Profile
-from cupid.serving.vllm_args import llm_kwargs, vllm_defaults
+from cupid.serving.vllm_args import engine_env, llm_kwargs, vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -28,8 +29,7 @@ RTX = [Gpu(0, "NVIDIA GeForce RTX 4090", 24564, 300)]
 
 
 def command(profile: Profile) -> list[str]:
-    spec = profile.spec()
-    return get_engine(spec.engine).command(spec, Path("/srv"))
+    return get_engine(profile.engine).command(profile, Path("/srv"))
 
 
 def value(cmd: list[str], option: str) -> str:
@@ -74,7 +74,7 @@ def test_every_shipped_vllm_profile_builds_its_command(shipped):
                 "VLLM_CPU_KVCACHE_SPACE": str(profile.cpu_kvcache_space_gib),
                 "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             }
-            assert profile.spec().env.items() >= cpu_env.items()
+            assert engine_env(profile).items() >= cpu_env.items()
         assert value(cmd, "--seed") == "0" and "--enable-prefix-caching" in cmd
         assert not any("api-key" in part or part.startswith("guided") for part in cmd)
 
@@ -97,7 +97,6 @@ def test_lora_profile_passes_adapters_with_their_rank(shipped):
     name, path = module.split("=", 1)
     assert name == "prefmatcher-lora" and Path(path).is_absolute()  # the server runs in its own directory
     assert path.endswith("/runs/train/prefmatcher-qwen2.5-7b/adapter")
-    assert profile.spec().served_models == ["prefmatcher-lora"]
 
 
 def test_runtime_lora_rank_lets_a_server_load_adapters_while_it_runs(tmp_path, shipped):
@@ -108,14 +107,14 @@ def test_runtime_lora_rank_lets_a_server_load_adapters_while_it_runs(tmp_path, s
     )
     cmd = command(runtime)
     assert "--enable-lora" in cmd and value(cmd, "--max-lora-rank") == "16" and value(cmd, "--max-loras") == "1"
-    assert "--lora-modules" not in cmd and runtime.spec().env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "--lora-modules" not in cmd and engine_env(runtime)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     args = vllm_args(cmd)
     assert args.enable_lora and (args.max_lora_rank, args.max_loras, args.lora_modules) == (16, 1, None)
     both = command(
         shipped["prefmatcher-lora"].model_copy(update={"runtime_lora_rank": 128})
     )  # the larger rank holds both
     assert value(both, "--max-lora-rank") == "128" and value(both, "--max-loras") == "2" and "--lora-modules" in both
-    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in shipped["prefmatcher-lora"].spec().env  # off unless asked for
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env(shipped["prefmatcher-lora"])  # off unless asked for
 
 
 def test_several_adapters_and_any_vllm_argument(tmp_path):
@@ -266,9 +265,8 @@ def test_every_shipped_profile_builds_the_command_line_it_built_before_the_vllm_
 
     defaults = {f.name: f.default for f in fields(EngineArgs)}
     for name, profile in shipped.items():
-        spec = profile.spec()
         assert flags(command(profile)[1:]) == flags(before[name]["command"]), name
-        env = {k: v for k, v in spec.env.items() if k != "OMP_NUM_THREADS"}
+        env = {k: v for k, v in engine_env(profile).items() if k != "OMP_NUM_THREADS"}
         assert env == before[name]["env"], name
         if not profile.scaled_out:  # what the offline executor may load: the same, less vLLM's own defaults
             now, then = llm_kwargs(profile), before[name]["llm_kwargs"]
@@ -307,15 +305,16 @@ def test_batch_invariant_and_api_key_go_to_the_environment_not_the_command(tmp_p
     path = write(
         tmp_path, "keyed", model="kixlab/prefmatcher-7b", port=8009, batch_invariant=True, api_key_env="CUPID_TEST_KEY"
     )
-    spec = profiles.load(str(path)).spec()
+    profile = profiles.load(str(path))
     engine = get_engine("vllm")
-    assert spec.env.items() >= {"VLLM_BATCH_INVARIANT": "1"}.items()
+    assert engine_env(profile).items() >= {"VLLM_BATCH_INVARIANT": "1"}.items()
     monkeypatch.delenv("CUPID_TEST_KEY", raising=False)
     with pytest.raises(ServeError, match=r"requires an API key from \$CUPID_TEST_KEY"):
-        engine.preflight(spec)
+        engine.preflight(profile)
     monkeypatch.setenv("CUPID_TEST_KEY", "s3cret-value")
-    assert engine.env(spec, tmp_path) == {"VLLM_API_KEY": "s3cret-value"}
-    recorded = json.dumps([engine.command(spec, tmp_path), spec.model_dump()])  # what records and logs may hold
+    assert engine.env(profile, tmp_path) == {"VLLM_API_KEY": "s3cret-value"}
+    # what records and logs may hold
+    recorded = json.dumps([engine.command(profile, tmp_path), engine_env(profile), profile.model_dump()])
     assert "s3cret-value" not in recorded and "CUPID_TEST_KEY" in recorded
 
 
@@ -366,14 +365,7 @@ def test_plan_splits_one_gpu_and_refuses_more_than_the_whole(shipped):
 
     running = [
         ServerRecord(
-            name="judge",
-            served_name="judge",
-            engine="vllm",
-            model="m",
-            host="127.0.0.1",
-            port=8001,
-            base_url="http://127.0.0.1:8001/v1",
-            gpu_memory_utilization=0.6,
+            profile=Profile(name="judge", model="m", port=8001, vllm={"gpu_memory_utilization": 0.6}),
             pid=1,
             log="server.log",
         )
@@ -601,29 +593,30 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
 def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
     from cupid.serving import lifecycle
-    from cupid.serving.engines import Engine, ServeSpec
+    from cupid.serving.engines import Engine
     from cupid.serving.lifecycle import free_port
 
     class Sleeper(Engine):
         name = "sleeper"
 
-        def command(self, spec, workdir):  # sleeps for `model` seconds, then fails
-            return [sys.executable, "-c", f"import sys, time; time.sleep({spec.model}); sys.exit(3)"]
+        def command(self, profile, workdir):  # sleeps for `served_name` seconds, then fails
+            return [sys.executable, "-c", f"import sys, time; time.sleep({profile.served}); sys.exit(3)"]
 
     monkeypatch.setattr(lifecycle, "get_engine", lambda name: Sleeper())
     monkeypatch.setattr(lifecycle, "HEADLESS_SETTLE_S", 2.0)
-    worker = ServeSpec(
-        engine="sleeper", model="60", name="m", label="worker", port=free_port(), headless=True, startup_timeout_s=30
+    # A headless node of data parallel across nodes, as a shipped cluster profile gives one.
+    cluster = {"data_parallel_size": 2, "data_parallel_size_local": 1, "data_parallel_address": "10.0.0.1"}
+    head = Profile(name="head", model="m", port=free_port(), vllm=cluster)
+    worker = head.model_copy(update={"name": "worker", "served_name": "60", "startup_timeout_s": 30}).with_args(
+        headless=True, data_parallel_start_rank=1
     )
     with pytest.raises(ServeError, match="exited with code 3 during start-up"):  # no HTTP to wait for, but it must live
-        lifecycle.up(worker.model_copy(update={"model": "0.5", "label": "failing"}))
+        lifecycle.up(worker.model_copy(update={"served_name": "0.5", "name": "failing"}))
     record = lifecycle.up(worker)
     try:
         assert record.headless is True and [(r.name, r.healthy) for r in lifecycle.status()] == [("worker", True)]
         monkeypatch.setattr(lifecycle, "healthy", lambda *a, **k: True)  # as if every record answered
-        record.model_copy(
-            update={"name": "head", "headless": False, "served_models": ["m"], "pid": os.getpid()}
-        ).write()
+        record.model_copy(update={"profile": head, "pid": os.getpid()}).write()
         live = lifecycle.live_endpoints()
         assert "head" in live and "worker" not in live and str(live["m"].base_url) == record.base_url
     finally:

