@@ -137,10 +137,10 @@ def cached_rerun(url: str, limit: int | None) -> dict:
         started = time.perf_counter()
         summary = run(config("again")).summary
         wall = time.perf_counter() - started
-    assert summary.requests is not None and summary.requests["sent"] == 0, "the re-run sent requests"
+    assert summary.requests is not None and summary.requests.sent == 0, "the re-run sent requests"
     return {
         "instances": summary.n_instances,
-        "cached_requests": summary.requests["cached"],
+        "cached_requests": summary.requests.cached,
         "wall_s": round(wall, 3),
         "extrapolated_wall_s_per_756": round(wall * BENCHMARK_SIZE / summary.n_instances, 2),
     }

@@ -102,8 +102,8 @@ class Comparison(BaseModel):
 def setup(run: Run) -> dict[str, Any]:
     """What must stay fixed for a difference to be the candidate's: the data, every judge (every role but the
     candidate), the prompts' versions and the matcher's prompt dialect."""
-    roles = {f"judge {k}": v for k, v in run.identity.get("roles", {}).items() if k != "candidate"}
-    prompts = {f"prompt {k}": v for k, v in (run.identity.get("prompts") or {}).items()}
+    roles = {f"judge {k}": v for k, v in run.identity.roles.items() if k != "candidate"}
+    prompts = {f"prompt {k}": v for k, v in run.identity.prompts.items()}
     dialect = run.summary.matcher_prompt if run.summary else None
     return {"data": run.data, **roles, **prompts, **({"matcher prompt": dialect} if dialect else {})}
 

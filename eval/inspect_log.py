@@ -18,7 +18,7 @@ import typer
 
 from cupid.eval.files import write_atomic
 from cupid.eval.records import StageError, UnitRecord
-from cupid.eval.rundir import RunDir
+from cupid.eval.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.summary import Summary, markdown, summarize
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
@@ -67,12 +67,8 @@ def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
     records = [record for path, log, _ in runs for record in _records(path, log)]
 
     run = RunDir(out)
-    identity = {"data": meta["data"], "roles": models, "prompts": prompts}
-    run.check_same_run(
-        {**identity, "plan": {"n_instances": meta["n_instances"], "settings": {t.name: s for t, s in plan.items()}}},
-        growing=("roles", "prompts"),
-        latest=("plan",),
-    )
+    planned = UnitPlan(n_instances=meta["n_instances"], settings={t.name: s for t, s in plan.items()})
+    run.claim(RunIdentity(data=meta["data"], roles=models, prompts=prompts, plan=planned))
     write_atomic(run.records_file, "".join(r.to_json() + "\n" for r in records))
     started = min(datetime.fromisoformat(log.stats.started_at) for _, log, _ in runs)
     finished = max(datetime.fromisoformat(log.stats.completed_at) for _, log, _ in runs)

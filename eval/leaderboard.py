@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from cupid.eval.compare import Row
+from cupid.eval.rundir import RunIdentity
 from cupid.eval.stats import N_RESAMPLES, Interval
+from cupid.eval.summary import Requests
 from cupid.serving.config import ConfigError
 
 Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
@@ -31,12 +33,12 @@ class Entry(BaseModel):
     status: Status = "ok"
     served: str | None = None  # the server the night brought for it
     server_error: str | None = None  # with the server log's last lines
-    identity: dict[str, Any] = Field(default_factory=dict)  # its run.json
+    identity: RunIdentity = Field(default_factory=RunIdentity)  # its run.json
     metrics: dict[str, Interval] = Field(default_factory=dict)
     n_scored: int = 0
     n_failed: int = 0
     failures: dict[str, int] = Field(default_factory=dict)  # `task/setting stage: reason` -> units
-    requests: dict[str, int] | None = None
+    requests: Requests | None = None
     wall_s: float | None = None
     previous: dict[str, Interval] | None = None  # last night's metrics
     change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since last night
@@ -59,7 +61,7 @@ class Leaderboard(BaseModel):
     plan: list[str] = Field(default_factory=list)
     servers_started: list[str] = Field(default_factory=list)
     servers_stopped_answering: dict[str, list[str]] = Field(default_factory=dict)
-    requests: dict[str, int] = Field(default_factory=dict)
+    requests: Requests = Field(default_factory=Requests)
     models: list[Entry] = Field(default_factory=list)
     regressions: list[str] = Field(default_factory=list)
     with_failures: list[str] = Field(default_factory=list)

@@ -32,14 +32,14 @@ from rich.markup import escape
 
 from cupid.eval import track as tracking
 from cupid.eval.compare import compare_runs
-from cupid.eval.files import hold, read_json, write_atomic
+from cupid.eval.files import hold, write_atomic
 from cupid.eval.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, Tracker
 from cupid.eval.runner import run as run_eval
 from cupid.eval.stats import Interval
-from cupid.eval.summary import failure_counts
+from cupid.eval.summary import Requests, failure_counts
 from cupid.eval.tasks import TASKS
 from cupid.eval.track import require as require_tracker
 from cupid.serving.cache import Cache
@@ -238,7 +238,7 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: En
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
     run = RunDir(run_cfg.out)
     records = list(run.records().values())
-    entry.identity = read_json(run.run_file)
+    entry.identity = run.identity()
     entry.metrics = metrics(records)
     entry.n_scored = sum(r.scored for r in records)
     entry.n_failed = sum(not r.scored for r in records)
@@ -407,7 +407,7 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
         plan=run_servers.lines() if run_servers else [],
         servers_started=sorted({s.name for s in servers if s.started}),
         servers_stopped_answering={s.name: s.deaths for s in servers if s.deaths},
-        requests={k: sum((e.requests or {}).get(k, 0) for e in entries) for k in ("sent", "cached", "failed")},
+        requests=sum((e.requests for e in entries if e.requests), Requests()),
         models=entries,
         regressions=regressions,
         with_failures=with_failures,
@@ -484,8 +484,8 @@ def leaderboard_markdown(board: Leaderboard) -> str:
     lines += [
         "",
         (
-            f"Requests: {requests.get('sent', 0)} sent, {requests.get('cached', 0)} from the cache, "
-            f"{requests.get('failed', 0)} failed; servers started: {started}."
+            f"Requests: {requests.sent} sent, {requests.cached} from the cache, "
+            f"{requests.failed} failed; servers started: {started}."
         ),
         (
             f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures; "

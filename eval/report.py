@@ -389,8 +389,8 @@ def _run_view(run: Run) -> dict[str, Any]:
     return {
         "path": run.path,
         "label": run.label,
-        "roles": run.identity.get("roles") or run.roles,
-        "data": run.identity.get("data") or (run.summary.data if run.summary else None) or "?",
+        "roles": run.identity.roles or run.roles,
+        "data": run.identity.data or (run.summary.data if run.summary else None) or "?",
         "n_records": len(run.records),
         "n_scored": len(run.records) - n_failed,
         "n_failed": n_failed,

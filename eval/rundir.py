@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from cupid.eval.files import read_json, write_atomic
 from cupid.eval.history import SETTINGS
@@ -61,25 +61,53 @@ class OutputDir:
         write_atomic(self.run_file, json.dumps(merged, indent=2))
 
 
+class UnitPlan(BaseModel):
+    """The units one invocation set out to score (`cupid view`'s progress): instances x each task's settings."""
+
+    n_instances: int
+    settings: dict[str, list[str]]  # task -> its settings
+
+    @property
+    def n_units(self) -> int:
+        return self.n_instances * sum(len(s) for s in self.settings.values())
+
+
+class RunIdentity(BaseModel):
+    """What makes an evaluation run (run.json): a rerun into its directory must be the same run. Written and read
+    by `RunDir` only; the nightly, the tracker, the report, the viewer and `compare` read it typed."""
+
+    model_config = ConfigDict(extra="ignore")  # a run.json written by another version
+
+    data: str | None = None
+    roles: dict[str, str] = Field(default_factory=dict)  # role -> model id (the candidate's with its answer format)
+    prompts: dict[str, str] = Field(default_factory=dict)  # prompt -> version
+    plan: UnitPlan | None = None  # this invocation's units: replaced by each rerun, never compared
+
+    @model_serializer(mode="wrap")
+    def _stated(self, handler: Any) -> dict[str, Any]:
+        """Only what the run states: a run that wrote no run.json is `{}`, as the file it lacks."""
+        return {k: v for k, v in handler(self).items() if v not in (None, {})}
+
+
 @dataclass
 class Run:
     """A run directory read back (`RunDir.load`): run.json, summary.json (None until the run finishes) and the
     latest record of each unit. What the report, the viewer and the meta-evaluation read."""
 
     path: Path
-    identity: dict[str, Any]
+    identity: RunIdentity
     summary: Summary | None
     records: list[UnitRecord]
     label: str = ""
 
     def role(self, role: str) -> str | None:
         """A role's model: run.json's model id, else summary.json's "name (model)"."""
-        return self.identity.get("roles", {}).get(role) or self.roles.get(role)
+        return self.identity.roles.get(role) or self.roles.get(role)
 
     @property
     def roles(self) -> dict[str, str]:
         """Every role as people read it: summary.json's "name (model)", else run.json's model ids."""
-        return dict((self.summary.roles if self.summary else None) or self.identity.get("roles") or {})
+        return dict((self.summary.roles if self.summary else None) or self.identity.roles)
 
     @property
     def candidate(self) -> str:
@@ -87,7 +115,7 @@ class Run:
 
     @property
     def data(self) -> str:
-        return str(self.identity.get("data") or (self.summary.data if self.summary else None) or "sample")
+        return str(self.identity.data or (self.summary.data if self.summary else None) or "sample")
 
     def of(self, task: str, setting: str | None = None) -> list[UnitRecord]:
         return [r for r in self.records if r.task == task and (setting is None or r.setting == setting)]
@@ -108,7 +136,20 @@ class RunDir(OutputDir):
         """The run as it stands: every file it has, read once (a directory without records is an error)."""
         if not self.path.is_dir():
             raise ConfigError(f"{self.path}: no such run directory")
-        return Run(self.path, read_json(self.run_file), self.summary(), self.read())
+        return Run(self.path, self.identity(), self.summary(), self.read())
+
+    def identity(self) -> RunIdentity:
+        """run.json read back typed; empty where the run never wrote one."""
+        try:
+            return RunIdentity.model_validate(read_json(self.run_file))
+        except ValidationError as e:
+            where = ".".join(map(str, e.errors()[0]["loc"]))
+            raise ConfigError(f"{self.run_file}: {where}: {e.errors()[0]['msg']}") from None
+
+    def claim(self, identity: RunIdentity) -> None:
+        """Make this directory the run's, or refuse when it holds another run (`check_same_run`): the roles and
+        prompts a rerun adds are the same run (a task added binds new roles), its plan is its own."""
+        self.check_same_run(identity.model_dump(), growing=("roles", "prompts"), latest=("plan",))
 
     def summary(self) -> Summary | None:
         """summary.json read back typed; None where the run has not finished (or never summarized)."""

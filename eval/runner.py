@@ -23,9 +23,9 @@ from cupid.eval.files import DiskFull, disk_full, hold
 from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
 from cupid.eval.inference import matcher_dialect
 from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir
+from cupid.eval.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.stages import Roles
-from cupid.eval.summary import Summary, Table, markdown, summarize, tables
+from cupid.eval.summary import Requests, Summary, Table, markdown, summarize, tables
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
@@ -156,13 +156,13 @@ def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[s
     return [t for t in cfg.tasks if candidate_constrained(endpoints[cfg.candidate_name], t)]
 
 
-def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> dict[str, Any]:
+def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> RunIdentity:
     roles = {role: endpoints[name].model for role, name in cfg.roles().bound().items()}
     if constrained := _constrained_tasks(cfg, endpoints):  # a constrained run is another run
         roles["candidate"] += f" [answer format constrained: {', '.join(constrained)}]"
     if cfg.reference:
         roles["reference"] = endpoints[cfg.reference].model
-    return {"data": cfg.data, "roles": roles, "prompts": prompts.versions(*_prompt_names(cfg))}
+    return RunIdentity(data=cfg.data, roles=roles, prompts=prompts.versions(*_prompt_names(cfg)))
 
 
 def build_tasks(cfg: RunConfig, client: Any) -> dict[str, Task]:
@@ -329,13 +329,8 @@ async def _run(
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}
         if out is not None:
-            todo_plan = {
-                "n_instances": len(dataset.instances),
-                "settings": {t: cfg.units_of(t) for t in cfg.tasks},
-            }  # `cupid view`: units to do
-            out.check_same_run(
-                {**_identity(cfg, used), "plan": todo_plan}, growing=("roles", "prompts"), latest=("plan",)
-            )
+            planned = UnitPlan(n_instances=len(dataset.instances), settings={t: cfg.units_of(t) for t in cfg.tasks})
+            out.claim(_identity(cfg, used).model_copy(update={"plan": planned}))
             latest = out.records()
         done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
@@ -359,7 +354,7 @@ async def _run(
         "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],
-        "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
+        "requests": Requests(sent=client.stats.sent, cached=client.stats.cached, failed=client.stats.failed),
         "wall_s": round(time.monotonic() - started, 2),
     }
     if cfg.serve or cfg.served_candidates:

@@ -121,6 +121,19 @@ class TaskBlock(BaseModel, Generic[F]):
         return self.settings[self.setting].overall
 
 
+class Requests(BaseModel):
+    """What a run asked its endpoints: sent, answered from the cache, failed (a night's: its runs' sum)."""
+
+    sent: int = 0
+    cached: int = 0
+    failed: int = 0
+
+    def __add__(self, other: Requests) -> Requests:
+        return Requests(
+            sent=self.sent + other.sent, cached=self.cached + other.cached, failed=self.failed + other.failed
+        )
+
+
 class Summary(BaseModel):
     """`summary.json`: each task's block (at the top level, under the task's name), the reference scoring's, the
     counts of units and failures, and what identifies the run. `RunResult.summary` and `RunDir.load` give it."""
@@ -142,7 +155,7 @@ class Summary(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict)  # prompt -> version
     n_invalid_rows: int = 0
     invalid_rows: list[str] = Field(default_factory=list)
-    requests: dict[str, int] | None = None  # sent, cached, failed
+    requests: Requests | None = None
     wall_s: float | None = None
     serve_profiles: dict[str, str] | None = None  # profile -> fingerprint of its fields and weights
 
@@ -395,7 +408,7 @@ def summary_metrics(summary: Summary) -> dict[str, float]:
     for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
         if isinstance(value := getattr(summary, name), (int, float)):
             metrics[name] = value
-    metrics.update({f"requests_{k}": v for k, v in (summary.requests or {}).items()})
+    metrics.update({f"requests_{k}": v for k, v in (summary.requests or Requests()).model_dump().items()})
     return metrics
 
 

@@ -33,7 +33,7 @@ from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import read_json, write_atomic
 from cupid.eval.leaderboard import Leaderboard, flag, flags_text, run_dir_of
 from cupid.eval.records import RecordError, UnitRecord
-from cupid.eval.rundir import RunDir
+from cupid.eval.rundir import RunDir, RunIdentity
 from cupid.eval.summary import Summary, summary_metrics
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
@@ -129,17 +129,17 @@ def unit_rows(records: list[UnitRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def _params(summary: Summary | None, identity: dict[str, Any]) -> dict[str, str]:
-    roles = (summary.roles if summary else None) or identity.get("roles") or {}
+def _params(summary: Summary | None, identity: RunIdentity) -> dict[str, str]:
+    roles = (summary.roles if summary else None) or identity.roles
     params = {f"role.{role}": str(name) for role, name in roles.items()}
     if "candidate" in roles:
         params["candidate"] = str(roles["candidate"])
-    data = (summary.data if summary else None) or identity.get("data")
+    data = (summary.data if summary else None) or identity.data
     if data is not None:
         params["data"] = str(data)
     if summary is not None:
         params["n_instances"] = str(summary.n_instances)
-    planned = (identity.get("plan") or {}).get("settings", {})
+    planned = identity.plan.settings if identity.plan else {}
     tasks = [t for t in TASKS if summary is not None and t in summary.tasks] or list(planned)
     params["tasks"] = ",".join(tasks)
     for task in tasks:
@@ -149,7 +149,7 @@ def _params(summary: Summary | None, identity: dict[str, Any]) -> dict[str, str]
             else planned.get(task, [])
         )
         params[f"settings.{task}"] = ",".join(settings)
-    for name, version in ((summary.prompts if summary else None) or identity.get("prompts") or {}).items():
+    for name, version in ((summary.prompts if summary else None) or identity.prompts).items():
         params[f"prompt.{name}"] = str(version)
     if summary is not None and summary.matcher_prompt:
         params["matcher_prompt"] = str(summary.matcher_prompt)
@@ -187,9 +187,9 @@ def of_run(
     """What a run's tracker run holds: from its directory's files, or from what a run computed (`records`,
     `summary`) when it has no directory. A directory with no summary (a run cut short) gives its params, counts
     and table from what it recorded."""
-    identity: dict[str, Any] = {}
+    identity = RunIdentity()
     if run_dir is not None:
-        identity = read_json(run_dir / "run.json")
+        identity = RunDir(run_dir).identity()
         if summary is None:
             summary = RunDir(run_dir).summary()
         if records is None:
@@ -204,7 +204,7 @@ def of_run(
         metrics.update(interval_metrics(records))
         if summary.reference is not None:
             metrics.update(interval_metrics(records, reference=True))
-    roles = (summary.roles if summary else None) or identity.get("roles") or {}
+    roles = (summary.roles if summary else None) or identity.roles
     run_name = name or str(roles.get("candidate") or (run_dir.name if run_dir else "cupid run"))
     return TrackedRun(
         name=run_name,

@@ -32,7 +32,7 @@ import typer
 from cupid.eval import data as cupid_data
 from cupid.eval.history import SETTINGS
 from cupid.eval.records import RecordError, UnitRecord
-from cupid.eval.rundir import Run, RunDir
+from cupid.eval.rundir import Run, RunDir, RunIdentity
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
@@ -75,11 +75,10 @@ class LoadedRun(Run):
     state: RunState | None = None
 
 
-def _planned(identity: dict[str, Any], summary: Summary | None, n_data: int | None) -> int | None:
+def _planned(identity: RunIdentity, summary: Summary | None) -> int | None:
     """Units the run set out to score: run.json's plan (instances x settings per task), else the summary's."""
-    plan = identity.get("plan")
-    if plan:
-        return plan["n_instances"] * sum(len(s) for s in plan["settings"].values())
+    if identity.plan is not None:
+        return identity.plan.n_units
     if summary is not None:
         return summary.n_instances * sum(len(block.settings) for block in summary.tasks.values())
     return None
@@ -92,7 +91,7 @@ def run_state(run: LoadedRun, now: float | None = None) -> RunState:
     summary_file = run.path / "summary.json"
     scored = sum(r.scored for r in run.records)
     done = len(run.records)
-    total = _planned(run.identity, run.summary, None)
+    total = _planned(run.identity, run.summary)
     if total is not None:
         total = max(total, done)
     finished = run.summary is not None and run.summary.n_runs >= done

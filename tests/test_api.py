@@ -15,6 +15,7 @@ import cupid
 from cupid.eval.records import MatchItem, StageError
 from cupid.eval.runner import RunConfig, run
 from cupid.eval.stages import StageFailed
+from cupid.eval.summary import Requests
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -265,7 +266,7 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
     assert (
         blocking.out == tmp_path / "api" and len((tmp_path / "api" / "instances.jsonl").read_text().splitlines()) == 2
     )
-    assert awaited.summary.requests == {"sent": 0, "cached": 0, "failed": 0}  # resumed: both units were scored
+    assert awaited.summary.requests == Requests(sent=0, cached=0)  # resumed: both units were scored
     assert awaited.summary.tasks == blocking.summary.tasks
     with pytest.raises(ValueError, match="needs endpoints for decomposer"):
         cupid.evaluate("instant", matcher="pm", endpoints_file=endpoints)

@@ -8,7 +8,7 @@ import pytest
 
 from cupid.eval.records import UnitRecord
 from cupid.eval.runner import RunConfig, dry_run, run
-from cupid.eval.summary import InferenceFigures
+from cupid.eval.summary import InferenceFigures, Requests
 from cupid.matcher.scores import MatchCounts, macro, micro
 from cupid.serving.config import ConfigError
 from tests.conftest import REPO, write_endpoints
@@ -58,17 +58,17 @@ def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
 def test_resume_reruns_only_what_is_missing_and_pays_nothing_twice(endpoints, tmp_path, cupid_home):
     cfg = config(endpoints, tmp_path)
     first = run(cfg).summary
-    assert first.requests is not None and first.requests["sent"] > 0
+    assert first.requests is not None and first.requests.sent > 0
     path = tmp_path / "run" / "instances.jsonl"
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:5]) + '\n{"key": "torn')  # a crash mid-write
     again = run(cfg).summary
     assert again.n_scored == 12 and again.requests is not None
-    assert again.requests["sent"] == 0  # every answer came from the cache
-    assert 0 < again.requests["cached"] < first.requests["sent"]  # only the 7 missing instances asked
+    assert again.requests.sent == 0  # every answer came from the cache
+    assert 0 < again.requests.cached < first.requests.sent  # only the 7 missing instances asked
     assert again.tasks == first.tasks
     third = run(cfg).summary
-    assert third.requests == {"sent": 0, "cached": 0, "failed": 0}
+    assert third.requests == Requests(sent=0, cached=0)
 
 
 def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoints, tmp_path, cupid_home):
@@ -85,7 +85,7 @@ def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoint
     assert summary.failures.get("inference/parse_preference: parse_error", 0) == n_failed
     assert summary.tasks["inference"].overall.n_scored == 2 - n_failed
     rerun = run(cfg).summary  # failed instances run again, and their answers come from the cache
-    assert rerun.requests is not None and rerun.requests["sent"] == 0
+    assert rerun.requests is not None and rerun.requests.sent == 0
 
 
 def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_home):

@@ -80,7 +80,7 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
         )
     ).summary
     assert (
-        third.requests is not None and third.requests["sent"] == 0 and third.n_scored == 24
+        third.requests is not None and third.requests.sent == 0 and third.n_scored == 24
     )  # every answer either run got is in the cache
 
 

@@ -152,7 +152,7 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     again, code = run_nightly(
         night_config(night_parts, tmp_path, ["judge", lora, rider], cache, "sessionjudge"), "2026-01-02"
     )
-    assert again.requests["sent"] == 0 and again.requests["cached"] > 0
+    assert again.requests.sent == 0 and again.requests.cached > 0
     assert again.servers_started == []  # every answer was in the cache: no server was needed
     assert {e.model: e.status for e in again.models} == {
         n: entries[n]["status"] for n in ("judge", "lora-cand", "lora-rider")

@@ -13,6 +13,7 @@ from cupid.eval import nightly
 from cupid.eval.leaderboard import Leaderboard
 from cupid.eval.nightly import run_nightly
 from cupid.eval.stats import Interval
+from cupid.eval.summary import Requests
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant
 from tests.conftest import sample_copies, write_endpoints
@@ -94,7 +95,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     assert code == 2  # a regression, no failures
     assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
-    assert steady.requests == {"sent": 0, "cached": 4 * units, "failed": 0}  # everything came from the cache
+    assert steady.requests == Requests(sent=0, cached=4 * units)  # everything came from the cache
     same = steady.change[f1]  # the same answers: no difference, a closed interval, nothing to test
     assert (same.difference, same.low, same.high, same.p_value) == (0.0, 0.0, 0.0, 1.0) and steady.regressions == []
     assert drifting.metrics[f1].estimate == 0.0
@@ -170,7 +171,7 @@ def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(
     _board, code = run_nightly(config, "2025-03-02")
     again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
     assert (code, code_again) == (0, 0) and again.previous == "2025-03-01"
-    assert by_model(again)["instant"].requests["sent"] == 0
+    assert by_model(again)["instant"].requests.sent == 0
     assert (tmp_path / "nightly" / "2025-03-02" / "report" / "report.html").exists()
 
 
