@@ -231,7 +231,7 @@ def demo_workload(base_url: str, workdir: Path, workload: Workload, *, free: boo
         "by_task": {t: {"scored": b.overall.n_scored, "failed": b.overall.n_failed} for t, b in summary.tasks.items()},
         "failures": summary.failures,
         "failure_examples": examples,
-        "requests": summary.requests,
+        "requests": summary.requests.model_dump() if summary.requests else None,
     }
 
 

@@ -408,7 +408,8 @@ def summary_metrics(summary: Summary) -> dict[str, float]:
     for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
         if isinstance(value := getattr(summary, name), (int, float)):
             metrics[name] = value
-    metrics.update({f"requests_{k}": v for k, v in (summary.requests or Requests()).model_dump().items()})
+    if summary.requests is not None:
+        metrics.update({f"requests_{k}": v for k, v in summary.requests.model_dump().items()})
     return metrics
 
 
