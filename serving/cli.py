@@ -154,7 +154,8 @@ def up(
             _fail(f"{e}{still}")
         started.append(record.name)
         console.print(
-            f"serving '{record.name}' ({record.served_name}) at {record.base_url} (pid {record.pid})", highlight=False
+            f"serving '{record.name}' ({record.profile.served}) at {record.base_url} (pid {record.pid})",
+            highlight=False,
         )
 
 
@@ -193,7 +194,7 @@ def status() -> None:
     table = Table("name", "served as", "engine", "url", "pid", "state", "model")
     for r in rows:
         state = "healthy" if r.healthy else ("starting/unhealthy" if r.alive else "dead")
-        table.add_row(r.name, r.served_name, r.engine, r.base_url, str(r.pid), state, r.model)
+        table.add_row(r.name, r.profile.served, r.profile.engine, r.base_url, str(r.pid), state, r.profile.model)
     console.print(table)
 
 

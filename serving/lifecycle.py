@@ -188,41 +188,13 @@ class ServerRecord(BaseModel):
         return self.profile.handle
 
     @property
-    def served_name(self) -> str:
-        return self.profile.served
-
-    @property
     def served_models(self) -> list[str]:
         """The served name, then each LoRA adapter it was started with."""
         return [self.profile.served, *self.profile.lora_adapters]
 
     @property
-    def engine(self) -> str:
-        return self.profile.engine
-
-    @property
-    def model(self) -> str:
-        return self.profile.model
-
-    @property
-    def host(self) -> str:
-        return self.profile.host
-
-    @property
-    def port(self) -> int:
-        return self.profile.port
-
-    @property
     def base_url(self) -> str:
         return self.profile.base_url
-
-    @property
-    def api_key_env(self) -> str | None:
-        return self.profile.api_key_env
-
-    @property
-    def headless(self) -> bool:
-        return self.profile.headless
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -376,7 +348,7 @@ def up(
     if existing and alive(existing.pid):
         raise ServeError(f"'{name}' is already served (pid {existing.pid}, {existing.base_url})")
     if not port_free(profile.host, profile.port):
-        owner = next((r.name for r in records() if r.port == profile.port and alive(r.pid)), None)
+        owner = next((r.name for r in records() if r.profile.port == profile.port and alive(r.pid)), None)
         raise ServeError(f"port {profile.port} on {profile.host} is taken" + (f" by '{owner}'" if owner else ""))
     engine.preflight(profile)
     # As served: its local paths absolute, so the record means the same from any directory.
@@ -510,7 +482,7 @@ def status() -> list[ServerStatus]:
     out = []
     for record in records():
         running = alive(record.pid)
-        answers = running and (record.headless or healthy(record.base_url))  # headless: no API to ask
+        answers = running and (record.profile.headless or healthy(record.base_url))  # headless: no API to ask
         out.append(ServerStatus(**dict(record), alive=running, healthy=answers))
     return out
 
@@ -535,10 +507,10 @@ def live_endpoints() -> dict[str, Endpoint]:
     `configs/endpoints.yaml`."""
     out: dict[str, Endpoint] = {}
     for record in status():
-        if not record.healthy or record.headless:  # a headless node's engines answer through its head
+        if not record.healthy or record.profile.headless:  # a headless node's engines answer through its head
             continue
-        common = endpoint_fields(record.base_url, record.engine, record.api_key_env)
-        out[record.name] = Endpoint(model=record.served_name, **common)
+        common = endpoint_fields(record.base_url, record.profile.engine, record.profile.api_key_env)
+        out[record.name] = Endpoint(model=record.profile.served, **common)
         for name in record.served_models:  # the served name answers too, and each adapter as itself
             out.setdefault(name, Endpoint(model=name, **common))
     return out

@@ -79,7 +79,7 @@ class Plan:
         shares = [
             (f"{r.name} (running)", r.gpu_memory_utilization)
             for r in self.running
-            if r.engine == "vllm" and r.gpu_memory_utilization and r.name not in planned
+            if r.gpu_memory_utilization and r.name not in planned
         ]
         return shares + [(p.name, p.gpu_memory_utilization) for p in self.profiles if p.on_gpu]
 
@@ -87,7 +87,9 @@ class Plan:
         out: list[str] = []
         names = [p.name for p in self.profiles]
         out += [f"profile '{n}' is asked twice" for n in sorted({n for n in names if names.count(n) > 1})]
-        owners: dict[tuple[str, int], str] = {(r.host, r.port): f"{r.name} (running)" for r in self.running}
+        owners: dict[tuple[str, int], str] = {
+            (r.profile.host, r.profile.port): f"{r.name} (running)" for r in self.running
+        }
         for p in self.profiles:
             key = (p.host, p.port)
             if key in owners and owners[key] != f"{p.name} (running)":

@@ -69,7 +69,7 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     rows = {r.name: r for r in lifecycle.status()}
     record = rows["tiny"]
     assert record.alive and record.healthy and record.base_url == tiny_server["base_url"]
-    assert record.engine == "vllm" and record.profile.device == "cpu" and record.served_name == TINY_NAME
+    assert record.profile.engine == "vllm" and record.profile.device == "cpu" and record.profile.served == TINY_NAME
     assert record.profile == tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK})  # as served
     assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record.command and record.env == {
@@ -191,7 +191,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
     record = lifecycle.find("tinycopy")
     tree = children(record.pid)
     try:
-        assert record.served_name == "org/tiny-copy" and record.engine == "vllm" and len(tree) >= 2
+        assert record.profile.served == "org/tiny-copy" and record.profile.engine == "vllm" and len(tree) >= 2
         status = runner.invoke(app, ["serve", "status"])
         assert "tinycopy" in status.output and "healthy" in status.output
 
