@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import Engine, get_engine
 from cupid.serving.errors import ServeError
-from cupid.serving.profiles import Profile
+from cupid.serving.profiles import AS_SERVED, Profile
 from cupid.serving.vllm_args import engine_env
 
 # First match wins: the specific vLLM messages come before the generic ones they contain.
@@ -212,7 +212,7 @@ class ServerStatus(ServerRecord):
 
 def _read(path: Path) -> ServerRecord | None:
     try:
-        return ServerRecord.model_validate_json(path.read_text())
+        return ServerRecord.model_validate_json(path.read_text(), context={AS_SERVED: True})
     except (OSError, ValidationError):
         return None
 

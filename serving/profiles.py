@@ -22,13 +22,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
 from cupid.serving.config import ConfigError, locate, read_yaml, validate
 from cupid.serving.errors import ServeError
 from cupid.serving.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
+# Validation context of a profile read back as a server ran it (a server record): vLLM's parser checked it before
+# the server started, or the server refused it; checking it again could import vLLM's parser (~10 s of a core).
+AS_SERVED = "as_served"
 
 # vLLM's arguments that shape a server over copies and nodes (`Profile._cluster_problem` checks them together).
 CLUSTER_ARGS = {
@@ -104,7 +107,7 @@ class Profile(BaseModel):
         )
 
     @model_validator(mode="after")
-    def _consistent(self) -> Profile:
+    def _consistent(self, info: ValidationInfo) -> Profile:
         if self.engine == "transformers" and (self.vllm or self.runtime_lora_rank or self.lora_adapters):
             raise ValueError(
                 "vllm, lora_adapters, runtime_lora_rank: vllm engine only (this profile uses the transformers engine)"
@@ -128,7 +131,8 @@ class Profile(BaseModel):
             )
         if problem := self._cluster_problem():
             raise ValueError(problem)
-        check_vllm_args(vllm_args(self))
+        if not (info.context or {}).get(AS_SERVED):
+            check_vllm_args(vllm_args(self))
         return self
 
     def arg(self, name: str, default: Any = None) -> Any:

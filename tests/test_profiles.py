@@ -195,10 +195,9 @@ def test_any_vllm_argument_reaches_the_command_and_vllms_parser_checks_it_at_loa
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "vllm.entrypoints" in line)
     assert " --max-num-batched-tokens 4096 " in line + " " and " --kv-cache-dtype fp8" in line
-    cached = (
-        tmp_path / "cache" / "cupid" / "vllm-args"
-    ).iterdir()  # beside vLLM's defaults, where this process read them
-    assert len([p for p in cached if not p.name.startswith("defaults-")]) == 1  # passed: remembered
+    # passed: remembered (beside vLLM's defaults, where this process read them first)
+    cached = (tmp_path / "cache" / "cupid" / "vllm-args").iterdir()
+    assert len([p for p in cached if not p.name.startswith("defaults-")]) == 1
     args = vllm_args(command(profiles.load(str(path))))
     assert (args.max_num_batched_tokens, args.kv_cache_dtype) == (4096, "fp8")
 
@@ -627,6 +626,25 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
     finally:
         lifecycle.record_path("head").unlink(missing_ok=True)
         assert lifecycle.down("worker")
+
+
+def test_a_server_record_is_read_back_without_checking_its_profile_again(cupid_home, monkeypatch, shipped):
+    """A record's profile passed vLLM's parser before its server started (or the server refused it): reading it back
+    (`status`, plans, endpoints) never imports the parser again."""
+    from cupid.serving import lifecycle
+
+    served = shipped["prefmatcher-lora"].model_copy(update={"runtime_lora_rank": 32})  # args no check has seen
+    lifecycle.record_path(served.name).parent.mkdir(parents=True, exist_ok=True)
+    ServerRecord(profile=served, pid=2**22, log="server.log").write()
+
+    def parser_check(args):
+        raise AssertionError(f"vLLM's parser asked again: {args}")
+
+    monkeypatch.setattr(profiles, "check_vllm_args", parser_check)
+    record = lifecycle.find(served.name)
+    assert record is not None and record.profile == served and "prefmatcher-lora" in record.served_models
+    with pytest.raises(ValueError, match="parser asked again"):  # a profile loaded from a file is checked
+        Profile.model_validate(served.model_dump())
 
 
 def test_duplicate_ports_within_a_plan(tmp_path, shipped):
