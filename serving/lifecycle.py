@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import Engine, get_engine
@@ -182,6 +182,18 @@ class ServerRecord(BaseModel):
     log: str
     command: list[str] = Field(default_factory=list)
     started_at: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        """A record of a server started before records held its profile (its fields side by side): still found by
+        `status` and stopped by `down`."""
+        if isinstance(data, dict) and "profile" not in data and "port" in data:
+            fields = ("engine", "model", "served_name", "host", "port", "api_key_env")
+            profile = {k: data[k] for k in fields if data.get(k) is not None}
+            device = {"device": data["device"]} if data.get("engine") == "vllm" and "device" in data else {}
+            return {**data, "profile": {"name": data.get("name", ""), **profile, **device}}
+        return data
 
     @property
     def name(self) -> str:
@@ -351,8 +363,11 @@ def up(
         owner = next((r.name for r in records() if r.profile.port == profile.port and alive(r.pid)), None)
         raise ServeError(f"port {profile.port} on {profile.host} is taken" + (f" by '{owner}'" if owner else ""))
     engine.preflight(profile)
-    # As served: its local paths absolute, so the record means the same from any directory.
-    profile = profile.model_copy(update={"model": profile.model_path(), "lora_adapters": profile.adapter_paths()})
+    # As served: its local paths absolute, so the record means the same from any directory, and its served name as
+    # given (`served` defaults to the model as written, which the clients of this profile ask for).
+    profile = profile.model_copy(
+        update={"model": profile.model_path(), "lora_adapters": profile.adapter_paths(), "served_name": profile.served}
+    )
 
     workdir = _servers() / _slug(name)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -483,7 +498,8 @@ def status() -> list[ServerStatus]:
     for record in records():
         running = alive(record.pid)
         answers = running and (record.profile.headless or healthy(record.base_url))  # headless: no API to ask
-        out.append(ServerStatus(**dict(record), alive=running, healthy=answers))
+        row = {**dict(record), "alive": running, "healthy": answers}
+        out.append(ServerStatus.model_validate(row, context={AS_SERVED: True}))
     return out
 
 

@@ -129,10 +129,11 @@ class Profile(BaseModel):
                 "vllm.max_lora_rank is set but there are no lora_adapters "
                 "(runtime_lora_rank sets the rank of those loaded later)"
             )
+        if (info.context or {}).get(AS_SERVED):
+            return self  # what follows may read vLLM's parser, which checked it before the server started
         if problem := self._cluster_problem():
             raise ValueError(problem)
-        if not (info.context or {}).get(AS_SERVED):
-            check_vllm_args(vllm_args(self))
+        check_vllm_args(vllm_args(self))
         return self
 
     def arg(self, name: str, default: Any = None) -> Any:

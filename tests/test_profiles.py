@@ -601,20 +601,25 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
     class Sleeper(Engine):
         name = "sleeper"
 
-        def command(self, profile, workdir):  # sleeps for `served_name` seconds, then fails
-            return [sys.executable, "-c", f"import sys, time; time.sleep({profile.served}); sys.exit(3)"]
+        def command(self, profile, workdir):  # sleeps (half a second for 'failing'), then fails
+            seconds = 0.5 if profile.name == "failing" else 60
+            return [sys.executable, "-c", f"import sys, time; time.sleep({seconds}); sys.exit(3)"]
 
     monkeypatch.setattr(lifecycle, "get_engine", lambda name: Sleeper())
     monkeypatch.setattr(lifecycle, "HEADLESS_SETTLE_S", 2.0)
     # A headless node of data parallel across nodes, as a shipped cluster profile gives one.
     cluster = {"data_parallel_size": 2, "data_parallel_size_local": 1, "data_parallel_address": "10.0.0.1"}
     head = Profile(name="head", model="m", port=free_port(), vllm=cluster)
-    worker = head.model_copy(update={"name": "worker", "served_name": "60", "startup_timeout_s": 30}).with_args(
+    # Its model a local directory as written in a profile, no served name: served as written, recorded absolute.
+    (cupid_home.parent / "ckpt").mkdir()
+    monkeypatch.chdir(cupid_home.parent)
+    worker = head.model_copy(update={"name": "worker", "model": "./ckpt", "startup_timeout_s": 30}).with_args(
         headless=True, data_parallel_start_rank=1
     )
     with pytest.raises(ServeError, match="exited with code 3 during start-up"):  # no HTTP to wait for, but it must live
-        lifecycle.up(worker.model_copy(update={"served_name": "0.5", "name": "failing"}))
+        lifecycle.up(worker.model_copy(update={"name": "failing"}))
     record = lifecycle.up(worker)
+    assert (record.profile.served, record.profile.model) == ("./ckpt", str(cupid_home.parent / "ckpt"))
     try:
         assert record.profile.headless is True and [(r.name, r.healthy) for r in lifecycle.status()] == [
             ("worker", True)
@@ -643,6 +648,13 @@ def test_a_server_record_is_read_back_without_checking_its_profile_again(cupid_h
     monkeypatch.setattr(profiles, "check_vllm_args", parser_check)
     record = lifecycle.find(served.name)
     assert record is not None and record.profile == served and "prefmatcher-lora" in record.served_models
+    assert [(r.name, r.alive) for r in lifecycle.status()] == [(served.name, False)]  # status reads it as served too
+    # A record from before records held the profile (its fields side by side) is still found, to be stopped.
+    flat = {"name": "old", "served_name": "org/m", "engine": "vllm", "model": "/m", "host": "127.0.0.1", "port": 8123,
+            "base_url": "http://127.0.0.1:8123/v1", "device": "cpu", "pid": 2**22, "log": "server.log"}  # fmt: skip
+    lifecycle.record_path("old").write_text(json.dumps(flat))
+    old = lifecycle.find("old")
+    assert old is not None and (old.name, old.base_url, old.served_models) == ("old", flat["base_url"], ["org/m"])
     with pytest.raises(ValueError, match="parser asked again"):  # a profile loaded from a file is checked
         Profile.model_validate(served.model_dump())
 
