@@ -389,14 +389,10 @@ def up(
         _tie(process.pid)
     if engine.name == "vllm":
         count_vllm_start(f"server {name}")
-    record = ServerRecord(
-        profile=profile,
-        env=environment,
-        pid=process.pid,
-        tied_to=os.getpid() if tied else None,
-        log=str(log_path),
-        command=command,
-        started_at=time.time(),
+    running = {"env": environment, "pid": process.pid, "tied_to": os.getpid() if tied else None, "log": str(log_path)}
+    # As served: not checked again (a field set in code, a plan's GPUs, is vLLM's to refuse, as it starts).
+    record = ServerRecord.model_validate(
+        {"profile": profile, **running, "command": command, "started_at": time.time()}, context={AS_SERVED: True}
     )
     record.write()
 

@@ -616,6 +616,11 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
     worker = head.model_copy(update={"name": "worker", "model": "./ckpt", "startup_timeout_s": 30}).with_args(
         headless=True, data_parallel_start_rank=1
     )
+
+    def parser_check(args):  # a start does not import vLLM's parser (~10 s) to check what it is about to start
+        raise AssertionError(f"vLLM's parser asked at start: {args}")
+
+    monkeypatch.setattr(profiles, "check_vllm_args", parser_check)
     with pytest.raises(ServeError, match="exited with code 3 during start-up"):  # no HTTP to wait for, but it must live
         lifecycle.up(worker.model_copy(update={"name": "failing"}))
     record = lifecycle.up(worker)
