@@ -389,10 +389,14 @@ def up(
         _tie(process.pid)
     if engine.name == "vllm":
         count_vllm_start(f"server {name}")
-    running = {"env": environment, "pid": process.pid, "tied_to": os.getpid() if tied else None, "log": str(log_path)}
-    # As served: not checked again (a field set in code, a plan's GPUs, is vLLM's to refuse, as it starts).
-    record = ServerRecord.model_validate(
-        {"profile": profile, **running, "command": command, "started_at": time.time()}, context={AS_SERVED: True}
+    record = ServerRecord(
+        profile=profile,
+        env=environment,
+        pid=process.pid,
+        tied_to=os.getpid() if tied else None,
+        log=str(log_path),
+        command=command,
+        started_at=time.time(),
     )
     record.write()
 
@@ -494,8 +498,7 @@ def status() -> list[ServerStatus]:
     for record in records():
         running = alive(record.pid)
         answers = running and (record.profile.headless or healthy(record.base_url))  # headless: no API to ask
-        row = {**dict(record), "alive": running, "healthy": answers}
-        out.append(ServerStatus.model_validate(row, context={AS_SERVED: True}))
+        out.append(ServerStatus(**dict(record), alive=running, healthy=answers))
     return out
 
 

@@ -23,6 +23,7 @@ import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
@@ -61,11 +62,17 @@ def _unsupported(key: str, why: str = "") -> RequestFailed:
     )
 
 
+@cache
+def _shared_sampling_fields() -> frozenset[str]:
+    """The chat request's fields `SamplingParams` takes under the same name, read from vLLM, less `NOT_OFFLINE`."""
+    return frozenset(vllm_args.vllm_defaults()["sampling_fields"]) - NOT_OFFLINE
+
+
 def sampling_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     """A chat request's fields as `vllm.SamplingParams` keyword arguments, with structured output as the plain
     dict for `StructuredOutputsParams`. A field with no offline equivalent fails the request, never silently."""
     out: dict[str, Any] = {"max_tokens": None}  # as the server does: up to the context length
-    shared = set(vllm_args.vllm_defaults()["sampling_fields"]) - NOT_OFFLINE  # the same names, read from vLLM
+    shared = _shared_sampling_fields()
     for key, value in params.items():
         if key in ("max_tokens", "max_completion_tokens"):
             out["max_tokens"] = value

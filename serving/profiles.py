@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationInfo, model_validator
 
 from cupid.serving.config import ConfigError, locate, read_yaml, validate
 from cupid.serving.errors import ServeError
 from cupid.serving.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
-# Validation context of a profile read back as a server ran it (a server record): vLLM's parser checked it before
-# the server started, or the server refused it; checking it again could import vLLM's parser (~10 s of a core).
+# Validation context of a profile read back from a server record's JSON, as the server ran it: not checked again (the
+# checks may import vLLM's parser, ~10 s of a core).
 AS_SERVED = "as_served"
 
 # vLLM's arguments that shape a server over copies and nodes (`Profile._cluster_problem` checks them together).
@@ -135,6 +135,15 @@ class Profile(BaseModel):
             raise ValueError(problem)
         check_vllm_args(vllm_args(self))
         return self
+
+    # Defined after `_consistent`, so it wraps it: pydantic re-runs a model's after-validators on an instance handed
+    # to a field (`ServerRecord(profile=...)`), and those may import vLLM's parser (~10 s of a core).
+    @model_validator(mode="wrap")
+    @classmethod
+    def _made(cls, data: Any, handler: ModelWrapValidatorHandler[Profile]) -> Profile:
+        """A profile given as a Profile is taken as it is: it was checked when made, or changed in code as a server
+        is to run it (a test's model, a night's run-time LoRA rank), which is vLLM's to refuse as it starts."""
+        return data if isinstance(data, Profile) else handler(data)
 
     def arg(self, name: str, default: Any = None) -> Any:
         """One of vLLM's arguments as this profile gives it (`default` where it does not: whether it is set)."""
