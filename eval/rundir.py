@@ -19,7 +19,7 @@ from cupid.eval.files import read_json, write_atomic
 from cupid.eval.history import SETTINGS
 from cupid.eval.records import UnitRecord, parse_line
 from cupid.eval.summary import Summary, markdown
-from cupid.serving.config import ConfigError
+from cupid.serving.config import ConfigError, validate
 
 
 class OutputDir:
@@ -140,11 +140,7 @@ class RunDir(OutputDir):
 
     def identity(self) -> RunIdentity:
         """run.json read back typed; empty where the run never wrote one."""
-        try:
-            return RunIdentity.model_validate(read_json(self.run_file))
-        except ValidationError as e:
-            where = ".".join(map(str, e.errors()[0]["loc"]))
-            raise ConfigError(f"{self.run_file}: {where}: {e.errors()[0]['msg']}") from None
+        return validate(RunIdentity, read_json(self.run_file), str(self.run_file))
 
     def claim(self, identity: RunIdentity) -> None:
         """Make this directory the run's, or refuse when it holds another run (`check_same_run`): the roles and

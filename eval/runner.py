@@ -354,7 +354,7 @@ async def _run(
         "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],
-        "requests": Requests(sent=client.stats.sent, cached=client.stats.cached, failed=client.stats.failed),
+        "requests": Requests.of(client.stats),
         "wall_s": round(time.monotonic() - started, 2),
     }
     if cfg.serve or cfg.served_candidates:

@@ -22,6 +22,7 @@ from cupid.matcher.scores import PRF, macro, micro
 
 if TYPE_CHECKING:  # the task declarations name this module's blocks
     from cupid.eval.tasks import TaskSpec
+    from cupid.serving.client import Stats
 
 GROUPS = ("all", *INSTANCE_TYPES)
 
@@ -127,6 +128,11 @@ class Requests(BaseModel):
     sent: int = 0
     cached: int = 0
     failed: int = 0
+
+    @classmethod
+    def of(cls, stats: Stats) -> Requests:
+        """A client's counts so far."""
+        return cls(sent=stats.sent, cached=stats.cached, failed=stats.failed)
 
     def __add__(self, other: Requests) -> Requests:
         return Requests(

@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cupid.eval import data as cupid_data
 from cupid.eval.files import write_atomic
 from cupid.eval.rundir import OutputDir
+from cupid.eval.summary import Requests
 from cupid.matcher import prompts
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
@@ -297,7 +298,7 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
         "retries": sum(retries(r.raw) for r in out.persona_records() if r.persona_id in wanted)
         + sum(f["retries"] for pid, f in failures.items() if pid in wanted),
         "instances_file": str(out.records_file),
-        "requests": {"sent": client.stats.sent, "cached": client.stats.cached, "failed": client.stats.failed},
+        "requests": Requests.of(client.stats).model_dump(),
         "seconds": round(time.monotonic() - started, 1),
     }
     write_atomic(out.path / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False))
