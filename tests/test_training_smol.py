@@ -17,8 +17,9 @@ from tests.test_training import TINY, _load, _rows, greedy_answers
 @pytest.fixture(scope="module")
 def smol_trained(smol_model_dir, tmp_path_factory):
     """The chain's recipe (configs/train/tiny.yaml: QLoRA, 10 steps) on SmolLM2-135M: match data labelled by the
-    instant server, trained and exported (the loss is read from the logged steps: the before/after passes are the
-    random model's chain, tests/test_training.py)."""
+    instant server, then trained (the loss is read from the logged steps: the before/after passes are the random
+    model's chain, tests/test_training.py). The export is a fixture of its own, `smol_exported`, as it is a stage of
+    its own: each test waits for what it reads."""
     work = tmp_path_factory.mktemp("smol")
     smol = _load(
         TINY,
@@ -29,8 +30,14 @@ def smol_trained(smol_model_dir, tmp_path_factory):
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(work / "home"))
-        reports = pipeline.run(smol, Console(stderr=True), stages=("label", "sft", "export"))
-    return smol, reports["sft"], reports["export"]
+        reports = pipeline.run(smol, Console(stderr=True), stages=("label", "sft"))
+    return smol, reports["sft"]
+
+
+@pytest.fixture(scope="module")
+def smol_exported(smol_trained):
+    smol, _ = smol_trained
+    return pipeline.run(smol, Console(stderr=True), stages=("export",))["export"]
 
 
 def _assert_prefmatcher_answers(answers: list[str], examples: list[dict]) -> None:
@@ -53,7 +60,7 @@ def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_forma
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    smol, trained, _ = smol_trained
+    smol, trained = smol_trained
     losses = [r["loss"] for r in trained["logged_losses"]]
     assert losses[-1] < losses[0] / 4
     base = AutoModelForCausalLM.from_pretrained(smol_model_dir, dtype=torch.float32)
@@ -64,11 +71,11 @@ def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_forma
     _assert_prefmatcher_answers(greedy_answers(model, tok, prompts, smol.agreement.max_tokens), examples)
 
 
-def test_the_135m_models_merged_export_answers_in_prefmatchers_format(smol_trained, smol_model_dir):
+def test_the_135m_models_merged_export_answers_in_prefmatchers_format(smol_trained, smol_exported):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    smol, _, exported = smol_trained
+    smol, exported = smol_trained[0], smol_exported
     assert exported["merge_check"]["same_next_token"]
     examples = _rows(smol.out_dir / "data" / "validation.jsonl")
     model = AutoModelForCausalLM.from_pretrained(exported["export"], dtype=torch.float32)
