@@ -469,8 +469,7 @@ def _group_alive(pgid: int) -> bool:
 # How long a server stopped before it ever answered gets after SIGTERM: it has no requests to finish, and vLLM's
 # engine process only notes a SIGTERM that comes while it is being built (loading, KV cache, warm-up) and goes on
 # building (vllm/v1/engine/core.py, `run_engine_core`), for tens of seconds on a busy CPU. A start cancelled while the
-# engine loaded the model ended 21.8 s after the cancel with the grace below, 4.4 s with this one (2 cores, AVX2): an
-# interrupted night's test took 42-50 s in some runs, ~5 in others.
+# engine loaded the model ended 21.8 s after the cancel with the grace below, 4.4 s with this one (2 cores, AVX2).
 STARTING_GRACE_S = 3.0
 
 
