@@ -63,6 +63,11 @@ def pytest_configure(config):
     # OpenMP thread that finds its partner descheduled spins by default (libgomp): two 2-thread torch processes
     # took 12.3 s where one alone took 3.3 s; with passive waits 7.7 s. Inherited by workers, servers, training.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # numpy's OpenBLAS runs its own threads, which spin as well (OMP_WAIT_POLICY is libgomp's): the simulated
+    # comparisons (3000 bootstraps of a (2000, 252) @ (252, 8) product) took 23.6 s and 28.8 CPU-s beside one busy
+    # process with a thread per core, 13.0 s and 12.4 CPU-s with one thread. Products that small gain nothing from a
+    # second thread even alone. torch keeps its own threads (it does not use OpenBLAS).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 # With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the
