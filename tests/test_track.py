@@ -131,10 +131,11 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
     assert {"summary.md", "report.html", "view.html", "units.json"} <= artifacts
     assert (run_dir / "report" / "report.html").exists() and (run_dir / "report" / "view.html").exists()
 
-    for _ in range(2):  # logged again from its files: the same tracker run, its table replaced, not appended to
-        again = cupid("track", str(run_dir), "--to", "mlflow", cwd=tmp_path)
-        assert again.returncode == 0, again.stderr
-        assert again.stdout.strip().endswith(f"mlflow run {tracked.run_id}")
+    # logged again from its files (`tracker.json` names the run): the same tracker run, its table replaced, not
+    # appended to
+    again = cupid("track", str(run_dir), "--to", "mlflow", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().endswith(f"mlflow run {tracked.run_id}")
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT])
     assert list(runs.run_id) == [tracked.run_id]
     assert table() == statuses and len(mlflow.load_table("units.json", run_ids=[tracked.run_id])) == 6
