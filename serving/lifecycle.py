@@ -274,12 +274,15 @@ tie_servers = False
 
 # Watches a tied server: reads its stdin, a pipe whose other end only the starting process holds, so EOF
 # means that process is gone, however it ended (SIGKILL included). Then it stops the server's whole process
-# group: vLLM's engine runs in child processes, and a server still starting may not heed SIGTERM at once.
+# group: vLLM's engine runs in child processes, and a server still starting may not heed SIGTERM at once. The
+# starting process writes `ready` into the pipe once the server answers: one that never did gets the starting
+# grace (STARTING_GRACE_S, below) before SIGKILL, as `up` gives it; a start whose owner was killed while the
+# engine loaded took 29 s to the end of the last process with 15 s.
 WATCHDOG = """
 import os, signal, sys, time
-pgid = int(sys.argv[1])
-sys.stdin.buffer.read()
-for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+pgid, starting_grace = int(sys.argv[1]), float(sys.argv[2])
+answered = b"ready" in sys.stdin.buffer.read()
+for sig, grace in ((signal.SIGTERM, 15.0 if answered else starting_grace), (signal.SIGKILL, 10.0)):
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
@@ -331,9 +334,14 @@ def unload_lora(base_url: str, name: str, api_key: str | None = None, timeout: f
     _lora_call(base_url, "unload", {"lora_name": name}, api_key, timeout)
 
 
+def watchdog_command(pgid: int) -> list[str]:
+    """The watchdog of a server's process group: it stops the group when its stdin ends (see WATCHDOG)."""
+    return [sys.executable, "-c", WATCHDOG, str(pgid), str(STARTING_GRACE_S)]
+
+
 def _tie(pid: int) -> None:
     watchdog = subprocess.Popen(
-        [sys.executable, "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE,
+        watchdog_command(pid), stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     _lifelines[pid] = watchdog.stdin
@@ -411,6 +419,9 @@ def up(
             record_path(name).unlink(missing_ok=True)
             raise _startup_failure(profile, log_path, f"server exited with code {process.returncode} during start-up")
         if (time.monotonic() >= settled) if profile.headless else ready(profile, engine):
+            if lifeline := _lifelines.get(process.pid):
+                lifeline.write(b"ready\n")
+                lifeline.flush()
             return record
         time.sleep(0.2)
     down(name, grace_s=STARTING_GRACE_S)

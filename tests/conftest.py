@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -165,9 +164,10 @@ def tiny_profile(random_model_dir):
 
 
 def _tie_to_controller(pid: int) -> None:
-    """lifecycle's watchdog, reading the controller's FIFO instead of a pipe from this worker."""
+    """lifecycle's watchdog, reading the controller's FIFO instead of a pipe from this worker (nothing writes `ready`
+    into it: should the controller die, the session server gets the starting grace before SIGKILL)."""
     with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
-        subprocess.Popen([sys.executable, "-c", lifecycle.WATCHDOG, str(pid)], stdin=alive,
+        subprocess.Popen(lifecycle.watchdog_command(pid), stdin=alive,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
 
 

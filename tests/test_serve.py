@@ -274,6 +274,33 @@ def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_
     assert gone(tree), f"still running: {[p for p in tree if psutil.pid_exists(p)]}"
 
 
+def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_starting_the_short_one():
+    """When its owner ends, the watchdog SIGTERMs the server's group, then SIGKILLs what is left after the grace: the
+    long one (15 s) only where the owner wrote `ready` (the server answered), the starting grace (here 0.5 s)
+    otherwise. The group here ignores SIGTERM, as vLLM's engine does while it is being built."""
+
+    def watched(answered: bool) -> tuple[subprocess.Popen, subprocess.Popen]:
+        server = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], start_new_session=True)
+        watchdog = subprocess.Popen(
+            [sys.executable, "-c", lifecycle.WATCHDOG, str(server.pid), "0.5"], stdin=subprocess.PIPE
+        )
+        if answered:
+            watchdog.stdin.write(b"ready\n")
+        watchdog.stdin.close()  # the owner is gone
+        return server, watchdog
+
+    starting, answered = watched(False), watched(True)
+    try:
+        assert starting[0].wait(timeout=10) == -9  # killed after the short grace
+        time.sleep(1.5)  # three times the short grace, a tenth of the long one
+        assert answered[0].poll() is None  # still in its grace
+    finally:
+        for server, watchdog in (starting, answered):
+            for proc in (server, watchdog):
+                proc.kill()
+                proc.wait()
+
+
 def test_likely_causes():
     assert lifecycle.likely_cause("torch.OutOfMemoryError: CUDA out of memory").startswith("out of memory")
     assert lifecycle.likely_cause("OSError: [Errno 98] Address already in use") == "the port is taken"
