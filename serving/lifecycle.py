@@ -272,11 +272,18 @@ HEADLESS_SETTLE_S = 5.0
 # A process whose servers must never outlive it sets this (the test suite does): every `up` is then `tied`.
 tie_servers = False
 
+# How long a server stopped before it ever answered gets after SIGTERM: it has no requests to finish, and vLLM's
+# engine process only notes a SIGTERM that comes while it is being built (loading, KV cache, warm-up) and goes on
+# building (vllm/v1/engine/core.py, `run_engine_core`), for tens of seconds on a busy CPU. A start cancelled while the
+# engine loaded the model ended 21.8 s after the cancel with `down`'s default grace (20 s), 4.4 s with this one
+# (2 cores, AVX2).
+STARTING_GRACE_S = 3.0
+
 # Watches a tied server: reads its stdin, a pipe whose other end only the starting process holds, so EOF
 # means that process is gone, however it ended (SIGKILL included). Then it stops the server's whole process
 # group: vLLM's engine runs in child processes, and a server still starting may not heed SIGTERM at once. The
 # starting process writes `ready` into the pipe once the server answers: one that never did gets the starting
-# grace (STARTING_GRACE_S, below) before SIGKILL, as `up` gives it; a start whose owner was killed while the
+# grace (STARTING_GRACE_S, above) before SIGKILL, as `up` gives it; a start whose owner was killed while the
 # engine loaded took 29 s to the end of the last process with 15 s.
 WATCHDOG = """
 import os, signal, sys, time
@@ -334,17 +341,17 @@ def unload_lora(base_url: str, name: str, api_key: str | None = None, timeout: f
     _lora_call(base_url, "unload", {"lora_name": name}, api_key, timeout)
 
 
-def watchdog_command(pgid: int) -> list[str]:
-    """The watchdog of a server's process group: it stops the group when its stdin ends (see WATCHDOG)."""
-    return [sys.executable, "-c", WATCHDOG, str(pgid), str(STARTING_GRACE_S)]
+def start_watchdog(pgid: int, stdin: Any, starting_grace_s: float = STARTING_GRACE_S) -> subprocess.Popen:
+    """The watchdog of a server's process group, reading `stdin` (a pipe, a FIFO): it stops the group when that
+    ends (see WATCHDOG). In a session of its own, so that a signal to its owner's group spares it."""
+    return subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(pgid), str(starting_grace_s)], stdin=stdin,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
 
 
 def _tie(pid: int) -> None:
-    watchdog = subprocess.Popen(
-        watchdog_command(pid), stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    _lifelines[pid] = watchdog.stdin
+    _lifelines[pid] = start_watchdog(pid, subprocess.PIPE).stdin
 
 
 def up(
@@ -475,13 +482,6 @@ def _group_alive(pgid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-# How long a server stopped before it ever answered gets after SIGTERM: it has no requests to finish, and vLLM's
-# engine process only notes a SIGTERM that comes while it is being built (loading, KV cache, warm-up) and goes on
-# building (vllm/v1/engine/core.py, `run_engine_core`), for tens of seconds on a busy CPU. A start cancelled while the
-# engine loaded the model ended 21.8 s after the cancel with the grace below, 4.4 s with this one (2 cores, AVX2).
-STARTING_GRACE_S = 3.0
 
 
 def down(name: str, grace_s: float = 20.0) -> bool:

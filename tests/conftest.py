@@ -23,7 +23,6 @@ import fcntl
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -167,8 +166,7 @@ def _tie_to_controller(pid: int) -> None:
     """lifecycle's watchdog, reading the controller's FIFO instead of a pipe from this worker (nothing writes `ready`
     into it: should the controller die, the session server gets the starting grace before SIGKILL)."""
     with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
-        subprocess.Popen(lifecycle.watchdog_command(pid), stdin=alive,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        lifecycle.start_watchdog(pid, alive)
 
 
 @pytest.fixture(scope="session")

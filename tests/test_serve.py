@@ -281,9 +281,7 @@ def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_
 
     def watched(answered: bool) -> tuple[subprocess.Popen, subprocess.Popen]:
         server = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], start_new_session=True)
-        watchdog = subprocess.Popen(
-            [sys.executable, "-c", lifecycle.WATCHDOG, str(server.pid), "0.5"], stdin=subprocess.PIPE
-        )
+        watchdog = lifecycle.start_watchdog(server.pid, subprocess.PIPE, starting_grace_s=0.5)
         if answered:
             watchdog.stdin.write(b"ready\n")
         watchdog.stdin.close()  # the owner is gone
