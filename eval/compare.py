@@ -1,30 +1,40 @@
-"""`cupid compare RUN_A RUN_B` and `cupid.compare(a, b)`: B against A on the units both runs scored.
+"""`cupid compare RUN_A RUN_B` and `cupid.compare(a, b)`: B against A on the units both runs ran.
 
 Two runs of the same benchmark share their units, so the difference is taken unit by unit: a persona drawn
 in a resample brings both runs' units, and the noise the runs share (which personas the data happens to
 hold, how hard each is) cancels. Every figure is recomputed as the summary computes it (ratios of sums over
-the drawn personas' units), so a difference is exactly B - A of the figures on the matched units.
+the drawn personas' units), so a difference is exactly B - A of the figures on the compared units.
+
+A run's own figures leave failed units out (the reference's figures); a comparison cannot, or a candidate that
+stops answering would pass. The candidate's own failures (no response, no preference in its answer) are scored
+as an empty answer (`TaskSpec.no_answer`: inference infers nothing, so every checklist item is missed; generation
+gets the judge's lowest score, 1). A unit a judge failed on in either run says nothing of the candidate: it is
+left out and counted, and beyond `MAX_LEFT_OUT` of a task's headline units the comparison has no verdict.
 
 One test per task decides REGRESSION: the task's first headline figure (inference: micro F1; generation: the
-mean judge score) in the standard setting over all instance types, its p-values adjusted by Holm across the
-tasks, flagged when the difference is negative at p_holm < 1 - confidence (that is, the paired interval
-lies below 0 once adjusted) and at least `MIN_PERSONAS` personas were matched. Every other row's `p_holm` is
-adjusted by Holm across those rows. `detectable` is the smallest difference this pair finds at 80% power:
-a "no significant change" is read beside it.
+mean judge score) in the headline setting (standard, unless named) over all instance types, its p-values
+adjusted by Holm across the tasks, flagged when the difference is negative at p_holm < 1 - confidence with at
+least `MIN_PERSONAS` personas. Where a task's headline cannot be tested (too few personas, the setting missing
+from a run, judges failing beyond the threshold) the comparison says why and has no verdict: a gate on it fails
+closed (`EXIT_NO_VERDICT`). Every other row's `p_holm` is adjusted by Holm across those rows. `detectable` is the
+smallest difference the row's test finds at 80% power: a "no significant change" is read beside it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import typer
 from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from cupid.eval import stats
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.history import SETTINGS
 from cupid.eval.records import RecordError, UnitRecord
@@ -36,7 +46,10 @@ from cupid.serving.config import ConfigError
 
 HEADLINE_SETTING = "standard"
 EXIT_REGRESSION = 2
+EXIT_NO_VERDICT = 3
+MAX_LEFT_OUT = 0.02  # of a task's headline units, a judge may fail on this share before there is no verdict
 N_LARGEST = 10
+NO_ANSWER = "an empty answer (inference: nothing inferred, every checklist item missed; generation: score 1)"
 
 
 class Row(Difference):
@@ -46,13 +59,19 @@ class Row(Difference):
     setting: str
     instance_type: str | None
     metric: str
-    p_holm: float = 1.0
+    p_holm: float | None = None
     headline: bool = False
 
     @property
     def regression(self) -> bool:
-        """A headline figure that dropped significantly (Holm across the tasks' headlines)."""
-        return self.headline and self.resolved and self.difference < 0 and self.p_holm < 1 - CONFIDENCE
+        """A headline figure that dropped significantly (Holm across the headline tests)."""
+        return (
+            self.headline
+            and self.resolved
+            and self.difference < 0
+            and self.p_holm is not None
+            and self.p_holm < 1 - CONFIDENCE
+        )
 
     @property
     def name(self) -> str:
@@ -78,15 +97,19 @@ class Comparison(BaseModel):
 
     a: str
     b: str
-    matched: int  # units scored in both runs
+    matched: int  # units compared: both runs ran them and no judge failed on them
     only_a: int  # units only A ran
     only_b: int
     failed: dict[str, int] = Field(default_factory=dict)  # of the units both ran: failed in `a_only`, `b_only`, `both`
-    personas: int  # of the matched units
+    no_answer: dict[str, int] = Field(default_factory=dict)  # `a`, `b`: the candidate's failures, scored as no answer
+    left_out: dict[str, int] = Field(default_factory=dict)  # `<task>/<setting>`: units a judge failed on, in either run
+    personas: int  # of the compared units
+    headline_setting: str = HEADLINE_SETTING
     differs: list[str] = Field(
         default_factory=list
     )  # what differs besides the candidate: the difference is not its alone
     rows: list[Row] = Field(default_factory=list)
+    no_verdict: list[str] = Field(default_factory=list)  # why a headline could not be tested
     per_unit: dict[str, dict[str, int]] = Field(default_factory=dict)  # task -> better / worse / tied units
     units: list[UnitChange] = Field(default_factory=list)  # each task's largest changes
     view: str = ""  # the command that writes the page `units` point into
@@ -94,6 +117,11 @@ class Comparison(BaseModel):
     @property
     def regressions(self) -> list[Row]:
         return [row for row in self.rows if row.regression]
+
+    @property
+    def exit_code(self) -> int:
+        """What `--fail-if-regression` exits with: a regression, else no verdict, else 0."""
+        return EXIT_REGRESSION if self.regressions else EXIT_NO_VERDICT if self.no_verdict else 0
 
     def headline(self, task: str) -> Row | None:
         return next((row for row in self.rows if row.headline and row.task == task), None)
@@ -114,54 +142,145 @@ def differences(a: Run, b: Run) -> list[str]:
     return [f"{k}: {old[k]} -> {new[k]}" for k in sorted(old.keys() & new.keys()) if old[k] != new[k]]
 
 
-def _headline_setting(settings: list[str]) -> str:
-    return HEADLINE_SETTING if HEADLINE_SETTING in settings else settings[0]
-
-
-def _rows(spec: TaskSpec, pairs: list[tuple[UnitRecord, UnitRecord]]) -> list[Row]:
-    settings = [s for s in SETTINGS if any(a.setting == s for a, _ in pairs)]
-    headline_setting = _headline_setting(settings) if settings else None
+def task_rows(
+    spec: TaskSpec,
+    setting: str,
+    personas: Sequence[str],
+    instance_types: Sequence[str],
+    a: np.ndarray,
+    b: np.ndarray,
+    headline: bool = False,
+) -> list[Row]:
+    """B - A of a task's figures in one setting, over all units and by instance type: row i of `a` and `b` holds
+    one unit's columns (`TaskSpec.columns`) in each run. `headline`: this is the task's headline setting."""
     rows = []
-    for setting in settings:
-        in_setting = [(a, b) for a, b in pairs if a.setting == setting]
-        for group in (None, *INSTANCE_TYPES):
-            chosen = [(a, b) for a, b in in_setting if group is None or a.instance_type == group]
-            for metric, d in spec.differences(chosen).items():
-                headline = metric == spec.headline[0] and setting == headline_setting and group is None
-                rows.append(
-                    Row(
-                        task=spec.name,
-                        setting=setting,
-                        instance_type=group,
-                        metric=metric,
-                        headline=headline,
-                        **d.model_dump(),
-                    )
+    names, types = np.asarray(personas), np.asarray(instance_types)
+    for group in (None, *INSTANCE_TYPES):
+        chosen = np.ones(len(names), dtype=bool) if group is None else types == group
+        for metric, d in stats.paired(names[chosen], a[chosen], b[chosen], spec.statistic).items():
+            rows.append(
+                Row(
+                    task=spec.name,
+                    setting=setting,
+                    instance_type=group,
+                    metric=metric,
+                    headline=headline and group is None and metric == spec.headline[0],
+                    **d.model_dump(),
                 )
+            )
     return rows
 
 
-def _adjust(rows: list[Row]) -> None:
-    """Holm across the tasks' headlines, and apart across every other row."""
+def adjust(rows: list[Row]) -> None:
+    """Holm across the headline tests, and apart across every other row; each row's `detectable` for its family."""
     for family in ([r for r in rows if r.headline], [r for r in rows if not r.headline]):
-        for row, p in zip(family, holm([r.p_value for r in family])):
+        tested = [r for r in family if r.resolved and r.p_value is not None]
+        for row, p in zip(tested, holm([r.p_value for r in tested if r.p_value is not None])):
             row.p_holm = p
+            row.detectable = stats.detectable(row.se, len(tested))
 
 
-def compare_runs(a: Run, b: Run) -> Comparison:
-    """B against A (runs read back with `RunDir.load`)."""
+def _columns(
+    spec: TaskSpec, pairs: list[tuple[UnitRecord, UnitRecord]]
+) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    kept = [
+        (x, y, cx, cy) for x, y in pairs if (cx := spec.columns(x)) is not None and (cy := spec.columns(y)) is not None
+    ]
+    return (
+        [x.persona_id for x, _, _, _ in kept],
+        [x.instance_type for x, _, _, _ in kept],
+        np.array([cx for _, _, cx, _ in kept], dtype=float),
+        np.array([cy for _, _, _, cy in kept], dtype=float),
+    )
+
+
+def compare_runs(a: Run, b: Run, headline_setting: str = HEADLINE_SETTING) -> Comparison:
+    """B against A (runs read back with `RunDir.load`); `headline_setting`: where each task's headline is tested."""
     records_a, records_b = {r.unit: r for r in a.records}, {r.unit: r for r in b.records}
-    common = [u for u in records_a if u in records_b]
-    pairs = [(records_a[u], records_b[u]) for u in common if records_a[u].scored and records_b[u].scored]
+    common = [u for u in records_a if u in records_b and u[1] in TASKS]
     failed: Counter[str] = Counter()
+    no_answer: Counter[str] = Counter()
+    left_out: Counter[str] = Counter()
+    pairs = []
     for u in common:
-        scored = (records_a[u].scored, records_b[u].scored)
+        x, y = records_a[u], records_b[u]
+        scored = (x.scored, y.scored)
         if scored != (True, True):
             failed[{(False, False): "both", (False, True): "a_only", (True, False): "b_only"}[scored]] += 1
-    rows = [row for spec in TASKS.values() for row in _rows(spec, [(x, y) for x, y in pairs if x.task == spec.name])]
-    _adjust(rows)
+        spec = TASKS[x.task]
+        vx, vy = spec.for_verdict(x), spec.for_verdict(y)
+        if vx is None or vy is None:
+            left_out[f"{x.task}/{x.setting}"] += 1
+            continue
+        no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
+        pairs.append((vx, vy))
+    rows: list[Row] = []
+    no_verdict: list[str] = []
+    for spec in TASKS.values():
+        ran = {
+            side: {r.setting for r in records.values() if r.task == spec.name}
+            for side, records in (("a", records_a), ("b", records_b))
+        }
+        if not (ran["a"] and ran["b"]):
+            continue  # a task only one run ran is not compared
+        in_task = [(x, y) for x, y in pairs if x.task == spec.name]
+        for setting in SETTINGS:
+            if chosen := [(x, y) for x, y in in_task if x.setting == setting]:
+                rows += task_rows(spec, setting, *_columns(spec, chosen), headline=setting == headline_setting)
+        no_verdict += _untestable(spec, headline_setting, ran, rows, common, left_out)
+    adjust(rows)
     paths = [str(a.path), str(b.path)]
-    page = default_out(paths) / "view.html"
+    per_unit, units = _unit_changes(pairs, default_out(paths) / "view.html")
+    return Comparison(
+        a=str(a.path),
+        b=str(b.path),
+        matched=len(pairs),
+        only_a=sum(u not in records_b for u in records_a),
+        only_b=sum(u not in records_a for u in records_b),
+        failed=dict(failed),
+        no_answer=dict(no_answer),
+        left_out=dict(left_out),
+        personas=len({x.persona_id for x, _ in pairs}),
+        headline_setting=headline_setting,
+        differs=differences(a, b),
+        rows=rows,
+        no_verdict=no_verdict,
+        per_unit=per_unit,
+        units=units,
+        view="cupid view " + " ".join(paths),
+    )
+
+
+def _untestable(
+    spec: TaskSpec,
+    setting: str,
+    ran: dict[str, set[str]],
+    rows: list[Row],
+    common: list[tuple[str, str, str]],
+    left_out: Counter[str],
+) -> list[str]:
+    """Why a task both runs ran has no headline test in `setting` (nothing: it has one)."""
+    if missing := [side.upper() for side in ("a", "b") if setting not in ran[side]]:
+        settings = f"A: {', '.join(sorted(ran['a']))}; B: {', '.join(sorted(ran['b']))}"
+        return [f"{spec.name}: setting {setting!r} is not in run {' or '.join(missing)} ({settings})"]
+    units = sum(1 for _, task, s in common if (task, s) == (spec.name, setting))
+    judged_out = left_out.get(f"{spec.name}/{setting}", 0)
+    if units and judged_out / units > MAX_LEFT_OUT:
+        share = f"{judged_out / units:.1%} > {MAX_LEFT_OUT:.0%}"
+        return [f"{spec.name}/{setting}: a judge failed on {judged_out} of {units} units ({share}): incomplete"]
+    row = next((r for r in rows if r.headline and r.task == spec.name), None)
+    if row is None:
+        return [f"{spec.name}/{setting}: no unit compared"]
+    if not row.resolved:
+        return [f"{spec.name}/{setting}: {row.personas} personas compared, fewer than {MIN_PERSONAS}"]
+    return []
+
+
+def _unit_changes(
+    pairs: list[tuple[UnitRecord, UnitRecord]], page: Path
+) -> tuple[dict[str, dict[str, int]], list[UnitChange]]:
+    """Each task's units B did better, worse and the same on, and its largest changes (a unit the candidate failed
+    is scored as no answer, so it counts as the loss it is)."""
     per_unit: dict[str, dict[str, int]] = {}
     units = []
     for spec in TASKS.values():
@@ -192,48 +311,48 @@ def compare_runs(a: Run, b: Run) -> Comparison:
                 "tied": sum(c.change == 0 for c in changes),
             }
             units += sorted((c for c in changes if c.change), key=lambda c: -abs(c.change))[:N_LARGEST]
-    return Comparison(
-        a=str(a.path),
-        b=str(b.path),
-        matched=len(pairs),
-        only_a=sum(u not in records_b for u in records_a),
-        only_b=sum(u not in records_a for u in records_b),
-        failed=dict(failed),
-        personas=len({x.persona_id for x, _ in pairs}),
-        differs=differences(a, b),
-        rows=rows,
-        per_unit=per_unit,
-        units=units,
-        view="cupid view " + " ".join(paths),
-    )
+    return per_unit, units
 
 
-def compare(a: str | Path, b: str | Path) -> Comparison:
+def compare(a: str | Path, b: str | Path, headline_setting: str = HEADLINE_SETTING) -> Comparison:
     """B against A, from their run directories."""
-    return compare_runs(RunDir(a).load(), RunDir(b).load())
+    return compare_runs(RunDir(a).load(), RunDir(b).load(), headline_setting)
 
 
 # ---------------------------------------------------------------- the table
 
 
-def _fmt(value: float, scale: float, sign: bool = False) -> str:
+def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
+    if value is None:
+        return "-"
     digits = 1 if scale == 100 else 2
     return f"{scale * value:{'+' if sign else ''}.{digits}f}"
 
 
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if value >= 0.001 else "<0.001"
+
+
 def print_comparison(comparison: Comparison, console: Console) -> None:
-    """The comparison as people read it: what was matched, what differs, the rows, the verdict."""
+    """The comparison as people read it: what was compared, what differs, the rows, the verdict."""
     c = comparison
     console.print(f"A: {c.a}\nB: {c.b}", highlight=False)
-    failed = ", ".join(
-        f"{n} failed in {'both' if k == 'both' else k.replace('_only', '') + ' only'}"
-        for k, n in sorted(c.failed.items())
-    )
     console.print(
-        f"{c.matched} units scored in both ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B"
-        + (f"; {failed} (not in any difference)" if failed else ""),
+        f"{c.matched} units compared ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B",
         highlight=False,
     )
+    if c.no_answer:
+        where = ", ".join(f"{n} in {side.upper()}" for side, n in sorted(c.no_answer.items()))
+        console.print(
+            f"[yellow]no answer from the candidate[/yellow] on {where}: each counted as {NO_ANSWER}",
+            highlight=False,
+        )
+    if c.left_out:
+        settings = ", ".join(f"{k} {n}" for k, n in sorted(c.left_out.items()))
+        console.print(
+            f"[yellow]left out[/yellow] {sum(c.left_out.values())} units a judge failed on (in either run): {settings}",
+            highlight=False,
+        )
     for line in c.differs:
         console.print(
             f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone",
@@ -241,21 +360,21 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         )
     if c.personas < MIN_PERSONAS:
         console.print(
-            f"{c.personas} personas (<{MIN_PERSONAS}): no intervals, p-values or verdicts, only the differences.",
+            f"{c.personas} personas (<{MIN_PERSONAS}): no intervals or p-values, only the differences.",
             highlight=False,
         )
     table = Table(
-        title="B - A, 95% interval from a paired bootstrap over personas (* the headline tested for REGRESSION)"
+        title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION)"
     )
     for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
         table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
     for row in c.rows:
         scale = TASKS[row.task].scale
-        stats = (
+        stats_cells = (
             [
                 f"[{_fmt(row.low, scale, True)}, {_fmt(row.high, scale, True)}]",
-                f"{row.p_value:.3f}",
-                f"{row.p_holm:.3f}",
+                _p(row.p_value),
+                _p(row.p_holm),
                 _fmt(row.detectable, scale),
             ]
             if row.resolved
@@ -264,7 +383,7 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         style = "bold red" if row.regression else "bold" if row.headline else None
         name = row.name + (" *" if row.headline else "")
         table.add_row(
-            name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats, style=style
+            name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats_cells, style=style
         )
     console.print(table)
     for task, counts in c.per_unit.items():
@@ -276,21 +395,30 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
         for u in c.units:
             console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
+    console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
+
+
+def verdict_text(c: Comparison) -> str:
+    """What the gate decided, what it tested, and what it could not see."""
+    headlines = [r for r in c.rows if r.headline and r.resolved]
     if c.regressions:
         drops = ", ".join(
-            f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {r.p_holm:.3f})" for r in c.regressions
+            f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
         )
-        console.print(f"REGRESSION: {drops}", style="bold red", highlight=False)
-        return
-    resolution = [f"{r.name} {_fmt(r.detectable, TASKS[r.task].scale)}" for r in c.rows if r.headline and r.resolved]
-    console.print(
-        "No significant drop in a headline figure (*)"
-        + (
-            f"; at this resolution a change smaller than about {', '.join(resolution)} would likely go unseen"
-            if resolution
-            else ""
-        ),
-        highlight=False,
+        return f"REGRESSION: {drops}"
+    tested = (
+        f"{', '.join(r.name for r in headlines)}: two-sided at level {1 - CONFIDENCE:.2f}, Holm across "
+        f"{len(headlines)} test(s), {c.personas} personas"
+    )
+    if c.no_verdict:
+        return (
+            "NO VERDICT: "
+            + "; ".join(c.no_verdict)
+            + (f" (tested: {tested}, no significant drop)" if headlines else "")
+        )
+    resolution = [f"{r.name} {_fmt(r.detectable, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None]
+    return f"No significant drop in a headline figure (*) ({tested})" + (
+        f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else ""
     )
 
 
@@ -299,13 +427,20 @@ def main(
     run_b: str = typer.Argument(..., help="the run compared (B - A is reported)"),
     as_json: bool = typer.Option(False, "--json", help="print the comparison as one JSON object on stdout"),
     fail_if_regression: bool = typer.Option(
-        False, "--fail-if-regression", help="exit 2 when a headline figure dropped significantly"
+        False,
+        "--fail-if-regression",
+        help=f"exit {EXIT_REGRESSION} when a headline figure dropped significantly, "
+        f"{EXIT_NO_VERDICT} when a headline could not be tested (no verdict is not a pass)",
+    ),
+    headline_setting: str = typer.Option(
+        HEADLINE_SETTING, "--headline-setting", help="the setting whose headline figures the gate tests"
     ),
 ) -> None:
-    """B against A on the units both runs scored: each figure's difference with a paired 95% interval over personas,
-    p-values (Holm-adjusted), the power to detect a change, and the units that changed most."""
+    """B against A on the units both runs ran (the candidate's own failures as empty answers): each figure's
+    difference with a paired 95% interval over personas, p-values (Holm-adjusted), the power to detect a change,
+    and the units that changed most."""
     try:
-        comparison = compare(run_a, run_b)
+        comparison = compare(run_a, run_b, headline_setting)
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
@@ -313,5 +448,5 @@ def main(
         typer.echo(comparison.model_dump_json(indent=2))
     else:
         print_comparison(comparison, Console(width=max(Console().width, 120)))
-    if fail_if_regression and comparison.regressions:
-        raise typer.Exit(EXIT_REGRESSION)
+    if fail_if_regression and comparison.exit_code:
+        raise typer.Exit(comparison.exit_code)

@@ -369,10 +369,11 @@ def cupid_figures() -> Metric:
                     .figures.of([r.scoring() for r in chosen])
                     .model_dump(exclude={"n_failed", "failed_by_stage"})
                 )
-                bounds = {
-                    f"{metric}_{end}": getattr(iv, end)
+                bounds = {  # under the minimum of personas an interval has no bounds: none is published
+                    f"{metric}_{end}": bound
                     for metric, iv in TASKS[name].intervals(chosen).items()
-                    for end in ("low", "high")
+                    for end, bound in (("low", iv.low), ("high", iv.high))
+                    if bound is not None
                 }
                 out.update(figures(None if group == "all" else group, {**block, **bounds}))
         return out

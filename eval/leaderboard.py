@@ -42,8 +42,12 @@ class Entry(BaseModel):
     wall_s: float | None = None
     previous: dict[str, Interval] | None = None  # last night's metrics
     change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since last night
-    regressions: list[str] = Field(default_factory=list)
+    regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since last night
     setup_changed: list[str] = Field(default_factory=list)  # what changed besides the candidate: not comparable
+    baseline: str | None = None  # the night whose run is the candidate's fixed baseline
+    baseline_set: str | None = None  # why tonight's run became the baseline (first night, setup changed)
+    baseline_change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since the baseline
+    baseline_regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since the baseline
 
     def estimate(self, metric: str) -> float | None:
         return interval.estimate if (interval := self.metrics.get(metric)) is not None else None
@@ -85,7 +89,7 @@ def flag(entry: Entry) -> str:
     """A candidate's leaderboard flag in one word or two (a tracker's tag): DID NOT RUN, REGRESSION, FAILURES or ok."""
     if entry.status == "error":
         return "DID NOT RUN"
-    if entry.regressions:
+    if entry.regressions or entry.baseline_regressions:
         return "REGRESSION"
     return "FAILURES" if entry.n_failed else "ok"
 
@@ -94,10 +98,14 @@ def flags_text(entry: Entry) -> str:
     flags = []
     if entry.regressions:
         flags.append("**REGRESSION** " + ", ".join(entry.regressions))
+    if entry.baseline_regressions:
+        flags.append(f"**REGRESSION** since the baseline ({entry.baseline}) " + ", ".join(entry.baseline_regressions))
     if entry.status == "error":
         flags.append(f"**DID NOT RUN**: {entry.error}")
     elif entry.n_failed:
         flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry.failures.items()))
     if entry.setup_changed:
         flags.append("not comparable: " + "; ".join(entry.setup_changed))
+    if entry.baseline_set and entry.previous is not None:  # set again, not the first night's
+        flags.append(f"baseline set again tonight: {entry.baseline_set}")
     return "; ".join(flags) or "ok"

@@ -7,11 +7,15 @@ check or does not start is a `DID NOT RUN` row with its reason and the others ru
 candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
-Tonight is compared with the candidate's previous night on the units both scored (`eval.compare`: paired,
-personas resampled). REGRESSION is a task's headline figure (inference: micro F1, generation: the mean judge
-score, in the standard setting) whose paired 95% interval lies below 0, Holm-adjusted across the tasks. A
-candidate whose judges, prompts or data changed since is "not comparable" and never flagged. Exit status:
-0 clean, 1 failures (failed instances or a run or the suite that could not start), 2 a regression, 3 both.
+Tonight is compared with the candidate's previous night and with its fixed baseline (its first night, or the
+night `baseline:` names), each on the units both ran (`eval.compare`: paired, personas resampled, the candidate's
+own failures as empty answers): a drift too slow for one night to show is seen against the baseline, and a
+regressed night never becomes one. REGRESSION is a task's headline figure (inference: micro F1, generation: the
+mean judge score, in the headline setting) that dropped at p_holm < .05, Holm across every headline test of the
+night (candidates x tasks x {previous, baseline}), so a night's false alarms stay under 5%. A candidate whose
+judges, prompts or data changed since is "not comparable" and never flagged; against its baseline, that night
+becomes its new baseline, and the leaderboard says so. Exit status: 0 clean, 1 failures (failed instances or a
+run or the suite that could not start), 2 a regression, 3 both.
 """
 
 from __future__ import annotations
@@ -31,14 +35,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from cupid.eval import track as tracking
-from cupid.eval.compare import compare_runs
+from cupid.eval.compare import HEADLINE_SETTING, Comparison, Row, compare_runs
 from cupid.eval.files import hold, write_atomic
 from cupid.eval.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, Tracker
 from cupid.eval.runner import run as run_eval
-from cupid.eval.stats import Interval
+from cupid.eval.stats import CONFIDENCE, MIN_PERSONAS, Interval, holm
 from cupid.eval.summary import Requests, failure_counts
 from cupid.eval.tasks import TASKS
 from cupid.eval.track import require as require_tracker
@@ -77,6 +81,13 @@ class NightlyConfig(BaseModel):
     track: Tracker | None = Field(
         None, description="log each candidate's run, with the night's date and its flag, to mlflow or wandb"
     )
+    baseline: str | None = Field(
+        None,
+        pattern=r"^\d{4}-\d{2}-\d{2}$",
+        description="the night (YYYY-MM-DD) every candidate is compared with "
+        "besides the previous one; default: each candidate's first night (set again when its setup changes)",
+    )
+    headline_setting: str = Field(HEADLINE_SETTING, description="the setting whose headline figures are tested")
 
     def names(self) -> list[str]:
         return [m.name if isinstance(m, ServedModel) else m for m in self.models]
@@ -151,25 +162,74 @@ def _ran(night_dir: Path) -> bool:
         return False
 
 
-def compare(entry: Entry, before: Entry | None) -> None:
-    """Fill an entry's previous values, changes, regressions and setup changes from last night's run of the
-    candidate, paired on the units both nights scored."""
-    entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
-    if before is None:
-        return
-    entry.previous = before.metrics
+def _comparison(before: str | None, after: str | None, headline_setting: str) -> Comparison | None:
+    """Two runs of a candidate compared, where both have records."""
     if not (
-        before.run_dir
-        and entry.run_dir
-        and (Path(before.run_dir) / "instances.jsonl").exists()
-        and (Path(entry.run_dir) / "instances.jsonl").exists()
+        before and after and (Path(before) / "instances.jsonl").exists() and (Path(after) / "instances.jsonl").exists()
     ):
+        return None
+    return compare_runs(RunDir(before).load(), RunDir(after).load(), headline_setting)
+
+
+def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
+    return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
+
+
+def compare(entry: Entry, before: Entry | None, baseline: str | None, night: str, root: Path,
+            headline_setting: str = HEADLINE_SETTING, fixed: bool = False) -> None:  # fmt: skip
+    """Fill an entry's changes since last night's run of the candidate and since its baseline night's, paired on
+    the units both scored; what changed besides the candidate. Regressions are decided for the whole night
+    (`flag_regressions`). `fixed`: the baseline is the config's, never set again."""
+    entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
+    entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
+    if before is not None:
+        entry.previous = before.metrics
+        if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting):
+            entry.change = _changes(entry, comparison)
+            entry.setup_changed = comparison.differs
+    if baseline is None:
+        entry.baseline, entry.baseline_set = night, "the candidate's first night"
         return
-    comparison = compare_runs(RunDir(before.run_dir).load(), RunDir(entry.run_dir).load())
-    entry.change = {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
-    entry.setup_changed = comparison.differs
-    if not entry.setup_changed:
-        entry.regressions = [row.name for row in comparison.regressions]
+    if baseline == night or (before is not None and baseline == _night_of(before, root)):
+        return  # the baseline is tonight, or last night: one comparison serves both
+    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting)
+    if comparison is not None and not comparison.differs:
+        entry.baseline_change = _changes(entry, comparison)
+        return
+    why = (
+        f"its setup changed since {baseline}: " + "; ".join(comparison.differs)
+        if comparison
+        else f"no run of {baseline}"
+    )
+    if fixed:
+        entry.setup_changed = [*entry.setup_changed, f"not comparable with the baseline ({why})"]
+    else:
+        entry.baseline, entry.baseline_set = night, why
+
+
+def _night_of(entry: Entry, root: Path) -> str | None:
+    """The night a leaderboard entry's run belongs to (its run directory sits in `<root>/<night>/`)."""
+    parent = Path(entry.run_dir).parent if entry.run_dir else None
+    return parent.name if parent is not None and parent.parent == root else None
+
+
+def flag_regressions(entries: list[Entry]) -> None:
+    """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
+    its baseline, one Holm family (the night's false alarms stay under 1 - confidence whatever its size)."""
+    tests = [
+        (entry, side, row)
+        for entry in entries
+        for side, changes in (
+            ("previous", {} if entry.setup_changed else entry.change),
+            ("baseline", entry.baseline_change),
+        )
+        for row in changes.values()
+        if row.headline and row.resolved and row.p_value is not None
+    ]
+    for (entry, side, row), p in zip(tests, holm([row.p_value for _, _, row in tests if row.p_value is not None])):
+        row.p_holm = p
+        if row.difference < 0 and p < 1 - CONFIDENCE:
+            (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
@@ -213,8 +273,9 @@ def plan_night(
     return plan_servers(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
 
 
-def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: Entry | None, console: Console) -> Entry:
-    """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after."""
+def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Console) -> Entry:
+    """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after. Its
+    comparisons come after the night (`compare`)."""
     console.rule(f"nightly: {name}")
     assert run_cfg.out is not None, "a night sets every run's directory"
     entry = Entry(model=name, run_dir=run_cfg.out, primary=primary_metric(run_cfg))
@@ -248,9 +309,8 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, previous: En
     entry.status = "error" if entry.error else "failed" if entry.n_failed else "ok"
     if entry.status == "error":  # DID NOT RUN: its reason stands for its units, none is counted as failed
         entry.n_failed, entry.failures = 0, {}
-    if server is not None and server.failed_to_start:
-        entry.served = None  # the night did not serve it
-    compare(entry, previous)
+    if server is not None and not server.started:
+        entry.served = None  # the night did not serve it (it did not start, or the cache answered everything)
     return entry
 
 
@@ -365,7 +425,7 @@ def _run_night(
     previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
     def run(name: str, out: Console) -> Entry:
-        return run_one(name, configs[name], run_servers, previous.get(name), out)
+        return run_one(name, configs[name], run_servers, out)
 
     entries = []
     for name, reason in refused.items():
@@ -379,6 +439,14 @@ def _run_night(
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         run_servers.stop_all()  # each says what it stopped
 
+    for entry in entries:
+        before = previous.get(entry.model)
+        baseline = cfg.baseline or (before.baseline if before else None)
+        if entry.status == "error":  # did not run: nothing to compare, its baseline kept
+            entry.baseline = baseline
+            continue
+        compare(entry, before, baseline, night, root, cfg.headline_setting, fixed=cfg.baseline is not None)
+    flag_regressions(entries)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
     if cfg.report:
@@ -395,7 +463,9 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
     entries.sort(
         key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
     )  # 0.0 ranks above no figure
-    regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions]
+    regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions] + [
+        f"{e.model}: {m} since the baseline ({e.baseline})" for e in entries for m in e.baseline_regressions
+    ]
     with_failures = [e.model for e in entries if e.status != "ok"]
     servers = run_servers.servers if run_servers else []
     return Leaderboard(
@@ -439,20 +509,31 @@ def _cell(value: Interval | None, metric: str) -> str:
     return value.text(_scale(metric), 1 if _scale(metric) == 100 else 2) if value else "-"
 
 
-def _change(entry: Entry, metric: str) -> str:
-    """The paired difference since last night with its interval: `-2.3 [-4.1, -0.5]`."""
+def _change(entry: Entry, metric: str, since: str = "previous") -> str:
+    """The paired difference since last night (or the baseline) with its interval: `-2.3 [-4.1, -0.5]`."""
     if metric not in entry.metrics:
         return "-"
-    if (row := entry.change.get(metric)) is None:
-        return "new"
+    changes = entry.change if since == "previous" else entry.baseline_change
+    if (row := changes.get(metric)) is None:
+        return "new" if since == "previous" else "-"
     digits = 1 if _scale(metric) == 100 else 2
 
     def fmt(value: float) -> str:
         return f"{_scale(metric) * value:+.{digits}f}"
 
-    return fmt(row.difference) + (
-        f" [{fmt(row.low)}, {fmt(row.high)}]" if row.resolved else f" ({row.personas} personas: no interval)"
-    )
+    if not row.resolved or row.low is None or row.high is None:
+        return fmt(row.difference) + f" ({row.personas} personas: no interval)"
+    return fmt(row.difference) + f" [{fmt(row.low)}, {fmt(row.high)}]"
+
+
+def _since_baseline(entry: Entry) -> str:
+    if entry.baseline is None:
+        return "-"
+    if entry.baseline_set:
+        return f"tonight is the baseline ({entry.baseline_set})"
+    if not entry.baseline_change:
+        return f"as the change ({entry.baseline})" if entry.change else f"{entry.baseline}: -"
+    return f"{_change(entry, entry.primary, 'baseline')} since {entry.baseline}"
 
 
 def leaderboard_markdown(board: Leaderboard) -> str:
@@ -460,20 +541,22 @@ def leaderboard_markdown(board: Leaderboard) -> str:
         f"# CUPID nightly {board.date}",
         "",
         (
-            f"Change since {board.previous or 'nothing (first night)'}, on the units both nights scored. "
-            "95% intervals, personas resampled (none under 10 personas); a change's interval is paired. "
-            "**REGRESSION**: a task's headline figure (micro F1, the mean judge score; standard setting) dropped, "
-            "its paired interval below 0 (Holm across the tasks). F1 in % (micro: the published aggregate)."
+            f"Change since {board.previous or 'nothing (first night)'}, and since each candidate's baseline night, "
+            "on the units both nights ran (the candidate's own failures as empty answers). 95% intervals, personas "
+            f"resampled (none under {MIN_PERSONAS} personas); a change's interval is paired. **REGRESSION**: a task's "
+            "headline figure (micro F1, the mean judge score) dropped at p < .05, Holm across every headline test "
+            "of the night (candidates x tasks x {previous, baseline}): a night's false alarms stay under 5%. "
+            "F1 in % (micro: the published aggregate)."
         ),
         "",
-        "| # | model | metric | tonight | change | other metrics (change) | scored | failed | flag |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| # | model | metric | tonight | change | since baseline | other metrics (change) | scored | failed | flag |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rank, e in enumerate(board.models, start=1):
         others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e.metrics.items() if m != e.primary)
         lines.append(
             f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} "
-            f"| {_change(e, e.primary)} "
+            f"| {_change(e, e.primary)} | {_since_baseline(e)} "
             f"| {others or '-'} | {e.n_scored} | {e.n_failed} | {flags_text(e)} |"
         )
     served = [f"- {e.served}" for e in board.models if e.served]  # only servers that started

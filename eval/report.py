@@ -227,7 +227,9 @@ def model_points(
 
 def _errorbars(ax, xs: list[Interval], ys: list[Interval], labels: list[str], scale_x: float, scale_y: float) -> None:
     def err(v: Interval, scale: float) -> list[list[float]]:  # no bar where too few personas give no interval
-        return [[scale * (v.estimate - v.low)], [scale * (v.high - v.estimate)]] if v.resolved else [[0.0], [0.0]]
+        if v.low is None or v.high is None:
+            return [[0.0], [0.0]]
+        return [[scale * (v.estimate - v.low)], [scale * (v.high - v.estimate)]]
 
     for x, y, label in zip(xs, ys, labels):
         ax.errorbar(
@@ -259,8 +261,8 @@ def figure4(f1: dict[str, dict[str, Interval]]) -> Figure:
 
     def draw(ax):
         _errorbars(ax, xs, ys, models, 100, 100)
-        lo = min(100 * min(v.low for v in xs + ys), 100) - 2
-        hi = max(100 * max(v.high for v in xs + ys), 0) + 2
+        lo = min(100 * min(v.estimate if v.low is None else v.low for v in xs + ys), 100) - 2
+        hi = max(100 * max(v.estimate if v.high is None else v.high for v in xs + ys), 0) + 2
         ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=1)
         ax.set_xlabel(f"micro F1 (%) under {a}")
         ax.set_ylabel(f"micro F1 (%) under {b}")

@@ -21,8 +21,9 @@ from cupid.eval.history import History, plain_log, relevant_sessions
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring, UnitRecord
 from cupid.eval.stages import StageFailed
-from cupid.eval.stats import Difference, Interval
+from cupid.eval.stats import Interval
 from cupid.matcher import prompts, schemas
+from cupid.matcher.scores import MatchCounts
 from cupid.serving.client import ChatRequest, Client, RequestFailed
 from cupid.serving.endpoint import Endpoint
 
@@ -38,6 +39,8 @@ class TaskSpec:
     name: str
     title: str  # what it measures, as report titles say it
     candidate_stage: str  # the stage a candidate that gave no answer failed at
+    answer_stages: tuple[str, ...]  # the stages whose failure is the candidate's own (no response, nothing parsed)
+    no_answer: Callable[[UnitRecord], dict[str, Any]]  # the scoring of an empty answer: what a comparison counts
     messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
     # what a constrained candidate is held to; None: free text
     answer_format: Callable[[int | None], dict[str, Any]] | None
@@ -72,22 +75,28 @@ class TaskSpec:
         """Its figures on the scored units, each with its interval over personas (`eval.stats`)."""
         return stats.intervals(*self.units(records, reference), self.statistic)
 
-    def differences(self, pairs: list[tuple[UnitRecord, UnitRecord]]) -> dict[str, Difference]:
-        """B - A of its figures on units both runs scored (`pairs`: (A's record, B's record) of one unit)."""
-        scored = [
-            (a.persona_id, self.columns(a), self.columns(b))
-            for a, b in pairs
-            if a.task == self.name and a.scored and b.scored
-        ]
-        kept = [(p, x, y) for p, x, y in scored if x is not None and y is not None]
-        if not kept:
-            return {}
-        return stats.paired(
-            [p for p, _, _ in kept],
-            np.array([x for _, x, _ in kept]),
-            np.array([y for _, _, y in kept]),
-            self.statistic,
-        )
+    def candidate_failed(self, record: UnitRecord) -> bool:
+        """The unit failed because of the candidate (no response, no preference in its answer), not of a judge."""
+        return not record.scored and record.error is not None and record.error.stage in self.answer_stages
+
+    def for_verdict(self, record: UnitRecord) -> UnitRecord | None:
+        """The unit as a comparison counts it: scored as it is; the candidate's own failure scored as an empty
+        answer (`no_answer`, its error kept); None where a judge failed (nothing to say of the candidate)."""
+        if record.scored:
+            return record
+        if self.candidate_failed(record):
+            return record.model_copy(update={**self.no_answer(record), "status": "scored"})
+        return None
+
+
+NO_CREDIT = 1  # the judge scale's lowest score ("Unacceptable"): generation's credit for no answer
+
+
+def _empty_inference(record: UnitRecord) -> dict[str, Any]:
+    """Nothing inferred: every ground-truth item missed, no item predicted (the counts the reference gives a
+    preference whose checklist came back empty): recall and F1 0, micro precision untouched."""
+    counts = MatchCounts(0.0, 0, 0.0, len(record.gt_checklist or []))
+    return {"counts": counts, "scores": counts.prf()}
 
 
 def _score_columns(scoring: Scoring) -> list[float] | None:
@@ -98,6 +107,8 @@ INFERENCE = TaskSpec(
     name="inference",
     title="Inference: preference match",
     candidate_stage="infer",
+    answer_stages=("infer", "parse_preference"),
+    no_answer=_empty_inference,
     messages=inference.candidate_messages,
     answer_format=schemas.inference_answer,
     roles=("decomposer", "matcher"),
@@ -116,6 +127,8 @@ GENERATION = TaskSpec(
     name="generation",
     title="Generation: judge score",
     candidate_stage="generate",
+    answer_stages=("generate",),
+    no_answer=lambda record: {"score": NO_CREDIT},
     messages=generation.candidate_messages,
     answer_format=None,  # generation answers are free text: nothing to constrain
     roles=("judge",),

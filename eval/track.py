@@ -91,18 +91,21 @@ def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict
             groups = [("", these)] + [(f"/{t}", [r for r in these if r.instance_type == t]) for t in INSTANCE_TYPES]
             for group, chosen in groups:
                 for name, iv in spec.intervals(chosen, reference).items():
-                    metrics[f"{prefix}{task}/{setting}{group}/{name}_low"] = iv.low
-                    metrics[f"{prefix}{task}/{setting}{group}/{name}_high"] = iv.high
+                    if iv.low is not None and iv.high is not None:  # under the minimum of personas: no bounds
+                        metrics[f"{prefix}{task}/{setting}{group}/{name}_low"] = iv.low
+                        metrics[f"{prefix}{task}/{setting}{group}/{name}_high"] = iv.high
     return metrics
 
 
-def comparison_metrics(change: dict[str, Row]) -> dict[str, float]:
-    """A night's paired changes since the previous night: `compare/<task>/<setting>/<metric>/difference`, `..._low`,
-    `..._high`, `..._p` (Holm-adjusted as the comparison adjusts it)."""
+def comparison_metrics(change: dict[str, Row], prefix: str = "compare") -> dict[str, float]:
+    """A night's paired changes since the previous night (or, `prefix` `baseline`, since the baseline):
+    `compare/<task>/<setting>/<metric>/difference`, `..._low`, `..._high`, `..._p` (Holm-adjusted as the night
+    adjusts it); no bound or p-value under the minimum of personas."""
     out = {}
     for row in change.values():
-        at = f"compare/{row.name}/difference"
-        out.update({at: row.difference, f"{at}_low": row.low, f"{at}_high": row.high, f"{at}_p": row.p_holm})
+        at = f"{prefix}/{row.name}/difference"
+        values = {at: row.difference, f"{at}_low": row.low, f"{at}_high": row.high, f"{at}_p": row.p_holm}
+        out.update({k: v for k, v in values.items() if v is not None})
     return out
 
 
@@ -234,6 +237,7 @@ def of_night(board: Leaderboard) -> list[TrackedRun]:
         try:
             runs.append(of_run(run_dir, name=name, tags=tags, params=params))
             runs[-1].metrics.update(comparison_metrics(entry.change))
+            runs[-1].metrics.update(comparison_metrics(entry.baseline_change, "baseline"))
         except Exception as e:  # noqa: BLE001 (its files do not read, whatever the fault: its flag still counts)
             # a torn summary, a record of another version, ...
             runs.append(

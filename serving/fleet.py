@@ -295,6 +295,7 @@ class AdapterOnServer:
         self.host, self.served, self.adapter = host, served, adapter
         self._error: ServeError | None = None
         self._loaded: int | None = None  # the host's generation that holds the adapter
+        self._ever_loaded = False
         self._lock = threading.Lock()
 
     @property
@@ -313,6 +314,11 @@ class AdapterOnServer:
     def failed_to_start(self) -> bool:
         """Its judges' server's start failed (not its load, not that server's death)."""
         return self._error is None and self.host.failed_to_start
+
+    @property
+    def started(self) -> bool:
+        """It was loaded into its judges' server (a night answered from the cache never loads it)."""
+        return self._ever_loaded
 
     def line(self) -> str:
         return f"{self.served} (LoRA {self.adapter}) loaded into {self.host.name}'s server, :{self.host.profile.port}"
@@ -350,7 +356,7 @@ class AdapterOnServer:
             if self._loaded == generation:
                 return
             lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.profile.api_key())
-            self._loaded = generation
+            self._loaded, self._ever_loaded = generation, True
         self.host.say(f"loaded LoRA {self.served} into {self.host.name}'s server ({self.adapter})")
 
     def _failed(self, e: ServeError) -> ServeError:

@@ -6,6 +6,7 @@ Answers depend only on the request: the inference prompt gets a fixed preference
 splits a preference into yes/no questions, the matcher labels items by word overlap.
 
     python -m cupid.serving.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
+        [--no-preference-for REGEX]
 """
 
 from __future__ import annotations
@@ -63,10 +64,14 @@ def label(item: str, preference: str) -> str:
     return "Fully Covered" if overlap >= 0.5 else "Partially Covered" if overlap > 0 else "Not Covered"
 
 
-def answer(messages: list[dict[str, str]], preference: str = PREFERENCE) -> str:
-    """`preference`: what the candidate infers (and writes its responses by), the same for every instance."""
+def answer(messages: list[dict[str, str]], preference: str = PREFERENCE, no_preference: str | None = None) -> str:
+    """`preference`: what the candidate infers (and writes its responses by), the same for every instance.
+    `no_preference`: a regex; an inference prompt it matches gets an answer that states no preference (a candidate
+    that fails on some instances)."""
     system, user = messages[0]["content"], messages[-1]["content"]
     if system == prompts.load("inference").system:
+        if no_preference is not None and re.search(no_preference, user):
+            return "### Analysis\n\nThe conversations do not say what the user wants.\n"
         return f"### Analysis\n\nThe user asked for short updates.\n\n### Most Likely Preference\n\n{preference}\n"
     if system == prompts.load("decomposer").system.format():
         preference = user.split("**Preferences**", 1)[1].strip()
@@ -105,7 +110,9 @@ def answer(messages: list[dict[str, str]], preference: str = PREFERENCE) -> str:
     return "OK"
 
 
-def create_app(fail_first: int = 0, context_window: int = 0, preference: str = PREFERENCE) -> FastAPI:
+def create_app(
+    fail_first: int = 0, context_window: int = 0, preference: str = PREFERENCE, no_preference: str | None = None
+) -> FastAPI:
     """`fail_first`: answer each distinct request with 503 that many times before answering it.
     `context_window`: refuse prompts longer than this many tokens (about 4 characters each) with
     the 400 error vLLM gives, as a small-context model's server does."""
@@ -138,7 +145,7 @@ def create_app(fail_first: int = 0, context_window: int = 0, preference: str = P
             return JSONResponse(
                 {"object": "error", "message": message, "type": "BadRequestError", "code": 400}, status_code=400
             )
-        content = answer(body["messages"], preference)
+        content = answer(body["messages"], preference, no_preference)
         return JSONResponse(
             {
                 "id": "instant",
@@ -178,9 +185,12 @@ def main() -> None:
     parser.add_argument(
         "--preference", default=PREFERENCE, help="the preference the candidate infers for every instance"
     )
+    parser.add_argument(
+        "--no-preference-for", default=None, help="a regex: inference prompts it matches get no preference"
+    )
     args = parser.parse_args()
     uvicorn.run(
-        create_app(args.fail_first, args.context_window, args.preference),
+        create_app(args.fail_first, args.context_window, args.preference, args.no_preference_for),
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -117,15 +117,18 @@ def write_endpoints(path: Path, **entries: dict) -> Path:
     return path
 
 
-def sample_copies(path: Path, copies: int) -> Path:
+def sample_copies(path: Path, copies: int, marked: bool = False) -> Path:
     """The sample's rows `copies` times, each copy's personas renamed: data with enough personas for an interval
-    (the sample's 4 give none)."""
+    (the sample's 4 give none). `marked`: each request ends with `(case <its persona>)`, so a candidate (the instant
+    server's `--no-preference-for`) can answer some personas differently."""
     rows = [json.loads(line) for line in cupid_data.SAMPLE_PATH.read_text().splitlines()]
-    path.write_text(
-        "".join(
-            json.dumps({**row, "persona_id": f"{row['persona_id']}-{n}"}) + "\n" for n in range(copies) for row in rows
-        )
-    )
+
+    def copy(row: dict, n: int) -> dict:
+        persona = f"{row['persona_id']}-{n}"
+        request = f"{row['current_request']} (case {persona})" if marked else row["current_request"]
+        return {**row, "persona_id": persona, "current_request": request}
+
+    path.write_text("".join(json.dumps(copy(row, n)) + "\n" for n in range(copies) for row in rows))
     return path
 
 

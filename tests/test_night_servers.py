@@ -143,6 +143,14 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     )  # its served name answered (no 404)
     listed = httpx.get(tiny_server["base_url"] + "/models")
     assert listed.status_code == 200  # the judges' server is still up, the rider's adapter unloaded from it
+
+    # The next night is answered wholly from the cache: it starts no server, and lists none as served by it.
+    again, _ = run_nightly(
+        night_config(night_parts, tmp_path, ["judge", lora, rider], cache, "sessionjudge"), "2026-01-02"
+    )
+    assert again.servers_started == [] and again.requests.sent == 0
+    assert [e.served for e in again.models] == [None] * 3
+    assert "Served by the night" not in (tmp_path / "nightly/2026-01-02/leaderboard.md").read_text()
     assert served.split(" ")[0] not in [m["id"] for m in listed.json()["data"]]
     assert list((cupid_home / "servers").glob("*.json")) == []  # every record removed by `down`
     assert vllm_processes_of(night_parts) == []

@@ -87,6 +87,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     for entry in first.models:
         assert entry.status == "ok" and (entry.n_scored, entry.n_failed) == (units, 0)
         assert entry.change == {} and entry.regressions == []
+        assert (entry.baseline, entry.baseline_set) == ("2025-03-01", "the candidate's first night")
         assert entry.metrics[f1].low > 0 and entry.metrics[f1].personas == 4 * COPIES  # an interval, personas resampled
 
     second, code = run_nightly(
@@ -129,9 +130,12 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
             "2025-03-03",
         ],
     )
-    assert result.exit_code == 1, result.output  # failures, no regression
+    # Failures, and drifting's drop stands against its baseline (night 1): a regressed night is never the baseline.
+    assert result.exit_code == 3, result.output
     third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
-    assert third["previous"] == "2025-03-02" and third["regressions"] == []
+    assert third["previous"] == "2025-03-02"
+    assert third["regressions"] == [f"drifting: {f1} since the baseline (2025-03-01)"]
+    assert by_model(third)["drifting"]["regressions"] == [] and by_model(third)["drifting"]["baseline"] == "2025-03-01"
     down = by_model(third)["down"]
     assert (down["status"], down["n_scored"], down["n_failed"]) == ("failed", 0, units)
     assert down["metrics"] == {}  # no score at all, not a zero
@@ -143,7 +147,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     assert (
         result.output.strip()
         .splitlines()[-1]
-        .startswith("nightly 2025-03-03: 3 models, 0 regression(s), 1 with failures")
+        .startswith("nightly 2025-03-03: 3 models, 1 regression(s), 1 with failures")
     )
 
     # Night 4: the decomposer is another model, and drifting is good again: not comparable, never flagged.
@@ -157,10 +161,13 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     assert code == 0 and fourth.regressions == []
     for entry in fourth.models:
         assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
+        # Its baseline's setup differs too: tonight is its baseline from now on, and the leaderboard says so.
+        assert (entry.baseline, entry.baseline_regressions) == ("2025-03-04", [])
+        assert entry.baseline_set == "its setup changed since 2025-03-01: judge decomposer: instant -> instant-v2"
     board = (tmp_path / "nightly" / "2025-03-04" / "leaderboard.md").read_text()
-    assert "not comparable: judge decomposer: instant -> instant-v2" in next(
-        line for line in board.splitlines() if "| steady |" in line
-    )
+    steady_row = next(line for line in board.splitlines() if "| steady |" in line)
+    assert "not comparable: judge decomposer: instant -> instant-v2" in steady_row
+    assert "baseline set again tonight: its setup changed since 2025-03-01" in steady_row
 
 
 def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(tmp_path, instant_url, cupid_home):
@@ -217,6 +224,9 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
     board = json.loads((tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").read_text())
     entries = by_model(board)
     assert (entries["instant"]["status"], entries["instant"]["n_scored"]) == ("ok", 12)
+    # The sample's 4 personas: the estimate, and no interval bounds as numbers in leaderboard.json
+    f1 = entries["instant"]["metrics"]["inference/standard/micro_f1"]
+    assert f1["personas"] == 4 and f1["estimate"] >= 0 and (f1["low"], f1["high"]) == (None, None)
     assert "no-adapter/adapter_config.json: not a LoRA adapter" in entries["untrained"]["error"]
     assert "no-such-profile" in entries["misnamed"]["error"]
     assert "no-such-endpoint" in entries["no-such-endpoint"]["error"]
@@ -256,3 +266,52 @@ def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
     zero = nightly.Entry(model="zero", primary=primary, metrics={primary: Interval(0.0, 0.0, 0.0, 12)})
     board = nightly._board("2025-03-01", tmp_path, None, "n.yaml", [nightly.not_run("down", "no server"), zero])
     assert [e.model for e in board.models] == ["zero", "down"]
+
+
+def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, instant_url, cupid_home):
+    """Each night the candidate stops answering for two more personas (of 32, whose F1s differ: the drop is spread
+    unevenly): too little for one night's change to be flagged, and flagged against its first night once it adds up.
+    A regressed night never becomes the baseline."""
+    data = sample_copies(tmp_path / "marked.jsonl", 8, marked=True)
+    run = {"data": str(data), "decomposer": "instant", "matcher": "pm", "tasks": ["inference"],
+           "settings": ["standard"], "cache": str(tmp_path / "cache.sqlite")}  # fmt: skip
+    f1 = "inference/standard/micro_f1"
+    servers, boards = [], []
+    try:
+        for night in range(1, 7):
+            broken = []  # 2 more personas each night, of those with something to lose (F1 > 0 on night 1)
+            if boards:
+                first = [json.loads(line) for line in (tmp_path / "nightly/2025-04-01/drifting/instances.jsonl").open()]
+                losing = sorted({r["persona_id"] for r in first if r["scores"]["f1"] > 0})
+                broken = losing[: 2 * (night - 1)]
+            url = instant_url
+            if broken:
+                proc, url = start_instant("--no-preference-for", r"\(case (" + "|".join(broken) + r")\)")
+                servers.append(proc)
+            endpoints = write_endpoints(tmp_path / f"ep{night}.yaml",
+                                        instant={"base_url": instant_url, "model": "instant"},
+                                        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+                                        drifting={"base_url": url, "model": f"drifting-v{night}"})  # fmt: skip
+            config = tmp_path / f"n{night}.yaml"
+            nightly_config = {"models": ["drifting"], "out": str(tmp_path / "nightly"), "report": False}
+            config.write_text(yaml.safe_dump({**nightly_config, "run": {**run, "endpoints": str(endpoints)}}))
+            board, code = run_nightly(config, f"2025-04-0{night}")
+            boards.append(by_model(board)["drifting"])
+            if boards[-1].baseline_regressions:
+                break
+    finally:
+        for proc in servers:
+            proc.terminate()
+            proc.wait()
+    flagged = boards[-1]
+    assert flagged.baseline_regressions == [f1] and code == 3, [b.baseline_regressions for b in boards]  # + failures
+    assert len(boards) >= 3  # not at once: the first nights' drops were too small
+    for entry in boards:
+        assert entry.regressions == []  # no night's change alone was flagged
+        assert entry.baseline == "2025-04-01"  # regressed nights included: the baseline stays the first night
+    drops = [entry.change[f1].difference for entry in boards[1:]]
+    assert all(d < 0 for d in drops) and flagged.baseline_change[f1].difference == pytest.approx(sum(drops))
+    row = next(
+        line for line in (tmp_path / "nightly" / "leaderboard.md").read_text().splitlines() if "| drifting |" in line
+    )
+    assert "**REGRESSION** since the baseline (2025-04-01)" in row and "since 2025-04-01" in row

@@ -18,8 +18,9 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import UnitRecord
+from cupid.eval.stats import MIN_PERSONAS
 from cupid.eval.tasks import GENERATION, INFERENCE
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import REPO, sample_copies, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
 EXPERIMENT = "cupid-tests"
@@ -103,18 +104,13 @@ def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps
     assert tracked["params.tasks"] == "inference,generation" and tracked["params.settings.inference"] == "oracle"
     assert tracked["params.prompt.prefmatcher"] == summary["prompts"]["prefmatcher"]
 
-    # every estimate with its bootstrap bounds, as the report and the nightly compute them
+    # A run of the sample's few personas: its estimates, and no interval bounds published as numbers
     records = [UnitRecord.model_validate_json(line) for line in (run_dir / "instances.jsonl").read_text().splitlines()]
-    if (interval := INFERENCE.intervals(records).get("micro_f1")) is not None:
-        assert (metrics["inference/oracle/micro_f1_low"], metrics["inference/oracle/micro_f1_high"]) == pytest.approx(
-            (interval.low, interval.high)
-        )
-    if (interval := GENERATION.intervals(records).get("mean_score")) is not None:
-        assert (
-            metrics["generation/oracle/mean_score_low"],
-            metrics["generation/oracle/mean_score_high"],
-        ) == pytest.approx((interval.low, interval.high))
-    else:  # no judge answer parsed: no score at all, never a zero
+    interval = INFERENCE.intervals(records)["micro_f1"]
+    assert interval.personas < MIN_PERSONAS and (interval.low, interval.high) == (None, None)
+    assert metrics["inference/oracle/micro_f1"] == pytest.approx(interval.estimate)
+    assert not [k for k in metrics if k.endswith(("_low", "_high"))]
+    if GENERATION.intervals(records).get("mean_score") is None:  # no judge answer parsed: no score, never a zero
         assert not any(k.startswith("generation/oracle/mean_score") for k in metrics)
 
     def table():
@@ -214,7 +210,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     )
     models = ["instant", {"name": "untrained", "profile": "tiny", "adapter": str(tmp_path / "no-adapter")}]
     run = {
-        "data": "sample",
+        "data": str(sample_copies(tmp_path / "personas.jsonl", 4)),  # 16 personas: intervals to log
         "endpoints": str(endpoints),
         "decomposer": "instant",
         "matcher": "pm",

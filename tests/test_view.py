@@ -196,11 +196,11 @@ def test_two_runs_side_by_side(runs, page, tmp_path):
         key = cells[0]
         sa, sb = score(a[key, "inference"]), score(b[key, "inference"])
         assert cells[4] == ("failed" if sa is None else f"{sa:g}") and cells[5] == f"{sb:g}"
-        d = None if sa is None else round(sb - sa, 1)
+        d = float("inf") if sa is None else round(sb - sa, 1)  # A failed where B scored: A's loss, sorted last
         diffs.append(d)
-        assert cells[6] == ("" if d is None else ("+" if d > 0 else "") + f"{d:g}")
-    known = [d for d in diffs if d is not None]
-    assert known == sorted(known) and diffs[: len(known)] == known  # sorted by difference, unknown last
+        assert cells[6] == ("A failed" if sa is None else ("+" if d > 0 else "") + f"{d:g}")
+    assert diffs == sorted(diffs)  # sorted by difference, B's largest losses first
+    assert "CUPID viewno" not in page.inner_text("header")  # the title and the report's note apart
     key = rows.first.locator("span").first.inner_text()
     rows.first.click()  # the unit opens on the hashchange event that follows, not within the click
     columns = page.locator(".col")
@@ -210,6 +210,15 @@ def test_two_runs_side_by_side(runs, page, tmp_path):
     assert "A: " in columns.nth(0).inner_text() and "B: " in columns.nth(1).inner_text()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "view-compare.png"), full_page=True)
+
+    # The other way round, B is the model that fails to parse: "where B loses most" lists its failures first.
+    result = CliRunner().invoke(app, ["view", str(run_b), str(run_a), "--out", str(tmp_path / "reversed")])
+    page.goto(Path(result.output.strip()).as_uri())
+    page.select_option("#f-task", label="inference")
+    cells = [rows.nth(i).locator("span").all_inner_texts() for i in range(rows.count())]
+    lost = [c[6] == "failed" for c in cells]
+    assert lost == sorted(lost, reverse=True)
+    assert sum(lost) == sum(a[k]["status"] == "failed" and b[k]["status"] == "scored" for k in a if k[1] == "inference")
 
 
 def test_run_in_progress_says_so(runs, page, tmp_path):
