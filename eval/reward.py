@@ -13,6 +13,12 @@ The function is a `functools.partial` of a module-level `async def` named for wh
 it pickles (TRL's async GRPO sends reward functions to another process) and opens its HTTP client lazily on the
 event loop that calls it (TRL runs async rewards on a loop of its own). One call is one batch: identical
 (answer, ground truth) pairs within it are asked once, and the endpoints' concurrency limits apply.
+
+`format_reward(reward)` is a second reward on the same judges (TRL's `reward_weights` weigh the two): a graded
+score of the inference answer's form, so a group of answers of a small policy that rarely states a preference still
+has rewards that vary. It shares the judges' scoring of each answer (asked once for both) and is None wherever the
+judges failed: TRL skips a completion only when every reward function gives None, so a format reward that still
+scored it would train on a judge's failure as if it were a low reward.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring
 from cupid.eval.stages import StageFailed
 from cupid.eval.tasks import TASKS
+from cupid.matcher import parse
+from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
@@ -43,6 +51,8 @@ Task = Literal["inference", "generation"]
 METRICS: dict[str, tuple[str, ...]] = {"inference": ("f1", "precision", "recall"), "generation": ("score",)}
 ROLES: dict[str, tuple[str, ...]] = {"inference": ("decomposer", "matcher"), "generation": ("judge",)}
 GROUND_TRUTH = ("current_contextual_preference", "current_checklist")  # the dataset's columns, named as in CUPID's data
+REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
+MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words
 
 
 @dataclass(frozen=True)
@@ -56,12 +66,14 @@ class Judges:
     cache: str | None = None
     max_concurrency: int | None = None
     _opened: PerLoop[tuple[Client, Any]] = field(init=False, compare=False, repr=False)
+    _memo: dict[Any, dict[Any, Any]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_opened", per_loop(self._open))
+        object.__setattr__(self, "_memo", {})
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_opened"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_opened", "_memo")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -78,7 +90,22 @@ class Judges:
         """This event loop's client and scorer, opened on its first call."""
         return await self._opened.get()
 
+    async def scorings(self, asked: Sequence[tuple[str, tuple[Any, ...]]]) -> list[Scoring | BaseException]:
+        """Each (answer, ground truth)'s scoring, asked once whichever reward function of a batch asks first (the
+        judge's and the format's run side by side on one loop); the last `REMEMBERED` are kept."""
+        _, scorer = await self.opened()
+        memo = self._memo.setdefault(asyncio.get_running_loop(), {})
+        tasks = []
+        for answer, row in asked:
+            if (answer, row) not in memo:
+                memo[answer, row] = asyncio.ensure_future(_score(self, scorer, answer, row))
+                while len(memo) > REMEMBERED:
+                    memo.pop(next(iter(memo)))
+            tasks.append(memo[answer, row])
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
     async def aclose(self) -> None:
+        self._memo.pop(asyncio.get_running_loop(), None)
         await self._opened.aclose()
 
 
@@ -111,9 +138,7 @@ async def _score(judges: Judges, scorer: Any, answer: str, row: tuple[Any, ...])
     return await scorer.score_response(preference, list(checklist), request, answer)
 
 
-async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -> list[float | None]:
-    """One batch's rewards (what every reward function of this module computes)."""
-    log_metric: Callable[[str, float], None] | None = columns.get("log_metric")
+def _rows(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
     names = (*GROUND_TRUTH, "current_request") if judges.task == "generation" else GROUND_TRUTH
     missing = [n for n in names if n not in columns]
     if missing:
@@ -123,27 +148,69 @@ async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str,
     rows = [
         tuple(tuple(v) if isinstance(v, list) else v for v in values) for values in zip(*(columns[n] for n in names))
     ]
-    asked = [(answer_of(c), row) for c, row in zip(completions, rows, strict=True)]
-    started = time.monotonic()
+    return [(answer_of(c), row) for c, row in zip(completions, rows, strict=True)]
+
+
+async def _judged(
+    judges: Judges, asked: list[tuple[str, tuple[Any, ...]]]
+) -> tuple[list[Scoring | None], tuple[int, int] | None]:
+    """Each answer's scoring (None where the judges could not score it, or could not even be reached), and the
+    requests sent and answered from the cache meanwhile (None: the judges were not reached)."""
     try:
-        client, scorer = await judges.opened()
+        client, _ = await judges.opened()
         before = (client.stats.sent, client.stats.cached)
-        unique = list(dict.fromkeys(asked))  # an identical answer to the same instance is asked once
-        scorings = await asyncio.gather(
-            *(_score(judges, scorer, answer, row) for answer, row in unique), return_exceptions=True
-        )
-    # the judges could not even be reached: every completion is skipped, the trainer goes on
-    except Exception:  # noqa: BLE001
-        return [None] * len(completions)
-    by_pair = {pair: s for pair, s in zip(unique, scorings)}
-    out = [value(judges.task, judges.metric, s) if isinstance(s := by_pair[pair], Scoring) else None for pair in asked]
-    if log_metric is not None:
+        scorings = await judges.scorings(asked)
+    except Exception:  # noqa: BLE001 (the judges could not be reached: every completion is skipped, training goes on)
+        return [None] * len(asked), None
+    counts = (client.stats.sent - before[0], client.stats.cached - before[1])
+    return [s if isinstance(s, Scoring) else None for s in scorings], counts
+
+
+async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -> list[float | None]:
+    """One batch's rewards (what every judge reward function of this module computes)."""
+    log_metric: Callable[[str, float], None] | None = columns.get("log_metric")
+    asked = _rows(judges, completions, columns)
+    started = time.monotonic()
+    scorings, counts = await _judged(judges, asked)
+    out = [None if s is None else value(judges.task, judges.metric, s) for s in scorings]
+    if log_metric is not None:  # every batch, one whose judges could not be reached included
         prefix = f"cupid/{judges.task}"
         log_metric(f"{prefix}/judge_failure_rate", sum(r is None for r in out) / max(len(out), 1))
-        log_metric(f"{prefix}/requests_sent", float(client.stats.sent - before[0]))
-        log_metric(f"{prefix}/cache_hits", float(client.stats.cached - before[1]))
+        if counts is not None:
+            log_metric(f"{prefix}/requests_sent", float(counts[0]))
+            log_metric(f"{prefix}/cache_hits", float(counts[1]))
         log_metric(f"{prefix}/seconds_per_batch", time.monotonic() - started)
     return out
+
+
+def form(answer: str) -> float:
+    """The inference answer's form, graded: a quarter each for the analysis header, the preference header, a
+    preference after it (what the runner parses), and that preference in at most `MAX_PREFERENCE_WORDS` words."""
+    score = 0.25 * ("### Analysis" in answer) + 0.25 * (PREFERENCE_HEADER in answer)
+    try:
+        stated = parse.preference(answer)
+    except parse.ParseError:
+        return score
+    return score + 0.25 + 0.25 * (len(stated.split()) <= MAX_PREFERENCE_WORDS)
+
+
+async def cupid_inference_format(
+    prompts: Any = None, completions: Sequence[Any] = (), completion_ids: Any = None, *, judges: Judges, **columns: Any
+) -> list[float | None]:
+    """`form` of each answer; None where the judges failed on it (as the judge reward is)."""
+    asked = _rows(judges, completions, columns)
+    scorings, _ = await _judged(judges, asked)
+    judged = [None if s is None else value(judges.task, judges.metric, s) for s in scorings]
+    return [None if r is None else form(answer) for (answer, _), r in zip(asked, judged)]
+
+
+def format_reward(judge_reward: functools.partial[Any]) -> functools.partial[Any]:
+    """The format reward beside an inference reward of `reward(...)`, on the same judges (each answer scored once):
+    `reward_funcs=[r, format_reward(r)]` with TRL's `reward_weights`."""
+    judges: Judges = judge_reward.keywords["judges"]
+    if judges.task != "inference":
+        raise ConfigError("format_reward: the inference answer has a form to grade; a generation answer is free text")
+    return functools.partial(cupid_inference_format, judges=judges)
 
 
 # One module-level function per task and figure, named for what TRL logs (`rewards/<name>/mean`).

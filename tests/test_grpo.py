@@ -47,7 +47,7 @@ def header_bias(policy) -> list:
     return [[ids[:1], 1.0]] + [[ids[:k], 15.0] for k in range(2, len(ids) + 1)]
 
 
-def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
+def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, format_reward=False, **extra):
     data = short_sample(tmp_path / "short.jsonl")
     cfg = {
         "name": "grpo-test",
@@ -72,7 +72,9 @@ def grpo_config(tmp_path, endpoints, policy, generation_kwargs=None, **extra):
             "learning_rate": 1.0e-2,
             "seed": 0,
             **({"generation_kwargs": generation_kwargs} if generation_kwargs else {}),
+            **({"reward_weights": [1.0, 0.5], "log_completions": True} if format_reward else {}),
         },
+        **({"format_reward": True} if format_reward else {}),
         "evaluate": {
             "data": {"source": str(data), "setting": "oracle", "limit": 1},
             "profile": "tiny",
@@ -101,7 +103,9 @@ def trained(tmp_path_factory, instant_url, tiny_server, tiny_profile, random_mod
         instant={"base_url": instant_url, "model": "instant"},
         tinyformat={**tiny_server, "structured_output": True, "matcher_prompt": "prefmatcher"},
     )
-    path = grpo_config(tmp, endpoints, random_model_dir, {"sequence_bias": header_bias(random_model_dir)})
+    path = grpo_config(
+        tmp, endpoints, random_model_dir, {"sequence_bias": header_bias(random_model_dir)}, format_reward=True
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(session_home))
         result = CliRunner().invoke(app, ["train", "grpo", "--config", str(path)])
@@ -117,6 +121,12 @@ def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trai
         row["rewards/cupid_inference_f1/std"] > 0 for row in steps
     )  # the rewards varied: there was something to learn
     assert report["parameters_changed"] > 0  # and the policy learnt it
+    assert report["nothing_learnt"] is None
+    # The format reward beside the judges': graded, so most groups' rewards vary (TRL skips none: the judges answered)
+    assert all("rewards/cupid_inference_format/mean" in row for row in steps)
+    zero_std = [row["frac_reward_zero_std"] for row in steps]
+    assert sum(zero_std) / len(zero_std) < 0.5, zero_std
+    assert list((tmp / "run" / "checkpoints" / "completions").glob("completions_*.parquet"))  # TRL's log_completions
     assert (tmp / "run" / "adapter" / "adapter_config.json").exists()
     trained_eval = report["evaluation"]["trained"]
     records = [
@@ -124,6 +134,13 @@ def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trai
     ]
     assert records and all(r["persona_id"] not in ("sample-01",) for r in records)  # held out: not a training persona
     assert trained_eval["n_scored"] + trained_eval["n_failed"] == len(records)
+    # What training optimised, on the same units: F1 where scored, 0 where the candidate stated no preference, judge
+    # failures left out (worked out here from the records).
+    own = [0.0 for r in records if r["status"] == "failed" and r["error"]["stage"] in ("infer", "parse_preference")]
+    scored = [r["scores"]["f1"] for r in records if r["status"] == "scored"]
+    assert trained_eval["reward_units"] == len(own) + len(scored)
+    if own or scored:
+        assert trained_eval["mean_reward"] == pytest.approx(sum(own + scored) / len(own + scored), abs=1e-4)
     assert json.loads((tmp / "run" / "eval" / "trained" / "run.json").read_text())["roles"]["candidate"].startswith(
         "grpo-test-trained"
     )
@@ -163,6 +180,26 @@ def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):
         ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, lora={"rank": 8})), "--dry-run"],
     )
     assert lora.exit_code == 2 and "lora: peft's LoraConfig refuses it" in lora.output and "rank" in lora.output
+    weighed = CliRunner().invoke(
+        app,
+        ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, grpo={"reward_weights": [1, 1]})),
+         "--dry-run"],
+    )  # fmt: skip
+    assert weighed.exit_code == 2 and "grpo.reward_weights: 2 weights for 1 reward functions" in weighed.output
+    both = CliRunner().invoke(
+        app, ["train", "grpo", "--config", str(grpo_config(tmp_path, endpoints, tmp_path, format_reward=True)),
+              "--dry-run"],
+    )  # fmt: skip
+    assert both.exit_code == 0 and "reward cupid_inference_f1 + cupid_inference_format" in both.output, both.output
+
+
+def test_a_run_that_learnt_nothing_says_why():
+    from cupid.training.grpo import learnt
+
+    alike = [{"frac_reward_zero_std": 1.0, "loss": 0.0}, {"frac_reward_zero_std": 1.0}]
+    assert "every group's rewards were all alike" in learnt(alike, changed=4)
+    assert learnt([{"frac_reward_zero_std": 0.5}], changed=0) == "the adapter's weights are as they were initialised"
+    assert learnt([{"frac_reward_zero_std": 1.0}, {"frac_reward_zero_std": 0.75}], changed=2) is None
 
 
 @pytest.mark.parametrize("name", ["grpo-tiny", "grpo-qwen2.5-7b"])
@@ -171,4 +208,5 @@ def test_the_shipped_grpo_recipes_pass_their_dry_run(name):
         app, ["train", "grpo", "--config", str(REPO / "configs" / "train" / f"{name}.yaml"), "--dry-run"]
     )
     assert result.exit_code == 0, result.output
-    assert "reward cupid_inference_f1" in result.output and "TRL's GRPOConfig accepts" in result.output
+    assert "reward cupid_inference_f1 + cupid_inference_format" in result.output  # both recipes weigh the form too
+    assert "TRL's GRPOConfig accepts" in result.output and "reward_weights=[1.0, " in result.output

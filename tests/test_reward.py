@@ -13,6 +13,7 @@ import cupid
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig, dry_run, run
 from cupid.matcher.parse import PREFERENCE_HEADER
+from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.instant import PREFERENCE as INSTANT_PREFERENCE
 from cupid.serving.lifecycle import free_port
@@ -203,3 +204,53 @@ def test_the_datasets_prompts_are_the_runners_requests(tmp_path, instant_url):
         "#### Preferences" in summary["prompt"][0][-1]["content"]
         and INSTANT_PREFERENCE in summary["prompt"][0][-1]["content"]
     )
+
+
+def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_the_judges_failed(
+    scored, instant_url, tmp_path
+):
+    from trl.trainer.utils import get_callable_name
+
+    from cupid.eval.reward import format_reward
+
+    records, _, decomposer, _ = scored
+    dataset = cupid.reward_dataset("sample", limit=N)
+    answers = [
+        "I would rather not say.",  # no header at all: 0
+        records[1].candidate_answer,  # the instant server's: both headers, one short sentence: 1
+        f"{PREFERENCE_HEADER}\nShort answers with numbers first.",  # no analysis header: 0.75
+    ]
+    judge_reward = cupid.reward(
+        matcher=Endpoint(base_url=instant_url, model="local-prefmatcher"), decomposer=decomposer
+    )
+    graded = format_reward(judge_reward)
+    assert get_callable_name(graded) == "cupid_inference_format"
+
+    async def batch(rewarding, shaping):  # as TRL gathers a batch's async reward functions on its one loop
+        logged = {}
+        columns = {k: dataset[k] for k in dataset.column_names if k != "prompt"}
+        call = {"prompts": dataset["prompt"], "completions": answers, "completion_ids": None, **columns}
+        results = await asyncio.gather(
+            rewarding(**call, log_metric=logged.__setitem__), shaping(**call, log_metric=lambda *_: None)
+        )
+        return (*results, logged)
+
+    judged, form, logged = asyncio.run(batch(judge_reward, graded))
+    assert form == [0.0, 1.0, 0.75] and judged[0] == 0.0 and None not in judged
+    assert logged["cupid/inference/requests_sent"] == 2 * 3  # each answer scored once for both rewards
+
+    stopped = Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="stopped", max_retries=0, timeout_s=5)
+    judge_reward = cupid.reward(matcher=stopped, decomposer=stopped)
+    judged, form, logged = asyncio.run(batch(judge_reward, format_reward(judge_reward)))
+    assert judged == [0.0, None, None] and form == [0.0, None, None]  # skipped where the judges failed, as TRL needs
+
+    # Judges that cannot even be opened (the cache is not a cache): every reward None, the failure rate still logged.
+    (tmp_path / "bad.sqlite").write_text("not a cache")
+    judge_reward = cupid.reward(matcher=stopped, decomposer=stopped, cache=tmp_path / "bad.sqlite")
+    judged, form, logged = asyncio.run(batch(judge_reward, format_reward(judge_reward)))
+    assert judged == form == [None] * 3 and logged == {
+        "cupid/inference/judge_failure_rate": 1.0,
+        "cupid/inference/seconds_per_batch": pytest.approx(logged["cupid/inference/seconds_per_batch"]),
+    }
+    with pytest.raises(ConfigError, match="free text"):
+        format_reward(cupid.reward("generation", judge=stopped))

@@ -120,6 +120,8 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
     cfg, reports = chain
     report = reports["sft"]
     assert report["loss_after"]["train"] < report["loss_before"]["train"]
+    assert report["peak_gpu_memory_gib"] is None and report["gpu_memory_gib"] is None  # on CPU: no GPU to measure
+    assert report["mean_tokens_per_s"] > 0
     steps = cfg.sft.max_steps
     assert [r["step"] for r in report["logged_losses"]] == list(range(1, steps + 1)) and report[
         "optimizer_steps"
@@ -674,3 +676,19 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
     assert record["status"] == "failed" and record["error"]["raw"]  # the raw answer is kept
     assert json.loads((tmp_path / "run" / "data" / "report.json").read_text())["error"].startswith("no scored instance")
     assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
+
+
+def test_the_7b_recipe_picks_its_micro_batch_by_gpu_memory_and_keeps_its_effective_batch(tmp_path):
+    """An 80 GB card takes 32 x 1 without checkpointing, a 24 GB one 16 x 2 with it, a smaller one (or none) the recipe
+    as written: 32 examples an optimizer step on every card, so the optimisation is the paper's."""
+    cfg = config.load(REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml")
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
+    for gib, expected in ((79.2, (32, 1, False)), (23.6, (16, 2, True)), (15.7, (4, 8, True)), (None, (4, 8, True))):
+        args = cfg.sft.for_gpu(gib)
+        assert tuple(args[k] for k in keys) == expected, gib
+        assert cfg.sft.effective_batch(args) == 32 and args["learning_rate"] == 3.0e-4
+    recipe = yaml.safe_load((REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml").read_text())
+    recipe["sft"]["by_gpu_memory"][0]["gradient_accumulation_steps"] = 2  # 64 a step: another optimisation
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ConfigError, match=r"by_gpu_memory \(min_gib 70.0\): 32 x 2 = 64 examples a step, .* is 32"):
+        config.load(tmp_path / "changed.yaml")

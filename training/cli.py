@@ -197,32 +197,44 @@ def grpo(
         "--dry-run",
         help="check the config (TRL's GRPOConfig and peft's LoraConfig arguments, the reward's endpoints); run nothing",
     ),
+    track: str | None = typer.Option(
+        None, "--track", help="log training to mlflow or wandb (TRL's report_to; the tracker's package installed)"
+    ),
 ) -> None:
     """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter
     beside the base."""
+    from cupid.eval.track import require as require_tracker
     from cupid.training import grpo as grpo_run
 
     cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))
+    if track is not None:
+        _guarded(lambda: require_tracker(track))  # type: ignore[arg-type]
     if dry_run:
-        args, lora, reward = _guarded(lambda: grpo_run.check(cfg))
+        args, lora, funcs = _guarded(lambda: grpo_run.check(cfg, track))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
+        names = " + ".join(f.func.__name__ for f in funcs)
         console.print(
-            f"{config_path}: valid; GRPO into {cfg.out}; reward {reward.func.__name__}; LoRA r={lora.r}",
+            f"{config_path}: valid; GRPO into {cfg.out}; reward {names}; LoRA r={lora.r}",
             highlight=False,
             soft_wrap=True,
         )
         console.print(f"grpo: TRL's GRPOConfig accepts {given}", highlight=False, soft_wrap=True)
         return
-    report = _guarded(lambda: grpo_run.train(cfg, err))
+    report = _guarded(lambda: grpo_run.train(cfg, err, track))
     rewards = [row[k] for row in report["log_history"] for k in row if k.startswith("rewards/") and k.endswith("/mean")]
     console.print(
         f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} "
         f"-> {rewards[-1] if rewards else '-'}; adapter in {report['adapter']}",
         highlight=False,
     )
+    if report["nothing_learnt"]:
+        console.print(
+            f"grpo: nothing was learnt ({report['nothing_learnt']}): the evaluation below is the policy as it was",
+            highlight=False,
+        )
     for label, block in (report["evaluation"] or {}).items():
         console.print(
-            f"eval {label}: {block['figure']} ({block['n_scored']} scored, {block['n_failed']} failed) "
-            f"in {block['run']}",
+            f"eval {label}: {block['figure']} ({block['n_scored']} scored, {block['n_failed']} failed), "
+            f"mean reward {block['mean_reward']} in {block['run']}",
             highlight=False,
         )

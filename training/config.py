@@ -124,6 +124,15 @@ class Lora(_Passthrough):
     r: int = Field(default=64, ge=1)
 
 
+class GpuBatch(_Section):
+    """A micro-batch for GPUs of at least `min_gib` GiB, under SFTConfig's names."""
+
+    min_gib: float = Field(gt=0)
+    per_device_train_batch_size: int = Field(ge=1)
+    gradient_accumulation_steps: int = Field(ge=1)
+    gradient_checkpointing: bool
+
+
 class Sft(_Passthrough):
     """`sft:` is TRL's `SFTConfig` (transformers' `TrainingArguments` included) under TRL's own names, as given:
     any of its arguments reaches the trainer, and TRL checks them when the run starts and at `cupid train run
@@ -144,11 +153,38 @@ class Sft(_Passthrough):
         default_factory=lambda: ["train", "validation"],  # type: ignore[arg-type]
         description="splits whose mean loss is reported before and after",
     )
+    by_gpu_memory: list[GpuBatch] = Field(
+        default_factory=list,
+        description="the micro-batch for a GPU of at least this much memory (the first that fits the GPU at hand); "
+        "the effective batch, and so the optimisation, stays the recipe's",
+    )
 
     @property
     def args(self) -> dict[str, Any]:
         """The SFTConfig arguments as the config gives them (the typed fields are this project's own)."""
         return dict(self.model_extra or {})
+
+    def effective_batch(self, args: dict[str, Any] | None = None) -> int:
+        args = self.args if args is None else args
+        return int(args.get("per_device_train_batch_size", 8)) * int(args.get("gradient_accumulation_steps", 1))
+
+    @model_validator(mode="after")
+    def _same_effective_batch(self) -> Self:
+        for entry in self.by_gpu_memory:
+            if (got := entry.per_device_train_batch_size * entry.gradient_accumulation_steps) != self.effective_batch():
+                raise ValueError(
+                    f"by_gpu_memory (min_gib {entry.min_gib}): {entry.per_device_train_batch_size} x "
+                    f"{entry.gradient_accumulation_steps} = {got} examples a step, the recipe's is "
+                    f"{self.effective_batch()}: the optimisation would change"
+                )
+        return self
+
+    def for_gpu(self, gib: float | None) -> dict[str, Any]:
+        """The SFTConfig arguments for a GPU of `gib` GiB (None: no GPU, the arguments as given)."""
+        chosen = next(
+            (e for e in sorted(self.by_gpu_memory, key=lambda e: -e.min_gib) if gib and gib >= e.min_gib), None
+        )
+        return self.args | (chosen.model_dump(exclude={"min_gib"}) if chosen else {})
 
 
 class Export(_Section):

@@ -5,11 +5,19 @@ names), the data (`cupid.reward_dataset`), `reward:` (the arguments of `cupid.re
 `GRPOConfig` arguments as given, checked by TRL at `--dry-run` as `sft:` is). The run writes its adapter, then
 evaluates it with `cupid eval run` on held-out data, served by vLLM on the policy (and the policy alone, the
 baseline), so a training run ends with a CUPID score beside the base model's.
+
+The report is written before the evaluation starts, and the trainer's memory is released first: on one GPU the
+evaluation's vLLM needs what the policy held. What changed is counted on the adapter's own weights against a copy of
+them taken before training (the policy itself is never copied: a 7B policy in bf16 is ~15 GB). A run whose groups
+never had varying rewards, or whose adapter did not change, learnt nothing, and says so beside its evaluation.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,17 +25,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
-from cupid.eval.reward import reward, reward_dataset
+from cupid.eval.records import UnitRecord
+from cupid.eval.reward import METRICS, format_reward, reward, reward_dataset, value
+from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
 from cupid.eval.runner import run as run_eval
+from cupid.eval.tasks import TASKS
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet import ServedModel
 from cupid.serving.vllm_args import lora_rank_for
 from cupid.training import trl_args
 
-# GRPOConfig arguments the run sets itself: checkpoints in the run directory, no tracker inside the trainer.
-SET_BY_THE_RUN = {"output_dir", "report_to"}
+# GRPOConfig arguments the run sets itself: checkpoints (and TRL's completion tables) in the run directory.
+SET_BY_THE_RUN = {"output_dir"}
 
 
 class _Section(BaseModel):
@@ -89,6 +100,11 @@ class GrpoRunConfig(_Section):
     data: Data = Field(default_factory=Data)
     reward: Reward = Field(default_factory=Reward)
     grpo: dict[str, Any] = Field(default_factory=dict, description="TRL's GRPOConfig arguments")
+    format_reward: bool = Field(
+        default=False,
+        description="cupid's format reward beside the judges' (inference): graded, so a small policy's groups vary; "
+        "weigh the two with grpo.reward_weights",
+    )
     evaluate: Evaluation = Field(default_factory=Evaluation)
     source: str = Field(default="(inline)", exclude=True)
 
@@ -108,16 +124,16 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunCo
     return cfg
 
 
-def grpo_config(cfg: GrpoRunConfig) -> Any:
-    """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`)."""
+def grpo_config(cfg: GrpoRunConfig, track: str | None = None) -> Any:
+    """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`). `track` (mlflow, wandb) is
+    TRL's `report_to` (default: none)."""
     import torch
     from trl import GRPOConfig
 
-    owned = {"output_dir": str(cfg.out_dir / "checkpoints"), "report_to": "none"}
+    owned = {"output_dir": str(cfg.out_dir / "checkpoints")} | ({"report_to": track} if track else {})
     bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # GRPOConfig's own default (bf16) fails on CPU
-    return trl_args.build(
-        GRPOConfig, "grpo", cfg.grpo, defaults={"logging_steps": 1, "bf16": bf16}, owned=owned, source=cfg.source
-    )
+    defaults = {"logging_steps": 1, "bf16": bf16, "report_to": "none"}
+    return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults=defaults, owned=owned, source=cfg.source)
 
 
 def lora_config(cfg: GrpoRunConfig) -> Any:
@@ -125,16 +141,47 @@ def lora_config(cfg: GrpoRunConfig) -> Any:
     return trl_args.lora_config(cfg.lora, cfg.source)
 
 
-def check(cfg: GrpoRunConfig) -> tuple[Any, Any, Any]:
+def reward_funcs(cfg: GrpoRunConfig) -> list[Any]:
+    """The judges' reward (`cupid.reward`), and the format reward beside it where the config asks for it."""
+    rewarding = reward(**cfg.reward.model_dump())
+    if cfg.format_reward:
+        if cfg.reward.task != "inference":
+            raise ConfigError(f"{cfg.source}: format_reward: the generation answer is free text, it has no form")
+        return [rewarding, format_reward(rewarding)]
+    return [rewarding]
+
+
+def check(cfg: GrpoRunConfig, track: str | None = None) -> tuple[Any, Any, list[Any]]:
     """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints."""
-    args, lora = grpo_config(cfg), lora_config(cfg)
-    return args, lora, reward(**cfg.reward.model_dump())
+    args, lora, funcs = grpo_config(cfg, track), lora_config(cfg), reward_funcs(cfg)
+    if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
+        raise ConfigError(
+            f"{cfg.source}: grpo.reward_weights: {len(args.reward_weights)} weights for {len(funcs)} reward functions "
+            f"({', '.join(f.func.__name__ for f in funcs)})"
+        )
+    return args, lora, funcs
 
 
-def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
-    """Train, write `<out>/adapter` and `<out>/grpo_report.json` (evaluations included); return the report."""
+def _trainable(model: Any) -> dict[str, Any]:
+    """The adapter's weights, copied to the CPU: what training changes (a few MB to a few hundred), not the policy."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+
+
+def learnt(log_history: list[dict[str, Any]], changed: int) -> str | None:
+    """Why the run learnt nothing (None: it may have): no group had rewards that varied, or the adapter is as it
+    began."""
+    zero_std = [row["frac_reward_zero_std"] for row in log_history if "frac_reward_zero_std" in row]
+    if zero_std and min(zero_std) >= 1.0:
+        return "every group's rewards were all alike (TRL's frac_reward_zero_std 1.0 at every step): no advantage"
+    if changed == 0:
+        return "the adapter's weights are as they were initialised"
+    return None
+
+
+def train(cfg: GrpoRunConfig, console: Console | None = None, track: str | None = None) -> dict[str, Any]:
+    """Train, write `<out>/adapter` and `<out>/grpo_report.json` (then the evaluations into it); return the report."""
     console = console or Console(stderr=True)
-    args, lora, rewarding = check(cfg)
+    args, lora, funcs = check(cfg, track)
     dataset = reward_dataset(
         cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
     )
@@ -143,23 +190,62 @@ def train(cfg: GrpoRunConfig, console: Console | None = None) -> dict[str, Any]:
     from trl import GRPOTrainer
 
     model = AutoModelForCausalLM.from_pretrained(cfg.policy)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = GRPOTrainer(model=model, reward_funcs=[rewarding], args=args, train_dataset=dataset, peft_config=lora)
+    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, peft_config=lora)
+    initial = _trainable(trainer.model)
+    names = " + ".join(f.func.__name__ for f in funcs)
     console.print(f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
-                  f"reward {cfg.reward.task} {rewarding.func.__name__}", highlight=False)  # fmt: skip
-    trainer.train()
+                  f"reward {cfg.reward.task} {names}", highlight=False)  # fmt: skip
+    try:
+        trainer.train()
+    finally:
+        _close_judges(trainer, funcs)
     adapter = cfg.out_dir / "adapter"
     trainer.save_model(str(adapter))
-    merged = trainer.model.merge_and_unload() if hasattr(trainer.model, "merge_and_unload") else trainer.model
-    changed = sum(not bool((before[n] == p.detach()).all()) for n, p in merged.named_parameters() if n in before)
+    changed = sum(not bool((initial[n] == p.detach().cpu()).all()) for n, p in _named_trainable(trainer.model))
+    log_history = list(trainer.state.log_history)
     report: dict[str, Any] = {
         "adapter": str(adapter),
-        "log_history": trainer.state.log_history,
-        "parameters_changed": changed,
-        "evaluation": evaluate(cfg, adapter, lora.r, console) if cfg.evaluate.enabled else None,
+        "log_history": log_history,
+        "parameters_changed": changed,  # adapter tensors that differ from their initial values
+        "nothing_learnt": learnt(log_history, changed),
+        "evaluation": None,
     }
-    (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report, indent=2, default=str))
+    _write(cfg, report)  # before the evaluation: a failed evaluation keeps the training's report
+    if report["nothing_learnt"]:
+        console.print(f"grpo: nothing was learnt: {report['nothing_learnt']}", style="yellow", highlight=False)
+    del trainer, model, initial
+    _release_memory()
+    if cfg.evaluate.enabled:
+        report["evaluation"] = evaluate(cfg, adapter, lora.r, console)
+        _write(cfg, report)
     return report
+
+
+def _named_trainable(model: Any) -> list[tuple[str, Any]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _write(cfg: GrpoRunConfig, report: dict[str, Any]) -> None:
+    (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report, indent=2, default=str))
+
+
+def _close_judges(trainer: Any, funcs: list[Any]) -> None:
+    """Close the judges' HTTP client on the loop TRL ran the async rewards on (its loop only stops, it never
+    finalizes what was opened on it)."""
+    loop = getattr(trainer, "async_loop", None)
+    if loop is None or not loop.is_running():
+        return
+    for judges in {id(f.keywords["judges"]): f.keywords["judges"] for f in funcs}.values():
+        asyncio.run_coroutine_threadsafe(judges.aclose(), loop).result(timeout=30)
+
+
+def _release_memory() -> None:
+    """What the trainer held, returned before the evaluation's vLLM asks for the GPU."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> dict[str, Any]:
@@ -211,13 +297,31 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
         )
         result = run_eval(run_cfg, console=console)
         block = result.summary.tasks[r.task].overall
+        rewarded = mean_reward(cfg, RunDir(cfg.out_dir / "eval" / label).records().values())
         out[label] = {
             "run": str(cfg.out_dir / "eval" / label),
             "n_scored": block.n_scored,
             "n_failed": block.n_failed,
             "figure": block.micro.f1 if r.task == "inference" and block.micro else getattr(block, "mean_score", None),
+            **rewarded,
         }
         console.print(
-            f"grpo: {label}: {out[label]['figure']} ({block.n} scored/run) -> {out[label]['run']}", highlight=False
+            f"grpo: {label}: {out[label]['figure']} ({block.n} scored/run), mean reward {rewarded['mean_reward']} "
+            f"-> {out[label]['run']}",
+            highlight=False,
         )
     return out
+
+
+def mean_reward(cfg: GrpoRunConfig, records: Iterable[UnitRecord]) -> dict[str, Any]:
+    """What training optimised, on the evaluation's units: the mean of the judges' reward per unit, the candidate's
+    own failures as 0 (as the reward gives them), judge failures left out (as TRL skips them)."""
+    task, spec = cfg.reward.task, TASKS[cfg.reward.task]
+    metric = cfg.reward.metric or METRICS[task][0]
+    values = [0.0 if spec.candidate_failed(r) else value(task, metric, r) for r in records if r.task == task]
+    kept = [v for v in values if v is not None]
+    return {
+        "mean_reward": round(sum(kept) / len(kept), 4) if kept else None,
+        "reward_units": len(kept),
+        "reward_judge_failures": len(values) - len(kept),
+    }

@@ -156,6 +156,20 @@ CHAIN_DEFAULTS: dict[str, Any] = {
 }
 
 
+def gpu_gib() -> float | None:
+    """The first CUDA device's memory in GiB (an 80 GB H100 has 79.2); None without one."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
+
+
+def peak_gpu_gib() -> float | None:
+    """The most memory torch held on the GPU since the process began (None on CPU)."""
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
+
+
 def sft_config(cfg: TrainConfig, prec: str | None = None):
     """The `trl.SFTConfig` of this run: the config's `sft:` arguments over the chain's defaults, and what the
     chain sets itself (`config.chain_sft_args`). TRL and transformers check the arguments here
@@ -164,7 +178,7 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
     from trl import SFTConfig
 
     prec = prec or precision(cfg)
-    given = cfg.sft.args
+    given = cfg.sft.for_gpu(gpu_gib())
     defaults = {
         **CHAIN_DEFAULTS,
         "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
@@ -315,6 +329,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         "logged_losses": [{"step": r["step"], "loss": r["loss"]} for r in steps],
         "throughput": throughput.rows,
         "mean_tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
+        "peak_gpu_memory_gib": peak_gpu_gib(),  # torch.cuda.max_memory_allocated; null on CPU
+        "gpu_memory_gib": round(gib, 1) if (gib := gpu_gib()) else None,
         "train_runtime_s": round(result.metrics.get("train_runtime", wall), 2),
         "wall_s": round(wall, 2),
         "hyperparameters": {**s.model_dump(), "sft_config": args.to_dict()},
