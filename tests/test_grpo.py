@@ -210,3 +210,32 @@ def test_the_shipped_grpo_recipes_pass_their_dry_run(name):
     assert result.exit_code == 0, result.output
     assert "reward cupid_inference_f1 + cupid_inference_format" in result.output  # both recipes weigh the form too
     assert "TRL's GRPOConfig accepts" in result.output and "reward_weights=[1.0, " in result.output
+
+
+def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refused(tmp_path):
+    recipe = REPO / "configs" / "train" / "grpo-qwen2.5-7b.yaml"
+    result = CliRunner().invoke(app, ["train", "grpo", "--config", str(recipe), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    plan = [line.strip() for line in result.output.splitlines() if "GPU" in line and " = " in line]
+    assert "memory plan: 2 GPU(s) of 79.6 GiB" in result.output and "DOES NOT FIT" not in result.output
+    # Worked out from the recipe and the profiles: 0.3 and 0.45 of 79.6 GiB, the policy's estimate 40
+    assert "training, GPU 0: the policy in training 40.0 + TRL's colocated vLLM (0.3) 23.9 = 63.9 of 79.6 GiB" in plan
+    assert any(line.startswith("training, GPU 1:") and line.endswith("= 71.6 of 79.6 GiB") for line in plan)
+    assert any(line.startswith("evaluation, GPU 0:") and "= 35.8 of 79.6 GiB" in line for line in plan)
+
+    one_gpu = yaml.safe_load(recipe.read_text())
+    one_gpu["memory"] |= {"gpus": 1, "judges_gpu": 0}  # the judges beside the policy on one card: 135.5 GiB
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(one_gpu))
+    refused = CliRunner().invoke(app, ["train", "grpo", "--config", str(tmp_path / "one.yaml"), "--dry-run"])
+    assert refused.exit_code == 2, refused.output
+    said = " ".join(refused.output.split())
+    assert (
+        "memory: the plan does not fit" in said
+        and "training, GPU 0:" in said
+        and "= 135.5 GiB, more than its 79.6" in said
+    )
+    assert "judge prefmatcher (0.45 of the GPU) 35.8" in said and "the policy in training 40.0" in said
+    one_gpu["memory"]["judges_gpu"] = 1
+    (tmp_path / "nowhere.yaml").write_text(yaml.safe_dump(one_gpu))
+    missing = CliRunner().invoke(app, ["train", "grpo", "--config", str(tmp_path / "nowhere.yaml"), "--dry-run"])
+    assert missing.exit_code == 2 and "judges_gpu 1: the recipe has 1 GPU(s)" in missing.output

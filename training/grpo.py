@@ -35,7 +35,8 @@ from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet import ServedModel
 from cupid.serving.vllm_args import lora_rank_for
-from cupid.training import trl_args
+from cupid.training import grpo_memory, trl_args
+from cupid.training.grpo_memory import MemoryPlan
 
 # GRPOConfig arguments the run sets itself: checkpoints (and TRL's completion tables) in the run directory.
 SET_BY_THE_RUN = {"output_dir"}
@@ -106,6 +107,9 @@ class GrpoRunConfig(_Section):
         "weigh the two with grpo.reward_weights",
     )
     evaluate: Evaluation = Field(default_factory=Evaluation)
+    memory: MemoryPlan | None = Field(
+        default=None, description="the GPU memory plan (GPU recipes): checked before the policy loads"
+    )
     source: str = Field(default="(inline)", exclude=True)
 
     @property
@@ -152,14 +156,24 @@ def reward_funcs(cfg: GrpoRunConfig) -> list[Any]:
 
 
 def check(cfg: GrpoRunConfig, track: str | None = None) -> tuple[Any, Any, list[Any]]:
-    """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints."""
+    """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints, the
+    memory plan."""
     args, lora, funcs = grpo_config(cfg, track), lora_config(cfg), reward_funcs(cfg)
     if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
         raise ConfigError(
             f"{cfg.source}: grpo.reward_weights: {len(args.reward_weights)} weights for {len(funcs)} reward functions "
             f"({', '.join(f.func.__name__ for f in funcs)})"
         )
+    memory_plan(cfg, args)
     return args, lora, funcs
+
+
+def memory_plan(cfg: GrpoRunConfig, args: Any) -> list[str]:
+    """The run's GPU memory plan, checked (`grpo_memory`); none for a recipe without `memory:` (CPU)."""
+    if cfg.memory is None:
+        return []
+    evaluated = cfg.evaluate.profile if cfg.evaluate.enabled and not cfg.evaluate.runtime_lora else None
+    return grpo_memory.check(cfg.memory, args, evaluated, cfg.evaluate.profiles, cfg.source)
 
 
 def _trainable(model: Any) -> dict[str, Any]:
