@@ -10,7 +10,8 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install
+.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install \
+  check-gpu-train
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -84,6 +85,11 @@ test: setup-dev
 # whose tests load nothing from the network; run it when a pin in pyproject.toml changes.
 check-gpu-install: setup-dev
 	$(PY) scripts/check_gpu_install.py
+
+# Every training path that needs no vLLM on this box's GPU: the 7B recipe's QLoRA fine-tune and export, and GRPO with a
+# stand-in reward, on random weights in Qwen2.5-7B's shape (scripts/gpu_train_check.py; its CPU form is in make test).
+check-gpu-train: setup-dev
+	$(PY) scripts/gpu_train_check.py
 
 eval: setup
 	$(CUPID) eval run --config $(CONFIG) --candidate $(MODEL) --out runs/$(subst /,_,$(MODEL))

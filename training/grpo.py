@@ -155,14 +155,15 @@ def reward_funcs(cfg: GrpoRunConfig) -> list[Any]:
     return [rewarding]
 
 
-def check(cfg: GrpoRunConfig, track: str | None = None) -> tuple[Any, Any, list[Any]]:
+def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None = None) -> tuple[Any, Any, list[Any]]:
     """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints, the
-    memory plan."""
-    args, lora, funcs = grpo_config(cfg, track), lora_config(cfg), reward_funcs(cfg)
+    memory plan. `funcs`: reward functions in place of the config's (a stand-in where no judge is served)."""
+    args, lora = grpo_config(cfg, track), lora_config(cfg)
+    funcs = funcs if funcs is not None else reward_funcs(cfg)
     if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
         raise ConfigError(
             f"{cfg.source}: grpo.reward_weights: {len(args.reward_weights)} weights for {len(funcs)} reward functions "
-            f"({', '.join(f.func.__name__ for f in funcs)})"
+            f"({', '.join(getattr(f, 'func', f).__name__ for f in funcs)})"
         )
     memory_plan(cfg, args)
     return args, lora, funcs
@@ -192,10 +193,13 @@ def learnt(log_history: list[dict[str, Any]], changed: int) -> str | None:
     return None
 
 
-def train(cfg: GrpoRunConfig, console: Console | None = None, track: str | None = None) -> dict[str, Any]:
-    """Train, write `<out>/adapter` and `<out>/grpo_report.json` (then the evaluations into it); return the report."""
+def train(
+    cfg: GrpoRunConfig, console: Console | None = None, track: str | None = None, funcs: list[Any] | None = None
+) -> dict[str, Any]:
+    """Train, write `<out>/adapter` and `<out>/grpo_report.json` (then the evaluations into it); return the report.
+    `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
-    args, lora, funcs = check(cfg, track)
+    args, lora, funcs = check(cfg, track, funcs)
     dataset = reward_dataset(
         cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
     )
@@ -206,7 +210,7 @@ def train(cfg: GrpoRunConfig, console: Console | None = None, track: str | None 
     model = AutoModelForCausalLM.from_pretrained(cfg.policy)
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, peft_config=lora)
     initial = _trainable(trainer.model)
-    names = " + ".join(f.func.__name__ for f in funcs)
+    names = " + ".join(getattr(f, "func", f).__name__ for f in funcs)
     console.print(f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
                   f"reward {cfg.reward.task} {names}", highlight=False)  # fmt: skip
     try:
@@ -249,7 +253,8 @@ def _close_judges(trainer: Any, funcs: list[Any]) -> None:
     loop = getattr(trainer, "async_loop", None)
     if loop is None or not loop.is_running():
         return
-    for judges in {id(f.keywords["judges"]): f.keywords["judges"] for f in funcs}.values():
+    held = [f.keywords["judges"] for f in funcs if "judges" in getattr(f, "keywords", {})]
+    for judges in {id(j): j for j in held}.values():
         asyncio.run_coroutine_threadsafe(judges.aclose(), loop).result(timeout=30)
 
 

@@ -1,0 +1,238 @@
+#!/usr/bin/env python
+"""Every training path that needs no vLLM, on the GPU it is built for: the QLoRA fine-tune and its export as the
+7B recipe ships them, and GRPO with a stand-in reward, on random weights in Qwen2.5-7B-Instruct's exact shape. One
+prepared command for a bare CUDA machine (no registry, no Hub, no vLLM); `--shape tiny` is its CPU form, which the
+suite runs.
+
+    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape, ~6 minutes
+    python scripts/gpu_train_check.py --shape tiny                             # CPU: the tests' random-weight shape
+
+The model is made where it trains (on the GPU: 7.62B parameters in bf16, no download) with the tokenizer of
+`--tokenizer` (default: the random-weight model's, `cupid serve prepare-tiny --random`; carry that directory to a
+machine without the package's data). The match data are the bundled sample's preferences against their own checklists,
+labelled by a stand-in teacher (every item covered), repeated to `--examples`: the fine-tune's speed and memory, not
+its quality. GRPO's reward is the answer's graded form (`cupid.eval.reward.form`): no judge is served here. Each stage
+prints its time, tokens/s and peak GPU memory; the exit status is 1 when a stage failed (the others still run where
+they can), 0 when all passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN_7B = {  # Qwen2.5-7B-Instruct's config.json, the fields that make its shape
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+
+def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
+    """Random weights in the shape, made on the GPU where there is one, saved with the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from cupid.serving.tiny_model import RANDOM_CONFIG
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    shape_args = QWEN_7B if shape == "qwen2.5-7b" else {**RANDOM_CONFIG, "vocab_size": len(tokenizer)}
+    config = Qwen2Config(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **shape_args,
+    )
+    cuda = torch.cuda.is_available()
+    torch.manual_seed(0)
+    with torch.device("cuda" if cuda else "cpu"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16 if cuda else torch.float32)
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return {"parameters": sum(p.numel() for p in model.parameters())}
+
+
+def match_data(dest: Path, n_examples: int) -> dict[str, Any]:
+    """PrefMatcher examples from the sample: each preference against its own checklist, every item covered."""
+    from cupid.eval import data as cupid_data
+    from cupid.matcher import prompts
+    from cupid.training.matchdata import completion_text, prompt_key
+
+    rows = []
+    for instance in cupid_data.load("sample").instances:
+        items = list(instance.current_checklist)
+        labels = [{"index": i, "entry": e, "label": "Fully Covered"} for i, e in enumerate(items, start=1)]
+        prompt = prompts.matcher(instance.current_contextual_preference, items, "prefmatcher")
+        rows.append(
+            {
+                "id": prompt_key(prompt),
+                "prompt": prompt,
+                "completion": [{"role": "assistant", "content": completion_text(labels)}],
+                "preference": instance.current_contextual_preference,
+                "items": items,
+                "teacher_labels": labels,
+                "direction": "gt_to_infer",
+                "persona_id": instance.persona_id,
+                "instance_key": instance.key,
+                "instance_type": instance.instance_type,
+                "setting": "standard",
+                "candidate": "stand-in",
+                "teacher": "stand-in",
+                "teacher_prompt": "prefmatcher",
+                "teacher_raw": None,
+            }
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    train = [rows[i % len(rows)] for i in range(n_examples)]
+    (dest / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    (dest / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    return {"train_examples": len(train)}
+
+
+def sft_config(shape: str, model: Path, data: Path, out: Path, steps: int) -> Any:
+    """The shipped recipe (the 7B's, or the tiny chain's), on the made model and data, for `steps` optimizer steps."""
+    from cupid.training import config
+
+    recipe = yaml.safe_load(
+        (REPO / "configs" / "train" / f"{'prefmatcher-qwen2.5-7b' if shape != 'tiny' else 'tiny'}.yaml").read_text()
+    )
+    recipe |= {"name": "gpu-train-check", "out": str(out), "base_model": str(model), "match_data": str(data)}
+    recipe.pop("labelling", None)
+    recipe["sft"] |= {"max_steps": steps, "save_steps": 10_000, "measure_loss_on": []}
+    recipe["agreement"] = {"enabled": False}
+    path = out / "sft.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(recipe))
+    return config.load(path)
+
+
+def stand_in_reward(prompts: Any = None, completions: Any = (), **_: Any) -> list[float]:
+    """The answer's graded form (no judge is served here)."""
+    from cupid.eval.reward import answer_of, form
+
+    return [form(answer_of(c)) for c in completions]
+
+
+def grpo_config(shape: str, model: Path, out: Path, steps: int) -> Any:
+    """The shipped GRPO recipe's LoRA and arguments (the 7B's, or the tiny one's) on the made model, without vLLM
+    (none runs here), the evaluation off."""
+    from cupid.training import grpo
+
+    name = "grpo-qwen2.5-7b" if shape != "tiny" else "grpo-tiny"
+    recipe = yaml.safe_load((REPO / "configs" / "train" / f"{name}.yaml").read_text())
+    args = {
+        k: v for k, v in recipe["grpo"].items() if not k.startswith("vllm") and k not in ("use_vllm", "reward_weights")
+    }
+    args |= {"max_steps": steps, "save_steps": 10_000, "log_completions": False}
+    if shape == "tiny":
+        args |= {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16}
+    else:
+        args |= {"per_device_train_batch_size": 8, "num_generations": 8, "max_completion_length": 128}
+    cfg = {
+        "name": "gpu-train-check-grpo",
+        "out": str(out),
+        "policy": str(model),
+        "lora": recipe["lora"],
+        "data": {"source": "sample", "setting": "oracle", "limit": 2},
+        "grpo": args,
+        "evaluate": {"enabled": False},
+    }
+    path = out / "grpo.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return grpo.load(path)
+
+
+def stage(name: str, results: dict[str, Any], work: Callable[[], dict[str, Any]]) -> None:
+    """Run one stage: its time, peak GPU memory and figures, or its error; never raises."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    started = time.monotonic()
+    try:
+        figures = work()
+        results[name] = {"ok": True, **figures}
+    except Exception as e:  # noqa: BLE001 (each stage reports its own failure; the others still run)
+        traceback.print_exc()
+        results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    results[name]["seconds"] = round(time.monotonic() - started, 1)
+    results[name]["peak_gpu_gib"] = (
+        round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
+    )
+    print(f"gpu_train_check: {name}: {json.dumps(results[name])}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=["qwen2.5-7b", "tiny"], default="qwen2.5-7b")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a directory with the tokenizer's files")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_train_check")
+    parser.add_argument("--examples", type=int, default=256, help="match examples (the sample's, repeated)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="default: 8 (7B shape), 2 (tiny)")
+    parser.add_argument("--grpo-steps", type=int, default=None, help="default: 2 (7B shape), 1 (tiny)")
+    a = parser.parse_args(argv)
+    from cupid.serving import tiny_model
+    from cupid.training import export, grpo, sft
+
+    tokenizer = a.tokenizer or tiny_model.ensure_random()
+    sft_steps = a.sft_steps or (2 if a.shape == "tiny" else 8)
+    grpo_steps = a.grpo_steps or (1 if a.shape == "tiny" else 2)
+    model_dir = a.out / "model"
+    results: dict[str, Any] = {}
+    stage("model", results, lambda: make_model(a.shape, tokenizer, model_dir))
+    stage("match_data", results, lambda: match_data(a.out / "data", a.examples))
+    train_cfg: list[Any] = []
+
+    def fine_tune() -> dict[str, Any]:
+        train_cfg.append(sft_config(a.shape, model_dir, a.out / "data", a.out / "sft", sft_steps))
+        report = sft.train(train_cfg[0])
+        keys = ("trainable_parameters", "mean_tokens_per_s", "peak_gpu_memory_gib", "optimizer_steps", "loss_after")
+        batch = {
+            k: report["hyperparameters"]["sft_config"][k]
+            for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
+        }
+        return {k: report[k] for k in keys} | batch
+
+    stage("sft", results, fine_tune)
+    stage("export", results, lambda: {k: v for k, v in export.export(train_cfg[0]).items() if k != "generated"})
+
+    def reinforce() -> dict[str, Any]:
+        report = grpo.train(grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps), funcs=[stand_in_reward])
+        steps = [row for row in report["log_history"] if "reward" in row]
+        return {
+            "steps": len(steps),
+            "parameters_changed": report["parameters_changed"],
+            "report": str(a.out / "grpo" / "grpo_report.json"),
+        }
+
+    stage("grpo", results, reinforce)
+    failed = [name for name, r in results.items() if not r["ok"]]
+    (a.out / "gpu_train_check.json").write_text(json.dumps(results, indent=2, default=str))
+    print(
+        f"gpu_train_check: {len(results) - len(failed)} of {len(results)} stages passed"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
