@@ -16,7 +16,8 @@ side-by-side comparisons, each measured in one run on this machine:
 server of the bench as it is, on a few requests with short answers (QUICK): a check that `make bench` still runs
 end to end (tests/test_bench.py), whose figures mean nothing.
 
-Prints the figures and writes them to bench/results.json (--quick: bench/results-quick.json; --out: elsewhere).
+Prints the headline figures and writes every figure to bench/results.json (--quick: bench/results-quick.json; --out:
+elsewhere).
 Timing lives here, never in tests.
 """
 
@@ -509,9 +510,8 @@ def main(argv: list[str] | None = None) -> None:
     results["workload"] = {"form": "quick" if args.quick else "full", **asdict(workload)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
     print(headline(results))
-    print(f"written to {path}")
+    print(f"every figure in {path}")
 
 
 def headline(results: dict[str, Any]) -> str:

@@ -81,12 +81,14 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
     write_run(path, records, {"candidate": candidate}, data=data)
     identity = json.loads((path / "run.json").read_text())
     (path / "run.json").write_text(json.dumps({**identity, "plan": plan}))
-    n = len(records)
-    (path / "summary.json").write_text(json.dumps({"n_runs": n, "n_instances": len(keys)}))
+    n, failed = len(records), sum(r["status"] == "failed" for r in records)
+    counts = {"n_runs": n, "n_instances": len(keys), "n_scored": n - failed, "n_failed": failed}
+    (path / "summary.json").write_text(json.dumps(counts))  # the counts a run's summary must hold, no figures
     return path
 
 
 def measure(page_path: Path) -> dict[str, float]:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -95,6 +97,10 @@ def measure(page_path: Path) -> dict[str, float]:
         started = time.perf_counter()
         page.goto(page_path.as_uri(), wait_until="domcontentloaded", timeout=120_000)
         ready_wall = time.perf_counter() - started
+        try:  # headless Chromium records the first paint a moment after DOMContentLoaded, or (some builds) never
+            page.wait_for_function("performance.getEntriesByName('first-contentful-paint').length > 0", timeout=10_000)
+        except PlaywrightTimeout:
+            pass
         timings = page.evaluate(
             """() => { const nav = performance.getEntriesByType('navigation')[0];
                        const fcp = performance.getEntriesByName('first-contentful-paint')[0];
@@ -107,7 +113,7 @@ def measure(page_path: Path) -> dict[str, float]:
         open_unit = time.perf_counter() - started
         browser.close()
     return {
-        "first_paint_s": round(timings["fcp"] / 1000, 3),
+        "first_paint_s": round(timings["fcp"] / 1000, 3) if timings["fcp"] is not None else None,
         "dom_ready_s": round(timings["dcl"] / 1000, 3),
         "wall_ready_s": round(ready_wall, 3),
         "open_unit_s": round(open_unit, 3),

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cupid.serving import hub
+
 INSTANCE_TYPES = ("consistent", "contrastive", "changing")
 HUB_ID = "kixlab/CUPID"
 HUB_SPLIT = "test"
@@ -166,6 +168,11 @@ def _local_rows(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 def _hub_rows(hub_id: str, split: str) -> Iterator[tuple[str, Any]]:
+    if (why := hub.unreachable()) is not None:
+        raise DataError(
+            f"{hub_id} (split {split}): the Hugging Face Hub is out of reach: {why}. Give a local copy (a .jsonl, "
+            ".parquet or directory), or set HF_HUB_OFFLINE=1 to read the datasets cache"
+        )
     import datasets
 
     try:

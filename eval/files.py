@@ -2,7 +2,8 @@
 directory (a lock), files replaced whole (a temporary file, then a rename) and a full disk reported as such.
 
 The lock is `fcntl.flock` on `<dir>/.lock`: the kernel drops it when its process ends, however it ends, so a
-killed run never leaves a lock that blocks the next one; the pid written inside only names the holder.
+killed run never leaves a lock that blocks the next one; the pid written inside only names the holder, and a holder
+that lets go empties it, so a pid found there by the next holder is that of a process that was killed.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    held = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             raise DirectoryBusy(
@@ -57,6 +60,8 @@ def hold(directory: str | Path, say: Callable[[str], None] | None = None) -> Ite
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield path
     finally:
+        if held:  # let go as a process that ended normally: no pid left for the next holder to take over
+            os.ftruncate(fd, 0)
         if created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:  # refused before it wrote: leave no trace
             path.unlink()
             directory.rmdir()

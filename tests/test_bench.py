@@ -44,7 +44,8 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert (shipped.stat().st_mtime_ns if shipped.exists() else None) == before, "the quick run overwrote results.json"
-    assert done.stdout.rstrip().endswith(f"written to {out}")
+    assert done.stdout.rstrip().endswith(f"every figure in {out}")
+    assert "{" not in done.stdout and len(done.stdout.splitlines()) < 20  # the summary, not the JSON
     results = json.loads(out.read_text())
     assert results["workload"]["form"] == "quick"
 
@@ -90,3 +91,22 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
     assert any(f"this client ({OURS_IN_FLIGHT} in flight)" in line for line in lines)
     by_level = next(line for line in lines if line.startswith("requests/s on vLLM CPU by in flight: "))
     assert [part.split(":")[0] for part in by_level.split(": ", 1)[1].split(", ")] == [str(n) for n in LEVELS]
+
+
+def test_the_viewer_bench_runs_in_a_real_browser(tmp_path):
+    """`python -m bench.view` (by hand, as the README shows it): its synthetic runs load as runs, and each page's
+    figures come back from Chromium."""
+    import pytest
+
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("/usr/bin/chromium not installed (apt-get install -y chromium; `make test` does it as root)")
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.view", "--instances", "24", "--history-chars", "2000"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("synthetic full run: 24 instances, 168 units per run")
+    for name in ("one run", "two runs compared"):
+        line = next(line for line in lines if line.startswith(f"{name}: page "))
+        assert "every unit openable" in line and "opening a unit" in line

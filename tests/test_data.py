@@ -79,6 +79,7 @@ def test_unknown_sources_fail_clearly(tmp_path):
 def test_hub_id_goes_through_datasets(monkeypatch, rows):
     import datasets
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no probe of the Hub: datasets (stubbed) answers from its cache
     calls = []
 
     def fake_load_dataset(name, split):  # the network boundary
@@ -94,9 +95,31 @@ def test_hub_id_goes_through_datasets(monkeypatch, rows):
 def test_hub_failure_is_a_clear_error(monkeypatch):
     import datasets
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
     def unreachable(name, split):
         raise ConnectionError("Hub unreachable")
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(DataError, match=r"kixlab/CUPID \(split test\): could not load .*Hub unreachable"):
         data.load("kixlab/CUPID")
+
+
+def test_a_hub_id_out_of_reach_fails_in_about_a_second_and_says_what_to_do(monkeypatch):
+    """A Hub whose address refuses connections (a closed local port: the same on any machine, online or not)."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from cupid.cli import app
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["eval", "check-data", "kixlab/CUPID"])
+    took = time.monotonic() - started
+    assert result.exit_code != 0 and took < 5, (took, result.output)
+    assert "kixlab/CUPID (split test): the Hugging Face Hub is out of reach: 127.0.0.1:9 cannot be reached" in (
+        " ".join(result.output.split())
+    )
+    assert "HF_HUB_OFFLINE=1" in result.output

@@ -102,6 +102,10 @@ def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_hol
     assert result.exit_code == 0, result.output
     assert f"took over the lock left by pid {dead.pid}, which is no longer running" in result.output
     assert len((out / "instances.jsonl").read_text().splitlines()) == 12
+    # A run that ended normally let go: the next one on the directory takes no lock over, and says nothing of it.
+    assert (out / ".lock").read_text() == ""
+    again = CliRunner().invoke(app, eval_args(instant_endpoints, out, cache))
+    assert again.exit_code == 0 and "took over the lock" not in again.output, again.output
 
 
 @pytest.fixture
