@@ -23,7 +23,7 @@ from cupid.eval.history import Setting
 from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Labels, MatchItem, Scoring, StageError
 from cupid.eval.reward import reward, reward_dataset
-from cupid.eval.runner import RunConfig, RunResult
+from cupid.eval.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
 from cupid.eval.stages import StageFailed
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import INFERENCE
@@ -33,7 +33,7 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike
+from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike, require_reachable
 from cupid.serving.endpoints import resolve as endpoint
 from cupid.serving.fleet import ServedModel
 
@@ -101,18 +101,26 @@ class PrefMatcher:
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
         self._opened = per_loop(self._open)  # per event loop: its client and scorer
+        self._answered = False  # its endpoints answered once: a server down fails the first call, by name
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
 
+    def _endpoints(self) -> dict[str, Endpoint]:
+        return {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
+
     def _open(self) -> tuple[Client, InferenceScorer]:
-        endpoints = {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
+        endpoints = self._endpoints()
         client = Client(
             endpoints, Cache(self.cache_path) if self.cache_path is not None else None, concurrency=self.concurrency
         )
         return client, InferenceScorer(client, "decomposer", "matcher", self.dialect)
 
     async def _scorer(self) -> InferenceScorer:
+        if not self._answered:
+            roles = {role: role for role in self._endpoints()}
+            await asyncio.to_thread(require_reachable, self._endpoints(), roles)
+            self._answered = True
         return (await self._opened.get())[1]
 
     async def aclose(self) -> None:
@@ -223,16 +231,27 @@ async def aevaluate(
     cache: str | Path | None = None,
     endpoints_file: str | Path = DEFAULT_FILE,
     progress: bool = True,
-    **options: Any,
+    types: Sequence[InstanceType] = (),
+    limit: int | None = None,
+    concurrency: int | None = None,
+    executor: Executor = "http",
+    serve: dict[str, dict[str, Any]] | Sequence[str] | None = None,
+    refresh: bool = False,
+    profiles: str | Path = "configs/serve",
+    track: Tracker | None = None,
+    **misspelt: Any,
 ) -> RunResult:
     """CUPID on one candidate, as `cupid eval run` runs it, returning what it computed.
 
     Each role is a name (an entry of `endpoints_file`, or a server running under `cupid serve up`), an
     `Endpoint`, or a base URL; the candidate may also be a `ServedModel` the run serves and stops. Nothing
     is written unless asked: `out` is a run directory (resumable: a rerun keeps its scored units), `cache`
-    a request-cache file. `options` are the other fields of a run config (`types`, `limit`, `concurrency`,
-    `executor`, `serve`, `refresh`, `profiles`, `track`: "mlflow" or "wandb" logs the finished run); the progress bar
-    goes to stderr."""
+    a request-cache file. The other arguments are the run config's fields of the same names (`cupid eval run
+    --help`; `track`: "mlflow" or "wandb" logs the finished run); the progress bar goes to stderr. An endpoint that
+    does not answer fails the call at once, naming its role and URL; a keyword that is none of these is refused by
+    name, with the closest one."""
+    if misspelt:
+        raise TypeError(_unknown_keywords("evaluate", misspelt, aevaluate))
     bound: dict[str, Endpoint] = {}
 
     def bind(role: str, value: Any) -> Any:
@@ -258,9 +277,31 @@ async def aevaluate(
         out=str(out) if out is not None else None,
         cache=str(cache) if cache is not None else None,
         no_cache=cache is None,
-        **options,
+        types=list(types),
+        limit=limit,
+        concurrency=concurrency,
+        executor=executor,
+        serve=serve if serve is not None else {},
+        refresh=refresh,
+        profiles=str(profiles),
+        track=track,
     )
     return await arun(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
+
+
+def _unknown_keywords(name: str, given: dict[str, Any], func: Callable[..., Any]) -> str:
+    """`name() got an unexpected keyword argument 'x'; did you mean 'y'?`, for each keyword `func` does not take."""
+    import difflib
+    import inspect
+
+    known = [p for p, v in inspect.signature(func).parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY]
+    said = []
+    for key in given:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+        said.append(
+            f"{name}() got an unexpected keyword argument {key!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+        )
+    return "; ".join(said)
 
 
 def _blocking_form(afunc: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, T]:

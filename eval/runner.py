@@ -33,7 +33,7 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import lookup, missing_keys
+from cupid.serving.endpoints import lookup, missing_keys, require_reachable
 from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
@@ -48,6 +48,10 @@ else:  # checked against the declared tasks
 Tracker = Literal[
     "mlflow", "wandb"
 ]  # `track:`: the run is logged there once it ends (eval.track, on top of the runner)
+
+
+InstanceType = Literal["consistent", "contrastive", "changing"]
+Executor = Literal["http", "vllm-offline", "transformers-offline"]
 
 
 class RunConfig(BaseModel):
@@ -89,14 +93,12 @@ class RunConfig(BaseModel):
         min_length=1,
         description="standard, oracle, oracle-preference (generation) or summary",
     )
-    types: list[Literal["consistent", "contrastive", "changing"]] = Field(
-        default_factory=list, description="only these instance types"
-    )
+    types: list[InstanceType] = Field(default_factory=list, description="only these instance types")
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
     concurrency: int | None = Field(
         default=None, ge=1, description="requests in flight per endpoint (overrides every endpoint's max_concurrency)"
     )
-    executor: Literal["http", "vllm-offline", "transformers-offline"] = Field(
+    executor: Executor = Field(
         default="http",
         description="http: running servers; vllm-offline (vLLM's CUDA or CPU build) or transformers-offline: "
         "the model inside this process, no server",
@@ -314,9 +316,13 @@ async def _run(
             f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)"
         )
 
+    servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
+    if cfg.executor == "http":  # a server this run brings starts on its first request: only the others are asked
+        others = {name: e for name, e in used.items() if name not in (servers or {})}
+        await asyncio.to_thread(require_reachable, others, cfg.roles().bound(), cfg.profiles)
+
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
-        servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
         client = open_client(
             cfg.executor,
             used,

@@ -5,6 +5,7 @@ entry of that file or a server running under `cupid serve up` (`serving.lifecycl
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,65 @@ def lookup(
     return {name: require(known, name, path) for name in names}
 
 
+REACH_TIMEOUT_S = 3.0  # a server that is up answers its model list in milliseconds
+
+
+def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOUT_S) -> dict[str, str]:
+    """Each endpoint where nothing answers its model list (`GET <base_url>/models`, as `cupid serve status` asks), and
+    why: refused, unknown host, no answer in `timeout`. Any HTTP answer, an error included (401 without a key), is a
+    server that answers. Asked side by side."""
+    import httpx
+
+    def why(endpoint: Endpoint) -> str | None:
+        key = endpoint.api_key()
+        try:
+            httpx.get(
+                endpoint.url + "/models", timeout=timeout, headers={"Authorization": f"Bearer {key}"} if key else {}
+            )
+        except httpx.HTTPError as e:
+            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
+        reasons = dict(zip(endpoints, pool.map(why, endpoints.values())))
+    return {name: reason for name, reason in reasons.items() if reason is not None}
+
+
+def how_to_start(endpoint: Endpoint, profiles_dir: str | Path | None = None) -> str:
+    """How to bring up the server an endpoint points at, where it is one of this machine's profiles' (by port)."""
+    from urllib.parse import urlparse
+
+    from cupid.serving import profiles
+
+    url = urlparse(endpoint.url)
+    if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1"):
+        return "check that the server runs and its address is right"
+    try:
+        known = profiles.load_all(profiles_dir or profiles.DEFAULT_DIR)
+    except ConfigError:
+        known = {}
+    names = [name for name, p in known.items() if p.port == url.port]
+    return f"start it: cupid serve up --profile {names[0]}" if names else "start its server (`cupid serve up`)"
+
+
+def require_reachable(
+    endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None, profiles_dir: str | Path | None = None
+) -> None:
+    """Refuse at once, before anything is sent, when an endpoint does not answer: naming the role(s) it plays, the
+    endpoint, its URL and how to start it. `roles`: role -> endpoint name."""
+    down = unreachable(endpoints)
+    if not down:
+        return
+    lines = []
+    for name, reason in down.items():
+        playing = ", ".join(role for role, used in (roles or {}).items() if used == name) or "endpoint"
+        lines.append(
+            f"{playing} '{name}' at {endpoints[name].url} does not answer ({reason}): "
+            f"{how_to_start(endpoints[name], profiles_dir)}"
+        )
+    raise ConfigError("nothing was sent: " + "; ".join(lines))
+
+
 def missing_keys(endpoints: dict[str, Endpoint]) -> list[str]:
     """Environment variables that endpoints need but that are not set."""
     return sorted({e.api_key_env for e in endpoints.values() if e.api_key_env and not e.api_key()})
@@ -78,6 +138,11 @@ def _served_model(base_url: str) -> str:
     url = base_url.rstrip("/") + "/models"
     try:
         listed = [m["id"] for m in httpx.get(url, timeout=10).json()["data"] if m.get("parent") is None]
+    except httpx.TransportError as e:
+        raise ConfigError(
+            f"{url}: nothing answers ({type(e).__name__}: {e}): "
+            "start the server (`cupid serve up`) or check the address"
+        ) from None
     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
     if len(listed) != 1:

@@ -432,3 +432,36 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
 
     asyncio.run(inside())
     each_closed_once(6)
+
+
+def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_is_named(tmp_path, instant_url):
+    import time
+
+    from cupid.serving.config import ConfigError
+    from cupid.serving.lifecycle import free_port
+
+    closed = f"http://127.0.0.1:{free_port()}/v1"
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml",
+        cand={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": closed, "model": "local-prefmatcher"},
+    )
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        cupid.evaluate("cand", matcher="pm", decomposer="cand", endpoints_file=endpoints, progress=False, limit=1)
+    assert time.monotonic() - started < 5
+    message = str(refused.value)
+    assert message.startswith("nothing was sent: matcher 'pm' at " + closed + " does not answer (ConnectError")
+    assert "start its server (`cupid serve up`)" in message and "AttributeError" not in message
+
+    # PrefMatcher: a base URL where nothing listens is said so (no "pass model="); an endpoint, at its first call
+    with pytest.raises(ConfigError, match=r"nothing answers \(ConnectError.*start the server") as refused:
+        cupid.PrefMatcher(closed)
+    assert "pass model=" not in str(refused.value)
+    pm = cupid.PrefMatcher(cupid.Endpoint(base_url=closed, model="local-prefmatcher"))
+    with pytest.raises(ConfigError, match=rf"nothing was sent: matcher 'matcher' at {closed} does not answer"):
+        pm.labels("Prefers short answers", ["Is the answer short?"])
+
+    with pytest.raises(TypeError, match=r"evaluate\(\) got an unexpected keyword argument 'endpoints'; did you mean "
+                                        r"'endpoints_file'\?"):  # fmt: skip
+        cupid.evaluate("cand", matcher="pm", endpoints="file.yaml")

@@ -33,6 +33,7 @@ from cupid.eval.runner import run as run_eval
 from cupid.eval.tasks import TASKS
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.serving.endpoints import require_reachable
 from cupid.serving.fleet import ServedModel
 from cupid.serving.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
@@ -200,6 +201,10 @@ def train(
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
     args, lora, funcs = check(cfg, track, funcs)
+    for judges in {id(j): j for f in funcs if (j := getattr(f, "keywords", {}).get("judges"))}.values():
+        require_reachable(
+            dict(judges.endpoints), {role: role for role, _ in judges.endpoints}
+        )  # before the policy loads
     dataset = reward_dataset(
         cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
     )
