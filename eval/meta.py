@@ -369,8 +369,9 @@ def correlate_cmd(
     out.add_column("model")
     out.add_column(result.columns[0], justify="right")
     out.add_column(result.columns[1], justify="right")
+    digits = [1 if max(map(abs, values), default=0) > 1 else 3 for values in (result.x, result.y)]  # % or a share
     for model, x, y in zip(result.models, result.x, result.y):
-        out.add_row(model, f"{x:.4g}", f"{y:.4g}")
+        out.add_row(model, f"{x:.{digits[0]}f}", f"{y:.{digits[1]}f}")  # one format per column
     Console().print(out)
     if result.left_out:
         print(f"left out (no value in both columns): {', '.join(result.left_out)}")

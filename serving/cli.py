@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.config import ConfigError, validate
@@ -191,7 +191,10 @@ def status() -> None:
     if not rows:
         console.print("no servers")
         return
-    table = Table("name", "served as", "engine", "url", "pid", "state", "model")
+    # a narrow terminal folds long names and paths onto more lines rather than cutting them short
+    table = Table(
+        *(Column(h, overflow="fold") for h in ("name", "served as", "engine", "url", "pid", "state", "model"))
+    )
     for r in rows:
         state = "healthy" if r.healthy else ("starting/unhealthy" if r.alive else "dead")
         table.add_row(r.name, r.profile.served, r.profile.engine, r.base_url, str(r.pid), state, r.profile.model)

@@ -153,6 +153,8 @@ def test_correlate_spec_table_gives_the_papers_r():
     assert result.exit_code == 0, result.output
     assert last_line(result) == "pearson_r=0.997"
     assert "n_models=10" in result.output
+    gpt4o = next(line for line in result.output.splitlines() if "│ GPT-4o " in line)
+    assert gpt4o.split("│")[2:4] == ["     43.0 ", "           42.0 "]  # one format per column: 43.0, not 43
     ambiguous = cli.invoke(app, ["meta", "correlate", "--table", str(PAPER_TABLE)])
     assert ambiguous.exit_code == 2 and "--columns" in ambiguous.output
 

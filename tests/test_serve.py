@@ -500,3 +500,23 @@ def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, rando
     assert http_stats.cached == 4 and http_stats.sent == 0
     assert [a.content for a in again] == [a.content for a in answers[:4]]
     cache.close()
+
+
+def test_status_in_a_narrow_terminal_folds_rather_than_cuts(tiny_server, session_home):
+    """`cupid serve status` in 80 columns: every name and path whole, folded onto more lines, never cut with '…'."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "cupid"), "serve", "status"],
+        env={**os.environ, "CUPID_HOME": str(session_home), "COLUMNS": "80"},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and max(len(line) for line in done.stdout.splitlines()) <= 80
+    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│")]
+    columns = ["".join(row[i].strip() for row in rows) for i in range(len(rows[0]))]  # each column's pieces, joined
+    assert any(tiny_server["model"] in c for c in columns)
+    assert any(tiny_server["base_url"].removesuffix("/v1") in c for c in columns)
