@@ -184,14 +184,19 @@ async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str,
 
 
 def form(answer: str) -> float:
-    """The inference answer's form, graded: a quarter each for the analysis header, the preference header, a
-    preference after it (what the runner parses), and that preference in at most `MAX_PREFERENCE_WORDS` words."""
-    score = 0.25 * ("### Analysis" in answer) + 0.25 * (PREFERENCE_HEADER in answer)
+    """The inference answer's form, graded, so that an answer closer to the asked format earns more: the analysis
+    header 0.2 (any markdown heading 0.1), the preference header 0.2 (its words in any case 0.1), a preference after
+    it (what the runner parses) 0.3, and that preference in at most `MAX_PREFERENCE_WORDS` words 0.3. The partial
+    steps are for a small policy that has not met the format yet: its answers then differ in form, and a group's
+    rewards vary."""
+    headings = [line for line in answer.splitlines() if line.lstrip().startswith("#")]
+    score = 0.2 if "### Analysis" in answer else 0.1 if headings else 0.0
+    score += 0.2 if PREFERENCE_HEADER in answer else 0.1 if "most likely preference" in answer.lower() else 0.0
     try:
         stated = parse.preference(answer)
     except parse.ParseError:
-        return score
-    return score + 0.25 + 0.25 * (len(stated.split()) <= MAX_PREFERENCE_WORDS)
+        return round(score, 2)
+    return round(score + 0.3 + 0.3 * (len(stated.split()) <= MAX_PREFERENCE_WORDS), 2)
 
 
 async def cupid_inference_format(

@@ -214,11 +214,12 @@ def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_
     from cupid.eval.reward import format_reward
 
     records, _, decomposer, _ = scored
-    dataset = cupid.reward_dataset("sample", limit=N)
+    dataset = cupid.reward_dataset("sample", limit=4)
     answers = [
         "I would rather not say.",  # no header at all: 0
         records[1].candidate_answer,  # the instant server's: both headers, one short sentence: 1
-        f"{PREFERENCE_HEADER}\nShort answers with numbers first.",  # no analysis header: 0.75
+        f"{PREFERENCE_HEADER}\nShort answers with numbers first.",  # a heading, not the analysis's: 0.9
+        "# Notes\nThe most likely preference is brevity.",  # a heading, the header's words: 0.2
     ]
     judge_reward = cupid.reward(
         matcher=Endpoint(base_url=instant_url, model="local-prefmatcher"), decomposer=decomposer
@@ -236,19 +237,19 @@ def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_
         return (*results, logged)
 
     judged, form, logged = asyncio.run(batch(judge_reward, graded))
-    assert form == [0.0, 1.0, 0.75] and judged[0] == 0.0 and None not in judged
+    assert form == [0.0, 1.0, 0.9, 0.2] and judged[0] == judged[3] == 0.0 and None not in judged
     assert logged["cupid/inference/requests_sent"] == 2 * 3  # each answer scored once for both rewards
 
     stopped = Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="stopped", max_retries=0, timeout_s=5)
     judge_reward = cupid.reward(matcher=stopped, decomposer=stopped)
     judged, form, logged = asyncio.run(batch(judge_reward, format_reward(judge_reward)))
-    assert judged == [0.0, None, None] and form == [0.0, None, None]  # skipped where the judges failed, as TRL needs
+    assert judged == [0.0, None, None, 0.0] and form == [0.0, None, None, 0.2]  # None where the judges failed
 
     # Judges that cannot even be opened (the cache is not a cache): every reward None, the failure rate still logged.
     (tmp_path / "bad.sqlite").write_text("not a cache")
     judge_reward = cupid.reward(matcher=stopped, decomposer=stopped, cache=tmp_path / "bad.sqlite")
     judged, form, logged = asyncio.run(batch(judge_reward, format_reward(judge_reward)))
-    assert judged == form == [None] * 3 and logged == {
+    assert judged == form == [None] * 4 and logged == {
         "cupid/inference/judge_failure_rate": 1.0,
         "cupid/inference/seconds_per_batch": pytest.approx(logged["cupid/inference/seconds_per_batch"]),
     }

@@ -1,0 +1,142 @@
+"""The README runs as written: every shell and Python block is either run here, as a reader runs it, or carries a
+visible line just above it that says why not (`*Not run by tests/test_readme.py: <reason>.*`, a reason from
+`REASONS`). A README change that breaks an example, or adds a block with neither, fails `make test`.
+
+A reader's directory is made for the blocks: the repository's configs, its endpoints file with the tiny model's
+entries pointing at the suite's own vLLM server (the random-weight model, where a reader has SmolLM2 on :8011), and
+the runs the examples name (`runs/a`, `runs/b`, `runs/model-a`, `runs/model-b`, `runs/demo`: the instant server's
+answers on 16 personas, the same answers under two names). Shell blocks run with `bash -e` and `cupid` on PATH,
+Python blocks with the project's interpreter; each must exit 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, sample_copies, write_endpoints
+
+MARKER = re.compile(r"^\*Not run by tests/test_readme\.py: (?P<why>.+)\.\*$")
+REASONS = (
+    "needs a GPU",
+    "needs the Hugging Face Hub",
+    "needs an API key",
+    "a reference of commands and options, with placeholders",
+    "the test suite itself",
+)
+RUNS = ("a", "b", "model-a", "model-b", "demo")
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of its opening fence
+    language: str
+    code: str
+    skipped: str | None  # why not run, from the marker above it
+
+    @property
+    def name(self) -> str:
+        first = next((c for c in self.code.splitlines() if c.strip() and not c.startswith("#")), "")
+        return f"README.md:{self.line} ({self.language}: {first.strip()[:60]})"
+
+
+def blocks(text: str) -> list[Block]:
+    """Every fenced shell and Python block, with the marker line above it (blank lines between allowed)."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = MARKER.match(above)
+        if fence.group(1) in ("bash", "python"):
+            out.append(
+                Block(i + 1, fence.group(1), "\n".join(lines[i + 1 : end]), marker.group("why") if marker else None)
+            )
+        i = end + 1
+    return out
+
+
+def test_every_block_is_accounted_for():
+    found = blocks((REPO / "README.md").read_text())
+    assert len(found) >= 15
+    unknown = [f"{b.name}: {b.skipped!r}" for b in found if b.skipped and not b.skipped.startswith(REASONS)]
+    assert not unknown, f"a reason not among {REASONS}: {unknown}"
+    assert [b for b in found if b.skipped is None], "no block runs"
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory, instant_url, tiny_server, session_home):
+    """A reader's directory: the configs, the tiny model's endpoints on the suite's server, the runs the examples
+    name."""
+    from cupid.eval.runner import RunConfig, run
+
+    home = tmp_path_factory.mktemp("reader")
+    shutil.copytree(REPO / "configs", home / "configs")
+    shutil.copytree(REPO / "tests" / "data", home / "tests" / "data")
+    shipped = yaml.safe_load((REPO / "configs" / "endpoints.yaml").read_text())
+    served = {"base_url": tiny_server["base_url"], "model": tiny_server["model"]}
+    shipped["tiny"] |= served
+    shipped["tiny-constrained"] |= served
+    (home / "configs" / "endpoints.yaml").write_text(yaml.safe_dump(shipped))
+    endpoints = write_endpoints(
+        home / "instant.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        again={"base_url": instant_url, "model": "instant-again"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
+    data = sample_copies(home / "personas.jsonl", 4)  # 16 personas: enough for a verdict
+    common = {"endpoints": str(endpoints), "data": str(data), "decomposer": "instant", "matcher": "pm",
+              "settings": ["standard", "oracle"], "cache": str(home / "cache.sqlite")}  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUPID_HOME", str(session_home))
+        for name in RUNS:
+            run(
+                RunConfig(
+                    **common,
+                    candidate="again" if name in ("b", "model-b") else "instant",
+                    out=str(home / "runs" / name),
+                )
+            )
+    return home, session_home
+
+
+def run_block(block: Block, home: Path, cupid_home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUPID_HOME": str(cupid_home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    command = (
+        ["bash", "-e", "-o", "pipefail", "-c", block.code]
+        if block.language == "bash"
+        else [sys.executable, "-c", block.code]
+    )
+    return subprocess.run(command, cwd=home, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_each_runnable_block_runs_as_written(reader, capsys):
+    home, cupid_home = reader
+    found = blocks((REPO / "README.md").read_text())
+    ran, failed = [], []
+    for block in found:
+        if block.skipped is not None:
+            continue
+        done = run_block(block, home, cupid_home)
+        ran.append(block)
+        if done.returncode != 0:
+            failed.append(f"{block.name}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    skipped = [b for b in found if b.skipped is not None]
+    with capsys.disabled():
+        reasons = sorted({b.skipped for b in skipped})
+        counts = "; ".join(f"{sum(b.skipped == r for b in skipped)} {r}" for r in reasons)
+        print(f"\nREADME blocks: {len(found)}: {len(ran)} run, {len(skipped)} not run ({counts})")
+    assert len(ran) + len(skipped) == len(found)
+    assert not failed, "\n\n".join(failed)
+    # what the examples made is there
+    assert (home / "runs" / "a-b" / "view.html").exists() and (home / "runs" / "demo" / "report" / "view.html").exists()
