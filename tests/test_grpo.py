@@ -122,6 +122,7 @@ def test_grpo_trains_on_cupid_rewards_and_its_adapter_runs_under_cupid_eval(trai
     )  # the rewards varied: there was something to learn
     assert report["parameters_changed"] > 0  # and the policy learnt it
     assert report["nothing_learnt"] is None
+    assert "grpo: 2 logged steps, mean reward " in " ".join(output.split())  # one per step, whatever the functions
     # The format reward beside the judges': graded, so most groups' rewards vary (TRL skips none: the judges answered)
     assert all("rewards/cupid_inference_format/mean" in row for row in steps)
     zero_std = [row["frac_reward_zero_std"] for row in steps]

@@ -223,7 +223,7 @@ def grpo(
             console.print(line, highlight=False, soft_wrap=True)
         return
     report = _guarded(lambda: grpo_run.train(cfg, err, track))
-    rewards = [row[k] for row in report["log_history"] for k in row if k.startswith("rewards/") and k.endswith("/mean")]
+    rewards = [row["reward"] for row in report["log_history"] if "reward" in row]  # TRL's weighted sum, per step
     console.print(
         f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} "
         f"-> {rewards[-1] if rewards else '-'}; adapter in {report['adapter']}",
