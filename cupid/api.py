@@ -33,7 +33,7 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike, require_reachable
+from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike
 from cupid.serving.endpoints import resolve as endpoint
 from cupid.serving.fleet import ServedModel
 
@@ -101,7 +101,6 @@ class PrefMatcher:
         self.cache_path = Path(cache) if cache is not None else None
         self.concurrency = concurrency
         self._opened = per_loop(self._open)  # per event loop: its client and scorer
-        self._answered = False  # its endpoints answered once: a server down fails the first call, by name
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
@@ -111,16 +110,15 @@ class PrefMatcher:
 
     def _open(self) -> tuple[Client, InferenceScorer]:
         endpoints = self._endpoints()
-        client = Client(
-            endpoints, Cache(self.cache_path) if self.cache_path is not None else None, concurrency=self.concurrency
+        client = Client(  # a server down fails the first call that must be sent to it, by name
+            endpoints,
+            Cache(self.cache_path) if self.cache_path is not None else None,
+            concurrency=self.concurrency,
+            roles={role: role for role in endpoints},
         )
         return client, InferenceScorer(client, "decomposer", "matcher", self.dialect)
 
     async def _scorer(self) -> InferenceScorer:
-        if not self._answered:
-            roles = {role: role for role in self._endpoints()}
-            await asyncio.to_thread(require_reachable, self._endpoints(), roles)
-            self._answered = True
         return (await self._opened.get())[1]
 
     async def aclose(self) -> None:
@@ -281,7 +279,7 @@ async def aevaluate(
         limit=limit,
         concurrency=concurrency,
         executor=executor,
-        serve=serve if serve is not None else {},
+        serve=serve if serve is not None else {},  # type: ignore[arg-type]  # names: the field's validator
         refresh=refresh,
         profiles=str(profiles),
         track=track,

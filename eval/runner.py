@@ -33,7 +33,7 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import lookup, missing_keys, require_reachable
+from cupid.serving.endpoints import lookup, missing_keys
 from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
@@ -316,13 +316,9 @@ async def _run(
             f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)"
         )
 
-    servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
-    if cfg.executor == "http":  # a server this run brings starts on its first request: only the others are asked
-        others = {name: e for name, e in used.items() if name not in (servers or {})}
-        await asyncio.to_thread(require_reachable, others, cfg.roles().bound(), cfg.profiles)
-
     cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
     try:
+        servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
         client = open_client(
             cfg.executor,
             used,
@@ -331,6 +327,7 @@ async def _run(
             concurrency=cfg.concurrency,
             profiles_dir=cfg.profiles,
             servers=servers,
+            roles=cfg.roles().bound(),  # an endpoint that does not answer stops the run before it is sent to
         )
         out = RunDir(cfg.out) if cfg.out else None
         latest: dict[tuple[str, str, str], UnitRecord] = {}

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 import aiohttp
@@ -21,6 +22,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from cupid.serving.aio import PerLoop
 from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoints import EndpointDown, down_message, unreachable
 from cupid.serving.lifecycle import failure_line
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
@@ -111,6 +113,8 @@ class Client:
         refresh: bool = False,
         concurrency: int | None = None,
         servers: dict[str, ManagedServer] | None = None,
+        roles: dict[str, str] | None = None,
+        profiles_dir: str | Path | None = None,
     ):
         self.endpoints = endpoints
         self.cache = cache
@@ -122,6 +126,11 @@ class Client:
         self._in_flight: dict[str, asyncio.Future[Answer]] = {}
         self.servers = servers or {}  # endpoint name -> the server a run brings for it, started on the first cache miss
         self._starting: dict[str, asyncio.Future[None]] = {}
+        # With `roles` (role -> endpoint name), an endpoint is asked once, before the first request that must be sent
+        # to it, whether it answers; one that does not stops the run (`EndpointDown`) instead of failing each unit.
+        # A run answered from the cache asks nothing.
+        self.roles, self.profiles_dir = roles, profiles_dir
+        self._answering: dict[str, asyncio.Future[dict[str, str]]] = {}
 
     def limit(self, name: str) -> int:
         return self.concurrency or self.endpoints[name].max_concurrency
@@ -151,6 +160,7 @@ class Client:
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
+            await self._answers(name)
             await self._server_up(name)
             answer = await self._send_with_retries(name, request)
         except BaseException as e:
@@ -165,6 +175,17 @@ class Client:
         if self.cache is not None:
             self.cache.put(key, request.model, request.body(), answer)
         return answer
+
+    async def _answers(self, name: str) -> None:
+        """Where asked (`roles`), the endpoint answered before its first request is sent (once; a server this run
+        brings starts on that request instead)."""
+        if self.roles is None or name in self.servers:
+            return
+        if name not in self._answering:
+            probe = asyncio.to_thread(unreachable, {name: self.endpoints[name]})
+            self._answering[name] = asyncio.ensure_future(probe)
+        if down := await asyncio.shield(self._answering[name]):
+            raise EndpointDown(down_message(down, self.endpoints, self.roles, self.profiles_dir))
 
     async def _server_up(self, name: str) -> None:
         """Wait for the endpoint's server where this run brings it (one start for all its requests)."""

@@ -88,22 +88,31 @@ def how_to_start(endpoint: Endpoint, profiles_dir: str | Path | None = None) -> 
     return f"start it: cupid serve up --profile {names[0]}" if names else "start its server (`cupid serve up`)"
 
 
-def require_reachable(
-    endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None, profiles_dir: str | Path | None = None
-) -> None:
-    """Refuse at once, before anything is sent, when an endpoint does not answer: naming the role(s) it plays, the
-    endpoint, its URL and how to start it. `roles`: role -> endpoint name."""
-    down = unreachable(endpoints)
-    if not down:
-        return
+class EndpointDown(ConfigError):
+    """An endpoint a run must send to does not answer: the run stops at once, before sending to it."""
+
+
+def down_message(down: Mapping[str, str], endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None,
+                 profiles_dir: str | Path | None = None) -> str:  # fmt: skip
+    """`matcher 'pm' at URL does not answer (why): how to start it; nothing was sent to it`, for each endpoint down.
+    `roles`: role -> endpoint name."""
     lines = []
     for name, reason in down.items():
         playing = ", ".join(role for role, used in (roles or {}).items() if used == name) or "endpoint"
         lines.append(
             f"{playing} '{name}' at {endpoints[name].url} does not answer ({reason}): "
-            f"{how_to_start(endpoints[name], profiles_dir)}"
+            f"{how_to_start(endpoints[name], profiles_dir)}; nothing was sent to it"
         )
-    raise ConfigError("nothing was sent: " + "; ".join(lines))
+    return "; ".join(lines)
+
+
+def require_reachable(
+    endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None, profiles_dir: str | Path | None = None
+) -> None:
+    """Refuse at once when an endpoint does not answer: naming the role(s) it plays, the endpoint, its URL and how
+    to start it."""
+    if down := unreachable(endpoints):
+        raise EndpointDown(down_message(down, endpoints, roles, profiles_dir))
 
 
 def missing_keys(endpoints: dict[str, Endpoint]) -> list[str]:

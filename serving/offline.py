@@ -417,11 +417,15 @@ def open_client(
     concurrency: int | None = None,
     profiles_dir: str | Path = profiles.DEFAULT_DIR,
     servers: dict | None = None,
+    roles: dict[str, str] | None = None,
 ) -> Client:
     """The client for an executor: `http` (servers), `vllm-offline` (in-process vLLM, GPU) or
     `transformers-offline` (in-process transformers, CPU). Raises ConfigError when it cannot run here."""
     if executor == "http":
-        return Client(endpoints, cache, refresh=refresh, concurrency=concurrency, servers=servers)
+        return Client(
+            endpoints, cache, refresh=refresh, concurrency=concurrency, servers=servers, roles=roles,
+            profiles_dir=profiles_dir,
+        )  # fmt: skip
     if executor == "vllm-offline":
         loader = _vllm_loader(endpoints, Path(profiles_dir))
     elif executor == "transformers-offline":
