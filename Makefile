@@ -10,7 +10,7 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install \
+.PHONY: setup setup-dev demo test check bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install \
   check-gpu-train
 
 $(PY):
@@ -79,6 +79,13 @@ TEST_WORKERS ?= $(shell python3 -c "import os; print(min(8, max(2, len(os.sched_
 test: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=8
+
+# The fast tier, while you work: the house rules, then every test that neither starts vLLM nor trains (`-m "not slow"`:
+# tests/conftest.py marks a test slow by the fixtures it uses), mypy included (tests/test_types.py). `make test` is the
+# whole suite, what CI runs.
+check: setup-dev
+	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=5
 
 # What `make setup-dev` would install on a CUDA box, resolved by pip against the package index without installing
 # anything: the pinned vLLM, its torch, transformers in its range (scripts/check_gpu_install.py). Not in `make test`,

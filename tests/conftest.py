@@ -87,9 +87,16 @@ LONGEST_FIRST = (
 )
 
 
+# A test that uses one of these starts vLLM or trains (or builds a model to): `slow`, left out of `make check`.
+SLOW_FIXTURES = {"tiny_server", "tiny_profile", "smol_model_dir", "random_model_dir"}
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's slowest durations
