@@ -140,3 +140,16 @@ def test_each_runnable_block_runs_as_written(reader, capsys):
     assert not failed, "\n\n".join(failed)
     # what the examples made is there
     assert (home / "runs" / "a-b" / "view.html").exists() and (home / "runs" / "demo" / "report" / "view.html").exists()
+
+
+def test_the_cli_reference_lists_every_option_of_eval_run():
+    """The README's list of `cupid eval run`'s options holds every one the command takes (a new option is listed)."""
+    from typer.main import get_command
+
+    from cupid.cli import app
+
+    command = get_command(app).commands["eval"].commands["run"]  # type: ignore[attr-defined]
+    options = {opt for param in command.params for opt in param.opts if opt.startswith("--")} - {"--help"}
+    readme = (REPO / "README.md").read_text()
+    listed = readme.split("cupid eval check-data [sample", 1)[1].split("cupid track", 1)[0]
+    assert sorted(o for o in options if not re.search(rf"{re.escape(o)}\b", listed)) == []
