@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-# the API, and the types its signatures name
+# the API, and the types its signatures name: the one export list (`cupid.api` names these)
 __all__ = [
     "Comparison",
+    "ConfigError",
     "Dataset",
     "Endpoint",
     "Labels",
@@ -29,6 +30,7 @@ __all__ = [
     "compare",
     "endpoint",
     "evaluate",
+    "format_reward",
     "load_dataset",
     "reward",
     "reward_dataset",
@@ -37,6 +39,7 @@ __all__ = [
 if TYPE_CHECKING:
     from cupid.api import (
         Comparison,
+        ConfigError,
         Dataset,
         Labels,
         MatchItem,
@@ -51,6 +54,7 @@ if TYPE_CHECKING:
         compare,
         endpoint,
         evaluate,
+        format_reward,
         load_dataset,
         reward,
         reward_dataset,

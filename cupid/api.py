@@ -17,15 +17,15 @@ from typing import Any, ParamSpec, Self, TypeVar
 from rich.console import Console
 
 from cupid.eval import data as cupid_data
-from cupid.eval.compare import Comparison, compare
+from cupid.eval.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
 from cupid.eval.data import Dataset
 from cupid.eval.history import Setting
 from cupid.eval.inference import InferenceScorer, matcher_dialect
-from cupid.eval.records import Labels, MatchItem, Scoring, StageError
-from cupid.eval.reward import reward, reward_dataset
+from cupid.eval.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
+from cupid.eval.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
 from cupid.eval.stages import StageFailed
-from cupid.eval.summary import Summary
+from cupid.eval.summary import Summary  # noqa: F401 (the API)
 from cupid.eval.tasks import INFERENCE
 from cupid.eval.tracked import arun  # the run, then its tracker run when `track=` asks
 from cupid.serving.aio import blocking
@@ -36,29 +36,6 @@ from cupid.serving.endpoint import Endpoint
 from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike
 from cupid.serving.endpoints import resolve as endpoint
 from cupid.serving.fleet import ServedModel
-
-__all__ = [
-    "Comparison",
-    "ConfigError",
-    "Dataset",
-    "Endpoint",
-    "Labels",
-    "MatchItem",
-    "PrefMatcher",
-    "RunResult",
-    "Scoring",
-    "ServedModel",
-    "StageError",
-    "StageFailed",
-    "Summary",
-    "aevaluate",
-    "compare",
-    "endpoint",
-    "evaluate",
-    "load_dataset",
-    "reward",
-    "reward_dataset",
-]  # fmt: skip
 
 T = TypeVar("T")
 P = ParamSpec("P")

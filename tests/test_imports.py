@@ -12,6 +12,8 @@ import ast
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 Graph = dict[str, set[str]]  # module -> the package's modules it imports
@@ -109,3 +111,14 @@ def test_the_exports_sit_on_top_of_the_runner() -> None:
     assert not track & {"cupid.eval.runner", "cupid.eval.nightly"}, sorted(track)
     # inspect-ai loads the tasks in its own process: neither the package's top nor the API above everything comes along
     assert not graph["cupid.eval.inspect_tasks"] & {"cupid", "cupid.api"}
+
+
+def test_one_export_list_and_every_name_on_it_resolves():
+    import cupid
+    import cupid.api
+
+    assert not hasattr(cupid.api, "__all__")  # the list lives in cupid/__init__.py alone
+    missing = [name for name in cupid.__all__ if getattr(cupid, name, None) is None]
+    assert missing == [] and {"ConfigError", "format_reward", "PrefMatcher", "evaluate"} <= set(cupid.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        cupid.nothing_here  # noqa: B018
