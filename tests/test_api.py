@@ -468,3 +468,33 @@ def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_i
     with pytest.raises(TypeError, match=r"evaluate\(\) got an unexpected keyword argument 'endpoints'; did you mean "
                                         r"'endpoints_file'\?"):  # fmt: skip
         cupid.evaluate("cand", matcher="pm", endpoints="file.yaml")
+
+
+def test_score_batch_and_its_async_twin_give_the_runs_scores(tmp_path, instant_url, cupid_home):
+    """PrefMatcher.score_batch on the preferences a run inferred: the run's own counts and P/R/F1, unit by unit, in
+    order; its async twin the same."""
+    import asyncio
+
+    from cupid.eval.runner import RunConfig, run
+
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
+    records = run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm",
+                            limit=3, out=None, no_cache=True)).records  # fmt: skip
+    triples = [(r.inferred_preference, r.gt_preference, r.gt_checklist) for r in records]
+    pm = cupid.PrefMatcher(
+        cupid.Endpoint(base_url=instant_url, model="local-prefmatcher"),
+        decomposer=cupid.Endpoint(base_url=instant_url, model="instant"),
+    )
+    batch = pm.score_batch(triples)
+    assert [s.counts for s in batch] == [r.counts for r in records] and all(s.scored for s in batch)
+    assert [s.scores for s in batch] == [r.scores for r in records]
+
+    async def twin():
+        async with pm:
+            return await pm.ascore_batch(triples)
+
+    assert [s.scores for s in asyncio.run(twin())] == [r.scores for r in records]

@@ -136,3 +136,36 @@ def test_refusals_before_sending(endpoints, tmp_path, cupid_home, monkeypatch):
         run(config(endpoints, tmp_path, candidate="tiny", limit=1))
     with pytest.raises(ConfigError, match="no endpoint named 'nobody'"):
         run(config(endpoints, tmp_path, candidate="nobody"))
+
+
+def test_a_candidates_failures_are_recorded_counted_and_kept_out_of_the_figures(tmp_path, instant_url, cupid_home):
+    """Deterministic: the instant server as a candidate that states no preference for one persona (its three
+    instances) and answers the other's: three units failed at parse_preference with their raw answers, three scored,
+    and the run's figures are the scored three's."""
+    from cupid.serving.instant import start as start_instant
+    from tests.conftest import sample_copies
+
+    proc, url = start_instant("--no-preference-for", r"\(case sample-01-0\)")
+    try:
+        endpoints = write_endpoints(
+            tmp_path / "ep.yaml",
+            instant={"base_url": instant_url, "model": "instant"},
+            pm={"base_url": instant_url, "model": "local-prefmatcher"},
+            silent={"base_url": url, "model": "silent-for-one"},
+        )
+        data = sample_copies(tmp_path / "marked.jsonl", 1, marked=True)
+        summary = run(config(endpoints, tmp_path, candidate="silent", data=str(data), limit=6)).summary
+    finally:
+        proc.terminate()
+        proc.wait()
+    rows = records(tmp_path / "run")
+    failed = [r for r in rows if r["status"] == "failed"]
+    scored = [r for r in rows if r["status"] == "scored"]
+    assert [r["persona_id"] for r in failed] == ["sample-01-0"] * 3 and len(scored) == 3
+    assert all(r["error"]["stage"] == "parse_preference" and r["error"]["raw"] == r["candidate_answer"] for r in failed)
+    assert (summary.n_failed, summary.n_scored) == (3, 3)
+    assert summary.failures == {"inference/parse_preference: parse_error": 3}
+    overall = summary.tasks["inference"].overall
+    assert overall.n_scored == 3 and overall.n_failed == 3
+    kept = [UnitRecord.model_validate(r).match_counts() for r in scored]
+    assert overall.micro.f1 == pytest.approx(micro(kept).f1)  # the failed three are left out, not zeros
