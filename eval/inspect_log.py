@@ -14,12 +14,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from cupid.eval.files import write_atomic
 from cupid.eval.records import StageError, UnitRecord
 from cupid.eval.rundir import RunDir, RunIdentity, UnitPlan
-from cupid.eval.summary import Summary, markdown, summarize
+from cupid.eval.summary import Summary, summarize
 from cupid.eval.tasks import TASKS
 from cupid.serving.config import ConfigError
 
@@ -111,20 +109,3 @@ def _records(path: str | Path, log: Any) -> list[UnitRecord]:
             )
         )
     return records
-
-
-LogsArgument = typer.Argument(..., help="inspect-ai logs of cupid/inference and/or cupid/generation (.eval or .json)")
-
-
-def main(
-    logs: list[str] = LogsArgument,
-    out: str = typer.Option(..., "--out", help="run directory to write (new, or holding the same run)"),
-) -> None:
-    """Turn inspect-ai logs of the cupid/* tasks into a run directory (`cupid view`, `report`, `track`)."""
-    try:
-        summary = import_logs(list(logs), out)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    typer.echo(markdown(summary))
-    typer.echo(f"run directory: {out}")

@@ -18,8 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import Run, RunDir
@@ -431,22 +429,3 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     page = out / "report.html"
     page.write_text(html, encoding="utf-8")
     return page
-
-
-RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl)")
-
-
-def main(
-    run_dirs: list[str] = RunDirsArgument,
-    out: str | None = typer.Option(
-        None, "--out", help="output directory (default: RUN_DIR/report for one run, runs/report for several)"
-    ),
-) -> None:
-    """One self-contained HTML report (tables with 95% intervals, failures, Fig. 3-5) plus the PNG plots."""
-    target = out or (str(Path(run_dirs[0]) / "report") if len(run_dirs) == 1 else "runs/report")
-    try:
-        page = build(run_dirs, target)
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    typer.echo(str(page))

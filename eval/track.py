@@ -25,14 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import typer
-
 from cupid.eval import report, view
 from cupid.eval.compare import Row
 from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import read_json, write_atomic
 from cupid.eval.leaderboard import Leaderboard, flag, flags_text, run_dir_of
-from cupid.eval.records import RecordError, UnitRecord
+from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir, RunIdentity
 from cupid.eval.summary import Summary, summary_metrics
 from cupid.eval.tasks import TASKS
@@ -376,28 +374,3 @@ def _wandb(run: TrackedRun, say: Say) -> str:
         return active.id
     finally:
         active.finish()
-
-
-PathsArgument = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)")
-
-
-def main(
-    paths: list[str] = PathsArgument,
-    to: str = typer.Option(
-        "mlflow",
-        "--to",
-        help="mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb (WANDB_PROJECT, WANDB_MODE, ...)",
-    ),
-) -> None:
-    """Log finished runs to an experiment tracker from their files; a run logged before updates its tracker run."""
-    try:
-        require(to)
-        runs = [run for path in paths for run in read(path)]
-    except (ConfigError, RecordError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]
-    for run, run_id in zip(runs, ids):
-        typer.echo(f"{run.name}: {to} run {run_id}" if run_id else f"{run.name}: not logged")
-    if None in ids:
-        raise typer.Exit(1)

@@ -16,8 +16,6 @@ Why the page is built the way it is (a full run is 756 instances x every setting
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import shlex
 import time
@@ -27,11 +25,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from cupid.eval import data as cupid_data
 from cupid.eval.history import SETTINGS
-from cupid.eval.records import RecordError, UnitRecord
+from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import Run, RunDir, RunIdentity
 from cupid.eval.summary import Summary
 from cupid.eval.tasks import TASKS
@@ -297,39 +293,3 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     page = out / "view.html"
     page.write_text(html, encoding="utf-8")
     return page
-
-
-def serve(page: Path, port: int) -> None:
-    """Serve the page's folder on localhost until Ctrl-C (the page itself needs no server)."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
-        typer.echo(f"http://127.0.0.1:{server.server_address[1]}/{page.name}  (Ctrl-C stops)")
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-
-
-RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl); two or more are compared")
-
-
-def main(
-    run_dirs: list[str] = RunDirsArgument,
-    out: str | None = typer.Option(
-        None, "--out", help="output directory (default: beside the report, RUN_DIR/report or runs/report)"
-    ),
-    serve_it: bool = typer.Option(
-        False, "--serve", help="serve the page on localhost instead of only printing its path"
-    ),
-    port: int = typer.Option(8765, "--port", help="port for --serve (0: any free port)"),
-) -> None:
-    """One self-contained HTML page to look inside runs: every unit, its history, answer, checklist labels and
-    scores."""
-    try:
-        page = build(run_dirs, out or default_out(run_dirs))
-    except (ConfigError, RecordError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
-    typer.echo(str(page))
-    if serve_it:
-        serve(page, port)

@@ -122,3 +122,22 @@ def test_one_export_list_and_every_name_on_it_resolves():
     assert missing == [] and {"ConfigError", "format_reward", "PrefMatcher", "evaluate"} <= set(cupid.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
         cupid.nothing_here  # noqa: B018
+
+
+def test_no_library_module_imports_typer():
+    """Every command lives in cupid/cli/; the layers below it are a library a script or notebook uses as it is."""
+    offenders = [
+        str(path.relative_to(REPO))
+        for folder in ("matcher", "serving", "eval", "training")
+        for path in (REPO / folder).rglob("*.py")
+        if any(
+            isinstance(node, ast.Import | ast.ImportFrom)
+            and any(
+                (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0] == "typer"
+                for alias in node.names
+            )
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    ]
+    assert offenders == []
+    assert (REPO / "cupid" / "api.py").exists() and not list((REPO / "cupid").glob("cli.py"))

@@ -1,0 +1,25 @@
+"""`cupid` commands over `cupid.eval.inspect_log`: what it computes, as a command line."""
+
+from __future__ import annotations
+
+import typer
+
+from cupid.eval.inspect_log import import_logs
+from cupid.eval.summary import markdown
+from cupid.serving.config import ConfigError
+
+LogsArgument = typer.Argument(..., help="inspect-ai logs of cupid/inference and/or cupid/generation (.eval or .json)")
+
+
+def main(
+    logs: list[str] = LogsArgument,
+    out: str = typer.Option(..., "--out", help="run directory to write (new, or holding the same run)"),
+) -> None:
+    """Turn inspect-ai logs of the cupid/* tasks into a run directory (`cupid view`, `report`, `track`)."""
+    try:
+        summary = import_logs(list(logs), out)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(markdown(summary))
+    typer.echo(f"run directory: {out}")

@@ -1,0 +1,28 @@
+"""`cupid` commands over `cupid.eval.report`: what it computes, as a command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cupid.eval.report import build
+from cupid.serving.config import ConfigError
+
+RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl)")
+
+
+def main(
+    run_dirs: list[str] = RunDirsArgument,
+    out: str | None = typer.Option(
+        None, "--out", help="output directory (default: RUN_DIR/report for one run, runs/report for several)"
+    ),
+) -> None:
+    """One self-contained HTML report (tables with 95% intervals, failures, Fig. 3-5) plus the PNG plots."""
+    target = out or (str(Path(run_dirs[0]) / "report") if len(run_dirs) == 1 else "runs/report")
+    try:
+        page = build(run_dirs, target)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(page))

@@ -1,0 +1,33 @@
+"""`cupid` commands over `cupid.eval.track`: what it computes, as a command line."""
+
+from __future__ import annotations
+
+import typer
+
+from cupid.eval.records import RecordError
+from cupid.eval.track import log, read, require
+from cupid.serving.config import ConfigError
+
+PathsArgument = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)")
+
+
+def main(
+    paths: list[str] = PathsArgument,
+    to: str = typer.Option(
+        "mlflow",
+        "--to",
+        help="mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb (WANDB_PROJECT, WANDB_MODE, ...)",
+    ),
+) -> None:
+    """Log finished runs to an experiment tracker from their files; a run logged before updates its tracker run."""
+    try:
+        require(to)
+        runs = [run for path in paths for run in read(path)]
+    except (ConfigError, RecordError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]
+    for run, run_id in zip(runs, ids):
+        typer.echo(f"{run.name}: {to} run {run_id}" if run_id else f"{run.name}: not logged")
+    if None in ids:
+        raise typer.Exit(1)

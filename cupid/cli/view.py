@@ -1,0 +1,49 @@
+"""`cupid` commands over `cupid.eval.view`: what it computes, as a command line."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+from pathlib import Path
+
+import typer
+
+from cupid.eval.records import RecordError
+from cupid.eval.view import build, default_out
+from cupid.serving.config import ConfigError
+
+
+def serve(page: Path, port: int) -> None:
+    """Serve the page's folder on localhost until Ctrl-C (the page itself needs no server)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        typer.echo(f"http://127.0.0.1:{server.server_address[1]}/{page.name}  (Ctrl-C stops)")
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+
+
+RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl); two or more are compared")
+
+
+def main(
+    run_dirs: list[str] = RunDirsArgument,
+    out: str | None = typer.Option(
+        None, "--out", help="output directory (default: beside the report, RUN_DIR/report or runs/report)"
+    ),
+    serve_it: bool = typer.Option(
+        False, "--serve", help="serve the page on localhost instead of only printing its path"
+    ),
+    port: int = typer.Option(8765, "--port", help="port for --serve (0: any free port)"),
+) -> None:
+    """One self-contained HTML page to look inside runs: every unit, its history, answer, checklist labels and
+    scores."""
+    try:
+        page = build(run_dirs, out or default_out(run_dirs))
+    except (ConfigError, RecordError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(page))
+    if serve_it:
+        serve(page, port)
