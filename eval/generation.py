@@ -5,6 +5,7 @@ ground-truth preference and its checklist (spec §3, "preference alignment").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cupid.eval.data import Instance
 from cupid.eval.records import Scoring
@@ -28,6 +29,10 @@ class GenerationScorer:
         return await self.score_response(
             instance.current_contextual_preference, instance.current_checklist, instance.current_request, answer
         )
+
+    async def score_truth(self, answer: str, truth: dict[str, Any]) -> Scoring:
+        preference, checklist = truth["current_contextual_preference"], list(truth["current_checklist"])
+        return await self.score_response(preference, checklist, truth["current_request"], answer)
 
     async def score_response(self, preference: str, checklist: list[str], request: str, answer: str) -> Scoring:
         """A response to the request, judged against the ground truth (preference and checklist)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from cupid.eval.data import Instance
 from cupid.eval.records import DIRECTIONS, Scoring
@@ -49,6 +50,9 @@ class InferenceScorer:
     async def score(self, instance: Instance, answer: str) -> Scoring:
         """The candidate's answer: its preference parsed, then scored as `score_preference` does."""
         return await self.score_answer(answer, instance.current_contextual_preference, list(instance.current_checklist))
+
+    async def score_truth(self, answer: str, truth: dict[str, Any]) -> Scoring:
+        return await self.score_answer(answer, truth["current_contextual_preference"], list(truth["current_checklist"]))
 
     async def score_answer(self, answer: str, gt_preference: str, gt: list[str]) -> Scoring:
         """A candidate's answer against the ground truth (what `score` asks of an instance, and the reward of it)."""

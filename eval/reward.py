@@ -29,15 +29,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from cupid.eval import data as cupid_data
-from cupid.eval.generation import GenerationScorer
 from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
-from cupid.eval.inference import InferenceScorer, matcher_dialect
 from cupid.eval.records import Scoring
 from cupid.eval.stages import StageFailed
-from cupid.eval.tasks import TASKS
+from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskName
 from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking
@@ -47,10 +45,6 @@ from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike, resolve
 
-Task = Literal["inference", "generation"]
-METRICS: dict[str, tuple[str, ...]] = {"inference": ("f1", "precision", "recall"), "generation": ("score",)}
-ROLES: dict[str, tuple[str, ...]] = {"inference": ("decomposer", "matcher"), "generation": ("judge",)}
-GROUND_TRUTH = ("current_contextual_preference", "current_checklist")  # the dataset's columns, named as in CUPID's data
 REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
 MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words
 
@@ -60,7 +54,7 @@ class Judges:
     """What a reward function is bound to: the task, the figure rewarded, each judge role's endpoint, the cache file
     and the concurrency. Data only, so it pickles; the client is opened per process and event loop."""
 
-    task: Task
+    task: TaskName
     metric: str
     endpoints: tuple[tuple[str, Endpoint], ...]
     cache: str | None = None
@@ -80,11 +74,10 @@ class Judges:
         self.__post_init__()
 
     def _open(self) -> tuple[Client, Any]:
-        roles = dict(self.endpoints)
-        client = Client(roles, Cache(Path(self.cache)) if self.cache else None, concurrency=self.max_concurrency)
-        if self.task == "inference":
-            return client, InferenceScorer(client, "decomposer", "matcher", matcher_dialect(roles["matcher"]))
-        return client, GenerationScorer(client, "judge")
+        client = Client(
+            dict(self.endpoints), Cache(Path(self.cache)) if self.cache else None, concurrency=self.max_concurrency
+        )
+        return client, TASKS[self.task].scorer(client, {role: role for role, _ in self.endpoints})
 
     async def opened(self) -> tuple[Client, Any]:
         """This event loop's client and scorer, opened on its first call."""
@@ -120,26 +113,20 @@ def answer_of(completion: str | list[dict[str, Any]]) -> str:
 
 
 def value(task: str, metric: str, scoring: Scoring) -> float | None:
-    """A scoring's reward: the figure (a judge score 1-10 scaled to [0, 1]), 0.0 for the policy's own failure, None
-    for a judge's."""
+    """A scoring's reward (the task's `reward_of`: F1, or a judge score 1-10 scaled to [0, 1]), 0.0 for the policy's
+    own failure (no preference in its answer), None for a judge's."""
+    spec = TASKS[task]
     if not scoring.scored:
-        return 0.0 if scoring.error is not None and scoring.error.stage == "parse_preference" else None
-    if task == "inference":
-        assert scoring.scores is not None
-        return float(getattr(scoring.scores, metric))
-    return None if scoring.score is None else (scoring.score - 1) / 9
+        return 0.0 if spec.candidate_failed(scoring) else None
+    return spec.reward_of(scoring, metric)
 
 
 async def _score(judges: Judges, scorer: Any, answer: str, row: tuple[Any, ...]) -> Scoring:
-    if judges.task == "inference":
-        preference, checklist = row
-        return await scorer.score_answer(answer, preference, list(checklist))
-    preference, checklist, request = row
-    return await scorer.score_response(preference, list(checklist), request, answer)
+    return await scorer.score_truth(answer, dict(zip(TASKS[judges.task].ground_truth, row, strict=True)))
 
 
 def _rows(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -> list[tuple[str, tuple[Any, ...]]]:
-    names = (*GROUND_TRUTH, "current_request") if judges.task == "generation" else GROUND_TRUTH
+    names = TASKS[judges.task].ground_truth
     missing = [n for n in names if n not in columns]
     if missing:
         raise ConfigError(
@@ -213,8 +200,8 @@ def format_reward(judge_reward: functools.partial[Any]) -> functools.partial[Any
     """The format reward beside an inference reward of `reward(...)`, on the same judges (each answer scored once):
     `reward_funcs=[r, format_reward(r)]` with TRL's `reward_weights`."""
     judges: Judges = judge_reward.keywords["judges"]
-    if judges.task != "inference":
-        raise ConfigError("format_reward: the inference answer has a form to grade; a generation answer is free text")
+    if TASKS[judges.task].answer_format is None:
+        raise ConfigError(f"format_reward: a {judges.task} answer is free text, with no form to grade")
     return functools.partial(cupid_inference_format, judges=judges)
 
 
@@ -270,16 +257,19 @@ cupid_inference_precision_blocking = _blocking_twin(cupid_inference_precision)
 cupid_inference_recall_blocking = _blocking_twin(cupid_inference_recall)
 cupid_generation_score_blocking = _blocking_twin(cupid_generation_score)
 
-FUNCTIONS = {
-    ("inference", "f1"): (cupid_inference_f1, cupid_inference_f1_blocking),
-    ("inference", "precision"): (cupid_inference_precision, cupid_inference_precision_blocking),
-    ("inference", "recall"): (cupid_inference_recall, cupid_inference_recall_blocking),
-    ("generation", "score"): (cupid_generation_score, cupid_generation_score_blocking),
+FUNCTIONS = {  # (task, metric) -> the function and its blocking twin, read off the name TRL logs
+    tuple(f.__name__.removeprefix("cupid_").split("_", 1)): (f, twin)
+    for f, twin in (
+        (cupid_inference_f1, cupid_inference_f1_blocking),
+        (cupid_inference_precision, cupid_inference_precision_blocking),
+        (cupid_inference_recall, cupid_inference_recall_blocking),
+        (cupid_generation_score, cupid_generation_score_blocking),
+    )
 }
 
 
 def reward(
-    task: Task = "inference",
+    task: TaskName = INFERENCE.name,
     *,
     matcher: EndpointLike = "prefmatcher",
     decomposer: EndpointLike = "decomposer",
@@ -296,20 +286,20 @@ def reward(
     an `Endpoint` or a base URL. An answer without a preference is 0.0; a judge's failure is None (TRL skips it). Async
     and picklable; `blocking=True` gives the synchronous twin (TRL's online DPO). The dataset's columns must hold the
     ground truth: `reward_dataset`."""
-    if task not in METRICS:
-        raise ConfigError(f"reward: task {task!r}: expected one of {', '.join(METRICS)}")
-    metric = metric or METRICS[task][0]
-    if metric not in METRICS[task]:
-        raise ConfigError(f"reward: metric {metric!r} for {task}: expected one of {', '.join(METRICS[task])}")
-    chosen = {"matcher": matcher, "decomposer": decomposer} if task == "inference" else {"judge": judge}
-    endpoints = tuple((role, resolve(chosen[role], endpoints_file=endpoints_file)) for role in ROLES[task])
+    if (spec := TASKS.get(task)) is None:
+        raise ConfigError(f"reward: task {task!r}: expected one of {', '.join(TASKS)}")
+    metric = metric or spec.reward_metrics[0]
+    if metric not in spec.reward_metrics:
+        raise ConfigError(f"reward: metric {metric!r} for {task}: expected one of {', '.join(spec.reward_metrics)}")
+    given = {"matcher": matcher, "decomposer": decomposer, "judge": judge}
+    endpoints = tuple((role, resolve(given[role], endpoints_file=endpoints_file)) for role in spec.roles)
     judges = Judges(task, metric, endpoints, str(cache) if cache else None, max_concurrency)
     return functools.partial(FUNCTIONS[(task, metric)][1 if blocking else 0], judges=judges)
 
 
 def reward_dataset(
     source: str | Path = "sample",
-    task: Task = "inference",
+    task: TaskName = INFERENCE.name,
     setting: str = "standard",
     *,
     summarizer: EndpointLike | None = None,
@@ -332,7 +322,7 @@ def reward_dataset(
 
 def dataset_rows(
     instances: Sequence[Any],
-    task: Task = "inference",
+    task: TaskName = INFERENCE.name,
     setting: str = "standard",
     *,
     summarizer: Endpoint | None = None,
@@ -341,10 +331,10 @@ def dataset_rows(
     """One row per instance: `prompt`, the runner's candidate prompt as chat messages (the messages `cupid eval run`
     sends), and the ground-truth columns beside it. The summary setting asks `summarizer` for each session's summary
     (through `cache`, as a run does); a failed summary is an error naming the instance, never a prompt without it."""
-    if setting not in SETTINGS or (setting in GENERATION_ONLY and task != "generation"):
+    if setting not in SETTINGS or (setting in GENERATION_ONLY and task != GENERATION.name):
         raise ConfigError(
             f"reward_dataset: setting {setting!r} for {task}: expected one of "
-            f"{', '.join(s for s in SETTINGS if task == 'generation' or s not in GENERATION_ONLY)}"
+            f"{', '.join(s for s in SETTINGS if task == GENERATION.name or s not in GENERATION_ONLY)}"
         )
     if setting == "summary" and summarizer is None:
         raise ConfigError(

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rich.console import Console
@@ -26,7 +26,7 @@ from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.stages import Roles
 from cupid.eval.summary import Requests, Summary, Table, markdown, summarize, tables
-from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, candidate_constrained
+from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
@@ -38,12 +38,6 @@ from cupid.serving.fleet import ServedModel
 from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
 from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
-
-if TYPE_CHECKING:
-    TaskName = str
-else:  # checked against the declared tasks
-    TaskName = Literal[tuple(TASKS)]
-
 
 Tracker = Literal[
     "mlflow", "wandb"

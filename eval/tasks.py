@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -30,6 +30,10 @@ from cupid.serving.endpoint import Endpoint
 
 class Scorer(Protocol):
     async def score(self, instance: Instance, answer: str) -> Scoring: ...
+
+    async def score_truth(self, answer: str, truth: dict[str, Any]) -> Scoring:
+        """The answer against the ground truth as a dataset row holds it (`TaskSpec.ground_truth`'s columns)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class TaskSpec:
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
     unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
+    ground_truth: tuple[str, ...]  # the instance's fields its scorer reads (a reward dataset's columns)
+    reward_metrics: tuple[str, ...]  # the figures a reward may give (the first by default)
+    reward_of: Callable[[Scoring, str], float | None]  # a scored unit's reward in [0, 1] under one of them
 
     @property
     def figures(self) -> type[summary.Figures]:
@@ -75,7 +82,7 @@ class TaskSpec:
         """Its figures on the scored units, each with its interval over personas (`eval.stats`)."""
         return stats.intervals(*self.units(records, reference), self.statistic)
 
-    def candidate_failed(self, record: UnitRecord) -> bool:
+    def candidate_failed(self, record: Scoring) -> bool:
         """The unit failed because of the candidate (no response, no preference in its answer), not of a judge."""
         return not record.scored and record.error is not None and record.error.stage in self.answer_stages
 
@@ -122,6 +129,9 @@ INFERENCE = TaskSpec(
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
     unit_score=lambda record: round(100 * record.scores.f1, 1) if record.scores else None,  # F1 in %
+    ground_truth=("current_contextual_preference", "current_checklist"),
+    reward_metrics=("f1", "precision", "recall"),
+    reward_of=lambda scoring, metric: float(getattr(scoring.scores, metric)) if scoring.scores else None,
 )
 GENERATION = TaskSpec(
     name="generation",
@@ -140,10 +150,18 @@ GENERATION = TaskSpec(
     headline=("mean_score",),
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
     unit_score=lambda record: record.score,  # the judge's 1-10
+    ground_truth=("current_contextual_preference", "current_checklist", "current_request"),
+    reward_metrics=("score",),
+    reward_of=lambda scoring, metric: None if scoring.score is None else (scoring.score - 1) / 9,  # 1-10 to [0, 1]
 )
 TASKS = {
     spec.name: spec for spec in (INFERENCE, GENERATION)
 }  # in ranking order: the nightly ranks by the first a run has
+
+if TYPE_CHECKING:
+    TaskName = str
+else:  # a task's name, checked against the declared tasks (a config's `tasks:`, a reward's `task`)
+    TaskName = Literal[tuple(TASKS)]
 
 
 def candidate_constrained(candidate: Endpoint, task: str) -> bool:

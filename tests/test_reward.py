@@ -255,3 +255,15 @@ def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_
     }
     with pytest.raises(ConfigError, match="free text"):
         format_reward(cupid.reward("generation", judge=stopped))
+
+
+def test_every_reward_a_task_declares_has_its_function_named_as_trl_logs_it():
+    from cupid.eval.reward import FUNCTIONS
+    from cupid.eval.tasks import TASKS
+
+    declared = {(spec.name, metric) for spec in TASKS.values() for metric in spec.reward_metrics}
+    assert set(FUNCTIONS) == declared
+    for (task, metric), (func, twin) in FUNCTIONS.items():
+        assert func.__name__ == f"cupid_{task}_{metric}" and twin.__name__ == f"{func.__name__}_blocking"
+        off = Endpoint(base_url="http://127.0.0.1:9/v1", model="m")  # nothing asked: the function is only bound
+        assert cupid.reward(task, metric=metric, judge=off, matcher=off, decomposer=off).func is func

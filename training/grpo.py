@@ -26,11 +26,12 @@ from rich.console import Console
 
 from cupid.eval import data as cupid_data
 from cupid.eval.records import UnitRecord
-from cupid.eval.reward import METRICS, format_reward, reward, reward_dataset, value
+from cupid.eval.reward import format_reward, reward, reward_dataset, value
 from cupid.eval.rundir import RunDir
 from cupid.eval.runner import RunConfig
 from cupid.eval.runner import run as run_eval
-from cupid.eval.tasks import TASKS
+from cupid.eval.stats import Interval
+from cupid.eval.tasks import INFERENCE, TASKS, TaskName
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.endpoints import require_reachable
@@ -60,7 +61,7 @@ class Data(_Section):
 class Reward(_Section):
     """The arguments of `cupid.reward`."""
 
-    task: Literal["inference", "generation"] = "inference"
+    task: TaskName = INFERENCE.name
     matcher: str = "prefmatcher"
     decomposer: str = "decomposer"
     judge: str = "judge"
@@ -150,8 +151,8 @@ def reward_funcs(cfg: GrpoRunConfig) -> list[Any]:
     """The judges' reward (`cupid.reward`), and the format reward beside it where the config asks for it."""
     rewarding = reward(**cfg.reward.model_dump())
     if cfg.format_reward:
-        if cfg.reward.task != "inference":
-            raise ConfigError(f"{cfg.source}: format_reward: the generation answer is free text, it has no form")
+        if TASKS[cfg.reward.task].answer_format is None:
+            raise ConfigError(f"{cfg.source}: format_reward: a {cfg.reward.task} answer is free text, it has no form")
         return [rewarding, format_reward(rewarding)]
     return [rewarding]
 
@@ -285,9 +286,7 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
             f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, "
             f"not the policy {cfg.policy}"
         )
-    roles: dict[str, Any] = (
-        {"matcher": r.matcher, "decomposer": r.decomposer} if r.task == "inference" else {"judge": r.judge}
-    )
+    roles: dict[str, Any] = {role: getattr(r, role) for role in TASKS[r.task].roles}
     candidates = {"trained": adapter} | ({"base": None} if ev.baseline else {})
     trained_on = {
         i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances
@@ -321,12 +320,13 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
         )
         result = run_eval(run_cfg, console=console)
         block = result.summary.tasks[r.task].overall
-        rewarded = mean_reward(cfg, RunDir(cfg.out_dir / "eval" / label).records().values())
+        records = list(RunDir(cfg.out_dir / "eval" / label).records().values())
+        rewarded = mean_reward(cfg, records)
         out[label] = {
             "run": str(cfg.out_dir / "eval" / label),
             "n_scored": block.n_scored,
             "n_failed": block.n_failed,
-            "figure": block.micro.f1 if r.task == "inference" and block.micro else getattr(block, "mean_score", None),
+            "figure": figure.estimate if (figure := headline(cfg, records)) else None,  # micro F1, or the mean score
             **rewarded,
         }
         console.print(
@@ -337,11 +337,17 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
     return out
 
 
+def headline(cfg: GrpoRunConfig, records: list[UnitRecord]) -> Interval | None:
+    """The task's first headline figure on the evaluation's scored units (inference: micro F1)."""
+    spec = TASKS[cfg.reward.task]
+    return spec.intervals(records).get(spec.headline[0])
+
+
 def mean_reward(cfg: GrpoRunConfig, records: Iterable[UnitRecord]) -> dict[str, Any]:
     """What training optimised, on the evaluation's units: the mean of the judges' reward per unit, the candidate's
     own failures as 0 (as the reward gives them), judge failures left out (as TRL skips them)."""
     task, spec = cfg.reward.task, TASKS[cfg.reward.task]
-    metric = cfg.reward.metric or METRICS[task][0]
+    metric = cfg.reward.metric or spec.reward_metrics[0]
     values = [0.0 if spec.candidate_failed(r) else value(task, metric, r) for r in records if r.task == task]
     kept = [v for v in values if v is not None]
     return {
