@@ -269,14 +269,13 @@ def ready(profile: Profile, engine: Engine, timeout: float = 2.0) -> bool:
 # join the head node, whose own readiness says when the whole server answers).
 HEADLESS_SETTLE_S = 5.0
 
-# A process whose servers must never outlive it sets this (the test suite does): every `up` is then `tied`.
-tie_servers = False
+# A process whose servers must never outlive it (a CI script, the test suite and its workers) sets this variable to
+# 1: every `up` in it, and in the processes it starts, is then `tied`.
+TIE_ENV = "CUPID_TIE_SERVERS"
 
 # How long a server stopped before it ever answered gets after SIGTERM: it has no requests to finish, and vLLM's
 # engine process only notes a SIGTERM that comes while it is being built (loading, KV cache, warm-up) and goes on
-# building (vllm/v1/engine/core.py, `run_engine_core`), for tens of seconds on a busy CPU. A start cancelled while the
-# engine loaded the model ended 21.8 s after the cancel with `down`'s default grace (20 s), 4.4 s with this one
-# (2 cores, AVX2).
+# building (vllm/v1/engine/core.py, `run_engine_core`), for tens of seconds on a busy CPU.
 STARTING_GRACE_S = 3.0
 
 # Watches a tied server: reads its stdin, a pipe whose other end only the starting process holds, so EOF
@@ -368,7 +367,7 @@ def up(
     `tied`: the server lives only as long as this process (tests, runs that start their own servers), however
     this process ends; otherwise it outlives the command that started it (`cupid serve up`) until `down`.
     `cancel`: set from another thread, it stops a server still starting (a run interrupted meanwhile)."""
-    tied = tied or tie_servers
+    tied = tied or os.environ.get(TIE_ENV) == "1"
     engine = get_engine(profile.engine)
     name = profile.handle
     existing = find(name)

@@ -35,7 +35,6 @@ from cupid.serving.instant import start as start_instant
 from cupid.serving.lifecycle import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-lifecycle.tie_servers = True  # every server a test starts dies with this process, even when it is killed
 TINY_NAME = "tiny-random-llama"  # the session server's served name
 SHARED = "CUPID_TEST_SHARED"
 # The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
@@ -55,6 +54,7 @@ def pytest_configure(config):
             "CUPID_TEST_CONTROLLER": str(os.getpid()),
             "CUPID_TEST_TINY_PORT": str(free_port()),
             lifecycle.STARTS_ENV: str(shared / "vllm-starts"),
+            lifecycle.TIE_ENV: "1",  # every server a test starts dies with its process, even when that is killed
         }
     )
     # Two workers, the session server, a training run and a server a test owns compute at once on 2 cores. An
