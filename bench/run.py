@@ -213,7 +213,6 @@ def demo_workload(base_url: str, workdir: Path, workload: Workload, *, free: boo
         endpoints=str(workdir / "endpoints.yaml"),
         out=str(workdir / "run"),
         cache=str(workdir / "cache.sqlite"),
-        no_cache=False,
     )
     started = time.perf_counter()
     summary = run(RunConfig(**cfg)).summary

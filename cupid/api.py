@@ -250,8 +250,7 @@ async def aevaluate(
         settings=list(settings),
         endpoints=str(endpoints_file),
         out=str(out) if out is not None else None,
-        cache=str(cache) if cache is not None else None,
-        no_cache=cache is None,
+        cache=str(cache) if cache is not None else None,  # None: no cache, as everywhere
         types=list(types),
         limit=limit,
         concurrency=concurrency,

@@ -32,12 +32,12 @@ from cupid.eval.stages import StageFailed
 from cupid.eval.summary import GROUPS, figures
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
-from cupid.serving.cache import Cache
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import Cache, cache_path
 from cupid.serving.client import Client, classify
 from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.endpoints import DEFAULT_FILE
-from cupid.serving.lifecycle import state_dir
 
 DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
 METADATA_KEY = (
@@ -58,7 +58,7 @@ def inference(
     structured_output: bool = False,
     constrain: bool = False,
     max_tokens: int | None = None,
-    cache: str | None = None,
+    cache: str | None = DEFAULT_CACHE,
     no_cache: bool = False,
 ) -> Task:
     """CUPID task 1: infer the user's preference from the prior sessions; scored by P/R/F1 of its checklist
@@ -76,8 +76,8 @@ def inference(
         structured_output: judges given as base URLs are vLLM servers that enforce answer formats.
         constrain: hold the candidate's answers to the task's format (vLLM's `structured_outputs`; recorded).
         max_tokens: the candidate's answer cap.
-        cache: request cache file (default: the one `cupid eval run` uses).
-        no_cache: neither read nor write the request cache.
+        cache: the request cache: a SQLite file, or `default` (the one `cupid eval run` uses).
+        no_cache: neither read nor write a request cache (a run config's `cache: null`).
     """
     roles = {"decomposer": decomposer, "matcher": matcher, "summarizer": summarizer}
     return _task(
@@ -107,7 +107,7 @@ def generation(
     endpoints: str = DEFAULT_FILE,
     structured_output: bool = False,
     max_tokens: int | None = None,
-    cache: str | None = None,
+    cache: str | None = DEFAULT_CACHE,
     no_cache: bool = False,
 ) -> Task:
     """CUPID task 2: answer the current request as the user would prefer; scored 1-10 by the judge against
@@ -123,8 +123,8 @@ def generation(
         endpoints: the endpoints file the names are looked up in.
         structured_output: judges given as base URLs are vLLM servers that enforce answer formats.
         max_tokens: the candidate's answer cap.
-        cache: request cache file (default: the one `cupid eval run` uses).
-        no_cache: neither read nor write the request cache.
+        cache: the request cache: a SQLite file, or `default` (the one `cupid eval run` uses).
+        no_cache: neither read nor write a request cache (a run config's `cache: null`).
     """
     roles = {"judge": judge, "summarizer": summarizer}
     return _task(
@@ -159,7 +159,7 @@ def _task(
         {r: roles[r] for r in wanted},
         endpoints_file,
         structured_output,
-        None if no_cache else cache or str(state_dir() / "cache.sqlite"),
+        None if no_cache else (str(path) if (path := cache_path(cache)) else None),
     )
     dataset = cupid_data.load(data).filter(types, limit)
     answer_format = spec.answer_format(max_tokens) if constrain and spec.answer_format else {}

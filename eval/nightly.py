@@ -44,11 +44,11 @@ from cupid.eval.stats import CONFIDENCE, MIN_PERSONAS, Interval, holm
 from cupid.eval.summary import Requests, failure_counts
 from cupid.eval.tasks import TASKS
 from cupid.eval.track import require as require_tracker
-from cupid.serving.cache import Cache
+from cupid.serving.cache import open_cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet import ServedModel
-from cupid.serving.lifecycle import failure_line, state_dir
+from cupid.serving.lifecycle import failure_line
 from cupid.serving.plan import Gpu
 from cupid.serving.run_servers import RunServers, plan_servers
 
@@ -256,8 +256,8 @@ def not_run(name: str, reason: str, run_cfg: RunConfig | None = None) -> Entry:
 def check_cache(configs: dict[str, RunConfig]) -> None:
     """The request cache every run shares opens (or is refused, by name) before the night starts anything."""
     first = next(iter(configs.values()))
-    if not first.no_cache:
-        Cache(first.cache or state_dir() / "cache.sqlite").close()
+    if (cache := open_cache(first.cache)) is not None:
+        cache.close()
 
 
 def plan_night(

@@ -29,13 +29,13 @@ from cupid.eval.summary import Requests, Summary, Table, markdown, summarize, ta
 from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
-from cupid.serving.cache import Cache
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import open_cache, renamed_no_cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.endpoints import lookup, missing_keys
 from cupid.serving.fleet import ServedModel
-from cupid.serving.lifecycle import state_dir
 from cupid.serving.offline import open_client
 from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
 
@@ -98,14 +98,21 @@ class RunConfig(BaseModel):
         "the model inside this process, no server",
     )
     out: str | None = Field(default="runs/latest", description="run directory (resumable); none: nothing is written")
-    cache: str | None = Field(default=None, description="SQLite request cache file; default .cupid/cache.sqlite")
-    no_cache: bool = Field(default=False, description="neither read nor write the request cache")
+    cache: str | None = Field(
+        default=DEFAULT_CACHE,
+        description="the request cache: a SQLite file, `default` (<CUPID_HOME>/cache.sqlite), or null (none)",
+    )
     refresh: bool = Field(default=False, description="send every request again and overwrite the cache")
     track: Tracker | None = Field(
         default=None,
         description="log the finished run to an experiment tracker: "
         "mlflow (MLFLOW_TRACKING_URI, else a local store) or wandb",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_no_cache(data, "run config")
 
     @field_validator("serve", mode="before")
     @classmethod
@@ -310,7 +317,7 @@ async def _run(
             f"set {', '.join(missing)} in the environment: endpoints of this run need it (nothing was sent)"
         )
 
-    cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
+    cache = open_cache(cfg.cache)
     try:
         servers = run_servers.for_run(used, cfg.candidate_name) if run_servers else None
         client = open_client(

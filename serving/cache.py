@@ -4,6 +4,9 @@ A re-run, a resumed crash or tomorrow's nightly never pays twice for the same re
 is the audit log of what was sent and what came back. Several runs share one file at once (WAL: readers
 never wait; a writer waits up to BUSY_TIMEOUT_S for another). A file that is not a cache, or a cache of a
 newer schema, is refused by name and left as it is: it may be someone's data, never ours to replace.
+
+Every API, config and command spells a cache the same way (`CacheSetting`): a file's path, `default` (the one under
+CUPID_HOME, `.cupid/cache.sqlite`), or null / None: no cache at all.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,3 +134,35 @@ class Cache:
 
     def close(self) -> None:
         self._db.close()
+
+
+DEFAULT = "default"
+CacheSetting = str | Path | None
+"""A SQLite file's path, `DEFAULT` (`<CUPID_HOME>/cache.sqlite`), or None: no cache."""
+
+
+def renamed_no_cache(data: Any, where: str) -> Any:
+    """A config's old `no_cache: true` as its one spelling now, `cache: null`, with a warning that names it."""
+    if isinstance(data, dict) and "no_cache" in data:
+        data = dict(data)
+        if data.pop("no_cache"):
+            data["cache"] = None
+        warnings.warn(f"{where}: `no_cache: true` is now `cache: null` (no cache)", FutureWarning, stacklevel=2)
+    return data
+
+
+def cache_path(setting: CacheSetting) -> Path | None:
+    """The file a setting names (None: no cache)."""
+    if setting is None:
+        return None
+    if str(setting) == DEFAULT:
+        from cupid.serving.lifecycle import state_dir
+
+        return state_dir() / "cache.sqlite"
+    return Path(setting)
+
+
+def open_cache(setting: CacheSetting) -> Cache | None:
+    """The cache a setting names, opened (refused by name when the file is not a cache); None: no cache."""
+    path = cache_path(setting)
+    return Cache(path) if path is not None else None

@@ -212,7 +212,7 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
             tasks=["inference", "generation"],
             judge="instant",
             out=str(tmp_path / "cli"),
-            no_cache=True,
+            cache=None,
         )
     ).summary
     cli_records = {
@@ -483,7 +483,7 @@ def test_score_batch_and_its_async_twin_give_the_runs_scores(tmp_path, instant_u
         pm={"base_url": instant_url, "model": "local-prefmatcher"},
     )
     records = run(RunConfig(endpoints=str(endpoints), candidate="instant", decomposer="instant", matcher="pm",
-                            limit=3, out=None, no_cache=True)).records  # fmt: skip
+                            limit=3, out=None, cache=None)).records  # fmt: skip
     triples = [(r.inferred_preference, r.gt_preference, r.gt_checklist) for r in records]
     pm = cupid.PrefMatcher(
         cupid.Endpoint(base_url=instant_url, model="local-prefmatcher"),

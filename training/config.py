@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.endpoint import Endpoint
 
@@ -45,7 +46,9 @@ class Labelling(_Section):
     )
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
     concurrency: int | None = Field(default=None, ge=1)
-    cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
+    cache: str | None = Field(
+        default=DEFAULT_CACHE, description="the request cache: a SQLite file, `default` (.cupid/cache.sqlite), or null"
+    )
     validation_fraction: float = Field(default=0.1, gt=0, lt=1, description="share of personas held out")
     seed: int = 0
     allow_test_split: bool = Field(default=False, description="allow kixlab/CUPID (the benchmark) as input")

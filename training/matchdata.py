@@ -35,9 +35,9 @@ from cupid.eval.runner import run as run_eval
 from cupid.eval.tasks import INFERENCE
 from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
+from cupid.serving.cache import cache_path
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import load_endpoints, require
-from cupid.serving.lifecycle import state_dir
 from cupid.training.config import Labelling, TrainConfig, is_test_split
 
 Direction = Literal["infer_to_gt", "gt_to_infer"]
@@ -293,7 +293,7 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     work = cfg.out_dir / "label"
     work.mkdir(parents=True, exist_ok=True)
     input_path, n_instances = _input_file(syn, work)
-    cache_path = Path(syn.cache) if syn.cache else state_dir() / "cache.sqlite"
+    cache_file = cache_path(syn.cache)
 
     with _endpoints_file(syn, work) as endpoints_path:
         endpoints = load_endpoints(endpoints_path)
@@ -321,7 +321,7 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
                     settings=list(syn.settings),
                     concurrency=syn.concurrency,
                     out=str(out),
-                    cache=str(cache_path),
+                    cache=str(cache_file) if cache_file else None,
                 ),
                 console=console,
             ).summary

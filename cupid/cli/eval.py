@@ -67,13 +67,15 @@ def _option(name: str, field: FieldInfo) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def _run(config: str | None, dry_run: str | None, allow_failures: bool, **options: Any) -> None:
+def _run(config: str | None, dry_run: str | None, allow_failures: bool, no_cache: bool, **options: Any) -> None:
     """Run CUPID: inference (infer -> decompose -> match both ways -> P/R/F1) and/or generation (respond -> judge
     1-10)."""
     values: dict[str, Any] = dict(read_yaml(config) or {}) if config else {}
     if options.get("tasks") is not None:
         options["tasks"] = list(TASKS) if options["tasks"] == "both" else [options["tasks"]]
     values.update({k: v for k, v in options.items() if v})
+    if no_cache:  # the command line's spelling of `cache: null`
+        values["cache"] = None
     try:
         cfg = validate(RunConfig, values, config or "command-line options")
         if dry_run:
@@ -117,6 +119,12 @@ def _run_command() -> Callable[..., None]:
             inspect.Parameter.KEYWORD_ONLY,
             annotation=bool,
             default=typer.Option(False, "--allow-failures", help="exit 0 even when instances failed"),
+        ),
+        inspect.Parameter(
+            "no_cache",
+            inspect.Parameter.KEYWORD_ONLY,
+            annotation=bool,
+            default=typer.Option(False, "--no-cache", help="neither read nor write a request cache (`cache: null`)"),
         ),
     ]
     fields = [_option(name, field) for name, field in RunConfig.model_fields.items() if name not in _FILE_ONLY]

@@ -56,8 +56,8 @@ def synth(
         "cache": cache,
     }
     values.update({k: v for k, v in options.items() if v is not None})
-    if no_cache:
-        values["no_cache"] = True
+    if no_cache:  # the command line's spelling of `cache: null`
+        values["cache"] = None
     try:
         cfg = validate(SynthConfig, values, config)
         summary = run(cfg, console=err)

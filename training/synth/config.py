@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import renamed_no_cache
 
 Role = Literal["generator", "user_simulator", "assistant_simulator"]
 
@@ -40,6 +43,11 @@ class MaxTokens(BaseModel):
 class SynthConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_no_cache(data, "synthesis config")
+
     endpoints: str = "configs/endpoints.yaml"
     generator: str = Field(description="endpoint that writes personas, factors, preferences, checklists and requests")
     user_simulator: str = Field(description="endpoint that plays the user: judges checklist items, writes feedback")
@@ -47,8 +55,9 @@ class SynthConfig(BaseModel):
     personas: int = Field(default=4, ge=1, description="personas 0..N-1 of this seed; raising N later extends a run")
     seed: int = 0
     out: str = "runs/synth"
-    cache: str | None = Field(default=None, description="SQLite request cache; default .cupid/cache.sqlite")
-    no_cache: bool = False
+    cache: str | None = Field(
+        default=DEFAULT_CACHE, description="the request cache: a SQLite file, `default` (.cupid/cache.sqlite), or null"
+    )
     parallel_personas: int = Field(default=8, ge=1, description="personas in flight at once")
     seeds: str | None = Field(
         default=None,

@@ -30,11 +30,10 @@ from cupid.eval.files import write_atomic
 from cupid.eval.rundir import OutputDir
 from cupid.eval.summary import Requests
 from cupid.matcher import prompts
-from cupid.serving.cache import Cache
+from cupid.serving.cache import open_cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoints import load_endpoints, missing_keys, require
-from cupid.serving.lifecycle import state_dir
 from cupid.training.synth import tables
 from cupid.training.synth.ask import Asker, StepFailed, all_of
 from cupid.training.synth.config import Role, SynthConfig
@@ -275,7 +274,7 @@ def run(cfg: SynthConfig, console: Console | None = None) -> dict[str, Any]:
     done = out.done_ids()
     todo = [i for i in range(cfg.personas) if persona_id(cfg.seed, i) not in done]
 
-    cache = None if cfg.no_cache else Cache(cfg.cache or state_dir() / "cache.sqlite")
+    cache = open_cache(cfg.cache)
     client = Client(used, cache)
     started = time.monotonic()
     try:
