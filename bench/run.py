@@ -46,11 +46,11 @@ from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import load_endpoints
 from cupid.serving.errors import ServeError
 from cupid.serving.instant import start as start_instant
 from cupid.serving.lifecycle import ServerRecord, free_port
 from cupid.serving.profiles import Profile
+from cupid.serving.registry import load_endpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_SIZE = 756

@@ -21,21 +21,21 @@ from cupid.eval.compare import Comparison, compare  # noqa: F401 (the API: cupid
 from cupid.eval.data import Dataset
 from cupid.eval.history import Setting
 from cupid.eval.inference import InferenceScorer, matcher_dialect
+from cupid.eval.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.eval.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
 from cupid.eval.stages import StageFailed
 from cupid.eval.summary import Summary  # noqa: F401 (the API)
 from cupid.eval.tasks import INFERENCE
-from cupid.eval.tracked import arun  # the run, then its tracker run when `track=` asks
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike
-from cupid.serving.endpoints import resolve as endpoint
 from cupid.serving.fleet import ServedModel
+from cupid.serving.registry import DEFAULT_FILE, EndpointLike
+from cupid.serving.registry import resolve as endpoint
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -260,7 +260,7 @@ async def aevaluate(
         profiles=str(profiles),
         track=track,
     )
-    return await arun(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
+    return await arun_and_log(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
 
 
 def _unknown_keywords(name: str, given: dict[str, Any], func: Callable[..., Any]) -> str:

@@ -37,7 +37,7 @@ from cupid.serving.cache import Cache, cache_path
 from cupid.serving.client import Client, classify
 from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import DEFAULT_FILE
+from cupid.serving.registry import DEFAULT_FILE
 
 DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
 METADATA_KEY = (
@@ -222,7 +222,7 @@ class Judges:
     def bind(
         cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None
     ) -> Judges:
-        from cupid.serving.endpoints import (
+        from cupid.serving.registry import (
             resolve as endpoint,  # the one resolver: a name, a running profile, or a base URL
         )
 

@@ -48,8 +48,8 @@ from cupid.serving.cache import open_cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet import ServedModel
+from cupid.serving.gpu_memory import Gpu
 from cupid.serving.lifecycle import failure_line
-from cupid.serving.plan import Gpu
 from cupid.serving.run_servers import RunServers, plan_servers
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2

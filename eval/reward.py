@@ -43,7 +43,7 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
 
 REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
 MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words

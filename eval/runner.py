@@ -34,9 +34,9 @@ from cupid.serving.cache import open_cache, renamed_no_cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import lookup, missing_keys
 from cupid.serving.fleet import ServedModel
 from cupid.serving.offline import open_client
+from cupid.serving.registry import lookup, missing_keys
 from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
 
 Tracker = Literal[
@@ -289,7 +289,7 @@ async def arun(
 
 
 def _resolve(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint]) -> dict[str, Endpoint]:
-    """The endpoint of each role (and the reference), through the one resolver (`serving.endpoints.lookup`)."""
+    """The endpoint of each role (and the reference), through the one resolver (`serving.registry.lookup`)."""
     if run_servers is not None:
         served = run_servers.endpoints
     else:  # a dry run: the requests name the model a run would serve

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import lifecycle, plan, profiles
+from cupid.serving import gpu_memory, lifecycle, profiles
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -48,7 +48,7 @@ def start(profile: profiles.Profile, keep: bool) -> tuple[lifecycle.ServerRecord
         return record, False
     get_engine(profile.engine).preflight(profile)
     profile.check_local_files()
-    plan.Plan([profile], [r for r in lifecycle.status() if r.alive], plan.gpus()).check()
+    gpu_memory.Plan([profile], [r for r in lifecycle.status() if r.alive], gpu_memory.gpus()).check()
     print(f"starting '{profile.name}' ({profile.engine}, {profile.served}) ...", flush=True)
     started = time.monotonic()
     record = lifecycle.up(profile, tied=not keep)

@@ -22,8 +22,8 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 from cupid.serving.aio import PerLoop
 from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import EndpointDown, down_message, unreachable
 from cupid.serving.lifecycle import failure_line
+from cupid.serving.registry import EndpointDown, down_message, unreachable
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 

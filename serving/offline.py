@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
-from cupid.serving import lifecycle, plan, profiles, vllm_args
+from cupid.serving import gpu_memory, lifecycle, profiles, vllm_args
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import VLLM_INSTALL, vllm_build
 from cupid.serving.errors import ServeError
-from cupid.serving.plan import Plan
+from cupid.serving.gpu_memory import Plan
 from cupid.serving.profiles import Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
@@ -383,7 +383,7 @@ def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[s
     if any(p.on_gpu for p in unique) and shutil.which("nvidia-smi") is None:
         raise ConfigError("the vllm-offline executor needs an NVIDIA GPU for these profiles (nvidia-smi not found)")
     try:
-        Plan(unique, [r for r in lifecycle.status() if r.alive], plan.gpus()).check()
+        Plan(unique, [r for r in lifecycle.status() if r.alive], gpu_memory.gpus()).check()
     except ServeError as e:
         raise ConfigError(f"{e}\n(the vllm-offline executor loads these models in this process)") from None
 

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cupid.serving import plan, profiles
+from cupid.serving import gpu_memory, profiles
 from cupid.serving.client import ManagedServer
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
+from cupid.serving.gpu_memory import Gpu
 from cupid.serving.placement import Placed, place
-from cupid.serving.plan import Gpu
 from cupid.serving.profiles import Profile
 
 
@@ -158,7 +158,7 @@ def plan_servers(
     hosts = {c.name: host for c in candidates if (host := c.rides_on(judges))}
     candidate_profiles = [c.to_profile(directory) for c in candidates if c.name not in hosts]
     if gpus is None:
-        gpus = plan.gpus() if any(p.on_gpu for p in [*judges, *candidate_profiles]) else []
+        gpus = gpu_memory.gpus() if any(p.on_gpu for p in [*judges, *candidate_profiles]) else []
     placed_judges, placed_slots, problems = place(judges, candidate_profiles, gpus, first_port)
     run_servers = RunServers(gpus=gpus, problems=problems, say=say)
     run_servers.check()

@@ -6,7 +6,7 @@ import pytest
 
 from cupid.eval.runner import RunConfig
 from cupid.serving.config import read_yaml, validate
-from cupid.serving.endpoints import load_endpoints
+from cupid.serving.registry import load_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 import pytest
 
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import load_endpoints, missing_keys
+from cupid.serving.registry import load_endpoints, missing_keys
 from tests.conftest import REPO, write_endpoints
 
 

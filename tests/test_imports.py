@@ -99,7 +99,7 @@ def cycles(graph: Graph) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle() -> None:
     graph = import_graph()
-    assert "cupid.eval.runner" in graph and "cupid.serving.endpoints" in graph  # the mapping was read
+    assert "cupid.eval.runner" in graph and "cupid.serving.registry" in graph  # the mapping was read
     found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 
@@ -141,3 +141,13 @@ def test_no_library_module_imports_typer():
     ]
     assert offenders == []
     assert (REPO / "cupid" / "api.py").exists() and not list((REPO / "cupid").glob("cli.py"))
+
+
+def test_no_two_modules_of_a_folder_look_alike():
+    """endpoint/endpoints, track/tracked: a newcomer opens the wrong one. No module is another's name plus s, d or
+    ed."""
+    pairs = []
+    for folder in ("cupid", "cupid/cli", "matcher", "serving", "eval", "training", "training/synth"):
+        stems = {p.stem for p in (REPO / folder).glob("*.py")}
+        pairs += [(folder, a, b) for a in stems for b in stems if b in (a + "s", a + "d", a + "ed")]
+    assert pairs == []

@@ -24,7 +24,7 @@ from cupid.eval.stats import MIN_PERSONAS
 from cupid.eval.tasks import INFERENCE
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import load_endpoints
+from cupid.serving.registry import load_endpoints
 from tests.conftest import write_endpoints
 
 BIN = Path(sys.executable).parent

@@ -14,8 +14,8 @@ from cupid.cli import app
 from cupid.serving.config import ConfigError
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet import ServedModel, fingerprint
+from cupid.serving.gpu_memory import Gpu
 from cupid.serving.placement import SHARED_CEILING
-from cupid.serving.plan import Gpu
 from cupid.serving.run_servers import judge_profiles, plan_servers
 from cupid.serving.vllm_args import engine_env, vllm_args, vllm_defaults
 from tests.conftest import REPO

@@ -15,7 +15,7 @@ from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.endpoints import load_endpoints
+from cupid.serving.registry import load_endpoints
 from cupid.training.matchdata import completion_text
 from tests.conftest import REPO, write_endpoints
 

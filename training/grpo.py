@@ -34,8 +34,8 @@ from cupid.eval.stats import Interval
 from cupid.eval.tasks import INFERENCE, TASKS, TaskName
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
-from cupid.serving.endpoints import require_reachable
 from cupid.serving.fleet import ServedModel
+from cupid.serving.registry import require_reachable
 from cupid.serving.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
 from cupid.training.grpo_memory import MemoryPlan

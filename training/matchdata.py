@@ -37,7 +37,7 @@ from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
 from cupid.serving.cache import cache_path
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import load_endpoints, require
+from cupid.serving.registry import load_endpoints, require
 from cupid.training.config import Labelling, TrainConfig, is_test_split
 
 Direction = Literal["infer_to_gt", "gt_to_infer"]

@@ -14,11 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from cupid.eval import data as cupid_data
+from cupid.eval.logged_run import run_and_log  # the run, then its tracker run when `track:` asks
 from cupid.eval.runner import RunConfig
 from cupid.eval.runner import dry_run as write_requests
 from cupid.eval.summary import Summary, tables
 from cupid.eval.tasks import TASKS
-from cupid.eval.tracked import run as run_eval  # the run, then its tracker run when `track:` asks
 from cupid.serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
@@ -81,7 +81,7 @@ def _run(config: str | None, dry_run: str | None, allow_failures: bool, no_cache
         if dry_run:
             write_requests(cfg, dry_run, console=err)
             return
-        summary = run_eval(cfg, console=err).summary
+        summary = run_and_log(cfg, console=err).summary
     except (ConfigError, cupid_data.DataError) as e:
         _fail(str(e))
     print_summary(summary)

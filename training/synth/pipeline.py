@@ -33,7 +33,7 @@ from cupid.matcher import prompts
 from cupid.serving.cache import open_cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoints import load_endpoints, missing_keys, require
+from cupid.serving.registry import load_endpoints, missing_keys, require
 from cupid.training.synth import tables
 from cupid.training.synth.ask import Asker, StepFailed, all_of
 from cupid.training.synth.config import Role, SynthConfig

@@ -12,18 +12,17 @@ from typing import Any
 from rich.console import Console
 
 from cupid.eval import track
-from cupid.eval.runner import RunConfig, RunResult
-from cupid.eval.runner import arun as arun_untracked
+from cupid.eval.runner import RunConfig, RunResult, arun
 from cupid.serving.aio import blocking
 
 
-async def arun(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
+async def arun_and_log(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
     """A run (`runner.arun`), then, with `cfg.track`, its tracker run: checked before anything starts, logged once the
     run's files are written and its servers stopped (the tracker is no request's). `options` go to `runner.arun`."""
     console = console or Console(stderr=True)
     if cfg.track:
         track.require(cfg.track)
-    result = await arun_untracked(cfg, console=console, **options)
+    result = await arun(cfg, console=console, **options)
     if cfg.track:
         make = lambda: [track.of_run(result.out, records=result.records, summary=result.summary)]
         say = lambda m: console.print(m, highlight=False, markup=False)
@@ -31,6 +30,6 @@ async def arun(cfg: RunConfig, *, console: Console | None = None, **options: Any
     return result
 
 
-def run(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
-    """`arun` from blocking code (the CLI)."""
-    return blocking(lambda: arun(cfg, console=console, **options))
+def run_and_log(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:
+    """`arun_and_log` from blocking code (the CLI)."""
+    return blocking(lambda: arun_and_log(cfg, console=console, **options))

@@ -1,5 +1,5 @@
-"""Named OpenAI-compatible endpoints (`configs/endpoints.yaml`), and the one resolver of an endpoint's name: an
-entry of that file or a server running under `cupid serve up` (`serving.lifecycle`, below this module).
+"""Named OpenAI-compatible endpoints (`configs/endpoints.yaml`), the one resolver of an endpoint's name (an entry of
+that file or a server running under `cupid serve up`: `serving.lifecycle`, below this module), and whether each answers.
 """
 
 from __future__ import annotations
