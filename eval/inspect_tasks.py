@@ -155,7 +155,7 @@ def _task(
             f"cupid/{spec.name}: no instance type {', '.join(unknown)} (types: {', '.join(INSTANCE_TYPES)})"
         )
     wanted = [*spec.roles, *(["summarizer"] if setting == "summary" else [])]
-    judges = Judges.bind(
+    judges = TaskJudges.bind(
         {r: roles[r] for r in wanted},
         endpoints_file,
         structured_output,
@@ -209,7 +209,7 @@ def _messages(messages: list[dict[str, str]]) -> list[ChatMessage]:
 
 
 @dataclass
-class Judges:
+class TaskJudges:
     """The judge endpoints of one task, and their client, opened on first use in the eval's event loop
     (an aiohttp session belongs to one loop) and closed when inspect's run ends."""
 
@@ -221,7 +221,7 @@ class Judges:
     @classmethod
     def bind(
         cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None
-    ) -> Judges:
+    ) -> TaskJudges:
         from cupid.serving.registry import (
             resolve as endpoint,  # the one resolver: a name, a running profile, or a base URL
         )
@@ -254,7 +254,7 @@ class Judges:
                 client.cache.close()
 
 
-_OPEN: list[Judges] = []
+_OPEN: list[TaskJudges] = []
 
 
 @hooks(name="cupid_judges", description="closes the CUPID judges' connections and request cache when a run ends")
@@ -265,7 +265,7 @@ class CloseJudges(Hooks):
 
 
 @solver
-def candidate_answer(spec: TaskSpec, judges: Judges, instances: dict[str, Instance]) -> Solver:
+def candidate_answer(spec: TaskSpec, judges: TaskJudges, instances: dict[str, Instance]) -> Solver:
     """inspect's model answers the sample's prompt. In the summary setting the prompt is built first, from
     the summarizer's summaries of the prior sessions. A summary or a model call that fails ends the sample
     with its stage and reason, as the runner records them; the scorer reports it as a failed unit."""
@@ -296,7 +296,7 @@ def _no_answer(spec: TaskSpec, error: Exception) -> StageError:
 
 
 @scorer(metrics=[])
-def cupid_scorer(spec: TaskSpec, judges: Judges, instances: dict[str, Instance]) -> Scorer:
+def cupid_scorer(spec: TaskSpec, judges: TaskJudges, instances: dict[str, Instance]) -> Scorer:
     """The project's scorer on the candidate's answer: P/R/F1 (inference) or the judge's score (generation)."""
 
     async def score(state: TaskState, target: Target) -> Score:

@@ -138,7 +138,7 @@ def krippendorff_alpha(a: Iterable[str], b: Iterable[str], level: Level = "ordin
 
 
 @dataclass
-class Agreement:
+class MatcherAgreement:
     n: int
     alpha: float | None
     level: str
@@ -149,7 +149,7 @@ class Agreement:
     mismatched: list[PairKey] = field(default_factory=list)  # same position, different item or preference
 
 
-def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level = "ordinal") -> Agreement:
+def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level = "ordinal") -> MatcherAgreement:
     shared: list[tuple[str, str]] = []
     mismatched: list[PairKey] = []
     for pair in sorted(a.keys() & b.keys()):
@@ -163,7 +163,7 @@ def agree(a: dict[PairKey, Labelled], b: dict[PairKey, Labelled], level: Level =
     confusion = [[0] * len(LABELS) for _ in LABELS]
     for label_a, label_b in shared:
         confusion[LABELS.index(label_a)][LABELS.index(label_b)] += 1
-    return Agreement(
+    return MatcherAgreement(
         n=len(shared),
         alpha=krippendorff_alpha([x for x, _ in shared], [y for _, y in shared], level),
         level=level,

@@ -50,7 +50,7 @@ def _label_runs(runs: list[Run]) -> None:
 
 
 @dataclass
-class Row:
+class FigureRow:
     setting: str
     group: str
     n_scored: int
@@ -62,7 +62,7 @@ def _groups(records: list[UnitRecord]) -> list[tuple[str, list[UnitRecord]]]:
     return [("all", records)] + [(t, [r for r in records if r.instance_type == t]) for t in INSTANCE_TYPES]
 
 
-def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[Row]:
+def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[FigureRow]:
     """The task's estimates with their intervals (`TaskSpec.intervals`) per setting and instance type."""
     rows = []
     for setting in run.settings(task.name):
@@ -70,7 +70,9 @@ def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[Row]:
             n_scored = sum(r.scoring(reference).scored for r in records)
             intervals = task.intervals(records, reference)
             rows.append(
-                Row(setting, group, n_scored, len(records) - n_scored, {m: intervals.get(m) for m in task.metrics})
+                FigureRow(
+                    setting, group, n_scored, len(records) - n_scored, {m: intervals.get(m) for m in task.metrics}
+                )
             )
     return rows
 

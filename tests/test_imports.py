@@ -151,3 +151,14 @@ def test_no_two_modules_of_a_folder_look_alike():
         stems = {p.stem for p in (REPO / folder).glob("*.py")}
         pairs += [(folder, a, b) for a in stems for b in stems if b in (a + "s", a + "d", a + "ed")]
     assert pairs == []
+
+
+def test_no_two_classes_of_the_package_share_a_name():
+    """Two `Judges`, two `Row`s: an import then needs an alias to tell them apart. Private bases aside."""
+    seen: dict[str, list[str]] = {}
+    for folder in ("cupid", "matcher", "serving", "eval", "training"):
+        for path in (REPO / folder).rglob("*.py"):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    seen.setdefault(node.name, []).append(str(path.relative_to(REPO)))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}

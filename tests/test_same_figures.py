@@ -61,7 +61,7 @@ def _point(interval: dict | None) -> dict | None:
     return interval and {"estimate": round(interval["estimate"], 12), "n": interval["n"]}
 
 
-def _rows(rows: list[report.Row]) -> list[dict]:
+def _rows(rows: list[report.FigureRow]) -> list[dict]:
     """Today's rows in the earlier form: cells named `<figure> <aggregate>` (`mean score`), estimates and units."""
 
     def earlier(metric: str) -> str:
