@@ -35,6 +35,7 @@ from rich.table import Table
 
 from cupid.eval import stats
 from cupid.eval.data import INSTANCE_TYPES
+from cupid.eval.grid import figure_name
 from cupid.eval.history import SETTINGS
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import Run, RunDir
@@ -74,7 +75,7 @@ class Row(Difference):
     @property
     def name(self) -> str:
         """`<task>/<setting>[/<type>]/<metric>`, as the tracker and the nightly name figures."""
-        return "/".join([self.task, self.setting, *([self.instance_type] if self.instance_type else []), self.metric])
+        return figure_name(self.task, self.setting, self.instance_type, self.metric)
 
 
 class UnitChange(BaseModel):

@@ -35,6 +35,7 @@ from rich.markup import escape
 from cupid.eval import track as tracking
 from cupid.eval.compare import HEADLINE_SETTING, Comparison, Row, compare_runs
 from cupid.eval.files import hold, write_atomic
+from cupid.eval.grid import cells, figure_name
 from cupid.eval.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir
@@ -119,11 +120,9 @@ def metrics(records: list[UnitRecord]) -> dict[str, Interval]:
     generation: `mean_score`), each with its bootstrap interval over the scored instances; a metric with no
     scored instance is absent."""
     result: dict[str, Interval] = {}
-    for task, setting in dict.fromkeys((r.task, r.setting) for r in records):
-        if (spec := TASKS.get(task)) is None:
-            continue
-        intervals = spec.intervals([r for r in records if (r.task, r.setting) == (task, setting)])
-        result.update({f"{task}/{setting}/{name}": intervals[name] for name in spec.headline if name in intervals})
+    for task, setting, _, chosen in cells([r for r in records if r.task in TASKS], by_type=False):
+        intervals = TASKS[task].intervals(chosen)
+        result |= {figure_name(task, setting, None, n): intervals[n] for n in TASKS[task].headline if n in intervals}
     return result
 
 

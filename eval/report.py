@@ -18,8 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.records import UnitRecord
+from cupid.eval.grid import groups
 from cupid.eval.rundir import Run, RunDir
 from cupid.eval.stats import Interval
 from cupid.eval.summary import failure_counts
@@ -58,15 +57,12 @@ class FigureRow:
     cells: dict[str, Interval | None] = field(default_factory=dict)
 
 
-def _groups(records: list[UnitRecord]) -> list[tuple[str, list[UnitRecord]]]:
-    return [("all", records)] + [(t, [r for r in records if r.instance_type == t]) for t in INSTANCE_TYPES]
-
-
 def task_rows(run: Run, task: TaskSpec, reference: bool = False) -> list[FigureRow]:
     """The task's estimates with their intervals (`TaskSpec.intervals`) per setting and instance type."""
     rows = []
     for setting in run.settings(task.name):
-        for group, records in _groups(run.of(task.name, setting)):
+        for instance_type, records in groups(run.of(task.name, setting)):
+            group = instance_type or "all"
             n_scored = sum(r.scoring(reference).scored for r in records)
             intervals = task.intervals(records, reference)
             rows.append(

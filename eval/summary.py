@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Self, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from cupid.eval.data import INSTANCE_TYPES
+from cupid.eval.grid import cell_name
 from cupid.eval.records import Scoring, UnitRecord
 from cupid.matcher.scores import PRF, macro, micro
 
@@ -403,14 +404,14 @@ def summary_metrics(summary: Summary) -> dict[str, float]:
     `micro_f1`, ..., the mean judge score, the counts scored and failed (and failed by stage); then the run's
     counts and requests. A figure with no scored unit is absent, never a zero."""
     metrics: dict[str, float] = {}
-    for prefix, blocks in (("", summary.tasks), ("reference/", summary.reference or {})):
+    for prefix, blocks in (("", summary.tasks), ("reference", summary.reference or {})):
         for task, block in blocks.items():
             for setting, by_group in block.settings.items():
-                groups = [("", by_group.overall)] + [
-                    (f"/{t}", by_group.by_type[t]) for t in INSTANCE_TYPES if t in by_group.by_type
+                cell = [(None, by_group.overall)] + [
+                    (t, by_group.by_type[t]) for t in INSTANCE_TYPES if t in by_group.by_type
                 ]
-                for group, figured in groups:
-                    metrics.update(figures(f"{prefix}{task}/{setting}{group}", figured.model_dump()))
+                for instance_type, figured in cell:
+                    metrics.update(figures(cell_name(task, setting, instance_type, prefix), figured.model_dump()))
     for name in ("n_instances", "n_runs", "n_scored", "n_failed", "n_invalid_rows", "wall_s"):
         if isinstance(value := getattr(summary, name), (int, float)):
             metrics[name] = value

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from cupid.eval import report, view
 from cupid.eval.compare import Row
-from cupid.eval.data import INSTANCE_TYPES
 from cupid.eval.files import read_json, write_atomic
+from cupid.eval.grid import cells, figure_name
 from cupid.eval.leaderboard import Leaderboard, flag, flags_text, run_dir_of
 from cupid.eval.records import UnitRecord
 from cupid.eval.rundir import RunDir, RunIdentity
@@ -82,16 +82,12 @@ def interval_metrics(records: list[UnitRecord], reference: bool = False) -> dict
     """`<figure>_low` and `<figure>_high` for each estimate the tasks declare, per setting and instance type,
     from the records (personas resampled, as the report and the nightly do)."""
     metrics: dict[str, float] = {}
-    prefix = "reference/" if reference else ""
-    for task, spec in TASKS.items():
-        for setting in dict.fromkeys(r.setting for r in records if r.task == task):
-            these = [r for r in records if (r.task, r.setting) == (task, setting)]
-            groups = [("", these)] + [(f"/{t}", [r for r in these if r.instance_type == t]) for t in INSTANCE_TYPES]
-            for group, chosen in groups:
-                for name, iv in spec.intervals(chosen, reference).items():
-                    if iv.low is not None and iv.high is not None:  # under the minimum of personas: no bounds
-                        metrics[f"{prefix}{task}/{setting}{group}/{name}_low"] = iv.low
-                        metrics[f"{prefix}{task}/{setting}{group}/{name}_high"] = iv.high
+    prefix = "reference" if reference else ""
+    for task, setting, instance_type, chosen in cells([r for r in records if r.task in TASKS]):
+        for name, iv in TASKS[task].intervals(chosen, reference).items():
+            if iv.low is not None and iv.high is not None:  # under the minimum of personas: no bounds
+                at = figure_name(task, setting, instance_type, name, prefix)
+                metrics[f"{at}_low"], metrics[f"{at}_high"] = iv.low, iv.high
     return metrics
 
 
