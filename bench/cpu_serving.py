@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from cupid.eval import data as cupid_data
+from cupid.eval.benchmark import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint

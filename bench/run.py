@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from cupid.eval import data as cupid_data
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig, run
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import ChatRequest, Client
 from cupid.serving.config import read_yaml

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cupid.eval import data as cupid_data
-from cupid.eval.view import build
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.results.view import build
 from tests.run_records import generation, inference, write_run
 
 INFERENCE_SETTINGS = ("standard", "oracle", "summary")

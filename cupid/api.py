@@ -16,18 +16,18 @@ from typing import Any, ParamSpec, Self, TypeVar
 
 from rich.console import Console
 
-from cupid.eval import data as cupid_data
-from cupid.eval.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
-from cupid.eval.data import Dataset
-from cupid.eval.history import Setting
-from cupid.eval.inference import InferenceScorer, matcher_dialect
-from cupid.eval.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
-from cupid.eval.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
-from cupid.eval.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
-from cupid.eval.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
-from cupid.eval.stages import StageFailed
-from cupid.eval.summary import Summary  # noqa: F401 (the API)
-from cupid.eval.tasks import INFERENCE
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import Dataset
+from cupid.eval.benchmark.history import Setting
+from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
+from cupid.eval.benchmark.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
+from cupid.eval.benchmark.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
+from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
+from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
+from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
 from cupid.serving.aio import blocking
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop

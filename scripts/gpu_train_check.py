@@ -11,9 +11,9 @@ The model is made where it trains (on the GPU: 7.62B parameters in bf16, no down
 `--tokenizer` (default: the random-weight model's, `cupid serve prepare-tiny --random`; carry that directory to a
 machine without the package's data). The match data are the bundled sample's preferences against their own checklists,
 labelled by a stand-in teacher (every item covered), repeated to `--examples`: the fine-tune's speed and memory, not
-its quality. GRPO's reward is the answer's graded form (`cupid.eval.reward.form`): no judge is served here. Each stage
-prints its time, tokens/s and peak GPU memory; the exit status is 1 when a stage failed (the others still run where
-they can), 0 when all passed.
+its quality. GRPO's reward is the answer's graded form (`cupid.eval.integrations.reward.form`): no judge is served
+here. Each stage prints its time, tokens/s and peak GPU memory; the exit status is 1 when a stage failed (the others
+still run where they can), 0 when all passed.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
 
 def match_data(dest: Path, n_examples: int) -> dict[str, Any]:
     """PrefMatcher examples from the sample: each preference against its own checklist, every item covered."""
-    from cupid.eval import data as cupid_data
+    from cupid.eval.benchmark import data as cupid_data
     from cupid.matcher import prompts
     from cupid.training.matchdata import completion_text, prompt_key
 
@@ -126,7 +126,7 @@ def sft_config(shape: str, model: Path, data: Path, out: Path, steps: int) -> An
 
 def stand_in_reward(prompts: Any = None, completions: Any = (), **_: Any) -> list[float]:
     """The answer's graded form (no judge is served here)."""
-    from cupid.eval.reward import answer_of, form
+    from cupid.eval.integrations.reward import answer_of, form
 
     return [form(answer_of(c)) for c in completions]
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cupid.eval import data as cupid_data
+from cupid.eval.benchmark import data as cupid_data
 from cupid.serving import lifecycle, profiles, tiny_model, vllm_args
 from cupid.serving.instant import start as start_instant
 from cupid.serving.lifecycle import free_port

@@ -1,4 +1,4 @@
-"""Run directories written straight from records (eval/records.py's UnitRecord, validated as they are
+"""Run directories written straight from records (eval/benchmark/records.py's UnitRecord, validated as they are
 written), for tests that need exact labels or scores no server would give."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cupid.eval.records import UnitRecord
+from cupid.eval.benchmark.records import UnitRecord
 from cupid.matcher.scores import MatchCounts
 
 LONG = {"Y": "Fully Covered", "P": "Partially Covered", "N": "Not Covered"}

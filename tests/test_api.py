@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 import cupid
-from cupid.eval.records import MatchItem, StageError
-from cupid.eval.runner import RunConfig, run
-from cupid.eval.stages import StageFailed
-from cupid.eval.summary import Requests
+from cupid.eval.benchmark.records import MatchItem, StageError
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.summary import Requests
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -151,7 +151,7 @@ def test_the_wheel_holds_one_package_and_works_outside_the_checkout(tmp_path, ti
     assert top == {"cupid"}
     assert {
         "cupid/configs/serve/tiny.yaml",
-        "cupid/eval/sample/cupid_sample.jsonl",
+        "cupid/eval/benchmark/sample/cupid_sample.jsonl",
         "cupid/matcher/prompts/prefmatcher.user.txt",
     } <= set(files)
 
@@ -475,7 +475,7 @@ def test_score_batch_and_its_async_twin_give_the_runs_scores(tmp_path, instant_u
     order; its async twin the same."""
     import asyncio
 
-    from cupid.eval.runner import RunConfig, run
+    from cupid.eval.benchmark.runner import RunConfig, run
 
     endpoints = write_endpoints(
         tmp_path / "ep.yaml",

@@ -8,9 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.records import UnitRecord
-from cupid.eval.runner import RunConfig, run
-from cupid.eval.tasks import INFERENCE
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.matcher.scores import MatchCounts, macro, micro
 from tests.conftest import write_endpoints
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from cupid.eval.runner import RunConfig
+from cupid.eval.benchmark.runner import RunConfig
 from cupid.serving.config import read_yaml, validate
 from cupid.serving.registry import load_endpoints
 

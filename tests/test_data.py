@@ -4,8 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cupid.eval import data
-from cupid.eval.data import DataError
+from cupid.eval.benchmark import data
+from cupid.eval.benchmark.data import DataError
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ drift."""
 import typer.main
 
 from cupid.cli import app
-from cupid.eval.runner import RunConfig
+from cupid.eval.benchmark.runner import RunConfig
 
 RUN = typer.main.get_command(app).commands["eval"].commands["run"]  # type: ignore[attr-defined]
 OPTIONS = {p.name: p for p in RUN.params}

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from cupid.eval.records import UnitRecord
-from cupid.eval.runner import RunConfig, dry_run, run
-from cupid.eval.summary import InferenceFigures, Requests
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.runner import RunConfig, dry_run, run
+from cupid.eval.benchmark.summary import InferenceFigures, Requests
 from cupid.matcher.scores import MatchCounts, macro, micro
 from cupid.serving.config import ConfigError
 from tests.conftest import REPO, write_endpoints

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.files import DiskFull, hold
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig, run
+from cupid.eval.benchmark.files import DiskFull, hold
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, run
 from tests.conftest import REPO, write_endpoints
 
 

@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval import data as cupid_data
+from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher.parse import PREFERENCE_HEADER
 from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
 

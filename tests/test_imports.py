@@ -99,18 +99,18 @@ def cycles(graph: Graph) -> list[list[str]]:
 
 def test_the_package_has_no_import_cycle() -> None:
     graph = import_graph()
-    assert "cupid.eval.runner" in graph and "cupid.serving.registry" in graph  # the mapping was read
+    assert "cupid.eval.benchmark.runner" in graph and "cupid.serving.registry" in graph  # the mapping was read
     found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 
 
 def test_the_exports_sit_on_top_of_the_runner() -> None:
     graph = import_graph()
-    assert "cupid.eval.track" not in graph["cupid.eval.runner"]
-    track = graph["cupid.eval.track"]
-    assert not track & {"cupid.eval.runner", "cupid.eval.nightly"}, sorted(track)
+    assert "cupid.eval.results.track" not in graph["cupid.eval.benchmark.runner"]
+    track = graph["cupid.eval.results.track"]
+    assert not track & {"cupid.eval.benchmark.runner", "cupid.eval.results.nightly"}, sorted(track)
     # inspect-ai loads the tasks in its own process: neither the package's top nor the API above everything comes along
-    assert not graph["cupid.eval.inspect_tasks"] & {"cupid", "cupid.api"}
+    assert not graph["cupid.eval.integrations.inspect_tasks"] & {"cupid", "cupid.api"}
 
 
 def test_one_export_list_and_every_name_on_it_resolves():

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from inspect_ai.log import EvalLog, read_eval_log
 
-from cupid.eval import inspect_tasks
-from cupid.eval.data import load
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig, build_tasks
-from cupid.eval.stats import MIN_PERSONAS
-from cupid.eval.tasks import INFERENCE
+from cupid.eval.benchmark.data import load
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, build_tasks
+from cupid.eval.benchmark.stats import MIN_PERSONAS
+from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.eval.integrations import inspect_tasks
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.registry import load_endpoints

@@ -7,7 +7,15 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.meta import agree, canonical_label, correlate, f1_table, krippendorff_alpha, read_table, run_labels
+from cupid.eval.results.meta import (
+    agree,
+    canonical_label,
+    correlate,
+    f1_table,
+    krippendorff_alpha,
+    read_table,
+    run_labels,
+)
 from cupid.serving.config import ConfigError
 from tests.conftest import REPO
 from tests.run_records import inference, scoring, write_run

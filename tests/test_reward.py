@@ -10,8 +10,8 @@ import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 import cupid
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig, dry_run, run
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -211,7 +211,7 @@ def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_
 ):
     from trl.trainer.utils import get_callable_name
 
-    from cupid.eval.reward import format_reward
+    from cupid.eval.integrations.reward import format_reward
 
     records, _, decomposer, _ = scored
     dataset = cupid.reward_dataset("sample", limit=4)
@@ -258,8 +258,8 @@ def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_
 
 
 def test_every_reward_a_task_declares_has_its_function_named_as_trl_logs_it():
-    from cupid.eval.reward import FUNCTIONS
-    from cupid.eval.tasks import TASKS
+    from cupid.eval.benchmark.tasks import TASKS
+    from cupid.eval.integrations.reward import FUNCTIONS
 
     declared = {(spec.name, metric) for spec in TASKS.values() for metric in spec.reward_metrics}
     assert set(FUNCTIONS) == declared

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from cupid.eval import meta, nightly, report
-from cupid.eval.rundir import RunDir
-from cupid.eval.summary import Summary, summarize
-from cupid.eval.tasks import TASKS
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.summary import Summary, summarize
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.results import meta, nightly, report
 
 BEFORE = Path(__file__).parent / "data" / "figures_before_one_computation"
 RUNS = ["sample", "tiny"]

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from cupid.eval import data as cupid_data
-from cupid.eval.runner import RunConfig, run
-from cupid.eval.stages import constraint
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.stages import constraint
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError

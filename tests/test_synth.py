@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval import data as cupid_data
+from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher import prompts, schemas
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client

@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from cupid.eval import data as cupid_data
-from cupid.eval.history import relevant_sessions
-from cupid.eval.runner import RunConfig, dry_run, run
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.history import relevant_sessions
+from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.matcher import prompts
 from cupid.serving.config import ConfigError
 from cupid.serving.instant import start as start_instant

@@ -16,10 +16,10 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.records import UnitRecord
-from cupid.eval.stats import MIN_PERSONAS
-from cupid.eval.tasks import GENERATION, INFERENCE
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.stats import MIN_PERSONAS
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
 from tests.conftest import REPO, sample_copies, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
@@ -200,7 +200,7 @@ def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_pat
 
 
 def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_url, mlflow_store, cupid_home):
-    from cupid.eval.nightly import run_nightly
+    from cupid.eval.results.nightly import run_nightly
 
     mlflow = mlflow_store
     endpoints = write_endpoints(
@@ -269,8 +269,8 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
 
 
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
-    from cupid.eval.summary import Summary
-    from cupid.eval.track import of_run
+    from cupid.eval.benchmark.summary import Summary
+    from cupid.eval.results.track import of_run
     from cupid.serving.fleet import ServedModel
     from cupid.serving.run_servers import profile_fingerprints
 

@@ -33,7 +33,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cupid.cli import app as cupid_app
-from cupid.eval.data import DataError
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import DataError
 from cupid.matcher import parse, prompts
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError
@@ -608,7 +609,7 @@ def test_match_data_with_missing_fields_names_line_and_field(tmp_path, random_mo
 
 
 def test_cupid_rows_with_missing_fields_stop_synthesis_before_anything_is_sent(tmp_path):
-    rows = [json.loads(line) for line in (REPO / "eval" / "sample" / "cupid_sample.jsonl").read_text().splitlines()[:3]]
+    rows = [json.loads(line) for line in cupid_data.SAMPLE_PATH.read_text().splitlines()[:3]]
     del rows[1]["current_checklist"]
     source = tmp_path / "cupid.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -644,7 +645,7 @@ def test_benchmark_test_split_is_refused_unless_forced(tmp_path, monkeypatch):
     real."""
     local = tmp_path / "kixlab" / "CUPID"
     local.mkdir(parents=True)
-    shutil.copy(REPO / "eval" / "sample" / "cupid_sample.jsonl", local / "test.jsonl")
+    shutil.copy(cupid_data.SAMPLE_PATH, local / "test.jsonl")
     monkeypatch.chdir(tmp_path)
     path = _write_config(
         tmp_path / "c.yaml",

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 from rich.console import Console
 
-from cupid.eval.meta import LABELS, Labelled, agree, canonical_label
+from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
 from cupid.serving import lifecycle
 from cupid.serving.client import Client, RequestFailed

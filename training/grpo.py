@@ -24,14 +24,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.eval import data as cupid_data
-from cupid.eval.records import UnitRecord
-from cupid.eval.reward import format_reward, reward, reward_dataset, value
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig
-from cupid.eval.runner import run as run_eval
-from cupid.eval.stats import Interval
-from cupid.eval.tasks import INFERENCE, TASKS, TaskName
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
+from cupid.eval.integrations.reward import format_reward, reward, reward_dataset, value
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet import ServedModel

@@ -26,13 +26,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
-from cupid.eval import data as cupid_data
-from cupid.eval.inference import matcher_dialect
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig
-from cupid.eval.runner import run as run_eval
-from cupid.eval.tasks import INFERENCE
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
 from cupid.serving.cache import cache_path

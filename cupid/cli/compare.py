@@ -1,12 +1,12 @@
-"""`cupid` commands over `cupid.eval.compare`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.results.compare`: what it computes, as a command line."""
 
 from __future__ import annotations
 
 import typer
 from rich.console import Console
 
-from cupid.eval.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare, print_comparison
-from cupid.eval.records import RecordError
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare, print_comparison
 from cupid.serving.config import ConfigError
 
 

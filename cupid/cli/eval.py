@@ -13,12 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.eval import data as cupid_data
-from cupid.eval.logged_run import run_and_log  # the run, then its tracker run when `track:` asks
-from cupid.eval.runner import RunConfig
-from cupid.eval.runner import dry_run as write_requests
-from cupid.eval.summary import Summary, tables
-from cupid.eval.tasks import TASKS
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.logged_run import run_and_log  # the run, then its tracker run when `track:` asks
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import dry_run as write_requests
+from cupid.eval.benchmark.summary import Summary, tables
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.serving.config import ConfigError, read_yaml, validate
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")

@@ -1,11 +1,11 @@
-"""`cupid` commands over `cupid.eval.inspect_log`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.integrations.inspect_log`: what it computes, as a command line."""
 
 from __future__ import annotations
 
 import typer
 
-from cupid.eval.inspect_log import import_logs
-from cupid.eval.summary import markdown
+from cupid.eval.benchmark.summary import markdown
+from cupid.eval.integrations.inspect_log import import_logs
 from cupid.serving.config import ConfigError
 
 LogsArgument = typer.Argument(..., help="inspect-ai logs of cupid/inference and/or cupid/generation (.eval or .json)")

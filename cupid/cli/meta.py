@@ -1,4 +1,4 @@
-"""`cupid` commands over `cupid.eval.meta`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.results.meta`: what it computes, as a command line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.eval.meta import LABELS, agree, correlate, f1_table, labels_from, read_table
+from cupid.eval.results.meta import LABELS, agree, correlate, f1_table, labels_from, read_table
 from cupid.serving.config import ConfigError
 
 app = typer.Typer(

@@ -1,4 +1,4 @@
-"""`cupid` commands over `cupid.eval.nightly`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.results.nightly`: what it computes, as a command line."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from cupid.eval.nightly import EXIT_FAILURES, leaderboard_markdown, run_nightly
-from cupid.eval.track import require as require_tracker
+from cupid.eval.results.nightly import EXIT_FAILURES, leaderboard_markdown, run_nightly
+from cupid.eval.results.track import require as require_tracker
 from cupid.serving.config import ConfigError
 from cupid.serving.gpu_memory import Gpu
 

@@ -1,4 +1,4 @@
-"""`cupid` commands over `cupid.eval.report`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.results.report`: what it computes, as a command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from cupid.eval.report import build
+from cupid.eval.results.report import build
 from cupid.serving.config import ConfigError
 
 RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl)")

@@ -1,11 +1,11 @@
-"""`cupid` commands over `cupid.eval.track`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.results.track`: what it computes, as a command line."""
 
 from __future__ import annotations
 
 import typer
 
-from cupid.eval.records import RecordError
-from cupid.eval.track import log, read, require
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.results.track import log, read, require
 from cupid.serving.config import ConfigError
 
 PathsArgument = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)")

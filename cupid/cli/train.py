@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.eval.data import DataError
+from cupid.eval.benchmark.data import DataError
 from cupid.serving.config import ConfigError
 from cupid.serving.errors import ServeError
 from cupid.training import agreement, config, pipeline
@@ -203,7 +203,7 @@ def grpo(
 ) -> None:
     """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter
     beside the base."""
-    from cupid.eval.track import require as require_tracker
+    from cupid.eval.results.track import require as require_tracker
     from cupid.training import grpo as grpo_run
 
     cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))

@@ -1,4 +1,4 @@
-"""`cupid` commands over `cupid.eval.view`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.results.view`: what it computes, as a command line."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from cupid.eval.records import RecordError
-from cupid.eval.view import build, default_out
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.results.view import build, default_out
 from cupid.serving.config import ConfigError
 
 

@@ -25,10 +25,10 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.eval import data as cupid_data
-from cupid.eval.files import write_atomic
-from cupid.eval.rundir import OutputDir
-from cupid.eval.summary import Requests
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.files import write_atomic
+from cupid.eval.benchmark.rundir import OutputDir
+from cupid.eval.benchmark.summary import Requests
 from cupid.matcher import prompts
 from cupid.serving.cache import open_cache
 from cupid.serving.client import Client

@@ -17,11 +17,11 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.append(str(HERE.parents[2]))  # tests/run_records.py
 
-from cupid.eval import meta, nightly, report
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir
-from cupid.eval.summary import summarize
-from cupid.eval.tasks import TASKS
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.summary import summarize
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.results import meta, nightly, report
 
 
 def sample(path: Path) -> None:

@@ -11,8 +11,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from cupid.eval.data import Instance
-from cupid.eval.stages import StageFailed, ask, constraint, parsed
+from cupid.eval.benchmark.data import Instance
+from cupid.eval.benchmark.stages import StageFailed, ask, constraint, parsed
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 

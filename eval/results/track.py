@@ -10,8 +10,8 @@ tracker is never on the path of a request, and a tracker that fails is a warning
 failed run. The run directory keeps the tracker's run id (`tracker.json`), so logging it again updates
 that tracker run instead of adding a second.
 
-This module runs nothing: a run's tracked form (`eval.logged_run`) and the nightly log through it once their files are
-written, and it imports neither of them nor the runner.
+This module runs nothing: a run's tracked form (`eval.benchmark.logged_run`) and the nightly log through it once
+their files are written, and it imports neither of them nor the runner.
 """
 
 from __future__ import annotations
@@ -25,19 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cupid.eval import report, view
-from cupid.eval.compare import Row
-from cupid.eval.files import read_json, write_atomic
-from cupid.eval.grid import cells, figure_name
-from cupid.eval.leaderboard import Leaderboard, flag, flags_text, run_dir_of
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir, RunIdentity
-from cupid.eval.summary import Summary, summary_metrics
-from cupid.eval.tasks import TASKS
+from cupid.eval.benchmark.files import read_json, write_atomic
+from cupid.eval.benchmark.grid import cells, figure_name
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir, RunIdentity
+from cupid.eval.benchmark.summary import Summary, summary_metrics
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.results import report, view
+from cupid.eval.results.compare import Row
+from cupid.eval.results.leaderboard import Leaderboard, flag, flags_text, run_dir_of
 from cupid.serving.config import ConfigError
 
 if TYPE_CHECKING:  # the literal sits with RunConfig; this module reads runs' files and never runs one
-    from cupid.eval.runner import Tracker
+    from cupid.eval.benchmark.runner import Tracker
 
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 INSTALL = "pip install -e '.[track]'  (in this project's .venv: .venv/bin/pip install -e '.[track]')"

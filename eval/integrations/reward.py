@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cupid.eval import data as cupid_data
-from cupid.eval.history import GENERATION_ONLY, SETTINGS, History
-from cupid.eval.records import Scoring
-from cupid.eval.stages import StageFailed
-from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskName
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.history import GENERATION_ONLY, SETTINGS, History
+from cupid.eval.benchmark.records import Scoring
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskName
 from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking

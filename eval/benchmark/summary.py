@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.grid import cell_name
-from cupid.eval.records import Scoring, UnitRecord
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.grid import cell_name
+from cupid.eval.benchmark.records import Scoring, UnitRecord
 from cupid.matcher.scores import PRF, macro, micro
 
 if TYPE_CHECKING:  # the task declarations name this module's blocks
-    from cupid.eval.tasks import TaskSpec
+    from cupid.eval.benchmark.tasks import TaskSpec
     from cupid.serving.client import Stats
 
 GROUPS = ("all", *INSTANCE_TYPES)
@@ -329,7 +329,7 @@ class Block(NamedTuple):
     tables: Callable[[str, Any], list[Table]]  # the block's tables, under a title
 
 
-# Each task's block by the task's name, in the tasks' order: `eval.tasks` declares its tasks with these.
+# Each task's block by the task's name, in the tasks' order: `eval.benchmark.tasks` declares its tasks with these.
 BLOCKS: dict[str, Block] = {
     "inference": Block(InferenceFigures, inference_tables),
     "generation": Block(GenerationFigures, generation_tables),
@@ -422,7 +422,8 @@ def summary_metrics(summary: Summary) -> dict[str, float]:
 
 def figures(prefix: str | None, block: dict[str, Any]) -> dict[str, float]:
     """A task block's figures named `<prefix>/<figure>` (`micro_f1`, `mean_score`, `n_failed/<stage>`): the
-    tracker's names (`eval.track`), and inspect's (`cupid.eval.inspect_tasks`), whose overall figures have no prefix."""
+    tracker's names (`eval.results.track`), and inspect's (`cupid.eval.integrations.inspect_tasks`), whose overall
+    figures have no prefix."""
     at = f"{prefix}/" if prefix else ""
     out: dict[str, float] = {}
     for name, value in block.items():

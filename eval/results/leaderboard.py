@@ -1,7 +1,7 @@
 """A night's leaderboard as `leaderboard.json` holds it: its candidates' entries, and the flag each gets.
 
-Its own module, below both the nightly that writes it (`eval.nightly`) and the tracker that logs it
-(`eval.track`), so that neither imports the other.
+Its own module, below both the nightly that writes it (`eval.results.nightly`) and the tracker that logs it
+(`eval.results.track`), so that neither imports the other.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from cupid.eval.compare import Row
-from cupid.eval.rundir import RunIdentity
-from cupid.eval.stats import N_RESAMPLES, Interval
-from cupid.eval.summary import Requests
+from cupid.eval.benchmark.rundir import RunIdentity
+from cupid.eval.benchmark.stats import N_RESAMPLES, Interval
+from cupid.eval.benchmark.summary import Requests
+from cupid.eval.results.compare import Row
 from cupid.serving.config import ConfigError
 
 Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run

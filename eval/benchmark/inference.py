@@ -8,9 +8,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from cupid.eval.data import Instance
-from cupid.eval.records import DIRECTIONS, Scoring
-from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
+from cupid.eval.benchmark.data import Instance
+from cupid.eval.benchmark.records import DIRECTIONS, Scoring
+from cupid.eval.benchmark.stages import ask, constraint, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
 from cupid.matcher.prompts import MatcherDialect
 from cupid.matcher.scores import MatchCounts

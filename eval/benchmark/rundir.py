@@ -3,7 +3,7 @@
 run.json          what makes the run; a rerun into the directory must be the same run
 instances.jsonl   one line per record: an evaluation's unit records (appended as units finish, so a
                   crash can tear the last line), a synthesis run's CUPID rows (rewritten whole)
-summary.json/.md  an evaluation's figures (`eval.summary`), written whole once its records are in
+summary.json/.md  an evaluation's figures (`eval.benchmark.summary`), written whole once its records are in
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-from cupid.eval.files import read_json, write_atomic
-from cupid.eval.history import SETTINGS
-from cupid.eval.records import UnitRecord, parse_line
-from cupid.eval.summary import Summary, markdown
+from cupid.eval.benchmark.files import read_json, write_atomic
+from cupid.eval.benchmark.history import SETTINGS
+from cupid.eval.benchmark.records import UnitRecord, parse_line
+from cupid.eval.benchmark.summary import Summary, markdown
 from cupid.serving.config import ConfigError, validate
 
 

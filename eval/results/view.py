@@ -25,12 +25,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cupid.eval import data as cupid_data
-from cupid.eval.history import SETTINGS
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import Run, RunDir, RunIdentity
-from cupid.eval.summary import Summary
-from cupid.eval.tasks import TASKS
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.history import SETTINGS
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import Run, RunDir, RunIdentity
+from cupid.eval.benchmark.summary import Summary
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.serving.config import ConfigError
 
 TASKS_ORDER = tuple(TASKS)

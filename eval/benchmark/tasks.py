@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from cupid.eval import generation, inference, stats, summary
-from cupid.eval.data import Instance
-from cupid.eval.generation import GenerationScorer
-from cupid.eval.history import History, plain_log, relevant_sessions
-from cupid.eval.inference import InferenceScorer, matcher_dialect
-from cupid.eval.records import Scoring, UnitRecord
-from cupid.eval.stages import StageFailed
-from cupid.eval.stats import Interval
+from cupid.eval.benchmark import generation, inference, stats, summary
+from cupid.eval.benchmark.data import Instance
+from cupid.eval.benchmark.generation import GenerationScorer
+from cupid.eval.benchmark.history import History, plain_log, relevant_sessions
+from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
+from cupid.eval.benchmark.records import Scoring, UnitRecord
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.stats import Interval
 from cupid.matcher import prompts, schemas
 from cupid.matcher.scores import MatchCounts
 from cupid.serving.client import ChatRequest, Client, RequestFailed
@@ -79,7 +79,7 @@ class TaskSpec:
         return personas, np.array(rows, dtype=float) if rows else np.zeros((0, 0))
 
     def intervals(self, records: Iterable[UnitRecord], reference: bool = False) -> dict[str, Interval]:
-        """Its figures on the scored units, each with its interval over personas (`eval.stats`)."""
+        """Its figures on the scored units, each with its interval over personas (`eval.benchmark.stats`)."""
         return stats.intervals(*self.units(records, reference), self.statistic)
 
     def candidate_failed(self, record: Scoring) -> bool:

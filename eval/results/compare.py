@@ -33,15 +33,15 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from cupid.eval import stats
-from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.grid import figure_name
-from cupid.eval.history import SETTINGS
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import Run, RunDir
-from cupid.eval.stats import CONFIDENCE, MIN_PERSONAS, Difference, holm
-from cupid.eval.tasks import TASKS, TaskSpec
-from cupid.eval.view import default_out
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.grid import figure_name
+from cupid.eval.benchmark.history import SETTINGS
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.stats import CONFIDENCE, MIN_PERSONAS, Difference, holm
+from cupid.eval.benchmark.tasks import TASKS, TaskSpec
+from cupid.eval.results.view import default_out
 
 HEADLINE_SETTING = "standard"
 EXIT_REGRESSION = 2

@@ -7,7 +7,7 @@ the judge), through the same client and request cache as `cupid eval run`. The s
 sends the same judge requests and gets the same score in both. A stage that fails is an unscored sample
 (inspect keeps it out of the metrics and counts it) that names the stage and the reason; it is never a
 zero. Each score's metadata is the unit's record as `instances.jsonl` holds it, which is what lets
-`cupid import-inspect` (`cupid.eval.inspect_log`) turn a log back into a run directory.
+`cupid import-inspect` (`cupid.eval.integrations.inspect_log`) turn a log back into a run directory.
 
 Installed with the `inspect` extra; inspect finds these tasks through the `inspect_ai` entry point.
 """
@@ -23,14 +23,14 @@ from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSyste
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
-from cupid.eval import data as cupid_data
-from cupid.eval.data import INSTANCE_TYPES, Instance
-from cupid.eval.history import GENERATION_ONLY, SETTINGS, SUMMARY_PROMPTS, History, plain_log
-from cupid.eval.inference import matcher_dialect
-from cupid.eval.records import Scoring, StageError, UnitRecord
-from cupid.eval.stages import StageFailed
-from cupid.eval.summary import GROUPS, figures
-from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
+from cupid.eval.benchmark.history import GENERATION_ONLY, SETTINGS, SUMMARY_PROMPTS, History, plain_log
+from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.summary import GROUPS, figures
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import Cache, cache_path

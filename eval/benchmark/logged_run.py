@@ -1,7 +1,7 @@
 """A run, then, when its config asks (`track:`), its tracker run: what `cupid eval run` and `cupid.evaluate` call.
 
-The export sits on top of both the runner (`eval.runner`), which never calls it, and the tracker (`eval.track`),
-which reads a finished run's files and never runs one; neither imports the other.
+The export sits on top of both the runner (`eval.benchmark.runner`), which never calls it, and the tracker
+(`eval.results.track`), which reads a finished run's files and never runs one; neither imports the other.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from cupid.eval import track
-from cupid.eval.runner import RunConfig, RunResult, arun
+from cupid.eval.benchmark.runner import RunConfig, RunResult, arun
+from cupid.eval.results import track
 from cupid.serving.aio import blocking
 
 

@@ -8,8 +8,8 @@ candidate needs (the nightly file, the judges, the cache) stops a night before i
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
 Tonight is compared with the candidate's previous night and with its fixed baseline (its first night, or the
-night `baseline:` names), each on the units both ran (`eval.compare`: paired, personas resampled, the candidate's
-own failures as empty answers): a drift too slow for one night to show is seen against the baseline, and a
+night `baseline:` names), each on the units both ran (`eval.results.compare`: paired, personas resampled, the
+candidate's own failures as empty answers): a drift too slow for one night to show is seen against the baseline, and a
 regressed night never becomes one. REGRESSION is a task's headline figure (inference: micro F1, generation: the
 mean judge score, in the headline setting) that dropped at p_holm < .05, Holm across every headline test of the
 night (candidates x tasks x {previous, baseline}), so a night's false alarms stay under 5%. A candidate whose
@@ -32,19 +32,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from cupid.eval import track as tracking
-from cupid.eval.compare import HEADLINE_SETTING, Comparison, Row, compare_runs
-from cupid.eval.files import hold, write_atomic
-from cupid.eval.grid import cells, figure_name
-from cupid.eval.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir
-from cupid.eval.runner import RunConfig, Tracker
-from cupid.eval.runner import run as run_eval
-from cupid.eval.stats import CONFIDENCE, MIN_PERSONAS, Interval, holm
-from cupid.eval.summary import Requests, failure_counts
-from cupid.eval.tasks import TASKS
-from cupid.eval.track import require as require_tracker
+from cupid.eval.benchmark.files import hold, write_atomic
+from cupid.eval.benchmark.grid import cells, figure_name
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, Tracker
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.stats import CONFIDENCE, MIN_PERSONAS, Interval, holm
+from cupid.eval.benchmark.summary import Requests, failure_counts
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.results import track as tracking
+from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs
+from cupid.eval.results.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
+from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.errors import ServeError
@@ -447,7 +447,7 @@ def _run_night(
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
     if cfg.report:
-        from cupid.eval.report import build
+        from cupid.eval.results.report import build
 
         ran = [c.out for c in configs.values() if c.out and (Path(c.out) / "instances.jsonl").exists()]
         if ran:

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cupid.eval.records import DIRECTIONS, UnitRecord, scored
-from cupid.eval.rundir import RunDir
-from cupid.eval.summary import prf
-from cupid.eval.tasks import INFERENCE
+from cupid.eval.benchmark.records import DIRECTIONS, UnitRecord, scored
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.summary import prf
+from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.serving.config import ConfigError
 
 LABELS = ("Yes", "Partial", "No")

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cupid.eval.records import Scoring, StageError
+from cupid.eval.benchmark.records import Scoring, StageError
 from cupid.matcher import parse
 from cupid.serving.client import Client, RequestFailed
 

@@ -1,6 +1,6 @@
 """`cupid import-inspect LOG... --out RUN_DIR`: inspect-ai logs of the `cupid/*` tasks as a run directory.
 
-Each score's metadata is the unit's record (`cupid.eval.inspect_tasks.to_score`), and the log's task
+Each score's metadata is the unit's record (`cupid.eval.integrations.inspect_tasks.to_score`), and the log's task
 metadata says what the run was: its data, judges and prompt versions. From those, the importer writes the
 run directory `cupid eval run` writes, so `cupid view`, `cupid report`, the nightly's comparison and
 `cupid track` read it. Several logs (one per task) make one run: the data must agree. A sample that
@@ -14,11 +14,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cupid.eval.files import write_atomic
-from cupid.eval.records import StageError, UnitRecord
-from cupid.eval.rundir import RunDir, RunIdentity, UnitPlan
-from cupid.eval.summary import Summary, summarize
-from cupid.eval.tasks import TASKS
+from cupid.eval.benchmark.files import write_atomic
+from cupid.eval.benchmark.records import StageError, UnitRecord
+from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
+from cupid.eval.benchmark.summary import Summary, summarize
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.serving.config import ConfigError
 
 SCORER = "cupid_scorer"

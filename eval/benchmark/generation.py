@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cupid.eval.data import Instance
-from cupid.eval.records import Scoring
-from cupid.eval.stages import ask, constraint, parsed, stage_by_stage
+from cupid.eval.benchmark.data import Instance
+from cupid.eval.benchmark.records import Scoring
+from cupid.eval.benchmark.stages import ask, constraint, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 

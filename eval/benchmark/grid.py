@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from cupid.eval.data import INSTANCE_TYPES
-from cupid.eval.records import UnitRecord
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.records import UnitRecord
 
 R = TypeVar("R", bound=UnitRecord)
 

@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cupid.eval.grid import groups
-from cupid.eval.rundir import Run, RunDir
-from cupid.eval.stats import Interval
-from cupid.eval.summary import failure_counts
-from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
+from cupid.eval.benchmark.grid import groups
+from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import failure_counts
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.serving.config import ConfigError
 
 FIGURE_SETTING = "standard"
@@ -121,7 +121,7 @@ def _pearson(x: list[float], y: list[float]) -> str:
 
 def _relevant_from_data(source: str) -> dict[str, list[int]]:
     """key -> relevant session positions, for records written before `relevant_sessions` existed."""
-    from cupid.eval import data as cupid_data
+    from cupid.eval.benchmark import data as cupid_data
 
     return {
         i.key: [
@@ -402,7 +402,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
     import jinja2
 
-    from cupid.eval.stats import MIN_PERSONAS, N_RESAMPLES
+    from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES
 
     runs = [load_run(p) for p in run_dirs]
     if not runs:

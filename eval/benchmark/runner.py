@@ -18,15 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.eval import data as cupid_data
-from cupid.eval.files import DiskFull, disk_full, hold
-from cupid.eval.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
-from cupid.eval.inference import matcher_dialect
-from cupid.eval.records import UnitRecord
-from cupid.eval.rundir import RunDir, RunIdentity, UnitPlan
-from cupid.eval.stages import Roles
-from cupid.eval.summary import Requests, Summary, Table, markdown, summarize, tables
-from cupid.eval.tasks import GENERATION, INFERENCE, TASKS, Task, TaskName, candidate_constrained
+from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.files import DiskFull, disk_full, hold
+from cupid.eval.benchmark.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
+from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
+from cupid.eval.benchmark.stages import Roles
+from cupid.eval.benchmark.summary import Requests, Summary, Table, markdown, summarize, tables
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
