@@ -33,7 +33,7 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.fleet import ServedModel
+from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.registry import DEFAULT_FILE, EndpointLike
 from cupid.serving.registry import resolve as endpoint
 

@@ -26,12 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import gpu_memory, lifecycle, profiles
+from cupid.serving import lifecycle, profiles
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
+from cupid.serving.fleet import gpu_memory
 
 
 def examples() -> list[dict]:

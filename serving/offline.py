@@ -28,14 +28,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
-from cupid.serving import gpu_memory, lifecycle, profiles, vllm_args
+from cupid.serving import lifecycle, profiles, vllm_args
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import VLLM_INSTALL, vllm_build
 from cupid.serving.errors import ServeError
-from cupid.serving.gpu_memory import Plan
+from cupid.serving.fleet import gpu_memory
+from cupid.serving.fleet.gpu_memory import Plan
 from cupid.serving.profiles import Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")

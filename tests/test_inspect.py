@@ -1,7 +1,8 @@
 """CUPID inside inspect-ai: the real `inspect eval cupid/inference cupid/generation` (found through the entry
-point), the candidate through inspect's OpenAI-compatible provider, the judges as a base URL and as endpoint
-names, all on the real tiny model under vLLM; logs read with inspect's own reader, and compared with
-`cupid eval run` on the same candidate sharing the same request cache."""
+point), the candidate (the instant server: the same answers however requests are batched) through inspect's
+OpenAI-compatible provider, the judges as a base URL and as endpoint names (the instant server's labels, the random
+model under vLLM as a judge without its format); logs read with inspect's own reader, and compared with `cupid eval
+run` on the same candidate sharing the same request cache."""
 
 from __future__ import annotations
 
@@ -55,10 +56,18 @@ def both_ways(tmp_path_factory, tiny_server, instant_url, session_home):
     """inspect's eval of both tasks (3 sample instances, oracle setting), then `cupid eval run` of the same
     candidate and judges on the same cache, then the logs imported as a run directory."""
     tmp = tmp_path_factory.mktemp("inspect")
-    url = tiny_server["base_url"]
     endpoints = write_endpoints(
         tmp / "ep.yaml",
-        cand={**tiny_server, "structured_output": True, "constrain_candidate": True},
+        # The candidate is the instant server, under inspect and under the CLI alike: its answers are the same
+        # however the requests are batched (the random model's greedy answers are not, on a loaded CPU: the CLI run
+        # then asked its judges other questions than inspect had, and the two runs differed).
+        cand={
+            "base_url": instant_url,
+            "model": "tiny-random-llama",
+            "structured_output": True,
+            "constrain_candidate": True,
+            "max_tokens": tiny_server["max_tokens"],
+        },
         # The judges that label are the instant server's (a checklist to match, labels by word overlap): the random
         # model held to the decomposer's format writes an empty checklist, which ends a unit before its matcher
         # requests.
@@ -76,7 +85,7 @@ def both_ways(tmp_path_factory, tiny_server, instant_url, session_home):
             "-T", "decomposer=decomposer", "-T", f"matcher={instant_url}", "-T", "structured_output=true",
             "-T", "judge=freejudge", "-T", f"endpoints={endpoints}", "-T", f"cache={cache}",
             "--log-dir", str(tmp / "logs")]  # fmt: skip
-    inspected = inspect_eval("cupid/inference", "cupid/generation", *args, cwd=tmp, base_url=url)
+    inspected = inspect_eval("cupid/inference", "cupid/generation", *args, cwd=tmp, base_url=instant_url)
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
     ran = cupid("eval", "run", "--endpoints", str(endpoints), "--candidate", "cand", "--decomposer", "decomposer",
                 "--matcher", "judges", "--judge", "freejudge", "--task", "both", "--setting", "oracle", "--limit", "3",

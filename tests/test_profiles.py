@@ -17,7 +17,7 @@ from cupid.serving import profiles
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
-from cupid.serving.gpu_memory import Gpu, Plan, parse_nvidia_smi
+from cupid.serving.fleet.gpu_memory import Gpu, Plan, parse_nvidia_smi
 from cupid.serving.lifecycle import ServerRecord
 from cupid.serving.profiles import Profile
 from cupid.serving.vllm_args import engine_env, llm_kwargs, vllm_defaults

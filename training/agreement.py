@@ -39,9 +39,9 @@ from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
-from cupid.serving.placement import Placed
+from cupid.serving.fleet.placement import Placed
+from cupid.serving.fleet.run_servers import RunServers
 from cupid.serving.profiles import Profile
-from cupid.serving.run_servers import RunServers
 from cupid.training.config import TrainConfig
 from cupid.training.export import adapter_dir, export_dir
 from cupid.training.matchdata import MatchExample, data_dir, read_examples

@@ -34,7 +34,7 @@ from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset, value
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
-from cupid.serving.fleet import ServedModel
+from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.registry import require_reachable
 from cupid.serving.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args

@@ -11,7 +11,7 @@ import typer
 from cupid.eval.results.nightly import EXIT_FAILURES, leaderboard_markdown, run_nightly
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.config import ConfigError
-from cupid.serving.gpu_memory import Gpu
+from cupid.serving.fleet.gpu_memory import Gpu
 
 
 def _interrupt(signum: int, frame: Any) -> None:

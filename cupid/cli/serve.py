@@ -14,7 +14,7 @@ from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.engines import get_engine, vllm_build
 from cupid.serving.errors import ServeError
-from cupid.serving.gpu_memory import Plan, gpus
+from cupid.serving.fleet.gpu_memory import Plan, gpus
 from cupid.serving.profiles import Profile
 from cupid.serving.vllm_args import engine_env
 

@@ -34,10 +34,10 @@ from cupid.serving.cache import open_cache, renamed_no_cache
 from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.fleet import ServedModel
+from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
+from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.offline import open_client
 from cupid.serving.registry import lookup, missing_keys
-from cupid.serving.run_servers import RunServers, plan_servers, profile_fingerprints
 
 Tracker = Literal[
     "mlflow", "wandb"

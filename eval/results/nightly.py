@@ -48,10 +48,10 @@ from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.config import ConfigError, describe, load_model
 from cupid.serving.errors import ServeError
-from cupid.serving.fleet import ServedModel
-from cupid.serving.gpu_memory import Gpu
+from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.run_servers import RunServers, plan_servers
+from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.lifecycle import failure_line
-from cupid.serving.run_servers import RunServers, plan_servers
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")

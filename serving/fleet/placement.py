@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cupid.serving.gpu_memory import Gpu, Plan
+from cupid.serving.fleet.gpu_memory import Gpu, Plan
 from cupid.serving.profiles import Profile
 
 # What the servers sharing a GPU may take together: vLLM's fractions are of the whole GPU, and the CUDA

@@ -28,7 +28,7 @@ from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
-from cupid.serving.placement import Placed
+from cupid.serving.fleet.placement import Placed
 from cupid.serving.profiles import Profile
 from cupid.serving.vllm_args import lora_rank_for
 

@@ -2,8 +2,8 @@
 candidates that are models (`candidate: {name, model, profile, adapter}`), served in turn or side by side;
 a LoRA candidate on a judge's profile that loads adapters at run time is loaded into that judge's server.
 
-`RunServers` is the one model of them: the plan (`serving.placement` decides GPUs, memory fractions and ports
-before anything starts), the servers (`serving.fleet`: each starts on its first request) and their endpoints.
+`RunServers` is the one model of them: the plan (`serving.fleet.placement` decides GPUs, memory fractions and ports
+before anything starts), the servers (`serving.fleet.servers`: each starts on its first request) and their endpoints.
 """
 
 from __future__ import annotations
@@ -13,21 +13,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cupid.serving import gpu_memory, profiles
+from cupid.serving import profiles
 from cupid.serving.client import ManagedServer
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.errors import ServeError
-from cupid.serving.fleet import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
-from cupid.serving.gpu_memory import Gpu
-from cupid.serving.placement import Placed, place
+from cupid.serving.fleet import gpu_memory
+from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.placement import Placed, place
+from cupid.serving.fleet.servers import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
 from cupid.serving.profiles import Profile
 
 
 @dataclass
 class RunServers:
     """The servers a run, a night or a training check brings, as one model: where each goes (its GPUs, memory
-    fraction and port: `serving.placement`), each server (started on its first request), the endpoint a run talks
+    fraction and port: `serving.fleet.placement`), each server (started on its first request), the endpoint a run talks
     to it by (each judge by its profile name, each candidate by its name), the LoRA candidates loaded into a judge's
     server; all stopped together by `stop_all`."""
 
