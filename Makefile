@@ -51,7 +51,7 @@ $(VENV)/.setup: pyproject.toml | $(PY)
 	@touch $@
 
 # Everything `setup` installs and training's, the trackers' and the tests' libraries, in the same single pip run (a fresh
-# `make test` resolves once). The browser tests (tests/test_view.py) drive Debian's chromium; installed where we
+# `make test` resolves once). The browser tests (tests/eval/test_view.py) drive Debian's chromium; installed where we
 # are root, else they skip.
 DEV_EXTRAS := ,train,track,inspect,dev
 $(VENV)/.setup-dev: pyproject.toml | $(PY)

@@ -16,7 +16,7 @@ error (df = personas - 1, the plug-in variance rescaled by n/(n-1)), and the two
 p < 1 - confidence exactly when the interval excludes 0, and a p-value is continuous: Holm over a family of 86 rows
 can reach .05 (a resampling p-value cannot go under 2/(1 + resamples)). With heavy-tailed persona-level changes and
 few personas the percentile interval is too narrow (5.7% one-sided false flags at 10 personas for 2.5%); the t
-interval keeps the level there (tests/test_stats.py measures it at `MIN_PERSONAS`).
+interval keeps the level there (tests/eval/test_stats.py measures it at `MIN_PERSONAS`).
 
 Draws from a fixed seed over the personas in sorted order: the same units give the same interval whatever order a
 run wrote them in. Under `MIN_PERSONAS` personas there is no interval and no p-value: their fields are None, in
@@ -222,7 +222,7 @@ def _t_test(difference: float, se: float, df: int, confidence: float) -> tuple[f
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values (family-wise error over the given tests), in the given order. Written out rather than
     taken from statsmodels' `multipletests`, whose Holm branch runs a full `gc.collect()` on every call: 80 ms in a
-    test process, once per comparison (a nightly makes dozens); tests/test_stats.py checks the two agree."""
+    test process, once per comparison (a nightly makes dozens); tests/eval/test_stats.py checks the two agree."""
     if not p_values:
         return []
     p = np.asarray(p_values, dtype=float)

@@ -6,7 +6,7 @@ import pytest
 
 from cupid.matcher import prompts
 
-SPEC = Path(__file__).resolve().parents[2] / "shared" / "spec" / "prompts.md"
+SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "prompts.md"
 
 
 @pytest.mark.skipif(not SPEC.is_file(), reason="the benchmark spec is not beside this checkout")

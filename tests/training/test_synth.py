@@ -39,7 +39,7 @@ from cupid.training.synth.pipeline import SynthesisDir, persona_id, run
 from cupid.training.synth.sessions import FINAL, layout, request_shape
 from tests.conftest import write_endpoints
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ATTRS = tables.attributes()
 SEEDS = tables.load_seeds(None)
 

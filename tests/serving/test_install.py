@@ -1,6 +1,7 @@
 """What the project's own files install: one vLLM release with one torch and transformers in every extra, the GPU
 stack's check (`make check-gpu-install`, which asks the package index, so not run here) judged on resolutions the test
-controls, and the CPU stack, as `make setup` leaves it, importing cleanly (in tests/test_serve.py, beside vLLM)."""
+controls, and the CPU stack, as `make setup` leaves it, importing cleanly (in tests/serving/test_serve.py, beside
+vLLM)."""
 
 import tomllib
 

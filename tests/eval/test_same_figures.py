@@ -21,7 +21,7 @@ from cupid.eval.benchmark.summary import Summary, summarize
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import meta, nightly, report
 
-BEFORE = Path(__file__).parent / "data" / "figures_before_one_computation"
+BEFORE = Path(__file__).resolve().parents[1] / "data" / "figures_before_one_computation"
 RUNS = ["sample", "tiny"]
 
 

@@ -1,8 +1,8 @@
 """What the fine-tune teaches: a test that needs a model that follows instructions (a random one learns no format
-from 4 examples), so it runs on SmolLM2-135M, the chain's mechanics being tests/test_training.py's on the random-weight
-model. Trained 4 steps on 4 examples (configs/train/tiny.yaml), the 135M model learns PrefMatcher's answer format:
-its adapter's and its merged export's greedy answers to the held-out prompts parse. A file of its own so that it
-runs beside the chain, on another worker."""
+from 4 examples), so it runs on SmolLM2-135M, the chain's mechanics being tests/training/test_training.py's on the
+random-weight model. Trained 4 steps on 4 examples (configs/train/tiny.yaml), the 135M model learns PrefMatcher's
+answer format: its adapter's and its merged export's greedy answers to the held-out prompts parse. A file of its own
+so that it runs beside the chain, on another worker."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from rich.console import Console
 
 from cupid.matcher import parse
 from cupid.training import pipeline
-from tests.test_training import TINY, _load, _rows, greedy_answers
+from tests.training.test_training import TINY, _load, _rows, greedy_answers
 
 
 @pytest.fixture(scope="module")
 def smol_trained(smol_model_dir, tmp_path_factory):
     """The chain's recipe (configs/train/tiny.yaml: QLoRA, 4 steps) on SmolLM2-135M: match data labelled by the
     instant server, then trained (the loss is read from the logged steps: the before/after passes are the random
-    model's chain, tests/test_training.py). The export is a fixture of its own, `smol_exported`, as it is a stage of
-    its own: each test waits for what it reads."""
+    model's chain, tests/training/test_training.py). The export is a fixture of its own, `smol_exported`, as it is a
+    stage of its own: each test waits for what it reads."""
     work = tmp_path_factory.mktemp("smol")
     smol = _load(
         TINY,
@@ -53,9 +53,9 @@ def _assert_prefmatcher_answers(answers: list[str], examples: list[dict]) -> Non
 
 
 def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_format(smol_trained, smol_model_dir):
-    """The adapter on the fp32 base, as vLLM serves it (PEFT computes what vLLM serves: tests/test_training.py),
-    answers the held-out prompts in PrefMatcher's format: the format is learnt (train loss ~1.0 -> ~0.15), not good
-    labels."""
+    """The adapter on the fp32 base, as vLLM serves it (PEFT computes what vLLM serves:
+    tests/training/test_training.py), answers the held-out prompts in PrefMatcher's format: the format is learnt
+    (train loss ~1.0 -> ~0.15), not good labels."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

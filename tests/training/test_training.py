@@ -12,7 +12,7 @@ commands it would run.) The check is asserted on what it records (parsed answers
 counted with reasons), never on agreement values.
 What the fine-tune teaches needs a model that follows instructions: trained 4 steps on the chain's 4
 examples, SmolLM2-135M learns PrefMatcher's answer format (its adapter's and its export's answers
-parse), not good labels (tests/test_training_smol.py, beside this file on another worker); that
+parse), not good labels (tests/training/test_training_smol.py, beside this file on another worker); that
 vLLM serves an adapter as PEFT computes it is shown on the chain's.
 """
 
