@@ -29,7 +29,7 @@ from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
 from cupid.serving.aio import blocking
-from cupid.serving.cache import Cache
+from cupid.serving.cache import Cache, cache_path
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -75,7 +75,7 @@ class PrefMatcher:
         self.endpoint = endpoint(matcher, **endpoint_fields)
         self.decomposer = endpoint(decomposer) if decomposer is not None else None
         self.dialect = matcher_dialect(self.endpoint)
-        self.cache_path = Path(cache) if cache is not None else None
+        self.cache_path = cache_path(cache)  # the one cache rule: a path, "default", or None (none)
         self.concurrency = concurrency
         self._opened = per_loop(self._open)  # per event loop: its client and scorer
 

@@ -31,7 +31,7 @@ from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
-from cupid.eval.integrations.reward import format_reward, reward, reward_dataset, value
+from cupid.eval.integrations.reward import Judges, format_reward, reward, reward_dataset, value
 from cupid.serving import profiles
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet.servers import ServedModel
@@ -165,7 +165,7 @@ def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None 
     if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
         raise ConfigError(
             f"{cfg.source}: grpo.reward_weights: {len(args.reward_weights)} weights for {len(funcs)} reward functions "
-            f"({', '.join(getattr(f, 'func', f).__name__ for f in funcs)})"
+            f"({', '.join(map(reward_name, funcs))})"
         )
     memory_plan(cfg, args)
     return args, lora, funcs
@@ -179,9 +179,24 @@ def memory_plan(cfg: GrpoRunConfig, args: Any) -> list[str]:
     return grpo_memory.check(cfg.memory, args, evaluated, cfg.evaluate.profiles, cfg.source)
 
 
+def reward_name(func: Any) -> str:
+    """A reward function's name, as TRL logs it (`cupid.reward` gives a partial of a named function)."""
+    return str(getattr(func, "func", func).__name__)
+
+
+def _judges_of(funcs: list[Any]) -> list[Judges]:
+    """The judges the reward functions are bound to, each once (the judge reward and the format reward share theirs)."""
+    held = [f.keywords["judges"] for f in funcs if "judges" in getattr(f, "keywords", {})]
+    return list({id(j): j for j in held}.values())
+
+
+def _named_trainable(model: Any) -> list[tuple[str, Any]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def _trainable(model: Any) -> dict[str, Any]:
     """The adapter's weights, copied to the CPU: what training changes (a few MB to a few hundred), not the policy."""
-    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().to("cpu", copy=True) for n, p in _named_trainable(model)}
 
 
 def learnt(log_history: list[dict[str, Any]], changed: int) -> str | None:
@@ -202,10 +217,8 @@ def train(
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
     args, lora, funcs = check(cfg, track, funcs)
-    for judges in {id(j): j for f in funcs if (j := getattr(f, "keywords", {}).get("judges"))}.values():
-        require_reachable(
-            dict(judges.endpoints), {role: role for role, _ in judges.endpoints}
-        )  # before the policy loads
+    for judges in _judges_of(funcs):  # before the policy loads
+        require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints})
     dataset = reward_dataset(
         cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
     )
@@ -216,7 +229,7 @@ def train(
     model = AutoModelForCausalLM.from_pretrained(cfg.policy)
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, peft_config=lora)
     initial = _trainable(trainer.model)
-    names = " + ".join(getattr(f, "func", f).__name__ for f in funcs)
+    names = " + ".join(map(reward_name, funcs))
     console.print(f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
                   f"reward {cfg.reward.task} {names}", highlight=False)  # fmt: skip
     try:
@@ -235,18 +248,12 @@ def train(
         "evaluation": None,
     }
     _write(cfg, report)  # before the evaluation: a failed evaluation keeps the training's report
-    if report["nothing_learnt"]:
-        console.print(f"grpo: nothing was learnt: {report['nothing_learnt']}", style="yellow", highlight=False)
     del trainer, model, initial
     _release_memory()
     if cfg.evaluate.enabled:
         report["evaluation"] = evaluate(cfg, adapter, lora.r, console)
         _write(cfg, report)
     return report
-
-
-def _named_trainable(model: Any) -> list[tuple[str, Any]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
 def _write(cfg: GrpoRunConfig, report: dict[str, Any]) -> None:
@@ -259,8 +266,7 @@ def _close_judges(trainer: Any, funcs: list[Any]) -> None:
     loop = getattr(trainer, "async_loop", None)
     if loop is None or not loop.is_running():
         return
-    held = [f.keywords["judges"] for f in funcs if "judges" in getattr(f, "keywords", {})]
-    for judges in {id(j): j for j in held}.values():
+    for judges in _judges_of(funcs):
         asyncio.run_coroutine_threadsafe(judges.aclose(), loop).result(timeout=30)
 
 

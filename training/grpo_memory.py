@@ -53,11 +53,12 @@ class Part:
 
 def parts(plan: MemoryPlan, grpo_args: Any, eval_profile: str | None, profiles_dir: str) -> list[Part]:
     """Every part of the run, on its GPU, in each phase (the judges in both)."""
-    out = []
-    for phase in ("training", "evaluation"):
-        for name in plan.judges:
-            share = profiles.load(name, profiles_dir).gpu_memory_utilization
-            out.append(Part(phase, plan.judges_gpu, f"judge {name} ({share:g} of the GPU)", share * plan.gpu_gib))
+    shares = {name: profiles.load(name, profiles_dir).gpu_memory_utilization for name in plan.judges}
+    out = [
+        Part(phase, plan.judges_gpu, f"judge {name} ({share:g} of the GPU)", share * plan.gpu_gib)
+        for phase in ("training", "evaluation")
+        for name, share in shares.items()
+    ]
     out.append(Part("training", plan.policy_gpu, "the policy in training", plan.policy_training_gib))
     if getattr(grpo_args, "use_vllm", False) and getattr(grpo_args, "vllm_mode", None) == "colocate":
         share = grpo_args.vllm_gpu_memory_utilization

@@ -212,7 +212,7 @@ def grpo(
     if dry_run:
         args, lora, funcs = _guarded(lambda: grpo_run.check(cfg, track))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
-        names = " + ".join(f.func.__name__ for f in funcs)
+        names = " + ".join(map(grpo_run.reward_name, funcs))
         console.print(
             f"{config_path}: valid; GRPO into {cfg.out}; reward {names}; LoRA r={lora.r}",
             highlight=False,

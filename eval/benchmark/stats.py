@@ -118,7 +118,7 @@ def _weights(n: int, n_resamples: int, seed: int) -> np.ndarray:
     return weights
 
 
-def _bounds(samples: np.ndarray, confidence: float) -> tuple[float | None, float | None]:
+def _bounds(samples: np.ndarray, confidence: float) -> tuple[float, float]:
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(samples, [tail, 100 - tail])
     return float(low), float(high)

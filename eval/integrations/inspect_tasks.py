@@ -33,7 +33,7 @@ from cupid.eval.benchmark.summary import GROUPS, figures
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
-from cupid.serving.cache import Cache, cache_path
+from cupid.serving.cache import cache_path, open_cache
 from cupid.serving.client import Client, classify
 from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoint import Endpoint
@@ -242,7 +242,7 @@ class TaskJudges:
 
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.endpoints, Cache(self.cache) if self.cache else None)
+            self._client = Client(self.endpoints, open_cache(self.cache))
             _OPEN.append(self)
         return self._client
 

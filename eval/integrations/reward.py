@@ -39,7 +39,7 @@ from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskName
 from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking
-from cupid.serving.cache import Cache
+from cupid.serving.cache import open_cache
 from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -74,9 +74,7 @@ class Judges:
         self.__post_init__()
 
     def _open(self) -> tuple[Client, Any]:
-        client = Client(
-            dict(self.endpoints), Cache(Path(self.cache)) if self.cache else None, concurrency=self.max_concurrency
-        )
+        client = Client(dict(self.endpoints), open_cache(self.cache), concurrency=self.max_concurrency)
         return client, TASKS[self.task].scorer(client, {role: role for role, _ in self.endpoints})
 
     async def opened(self) -> tuple[Client, Any]:
@@ -140,9 +138,9 @@ def _rows(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -
 
 async def _judged(
     judges: Judges, asked: list[tuple[str, tuple[Any, ...]]]
-) -> tuple[list[Scoring | None], tuple[int, int] | None]:
-    """Each answer's scoring (None where the judges could not score it, or could not even be reached), and the
-    requests sent and answered from the cache meanwhile (None: the judges were not reached)."""
+) -> tuple[list[float | None], tuple[int, int] | None]:
+    """Each answer's reward (`value`; None where the judges could not score it, or could not even be reached), and
+    the requests sent and answered from the cache meanwhile (None: the judges were not reached)."""
     try:
         client, _ = await judges.opened()
         before = (client.stats.sent, client.stats.cached)
@@ -150,7 +148,7 @@ async def _judged(
     except Exception:  # noqa: BLE001 (the judges could not be reached: every completion is skipped, training goes on)
         return [None] * len(asked), None
     counts = (client.stats.sent - before[0], client.stats.cached - before[1])
-    return [s if isinstance(s, Scoring) else None for s in scorings], counts
+    return [value(judges.task, judges.metric, s) if isinstance(s, Scoring) else None for s in scorings], counts
 
 
 async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -> list[float | None]:
@@ -158,8 +156,7 @@ async def rewards(judges: Judges, completions: Sequence[Any], columns: dict[str,
     log_metric: Callable[[str, float], None] | None = columns.get("log_metric")
     asked = _rows(judges, completions, columns)
     started = time.monotonic()
-    scorings, counts = await _judged(judges, asked)
-    out = [None if s is None else value(judges.task, judges.metric, s) for s in scorings]
+    out, counts = await _judged(judges, asked)
     if log_metric is not None:  # every batch, one whose judges could not be reached included
         prefix = f"cupid/{judges.task}"
         log_metric(f"{prefix}/judge_failure_rate", sum(r is None for r in out) / max(len(out), 1))
@@ -191,8 +188,7 @@ async def cupid_inference_format(
 ) -> list[float | None]:
     """`form` of each answer; None where the judges failed on it (as the judge reward is)."""
     asked = _rows(judges, completions, columns)
-    scorings, _ = await _judged(judges, asked)
-    judged = [None if s is None else value(judges.task, judges.metric, s) for s in scorings]
+    judged, _ = await _judged(judges, asked)
     return [None if r is None else form(answer) for (answer, _), r in zip(asked, judged)]
 
 
@@ -364,7 +360,7 @@ async def _logs(
     """Each instance's log as the runner builds it (`History.log`): no request but in the summary setting."""
     if setting == "oracle-preference":
         return [""] * len(instances)
-    client = Client({"summarizer": summarizer} if summarizer else {}, Cache(Path(cache)) if cache else None)
+    client = Client({"summarizer": summarizer} if summarizer else {}, open_cache(cache))
     try:
         history = History(client, "summarizer" if summarizer else None)
         outcomes = await asyncio.gather(*(history.log(i, setting) for i in instances), return_exceptions=True)

@@ -35,7 +35,7 @@ from rich.table import Table
 
 from cupid.eval.benchmark import stats
 from cupid.eval.benchmark.data import INSTANCE_TYPES
-from cupid.eval.benchmark.grid import figure_name
+from cupid.eval.benchmark.grid import cell_name, figure_name
 from cupid.eval.benchmark.history import SETTINGS
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir
@@ -170,13 +170,20 @@ def task_rows(
     return rows
 
 
+def holm_family(rows: list[Row], sized_detectable: bool = True) -> None:
+    """Holm across the rows that have a p-value (one family): each one's `p_holm`, and, with `sized_detectable`, its
+    `detectable` for a family of that size."""
+    tested = [(row, row.p_value) for row in rows if row.p_value is not None]
+    for (row, _), p in zip(tested, holm([p for _, p in tested])):
+        row.p_holm = p
+        if sized_detectable:
+            row.detectable = stats.detectable(row.se, len(tested))
+
+
 def adjust(rows: list[Row]) -> None:
     """Holm across the headline tests, and apart across every other row; each row's `detectable` for its family."""
-    for family in ([r for r in rows if r.headline], [r for r in rows if not r.headline]):
-        tested = [r for r in family if r.resolved and r.p_value is not None]
-        for row, p in zip(tested, holm([r.p_value for r in tested if r.p_value is not None])):
-            row.p_holm = p
-            row.detectable = stats.detectable(row.se, len(tested))
+    holm_family([r for r in rows if r.headline])
+    holm_family([r for r in rows if not r.headline])
 
 
 def _columns(
@@ -209,7 +216,7 @@ def compare_runs(a: Run, b: Run, headline_setting: str = HEADLINE_SETTING) -> Co
         spec = TASKS[x.task]
         vx, vy = spec.for_verdict(x), spec.for_verdict(y)
         if vx is None or vy is None:
-            left_out[f"{x.task}/{x.setting}"] += 1
+            left_out[cell_name(x.task, x.setting, None)] += 1
             continue
         no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
         pairs.append((vx, vy))
@@ -263,7 +270,7 @@ def _untestable(
         settings = f"A: {', '.join(sorted(ran['a']))}; B: {', '.join(sorted(ran['b']))}"
         return [f"{spec.name}: setting {setting!r} is not in run {' or '.join(missing)} ({settings})"]
     units = sum(1 for _, task, s in common if (task, s) == (spec.name, setting))
-    judged_out = left_out.get(f"{spec.name}/{setting}", 0)
+    judged_out = left_out.get(cell_name(spec.name, setting, None), 0)
     if units and judged_out / units > MAX_LEFT_OUT:
         share = f"{judged_out / units:.1%} > {MAX_LEFT_OUT:.0%}"
         return [f"{spec.name}/{setting}: a judge failed on {judged_out} of {units} units ({share}): incomplete"]

@@ -38,11 +38,11 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
-from cupid.eval.benchmark.stats import CONFIDENCE, MIN_PERSONAS, Interval, holm
+from cupid.eval.benchmark.stats import MIN_PERSONAS, Interval
 from cupid.eval.benchmark.summary import Requests, failure_counts
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import track as tracking
-from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs
+from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
 from cupid.eval.results.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
@@ -172,11 +172,19 @@ def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
     return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
 
 
-def compare(entry: Entry, before: Entry | None, baseline: str | None, night: str, root: Path,
-            headline_setting: str = HEADLINE_SETTING, fixed: bool = False) -> None:  # fmt: skip
-    """Fill an entry's changes since last night's run of the candidate and since its baseline night's, paired on
-    the units both scored; what changed besides the candidate. Regressions are decided for the whole night
-    (`flag_regressions`). `fixed`: the baseline is the config's, never set again."""
+def compare(
+    entry: Entry,
+    before: Entry | None,
+    baseline: str | None,
+    night: str,
+    root: Path,
+    headline_setting: str = HEADLINE_SETTING,
+    fixed: bool = False,
+    last_night: str | None = None,
+) -> None:
+    """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
+    since its baseline night's, paired on the units both scored; what changed besides the candidate. Regressions are
+    decided for the whole night (`flag_regressions`). `fixed`: the baseline is the config's, never set again."""
     entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
     entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
     if before is not None:
@@ -187,7 +195,7 @@ def compare(entry: Entry, before: Entry | None, baseline: str | None, night: str
     if baseline is None:
         entry.baseline, entry.baseline_set = night, "the candidate's first night"
         return
-    if baseline == night or (before is not None and baseline == _night_of(before, root)):
+    if baseline == night or (before is not None and baseline == last_night):
         return  # the baseline is tonight, or last night: one comparison serves both
     comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting)
     if comparison is not None and not comparison.differs:
@@ -204,12 +212,6 @@ def compare(entry: Entry, before: Entry | None, baseline: str | None, night: str
         entry.baseline, entry.baseline_set = night, why
 
 
-def _night_of(entry: Entry, root: Path) -> str | None:
-    """The night a leaderboard entry's run belongs to (its run directory sits in `<root>/<night>/`)."""
-    parent = Path(entry.run_dir).parent if entry.run_dir else None
-    return parent.name if parent is not None and parent.parent == root else None
-
-
 def flag_regressions(entries: list[Entry]) -> None:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
     its baseline, one Holm family (the night's false alarms stay under 1 - confidence whatever its size)."""
@@ -221,11 +223,11 @@ def flag_regressions(entries: list[Entry]) -> None:
             ("baseline", entry.baseline_change),
         )
         for row in changes.values()
-        if row.headline and row.resolved and row.p_value is not None
+        if row.headline and row.resolved
     ]
-    for (entry, side, row), p in zip(tests, holm([row.p_value for _, _, row in tests if row.p_value is not None])):
-        row.p_holm = p
-        if row.difference < 0 and p < 1 - CONFIDENCE:
+    holm_family([row for _, _, row in tests], sized_detectable=False)
+    for entry, side, row in tests:
+        if row.regression:
             (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
 
 
@@ -442,7 +444,8 @@ def _run_night(
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             entry.baseline = baseline
             continue
-        compare(entry, before, baseline, night, root, cfg.headline_setting, fixed=cfg.baseline is not None)
+        compare(entry, before, baseline, night, root, cfg.headline_setting, fixed=cfg.baseline is not None,
+                last_night=prev_dir.name if prev_dir else None)  # fmt: skip
     flag_regressions(entries)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
