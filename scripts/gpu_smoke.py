@@ -21,9 +21,6 @@ import json
 import sys
 import time
 from importlib import resources
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving import lifecycle, profiles

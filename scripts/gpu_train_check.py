@@ -4,7 +4,7 @@
 prepared command for a bare CUDA machine (no registry, no Hub, no vLLM); `--shape tiny` is its CPU form, which the
 suite runs.
 
-    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape, ~6 minutes
+    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape, ~4 min (H100)
     python scripts/gpu_train_check.py --shape tiny                             # CPU: the tests' random-weight shape
 
 The model is made where it trains (on the GPU: 7.62B parameters in bf16, no download) with the tokenizer of
@@ -13,7 +13,12 @@ machine without the package's data). The match data are the bundled sample's pre
 labelled by a stand-in teacher (every item covered), repeated to `--examples`: the fine-tune's speed and memory, not
 its quality. GRPO's reward is the answer's graded form (`cupid.eval.integrations.reward.form`): no judge is served
 here. Each stage prints its time, tokens/s and peak GPU memory; the exit status is 1 when a stage failed (the others
-still run where they can), 0 when all passed.
+still run where they can, and GRPO fails when it took fewer steps than asked), 0 when all passed.
+
+On a machine with torch, transformers, peft and accelerate but no registry: carry the package as installed (`pip
+install --target DIR --no-deps` of the project's wheel and of trl, datasets, dill, multiprocess, bitsandbytes,
+pydantic, pydantic-core, annotated-types, typing-inspection, tenacity and krippendorff, built for that Python), put
+DIR on PYTHONPATH, and run this file from the checkout (it reads `configs/train/` there, else the package's copy).
 """
 
 from __future__ import annotations
@@ -27,11 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from cupid.serving.config import read_yaml
+
 QWEN_7B = {  # Qwen2.5-7B-Instruct's config.json, the fields that make its shape
     "hidden_size": 3584,
     "intermediate_size": 18944,
@@ -111,9 +115,7 @@ def sft_config(shape: str, model: Path, data: Path, out: Path, steps: int) -> An
     """The shipped recipe (the 7B's, or the tiny chain's), on the made model and data, for `steps` optimizer steps."""
     from cupid.training import config
 
-    recipe = yaml.safe_load(
-        (REPO / "configs" / "train" / f"{'prefmatcher-qwen2.5-7b' if shape != 'tiny' else 'tiny'}.yaml").read_text()
-    )
+    recipe = read_yaml(f"configs/train/{'prefmatcher-qwen2.5-7b' if shape != 'tiny' else 'tiny'}.yaml")
     recipe |= {"name": "gpu-train-check", "out": str(out), "base_model": str(model), "match_data": str(data)}
     recipe.pop("labelling", None)
     recipe["sft"] |= {"max_steps": steps, "save_steps": 10_000, "measure_loss_on": []}
@@ -137,21 +139,19 @@ def grpo_config(shape: str, model: Path, out: Path, steps: int) -> Any:
     from cupid.training import grpo
 
     name = "grpo-qwen2.5-7b" if shape != "tiny" else "grpo-tiny"
-    recipe = yaml.safe_load((REPO / "configs" / "train" / f"{name}.yaml").read_text())
+    recipe = read_yaml(f"configs/train/{name}.yaml")
     args = {
         k: v for k, v in recipe["grpo"].items() if not k.startswith("vllm") and k not in ("use_vllm", "reward_weights")
     }
     args |= {"max_steps": steps, "save_steps": 10_000, "log_completions": False}
     if shape == "tiny":
         args |= {"per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 16}
-    else:
-        args |= {"per_device_train_batch_size": 8, "num_generations": 8, "max_completion_length": 128}
     cfg = {
         "name": "gpu-train-check-grpo",
         "out": str(out),
         "policy": str(model),
         "lora": recipe["lora"],
-        "data": {"source": "sample", "setting": "oracle", "limit": 2},
+        "data": {"source": "sample", "setting": "oracle"},  # every unit: a 7B step's 4 prompts, twice over
         "grpo": args,
         "evaluate": {"enabled": False},
     }
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=["qwen2.5-7b", "tiny"], default="qwen2.5-7b")
     parser.add_argument("--tokenizer", type=Path, default=None, help="a directory with the tokenizer's files")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "gpu_train_check")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu_train_check"))
     parser.add_argument("--examples", type=int, default=256, help="match examples (the sample's, repeated)")
     parser.add_argument("--sft-steps", type=int, default=None, help="default: 8 (7B shape), 2 (tiny)")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: 2 (7B shape), 1 (tiny)")
@@ -218,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     def reinforce() -> dict[str, Any]:
         report = grpo.train(grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps), funcs=[stand_in_reward])
         steps = [row for row in report["log_history"] if "reward" in row]
+        if len(steps) < grpo_steps:
+            raise RuntimeError(f"{len(steps)} of {grpo_steps} GRPO steps ran")
         return {
             "steps": len(steps),
             "parameters_changed": report["parameters_changed"],

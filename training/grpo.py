@@ -158,8 +158,9 @@ def reward_funcs(cfg: GrpoRunConfig) -> list[Any]:
 
 
 def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None = None) -> tuple[Any, Any, list[Any]]:
-    """Everything checked before the model loads: TRL's and peft's arguments, the data, the reward's endpoints, the
-    memory plan. `funcs`: reward functions in place of the config's (a stand-in where no judge is served)."""
+    """Everything checked before the model loads but the data (`prompts`): TRL's and peft's arguments, the reward's
+    endpoints, the memory plan. `funcs`: reward functions in place of the config's (a stand-in where no judge is
+    served)."""
     args, lora = grpo_config(cfg, track), lora_config(cfg)
     funcs = funcs if funcs is not None else reward_funcs(cfg)
     if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
@@ -169,6 +170,28 @@ def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None 
         )
     memory_plan(cfg, args)
     return args, lora, funcs
+
+
+def prompts(cfg: GrpoRunConfig, args: Any) -> Any:
+    """The run's prompts (`cupid.reward_dataset`), refused when one generation batch draws more than there are: TRL
+    would then train no step and say nothing."""
+    dataset = reward_dataset(
+        cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
+    )
+    per_batch = prompts_per_generation(args)
+    if len(dataset) < per_batch:
+        raise ConfigError(
+            f"{cfg.source}: data: {len(dataset)} prompts, fewer than the {per_batch} one generation batch draws "
+            f"(grpo.generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}): "
+            "TRL would train no step; give more prompts (data.limit) or a smaller batch"
+        )
+    return dataset
+
+
+def prompts_per_generation(args: Any) -> int:
+    """The prompts one generation batch draws (TRL's RepeatSampler): a dataset with fewer yields no batch, so no
+    step; a remainder beyond whole batches is left out of each epoch."""
+    return int(args.generation_batch_size // args.num_generations)
 
 
 def memory_plan(cfg: GrpoRunConfig, args: Any) -> list[str]:
@@ -217,11 +240,9 @@ def train(
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
     args, lora, funcs = check(cfg, track, funcs)
+    dataset = prompts(cfg, args)
     for judges in _judges_of(funcs):  # before the policy loads
         require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints})
-    dataset = reward_dataset(
-        cfg.data.source, cfg.reward.task, cfg.data.setting, types=cfg.data.types, limit=cfg.data.limit
-    )
 
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -213,8 +214,13 @@ def grpo(
         args, lora, funcs = _guarded(lambda: grpo_run.check(cfg, track))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
         names = " + ".join(map(grpo_run.reward_name, funcs))
+        if cfg.data.source == "sample" or Path(cfg.data.source).exists():
+            n = len(_guarded(lambda: grpo_run.prompts(cfg, args)))
+            data = f"{n} prompts, {n // grpo_run.prompts_per_generation(args)} generation batches an epoch"
+        else:  # a Hub dataset, or data still to synthesize
+            data = f"data {cfg.data.source} read when the run starts"
         console.print(
-            f"{config_path}: valid; GRPO into {cfg.out}; reward {names}; LoRA r={lora.r}",
+            f"{config_path}: valid; GRPO into {cfg.out}; reward {names}; LoRA r={lora.r}; {data}",
             highlight=False,
             soft_wrap=True,
         )

@@ -192,6 +192,12 @@ def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):
               "--dry-run"],
     )  # fmt: skip
     assert both.exit_code == 0 and "reward cupid_inference_f1 + cupid_inference_format" in both.output, both.output
+    assert "3 prompts, 3 generation batches an epoch" in good.output  # 4 answers a step, 4 to a group: 1 prompt
+    # a step's batch draws 4 prompts (16 answers, 4 to a group) of the 3 given: TRL would run no step, learn nothing
+    starved = grpo_config(tmp_path, endpoints, tmp_path, grpo={"per_device_train_batch_size": 16, "num_generations": 4})
+    few = CliRunner().invoke(app, ["train", "grpo", "--config", str(starved), "--dry-run"])
+    assert few.exit_code == 2
+    assert f"{starved}: data: 3 prompts, fewer than the 4 one generation batch draws" in few.output
 
 
 def test_a_run_that_learnt_nothing_says_why():
