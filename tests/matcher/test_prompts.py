@@ -7,17 +7,23 @@ import pytest
 from cupid.matcher import prompts
 
 SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "prompts.md"
+PROMPTS = Path(prompts.__file__).parent / "prompts"
 
 
 @pytest.mark.skipif(not SPEC.is_file(), reason="the benchmark spec is not beside this checkout")
 def test_prompt_files_are_byte_identical_to_the_spec():
     spec = SPEC.read_text(encoding="utf-8")
+    compared = set()
     for section in re.split(r"^## (?=prompt: )", spec, flags=re.MULTILINE)[1:]:
         name = section.split("\n", 1)[0].removeprefix("prompt: ").strip()
         for role in ("system", "user"):
             m = re.search(r"^### " + role + r"\n\n````text\n(.*?)\n````\n", section, flags=re.DOTALL | re.MULTILINE)
             if m:
                 assert getattr(prompts.load(name), role) == m.group(1), f"{name}.{role} differs from the spec"
+                compared.add((name, role))
+    # every prompt file the spec gives (the project's own are named project_*) was found there and compared
+    shipped = {tuple(f.name.split(".")[:2]) for f in PROMPTS.glob("*.txt") if not f.name.startswith("project_")}
+    assert compared == shipped
 
 
 def test_decomposer_renders_literal_braces_and_the_preference():
