@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
 from cupid.eval.results.view import build
 from tests.run_records import generation, inference, write_run
 
-INFERENCE_SETTINGS = ("standard", "oracle", "summary")
-GENERATION_SETTINGS = ("standard", "oracle", "oracle-preference", "summary")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
@@ -56,7 +55,7 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
     rng = random.Random(seed)
     records = []
     for key in keys:
-        for setting in INFERENCE_SETTINGS:
+        for setting in INFERENCE.settings:
             if rng.random() < 0.05:
                 r = inference(key, setting=setting, failed=rng.choice(["parse_preference", "match_infer_to_gt"]))
             else:
@@ -68,7 +67,7 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
             )
             r["gt_checklist"] = [m["entry"] for m in r.get("gt_to_infer", [])]
             records.append(r)
-        for setting in GENERATION_SETTINGS:
+        for setting in GENERATION.settings:
             r = generation(key, None if rng.random() < 0.03 else rng.randint(1, 10), setting=setting)
             if r["status"] == "scored":
                 r["candidate_answer"] = "A response written for the request. " * 40
@@ -76,7 +75,7 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
             records.append(r)
     plan = {
         "n_instances": len(keys),
-        "settings": {"inference": list(INFERENCE_SETTINGS), "generation": list(GENERATION_SETTINGS)},
+        "settings": {"inference": list(INFERENCE.settings), "generation": list(GENERATION.settings)},
     }
     write_run(path, records, {"candidate": candidate}, data=data)
     identity = json.loads((path / "run.json").read_text())

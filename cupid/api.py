@@ -18,11 +18,11 @@ from rich.console import Console
 
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset
-from cupid.eval.benchmark.history import Setting
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
 from cupid.eval.benchmark.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.eval.benchmark.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
+from cupid.eval.benchmark.settings import Setting
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
 from cupid.eval.benchmark.tasks import INFERENCE

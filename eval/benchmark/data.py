@@ -55,7 +55,10 @@ class Instance(BaseModel):
         return f"{self.persona_id}/{self.instance_type}"
 
     def sessions(self, setting: str) -> list[dict[str, Any]]:
-        """The prior sessions a setting shows: all (standard) or those holding the current preference (oracle)."""
+        """The prior sessions a setting shows: all (standard, summary), those holding the current preference (oracle),
+        or none (oracle-preference, which shows the preference itself)."""
+        if setting == "oracle-preference":
+            return []
         sessions = [s.model_dump() for s in self.prior_interactions]
         if setting == "oracle":
             return [s for s in sessions if s["contextual_preference"] == self.current_contextual_preference]

@@ -1,25 +1,16 @@
-"""What the candidate sees of the user's past in each setting (spec §1).
-
-`standard` shows all prior sessions, `oracle` only those holding the current preference, `summary`
-replaces each session by its summary, and `oracle-preference` shows the ground-truth preference
-instead of any history (generation only).
+"""The log of the user's past a candidate is shown in each setting (`settings`): the prior sessions as they are, or
+each session's summary, asked of the summarizer.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.stages import StageFailed, ask, constraint, parsed
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
-
-Setting = Literal["standard", "oracle", "oracle-preference", "summary"]
-SETTINGS: tuple[str, ...] = get_args(Setting)  # in the order tables and pages show them
-GENERATION_ONLY = {"oracle-preference"}
-SUMMARY_PROMPTS = ("summarizer",)  # the prompts the summary setting adds to a run's, whatever the task
 
 
 def relevant_sessions(instance: Instance) -> list[int]:

@@ -20,13 +20,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.files import DiskFull, disk_full, hold
-from cupid.eval.benchmark.history import GENERATION_ONLY, SUMMARY_PROMPTS, History, Setting
+from cupid.eval.benchmark.history import History
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
+from cupid.eval.benchmark.settings import SUMMARY_PROMPTS, Setting
 from cupid.eval.benchmark.stages import Roles
 from cupid.eval.benchmark.summary import Requests, Summary, Table, markdown, summarize, tables
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, Task, TaskName, candidate_constrained
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.aio import blocking
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
@@ -128,14 +129,15 @@ class RunConfig(BaseModel):
         if missing := [f.name for f in fields(Roles) if f.name in needed and getattr(self, f.name) is None]:
             raise ValueError(f"this run needs endpoints for {', '.join(missing)} (options --{' --'.join(missing)})")
         if not any(self.units_of(task) for task in TASKS):
-            raise ValueError(f"no task runs in these settings: {', '.join(GENERATION_ONLY)} is for generation only")
+            runs_in = "; ".join(f"{t} in {', '.join(TASKS[t].settings)}" for t in self.tasks)
+            raise ValueError(f"no task runs in these settings ({runs_in})")
         return self
 
     def units_of(self, task: str) -> list[str]:
-        """The settings a task runs in; oracle-preference exists for generation only (spec §1)."""
+        """The run's settings the task runs in (`TaskSpec.settings`)."""
         if task not in self.tasks:
             return []
-        return [s for s in self.settings if task == GENERATION.name or s not in GENERATION_ONLY]
+        return [s for s in self.settings if s in TASKS[task].settings]
 
     @property
     def candidate_name(self) -> str:

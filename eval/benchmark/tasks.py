@@ -20,6 +20,7 @@ from cupid.eval.benchmark.generation import GenerationScorer
 from cupid.eval.benchmark.history import History, plain_log, relevant_sessions
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
 from cupid.eval.benchmark.records import Scoring, UnitRecord
+from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.stats import Interval
 from cupid.matcher import prompts, schemas
@@ -45,6 +46,7 @@ class TaskSpec:
     candidate_stage: str  # the stage a candidate that gave no answer failed at
     answer_stages: tuple[str, ...]  # the stages whose failure is the candidate's own (no response, nothing parsed)
     no_answer: Callable[[UnitRecord], dict[str, Any]]  # the scoring of an empty answer: what a comparison counts
+    settings: tuple[str, ...]  # the settings it runs in (`settings.SETTINGS`'s order)
     messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
     # what a constrained candidate is held to; None: free text
     answer_format: Callable[[int | None], dict[str, Any]] | None
@@ -116,6 +118,7 @@ INFERENCE = TaskSpec(
     candidate_stage="infer",
     answer_stages=("infer", "parse_preference"),
     no_answer=_empty_inference,
+    settings=("standard", "oracle", "summary"),  # its answer is the preference: oracle-preference would give it away
     messages=inference.candidate_messages,
     answer_format=schemas.inference_answer,
     roles=("decomposer", "matcher"),
@@ -139,6 +142,7 @@ GENERATION = TaskSpec(
     candidate_stage="generate",
     answer_stages=("generate",),
     no_answer=lambda record: {"score": NO_CREDIT},
+    settings=SETTINGS,
     messages=generation.candidate_messages,
     answer_format=None,  # generation answers are free text: nothing to constrain
     roles=("judge",),
@@ -198,8 +202,7 @@ class Task:
         return self._request(plain_log(instance, setting), instance, setting)
 
     async def candidate_request(self, instance: Instance, setting: str) -> ChatRequest:
-        log = "" if setting == "oracle-preference" else await self.history.log(instance, setting)
-        return self._request(log, instance, setting)
+        return self._request(await self.history.log(instance, setting), instance, setting)
 
     async def run(self, instance: Instance, setting: str) -> UnitRecord:
         unit = unit_record(self.spec, instance, setting)
@@ -223,7 +226,7 @@ def unit_record(spec: TaskSpec, instance: Instance, setting: str) -> UnitRecord:
         instance_type=instance.instance_type,
         task=spec.name,
         setting=setting,
-        n_sessions=len(instance.sessions(setting)) if setting != "oracle-preference" else 0,
+        n_sessions=len(instance.sessions(setting)),
         relevant_sessions=relevant_sessions(instance),
         gt_preference=instance.current_contextual_preference,
         gt_checklist=list(instance.current_checklist),

@@ -25,9 +25,10 @@ from inspect_ai.solver import Generate, Solver, TaskState, solver
 
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
-from cupid.eval.benchmark.history import GENERATION_ONLY, SETTINGS, SUMMARY_PROMPTS, History, plain_log
+from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
+from cupid.eval.benchmark.settings import SUMMARY_PROMPTS
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import GROUPS, figures
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
@@ -146,9 +147,8 @@ def _task(
     cache: str | None,
     no_cache: bool,
 ) -> Task:
-    if setting not in SETTINGS or (setting in GENERATION_ONLY and spec is not GENERATION):
-        allowed = [s for s in SETTINGS if spec is GENERATION or s not in GENERATION_ONLY]
-        raise ConfigError(f"cupid/{spec.name}: no setting '{setting}' (one of {', '.join(allowed)})")
+    if setting not in spec.settings:
+        raise ConfigError(f"cupid/{spec.name}: no setting '{setting}' (one of {', '.join(spec.settings)})")
     types = [types] if isinstance(types, str) else types
     if unknown := sorted(set(types or ()) - set(INSTANCE_TYPES)):
         raise ConfigError(

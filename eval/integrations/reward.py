@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark.history import GENERATION_ONLY, SETTINGS, History
+from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.records import Scoring
 from cupid.eval.benchmark.stages import StageFailed
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskName
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking
@@ -327,10 +327,9 @@ def dataset_rows(
     """One row per instance: `prompt`, the runner's candidate prompt as chat messages (the messages `cupid eval run`
     sends), and the ground-truth columns beside it. The summary setting asks `summarizer` for each session's summary
     (through `cache`, as a run does); a failed summary is an error naming the instance, never a prompt without it."""
-    if setting not in SETTINGS or (setting in GENERATION_ONLY and task != GENERATION.name):
+    if setting not in TASKS[task].settings:
         raise ConfigError(
-            f"reward_dataset: setting {setting!r} for {task}: expected one of "
-            f"{', '.join(s for s in SETTINGS if task == GENERATION.name or s not in GENERATION_ONLY)}"
+            f"reward_dataset: setting {setting!r} for {task}: expected one of {', '.join(TASKS[task].settings)}"
         )
     if setting == "summary" and summarizer is None:
         raise ConfigError(
@@ -358,8 +357,8 @@ async def _logs(
     instances: Sequence[Any], setting: str, summarizer: Endpoint | None, cache: str | Path | None
 ) -> list[str]:
     """Each instance's log as the runner builds it (`History.log`): no request but in the summary setting."""
-    if setting == "oracle-preference":
-        return [""] * len(instances)
+    if setting != "summary":
+        return [plain_log(i, setting) for i in instances]
     client = Client({"summarizer": summarizer} if summarizer else {}, open_cache(cache))
     try:
         history = History(client, "summarizer" if summarizer else None)

@@ -36,9 +36,9 @@ from rich.table import Table
 from cupid.eval.benchmark import stats
 from cupid.eval.benchmark.data import INSTANCE_TYPES
 from cupid.eval.benchmark.grid import cell_name, figure_name
-from cupid.eval.benchmark.history import SETTINGS
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.stats import CONFIDENCE, MIN_PERSONAS, Difference, holm
 from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 from cupid.eval.results.view import default_out

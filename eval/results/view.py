@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark.history import SETTINGS
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir, RunIdentity
+from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.summary import Summary
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.serving.config import ConfigError
