@@ -48,9 +48,10 @@ from cupid.serving.config import read_yaml
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.errors import ServeError
 from cupid.serving.instant import start as start_instant
-from cupid.serving.lifecycle import ServerRecord, free_port
+from cupid.serving.ports import free_port
 from cupid.serving.profiles import Profile
 from cupid.serving.registry import load_endpoints
+from cupid.serving.state import ServerRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_SIZE = 756

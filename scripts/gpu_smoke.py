@@ -23,7 +23,7 @@ import time
 from importlib import resources
 
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import lifecycle, profiles
+from cupid.serving import lifecycle, probes, profiles, state
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
@@ -34,14 +34,14 @@ from cupid.serving.fleet import gpu_memory
 
 def examples() -> list[dict]:
     return json.loads(
-        (resources.files("matcher") / "prompts" / "matcher_fewshot.examples.json").read_text(encoding="utf-8")
+        (resources.files("cupid.matcher") / "prompts" / "matcher_fewshot.examples.json").read_text(encoding="utf-8")
     )
 
 
-def start(profile: profiles.Profile, keep: bool) -> tuple[lifecycle.ServerRecord, bool]:
+def start(profile: profiles.Profile, keep: bool) -> tuple[state.ServerRecord, bool]:
     """The profile's live record, starting the server when it is not running; and whether we started it."""
-    record = lifecycle.find(profile.name)
-    if record and lifecycle.alive(record.pid) and lifecycle.healthy(record.base_url):
+    record = state.find(profile.name)
+    if record and probes.alive(record.pid) and probes.healthy(record.base_url):
         print(f"using the running server '{profile.name}' at {record.base_url}")
         return record, False
     get_engine(profile.engine).preflight(profile)
@@ -103,7 +103,7 @@ async def throughput(endpoint: Endpoint, in_flight: int, n_requests: int, max_to
     return line + (f", {len(failed)} failed: {', '.join(reasons)})" if failed else ")")
 
 
-async def measure(record: lifecycle.ServerRecord, profile: profiles.Profile, args: argparse.Namespace) -> bool:
+async def measure(record: state.ServerRecord, profile: profiles.Profile, args: argparse.Namespace) -> bool:
     endpoint = Endpoint.model_validate(
         {
             "base_url": record.base_url,

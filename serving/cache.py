@@ -156,7 +156,7 @@ def cache_path(setting: CacheSetting) -> Path | None:
     if setting is None:
         return None
     if str(setting) == DEFAULT:
-        from cupid.serving.lifecycle import state_dir
+        from cupid.serving.state import state_dir
 
         return state_dir() / "cache.sqlite"
     return Path(setting)

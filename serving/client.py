@@ -21,9 +21,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from cupid.serving.aio import PerLoop
 from cupid.serving.cache import Cache, Cached
-from cupid.serving.endpoint import Endpoint
-from cupid.serving.lifecycle import failure_line
+from cupid.serving.endpoint import Endpoint, bearer
 from cupid.serving.registry import EndpointDown, down_message, unreachable
+from cupid.serving.server_log import failure_line
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 
@@ -269,14 +269,11 @@ class Client:
         """One session per endpoint. aiohttp, because httpx's pool costs grow with the connections open."""
         if name not in self._http:
             endpoint = self.endpoints[name]
-            headers = {}
-            if endpoint.api_key_env:
-                key = endpoint.api_key()
-                if not key:
-                    raise RequestFailed("missing_api_key", f"endpoint '{name}' needs ${endpoint.api_key_env}")
-                headers["Authorization"] = f"Bearer {key}"
+            key = endpoint.api_key()
+            if endpoint.api_key_env and not key:
+                raise RequestFailed("missing_api_key", f"endpoint '{name}' needs ${endpoint.api_key_env}")
             self._http[name] = aiohttp.ClientSession(
-                headers=headers,
+                headers=bearer(key),
                 timeout=aiohttp.ClientTimeout(total=endpoint.timeout_s, connect=30.0),
                 connector=aiohttp.TCPConnector(limit=self.limit(name)),
             )

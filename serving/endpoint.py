@@ -1,6 +1,6 @@
 """One OpenAI-compatible endpoint: where a client sends a model's requests, and how.
 
-Its own module, below both the named endpoints and their resolver (`serving.endpoints`) and the servers this project
+Its own module, below both the named endpoints and their resolver (`serving.registry`) and the servers this project
 starts (`serving.lifecycle`, which gives an endpoint for each one running), so that neither imports the other.
 """
 
@@ -41,3 +41,8 @@ class Endpoint(BaseModel):
         if self.api_key_env is None:
             return None
         return os.environ.get(self.api_key_env)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The header an OpenAI-compatible server takes its key in; none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}

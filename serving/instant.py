@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cupid.matcher import prompts
-from cupid.serving.lifecycle import free_port
+from cupid.serving.ports import free_port
 
 PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
 _WORD = re.compile(r"[a-z]+")

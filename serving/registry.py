@@ -11,7 +11,7 @@ from typing import Any
 
 from cupid.serving import lifecycle
 from cupid.serving.config import ConfigError, read_yaml, validate
-from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"
 
@@ -57,11 +57,8 @@ def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOU
     import httpx
 
     def why(endpoint: Endpoint) -> str | None:
-        key = endpoint.api_key()
         try:
-            httpx.get(
-                endpoint.url + "/models", timeout=timeout, headers={"Authorization": f"Bearer {key}"} if key else {}
-            )
+            httpx.get(endpoint.url + "/models", timeout=timeout, headers=bearer(endpoint.api_key()))
         except httpx.HTTPError as e:
             return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         return None

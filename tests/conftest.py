@@ -30,9 +30,9 @@ import pytest
 import yaml
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.serving import lifecycle, profiles, tiny_model, vllm_args
+from cupid.serving import lifecycle, probes, profiles, state, tiny_model, vllm_args, watchdog
 from cupid.serving.instant import start as start_instant
-from cupid.serving.lifecycle import free_port
+from cupid.serving.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_NAME = "tiny-random-llama"  # the session server's served name
@@ -176,7 +176,7 @@ def _tie_to_controller(pid: int) -> None:
     """lifecycle's watchdog, reading the controller's FIFO instead of a pipe from this worker (nothing writes `ready`
     into it: should the controller die, the session server gets the starting grace before SIGKILL)."""
     with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
-        lifecycle.start_watchdog(pid, alive)
+        watchdog.start_watchdog(pid, alive)
 
 
 @pytest.fixture(scope="session")
@@ -188,10 +188,10 @@ def tiny_server(tiny_profile, session_home):
     shared = Path(os.environ[SHARED])
     with open(shared / "tiny-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        record = lifecycle.find(tiny_profile.name)
-        if record is None or not lifecycle.healthy(record.base_url):
+        record = state.find(tiny_profile.name)
+        if record is None or not probes.healthy(record.base_url):
             with pytest.MonkeyPatch.context() as tie:
-                tie.setattr(lifecycle, "_tie", _tie_to_controller)  # from its first moment: not to this worker
+                tie.setattr(watchdog, "tie", _tie_to_controller)  # from its first moment: not to this worker
                 record = lifecycle.up(tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}), tied=True)
             record.tied_to = int(os.environ["CUPID_TEST_CONTROLLER"])
             record.write()

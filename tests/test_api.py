@@ -16,7 +16,7 @@ from cupid.eval.benchmark.records import MatchItem, StageError
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import Requests
-from cupid.serving import lifecycle
+from cupid.serving import lora
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
@@ -115,13 +115,13 @@ def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(
         tmp_path / "adapter"
     )
     url = tiny_server["base_url"]
-    lifecycle.load_lora(url, "api-test-adapter", tmp_path / "adapter")
+    lora.load_lora(url, "api-test-adapter", tmp_path / "adapter")
     try:
         listed = httpx.get(url + "/models").json()["data"]
         assert {"api-test-adapter", tiny_server["model"]} <= {m["id"] for m in listed}  # two models listed now
         assert cupid.endpoint(url).model == cupid.PrefMatcher(url).endpoint.model == tiny_server["model"]
     finally:
-        lifecycle.unload_lora(url, "api-test-adapter")
+        lora.unload_lora(url, "api-test-adapter")
 
 
 def test_load_dataset_and_endpoint_names(tmp_path):
@@ -438,7 +438,7 @@ def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_i
     import time
 
     from cupid.serving.config import ConfigError
-    from cupid.serving.lifecycle import free_port
+    from cupid.serving.ports import free_port
 
     closed = f"http://127.0.0.1:{free_port()}/v1"
     endpoints = write_endpoints(

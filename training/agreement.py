@@ -33,10 +33,10 @@ from rich.console import Console
 
 from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
-from cupid.serving import lifecycle
+from cupid.serving import state
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
-from cupid.serving.endpoint import Endpoint
+from cupid.serving.endpoint import Endpoint, bearer
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet.placement import Placed
@@ -143,8 +143,7 @@ def served_names(cfg: TrainConfig) -> dict[str, str]:
 
 def _listed(base_url: str, api_key: str | None) -> list[dict[str, Any]]:
     """What the server's /v1/models lists (vLLM: the base, then each LoRA module with its path and parent)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    data = httpx.get(base_url + "/models", headers=headers, timeout=30).json().get("data", [])
+    data = httpx.get(base_url + "/models", headers=bearer(api_key), timeout=30).json().get("data", [])
     return [{"id": m.get("id"), "root": m.get("root"), "parent": m.get("parent")} for m in data]
 
 
@@ -219,7 +218,7 @@ def measure(
     try:
         server.ensure()
         info["start_s"] = round(time.monotonic() - started, 2)
-        record = lifecycle.find(server.name)  # None: a server already answering as it was used as it is
+        record = state.find(server.name)  # None: a server already answering as it was used as it is
         if record is not None:
             info.update(record.model_dump(include={"pid", "tied_to", "command", "env"}))
             info["device"] = profile.device if profile.engine == "vllm" else "cpu"

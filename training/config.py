@@ -244,7 +244,7 @@ class Agreement(_Section):
         """The serve profile of one of the check's servers (`serving.profiles.Profile`), on a free port by default."""
         from pydantic import ValidationError
 
-        from cupid.serving.lifecycle import free_port
+        from cupid.serving.ports import free_port
         from cupid.serving.profiles import Profile
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from cupid.serving import lifecycle, profiles, tiny_model
+from cupid.serving import lifecycle, profiles, server_log, state, tiny_model
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.engines import get_engine, vllm_build
 from cupid.serving.errors import ServeError
@@ -121,7 +121,7 @@ def up(
         )
     except (ConfigError, ValueError) as e:
         _fail(str(e))
-    running: list[lifecycle.ServerRecord] = [r for r in lifecycle.status() if r.alive]
+    running: list[state.ServerRecord] = [r for r in lifecycle.status() if r.alive]
     live = {r.name: r for r in running}
     todo = []
     for p in chosen:
@@ -159,7 +159,7 @@ def up(
         )
 
 
-def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> None:
+def _dry_run(chosen: list[Profile], running: list[state.ServerRecord]) -> None:
     plan = Plan(chosen, running, gpus())
     for line in plan.lines():
         console.print(line, highlight=False)
@@ -177,7 +177,7 @@ def _dry_run(chosen: list[Profile], running: list[lifecycle.ServerRecord]) -> No
 @app.command()
 def down(name: str = typer.Argument(None, help="server name; all servers when omitted")) -> None:
     """Stop a server (or all of them)."""
-    names = [name] if name else [r.name for r in lifecycle.records()]
+    names = [name] if name else [r.name for r in state.records()]
     for n in names:
         if not lifecycle.down(n):
             _fail(f"no server named '{n}' (see `cupid serve status`)")
@@ -204,10 +204,10 @@ def status() -> None:
 @app.command()
 def logs(name: str, lines: int = typer.Option(40, "-n")) -> None:
     """The last lines of a server's log."""
-    record = lifecycle.find(name)
+    record = state.find(name)
     if record is None:
         _fail(f"no server named '{name}'")
-    print(lifecycle.tail(record.log, lines))
+    print(server_log.tail(record.log, lines))
 
 
 @app.command("prepare-tiny")

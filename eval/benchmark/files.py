@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid.serving.config import ConfigError
-from cupid.serving.lifecycle import alive
+from cupid.serving.probes import alive
 
 LOCK_NAME = ".lock"
 

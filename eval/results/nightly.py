@@ -51,7 +51,7 @@ from cupid.serving.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Gpu
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
 from cupid.serving.fleet.servers import ServedModel
-from cupid.serving.lifecycle import failure_line
+from cupid.serving.server_log import failure_line
 
 EXIT_FAILURES, EXIT_REGRESSION = 1, 2
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")

@@ -14,7 +14,7 @@ from cupid.serving.errors import ServeError
 from cupid.serving.profiles import Profile
 
 if TYPE_CHECKING:  # the servers running now, as their records say
-    from cupid.serving.lifecycle import ServerRecord
+    from cupid.serving.state import ServerRecord
 
 # Per-GPU memory a vLLM process needs beyond its weights before any KV cache: CUDA context, activations
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.serving import lifecycle, profiles
+from cupid.serving import lifecycle, lora, probes, profiles, server_log, state
 from cupid.serving.config import ConfigError, validate
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import get_engine
@@ -170,13 +170,13 @@ class Server:
                 raise self.error
             if self.up:
                 return
-            if lifecycle.ready(self.profile, get_engine(self.profile.engine)):  # `cupid serve up`, by hand or elsewhere
+            if probes.ready(self.profile, get_engine(self.profile.engine)):  # `cupid serve up`, by hand or elsewhere
                 self.say(f"using the server that already answers as {self.profile.served} at {self.base_url}")
                 self.up = True
                 return
             self.say(
                 f"starting {self.name} ({self.profile.model_path()}) on :{self.profile.port}; "
-                f"log: {lifecycle.record_path(self.name).with_suffix('') / 'server.log'}"
+                f"log: {state.record_path(self.name).with_suffix('') / 'server.log'}"
             )
             began = time.monotonic()
             self.starting = True
@@ -187,7 +187,7 @@ class Server:
             except ServeError as e:
                 self.error = e
                 if not self._cancel.is_set():
-                    self.say(f"{self.name} did not start: {lifecycle.failure_line(e)}")
+                    self.say(f"{self.name} did not start: {server_log.failure_line(e)}")
                 raise
             finally:
                 self.starting = False
@@ -203,8 +203,8 @@ class Server:
         failed to connect then asks for `revive` at once instead of backing off first)."""
         if not self.owned:
             return False
-        record = lifecycle.find(self.name)
-        return record is None or not lifecycle.alive(record.pid)
+        record = state.find(self.name)
+        return record is None or not probes.alive(record.pid)
 
     def revive(self, seen: int) -> bool:
         """After a request to this server failed: True when it is worth sending again, because the server was
@@ -217,23 +217,23 @@ class Server:
                 return True
             if not self.owned:
                 return False
-            record = lifecycle.find(self.name)
-            if record is not None and lifecycle.alive(record.pid):
+            record = state.find(self.name)
+            if record is not None and probes.alive(record.pid):
                 for _ in range(HEALTH_CHECKS):
-                    if lifecycle.ready(self.profile, get_engine(self.profile.engine), timeout=5.0):
+                    if probes.ready(self.profile, get_engine(self.profile.engine), timeout=5.0):
                         return False
                     time.sleep(HEALTH_INTERVAL_S)
                 why = f"its health check failed {HEALTH_CHECKS} times"
             else:
                 why = "its process is gone"
-            log = lifecycle.record_path(self.name).with_suffix("") / "server.log"
+            log = state.record_path(self.name).with_suffix("") / "server.log"
             kept = log.with_name(f"server-died-{len(self.deaths) + 1}.log")
             if log.exists():
                 log.replace(kept)  # the next start writes server.log afresh
             lifecycle.down(self.name)  # what is left of its process group, and its record
             self.up = self.owned = False
             self.deaths.append(f"{why}; its log: {kept}")
-            self.say(f"{self.name} stopped answering ({why}); its log is kept in {kept}:\n{lifecycle.tail(kept, 10)}")
+            self.say(f"{self.name} stopped answering ({why}); its log is kept in {kept}:\n{server_log.tail(kept, 10)}")
             if len(self.deaths) > RESTARTS:
                 self.died = True
                 self.error = ServeError(
@@ -249,7 +249,7 @@ class Server:
                 self.died = True
                 self.error = ServeError(
                     f"'{self.name}' stopped answering ({why}; log {kept}) and did not come back: "
-                    f"{lifecycle.failure_line(e)}"
+                    f"{server_log.failure_line(e)}"
                 )
                 self.say(str(self.error))
                 raise self.error from None
@@ -355,7 +355,7 @@ class AdapterOnServer:
         with self._lock:
             if self._loaded == generation:
                 return
-            lifecycle.load_lora(self.host.base_url, self.served, self.adapter, self.host.profile.api_key())
+            lora.load_lora(self.host.base_url, self.served, self.adapter, self.host.profile.api_key())
             self._loaded, self._ever_loaded = generation, True
         self.host.say(f"loaded LoRA {self.served} into {self.host.name}'s server ({self.adapter})")
 
@@ -382,7 +382,7 @@ class AdapterOnServer:
         loaded, self._loaded = self._loaded is not None, None
         if loaded and self.host.up:
             try:
-                lifecycle.unload_lora(self.host.base_url, self.served, self.host.profile.api_key(), timeout=10)
+                lora.unload_lora(self.host.base_url, self.served, self.host.profile.api_key(), timeout=10)
                 self.host.say(f"unloaded LoRA {self.served} from {self.host.name}'s server")
             except ServeError as e:  # the server went meanwhile: nothing is left loaded
                 self.host.say(f"LoRA {self.served} not unloaded: {e}")

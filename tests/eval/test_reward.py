@@ -16,7 +16,7 @@ from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.instant import PREFERENCE as INSTANT_PREFERENCE
-from cupid.serving.lifecycle import free_port
+from cupid.serving.ports import free_port
 
 N = 3
 

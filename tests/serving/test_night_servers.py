@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from cupid.eval.results.nightly import run_nightly
-from cupid.serving import lifecycle
-from cupid.serving.lifecycle import free_port
+from cupid.serving import probes
+from cupid.serving.ports import free_port
 from tests.conftest import REPO, TINY_NAME, write_endpoints
 
 
@@ -233,7 +233,7 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(
                 deadline = (
                     time.monotonic() + 60
                 )  # dead, not dying: its death is then seen as such (not as a failed health check)
-                while lifecycle.alive(pgid) and time.monotonic() < deadline:
+                while probes.alive(pgid) and time.monotonic() < deadline:
                     time.sleep(0.1)
             return real_run_one(name, *args)
 

@@ -13,13 +13,13 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.serving import profiles
+from cupid.serving import profiles, state
 from cupid.serving.config import ConfigError
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Gpu, Plan, parse_nvidia_smi
-from cupid.serving.lifecycle import ServerRecord
 from cupid.serving.profiles import Profile
+from cupid.serving.state import ServerRecord
 from cupid.serving.vllm_args import engine_env, llm_kwargs, vllm_defaults
 from tests.conftest import REPO
 
@@ -594,9 +594,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
 
 def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
-    from cupid.serving import lifecycle
+    from cupid.serving import lifecycle, state
     from cupid.serving.engines import Engine
-    from cupid.serving.lifecycle import free_port
+    from cupid.serving.ports import free_port
 
     class Sleeper(Engine):
         name = "sleeper"
@@ -634,7 +634,7 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
         live = lifecycle.live_endpoints()
         assert "head" in live and "worker" not in live and str(live["m"].base_url) == record.base_url
     finally:
-        lifecycle.record_path("head").unlink(missing_ok=True)
+        state.record_path("head").unlink(missing_ok=True)
         assert lifecycle.down("worker")
 
 
@@ -644,21 +644,21 @@ def test_a_server_record_is_read_back_without_checking_its_profile_again(cupid_h
     from cupid.serving import lifecycle
 
     served = shipped["prefmatcher-lora"].model_copy(update={"runtime_lora_rank": 32})  # args no check has seen
-    lifecycle.record_path(served.name).parent.mkdir(parents=True, exist_ok=True)
+    state.record_path(served.name).parent.mkdir(parents=True, exist_ok=True)
     ServerRecord(profile=served, pid=2**22, log="server.log").write()
 
     def parser_check(args):
         raise AssertionError(f"vLLM's parser asked again: {args}")
 
     monkeypatch.setattr(profiles, "check_vllm_args", parser_check)
-    record = lifecycle.find(served.name)
+    record = state.find(served.name)
     assert record is not None and record.profile == served and "prefmatcher-lora" in record.served_models
     assert [(r.name, r.alive) for r in lifecycle.status()] == [(served.name, False)]  # status reads it as served too
     # A record from before records held the profile (its fields side by side) is still found, to be stopped.
     flat = {"name": "old", "served_name": "org/m", "engine": "vllm", "model": "/m", "host": "127.0.0.1", "port": 8123,
             "base_url": "http://127.0.0.1:8123/v1", "device": "cpu", "pid": 2**22, "log": "server.log"}  # fmt: skip
-    lifecycle.record_path("old").write_text(json.dumps(flat))
-    old = lifecycle.find("old")
+    state.record_path("old").write_text(json.dumps(flat))
+    old = state.find("old")
     assert old is not None and (old.name, old.base_url, old.served_models) == ("old", flat["base_url"], ["org/m"])
     with pytest.raises(ValueError, match="parser asked again"):  # a profile loaded from a file is checked
         Profile.model_validate(served.model_dump())

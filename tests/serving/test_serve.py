@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.matcher import schemas
-from cupid.serving import lifecycle, offline
+from cupid.serving import lifecycle, offline, ports, probes, server_log, state, watchdog
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.config import ConfigError
@@ -122,7 +122,7 @@ def test_port_taken_by_another_program(cupid_home, random_model_dir, tmp_path):
         )
         result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
     assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is taken" in result.output
-    assert lifecycle.records() == []
+    assert state.records() == []
 
 
 def test_a_free_port_is_one_no_client_connection_is_given_meanwhile():
@@ -130,11 +130,11 @@ def test_a_free_port_is_one_no_client_connection_is_given_meanwhile():
     the local end of another test's connection (CI: 'port ... is taken'). free_port picks below that range."""
     import socket
 
-    low, high = lifecycle._ephemeral_range()
-    ports = {free_port() for _ in range(20)}
-    assert len(ports) > 1 and all(1024 < p < low for p in ports)
+    low, high = ports.ephemeral_range()
+    picked = {free_port() for _ in range(20)}
+    assert len(picked) > 1 and all(1024 < p < low for p in picked)
     with socket.socket() as server, socket.socket() as client:
-        server.bind(("127.0.0.1", ports.pop()))  # free indeed
+        server.bind(("127.0.0.1", picked.pop()))  # free indeed
         server.listen()
         client.connect(server.getsockname())
         assert low <= client.getsockname()[1] <= high  # where connections' local ends come from
@@ -147,7 +147,7 @@ def test_missing_model_directory_fails_before_starting(cupid_home, tmp_path):
     profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(tmp_path / "nope"), "port": free_port()}))
     result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
     assert result.exit_code == 1 and f"model directory {tmp_path / 'nope'} not found" in result.output
-    assert lifecycle.records() == []
+    assert state.records() == []
 
 
 def test_vllm_dying_during_startup_shows_the_root_cause_and_leaves_nothing(cupid_home, tmp_path, tiny_profile):
@@ -164,7 +164,7 @@ def test_vllm_dying_during_startup_shows_the_root_cause_and_leaves_nothing(cupid
     assert "exited with code" in message and "last lines of" in message and "server.log" in message
     assert "root cause: RuntimeError: Cannot find any model weights" in message
     assert "likely cause: model not found" in message
-    assert lifecycle.records() == [] and processes_mentioning(str(weightless)) == []
+    assert state.records() == [] and processes_mentioning(str(weightless)) == []
 
 
 def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_profile):
@@ -174,7 +174,7 @@ def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_p
     )
     with pytest.raises(ServeError, match=r"did not answer within 1s \(stopped it\)[\s\S]*last lines of"):
         lifecycle.up(profile)
-    assert lifecycle.records() == [] and processes_mentioning(served) == []
+    assert state.records() == [] and processes_mentioning(served) == []
 
 
 def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home, tiny_profile, tmp_path):
@@ -188,7 +188,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
     assert result.exit_code == 0, result.output
     assert "tinycopy: vllm (cpu) org/tiny-copy" in result.output
     assert f"serving 'tinycopy' (org/tiny-copy) at http://127.0.0.1:{port}/v1" in result.output
-    record = lifecycle.find("tinycopy")
+    record = state.find("tinycopy")
     tree = children(record.pid)
     try:
         assert record.profile.served == "org/tiny-copy" and record.profile.engine == "vllm" and len(tree) >= 2
@@ -233,12 +233,12 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
         assert "using the running server 'tinycopy'" in smoke.stdout and "OK: the answer parses" in smoke.stdout
         assert re.search(r"4 in flight: +[0-9.]+ requests/s", smoke.stdout)
-        assert lifecycle.alive(record.pid)  # the script leaves a server it did not start running
+        assert probes.alive(record.pid)  # the script leaves a server it did not start running
     finally:
         down = runner.invoke(app, ["serve", "down", "tinycopy"])
     assert down.exit_code == 0 and "stopped 'tinycopy'" in down.output
-    assert gone(tree) and not lifecycle.healthy(record.base_url)
-    assert lifecycle.find("tinycopy") is None and "tinycopy" not in lifecycle.live_endpoints()
+    assert gone(tree) and not probes.healthy(record.base_url)
+    assert state.find("tinycopy") is None and "tinycopy" not in lifecycle.live_endpoints()
     assert runner.invoke(app, ["serve", "down", "tinycopy"]).exit_code == 1
 
 
@@ -264,7 +264,7 @@ def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_
     try:
         deadline = time.monotonic() + 300
         while len(tree) < 2 and starter.poll() is None and time.monotonic() < deadline:
-            record = lifecycle.find("orphan")  # written as soon as the server process exists
+            record = state.find("orphan")  # written as soon as the server process exists
             tree = children(record.pid) if record else []
             time.sleep(0.1)
         assert len(tree) >= 2, "vLLM's engine process never appeared"
@@ -281,11 +281,11 @@ def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_
 
     def watched(answered: bool) -> tuple[subprocess.Popen, subprocess.Popen]:
         server = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], start_new_session=True)
-        watchdog = lifecycle.start_watchdog(server.pid, subprocess.PIPE, starting_grace_s=0.5)
+        guard = watchdog.start_watchdog(server.pid, subprocess.PIPE, starting_grace_s=0.5)
         if answered:
-            watchdog.stdin.write(b"ready\n")
-        watchdog.stdin.close()  # the owner is gone
-        return server, watchdog
+            guard.stdin.write(b"ready\n")
+        guard.stdin.close()  # the owner is gone
+        return server, guard
 
     starting, answered = watched(False), watched(True)
     try:
@@ -293,28 +293,28 @@ def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_
         time.sleep(1.5)  # three times the short grace, a tenth of the long one
         assert answered[0].poll() is None  # still in its grace
     finally:
-        for server, watchdog in (starting, answered):
-            for proc in (server, watchdog):
+        for server, guard in (starting, answered):
+            for proc in (server, guard):
                 proc.kill()
                 proc.wait()
 
 
 def test_likely_causes():
-    assert lifecycle.likely_cause("torch.OutOfMemoryError: CUDA out of memory").startswith("out of memory")
-    assert lifecycle.likely_cause("OSError: [Errno 98] Address already in use") == "the port is taken"
-    assert lifecycle.likely_cause("ValueError: LoRA rank 64 is greater than max_lora_rank 16.").startswith(
+    assert server_log.likely_cause("torch.OutOfMemoryError: CUDA out of memory").startswith("out of memory")
+    assert server_log.likely_cause("OSError: [Errno 98] Address already in use") == "the port is taken"
+    assert server_log.likely_cause("ValueError: LoRA rank 64 is greater than max_lora_rank 16.").startswith(
         "a LoRA adapter's rank"
     )
-    assert "less free memory" in lifecycle.likely_cause(
+    assert "less free memory" in server_log.likely_cause(
         "ValueError: Free memory on device cuda:0 (13.33/22.07 GiB) on startup "
         "is less than desired GPU memory utilization (0.9, 19.9 GiB)"
     )
-    assert "KV cache does not fit" in lifecycle.likely_cause(
+    assert "KV cache does not fit" in server_log.likely_cause(
         "ValueError: To serve at least one request with the model's max seq len (32768), (1.75 GiB KV cache is needed, "
         "which is larger than the available KV cache memory (0.65 GiB)."
     )
-    assert lifecycle.likely_cause("RuntimeError: Found no NVIDIA driver on your system.") == "no usable CUDA device"
-    assert lifecycle.likely_cause("all good") is None
+    assert server_log.likely_cause("RuntimeError: Found no NVIDIA driver on your system.") == "no usable CUDA device"
+    assert server_log.likely_cause("all good") is None
 
 
 def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher import prompts, schemas
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
-from cupid.serving.lifecycle import free_port
+from cupid.serving.ports import free_port
 from cupid.serving.registry import load_endpoints
 from cupid.training.synth import parse, tables
 from cupid.training.synth.ask import Asker, StepFailed

@@ -36,12 +36,12 @@ from cupid.cli import app as cupid_app
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import DataError
 from cupid.matcher import parse, prompts
-from cupid.serving import lifecycle
+from cupid.serving import probes, state
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
-from cupid.serving.lifecycle import free_port
+from cupid.serving.ports import free_port
 from cupid.serving.vllm_args import engine_env, vllm_args
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
@@ -254,8 +254,8 @@ def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_ex
     # Tied to the process that ran the check (a killed `cupid train` takes it along), and stopped with its whole
     # process group (engine core, workers) before the check returned.
     assert merged["tied_to"] == os.getpid() and merged["left_running"] == []
-    assert _running_in_group(merged["pid"]) == [] and not lifecycle.alive(merged["pid"])
-    assert lifecycle.find(merged["name"]) is None
+    assert _running_in_group(merged["pid"]) == [] and not probes.alive(merged["pid"])
+    assert state.find(merged["name"]) is None
 
 
 def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
@@ -570,7 +570,7 @@ def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, ran
         ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"
     ):
         agreement.check(moved, Console(stderr=True))
-    assert lifecycle.records() == [] and not (copy / "agreement.json").exists()  # refused before any start
+    assert state.records() == [] and not (copy / "agreement.json").exists()  # refused before any start
 
 
 def test_missing_base_model_directory_fails_before_loading_anything(tmp_path):
