@@ -179,7 +179,7 @@ def export(config_path: str = ConfigOption, out: str | None = OutOption) -> None
     from cupid.training import export as export_stage
 
     report = _guarded(lambda: export_stage.export(cfg, err))
-    console.print(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))  # as is: a console would fold long strings and read [..] as markup
 
 
 @app.command()
