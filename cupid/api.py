@@ -19,6 +19,7 @@ from rich.console import Console
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
+from cupid.eval.benchmark.judges import judges_per_loop
 from cupid.eval.benchmark.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.eval.benchmark.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
@@ -29,8 +30,7 @@ from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
 from cupid.serving.aio import blocking
-from cupid.serving.cache import Cache, cache_path
-from cupid.serving.client import Client, per_loop
+from cupid.serving.cache import cache_path
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.servers import ServedModel
@@ -77,7 +77,8 @@ class PrefMatcher:
         self.dialect = matcher_dialect(self.endpoint)
         self.cache_path = cache_path(cache)  # the one cache rule: a path, "default", or None (none)
         self.concurrency = concurrency
-        self._opened = per_loop(self._open)  # per event loop: its client and scorer
+        # per event loop: its client and scorer (a server down fails the first call that must be sent to it, by name)
+        self._opened = judges_per_loop(INFERENCE, self._endpoints(), self.cache_path, concurrency, probe=True)
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"
@@ -85,18 +86,10 @@ class PrefMatcher:
     def _endpoints(self) -> dict[str, Endpoint]:
         return {"matcher": self.endpoint, **({"decomposer": self.decomposer} if self.decomposer else {})}
 
-    def _open(self) -> tuple[Client, InferenceScorer]:
-        endpoints = self._endpoints()
-        client = Client(  # a server down fails the first call that must be sent to it, by name
-            endpoints,
-            Cache(self.cache_path) if self.cache_path is not None else None,
-            concurrency=self.concurrency,
-            roles={role: role for role in endpoints},
-        )
-        return client, InferenceScorer(client, "decomposer", "matcher", self.dialect)
-
     async def _scorer(self) -> InferenceScorer:
-        return (await self._opened.get())[1]
+        scorer = (await self._opened.get())[1]
+        assert isinstance(scorer, InferenceScorer)  # INFERENCE's
+        return scorer
 
     async def aclose(self) -> None:
         """Close this event loop's connections and cache (again: nothing to do)."""

@@ -367,12 +367,13 @@ def test_a_script_using_the_api_ends_with_nothing_left_open(tiny_server, tmp_pat
 def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, monkeypatch):
     """Each client (and its SQLite cache) a PrefMatcher opens is closed exactly once: per blocking call; at the end
     of `async with`; when `asyncio.run` ends; at `close()` for a loop of the caller's. Closing again does nothing."""
-    from cupid import api
+    from cupid.eval.benchmark import judges
+    from cupid.serving import cache
 
     opened: list = []
     closes: dict[int, int] = {}
 
-    class Counted(api.Client):
+    class Counted(judges.Client):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             opened.append(self)
@@ -381,13 +382,13 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
             closes[id(self)] = closes.get(id(self), 0) + 1
             await super().aclose()
 
-    class CountedCache(api.Cache):
+    class CountedCache(cache.Cache):
         def close(self):
             closes[id(self)] = closes.get(id(self), 0) + 1
             super().close()
 
-    monkeypatch.setattr(api, "Client", Counted)
-    monkeypatch.setattr(api, "Cache", CountedCache)
+    monkeypatch.setattr(judges, "Client", Counted)  # where PrefMatcher's client and cache are opened
+    monkeypatch.setattr(cache, "Cache", CountedCache)
 
     def each_closed_once(n: int) -> None:
         assert len(opened) == n

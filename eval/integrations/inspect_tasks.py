@@ -27,15 +27,17 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
 from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.judges import Judging, judges_per_loop
 from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
 from cupid.eval.benchmark.settings import SUMMARY_PROMPTS
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import GROUPS, figures
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
+from cupid.serving.aio import PerLoop
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
-from cupid.serving.cache import cache_path, open_cache
-from cupid.serving.client import Client, classify
+from cupid.serving.cache import cache_path
+from cupid.serving.client import classify
 from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE
@@ -156,6 +158,7 @@ def _task(
         )
     wanted = [*spec.roles, *(["summarizer"] if setting == "summary" else [])]
     judges = TaskJudges.bind(
+        spec,
         {r: roles[r] for r in wanted},
         endpoints_file,
         structured_output,
@@ -210,17 +213,27 @@ def _messages(messages: list[dict[str, str]]) -> list[ChatMessage]:
 
 @dataclass
 class TaskJudges:
-    """The judge endpoints of one task, and their client, opened on first use in the eval's event loop
-    (an aiohttp session belongs to one loop) and closed when inspect's run ends."""
+    """The judge endpoints of one task (its scorer's roles, and the summarizer in the summary setting), and their
+    client and the task's scorer (`judges.open_judges`), opened on first use in the eval's event loop (an aiohttp
+    session belongs to one loop) and closed when inspect's run ends."""
 
+    spec: TaskSpec
     endpoints: dict[str, Endpoint]  # by role
     names: dict[str, str]  # by role: the name or URL given
     cache: str | None
-    _client: Client | None = field(default=None, repr=False)
+    _opened: PerLoop[Judging] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._opened = judges_per_loop(self.spec, self.endpoints, self.cache)
 
     @classmethod
     def bind(
-        cls, roles: dict[str, str | None], endpoints_file: str, structured_output: bool, cache: str | None
+        cls,
+        spec: TaskSpec,
+        roles: dict[str, str | None],
+        endpoints_file: str,
+        structured_output: bool,
+        cache: str | None,
     ) -> TaskJudges:
         from cupid.serving.registry import (
             resolve as endpoint,  # the one resolver: a name, a running profile, or a base URL
@@ -238,30 +251,25 @@ class TaskJudges:
                 endpoints_file=endpoints_file,
                 **({"structured_output": True} if url and structured_output else {}),  # type: ignore[arg-type]
             )
-        return cls(bound, names, cache)
+        return cls(spec, bound, names, cache)
 
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = Client(self.endpoints, open_cache(self.cache))
-            _OPEN.append(self)
-        return self._client
+    async def opened(self) -> Judging:
+        """This loop's client and the task's scorer on it; the run's end closes them (`CloseJudges`)."""
+        _OPEN[id(self)] = self
+        return await self._opened.get()
 
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
-            if client.cache is not None:
-                client.cache.close()
+        await self._opened.aclose()
 
 
-_OPEN: list[TaskJudges] = []
+_OPEN: dict[int, TaskJudges] = {}  # the judges opened in this run, each once
 
 
 @hooks(name="cupid_judges", description="closes the CUPID judges' connections and request cache when a run ends")
 class CloseJudges(Hooks):
     async def on_run_end(self, data: RunEnd) -> None:
         while _OPEN:
-            await _OPEN.pop().aclose()
+            await _OPEN.popitem()[1].aclose()
 
 
 @solver
@@ -274,7 +282,7 @@ def candidate_answer(spec: TaskSpec, judges: TaskJudges, instances: dict[str, In
         instance = instances[state.metadata["key"]]
         try:
             if state.metadata["setting"] == "summary":
-                log = await History(judges.client(), "summarizer").log(instance, "summary")
+                log = await History((await judges.opened())[0], "summarizer").log(instance, "summary")
                 state.messages = _messages(spec.messages(log, instance, "summary"))
             return await generate(state)
         except StageFailed as e:
@@ -305,10 +313,7 @@ def cupid_scorer(spec: TaskSpec, judges: TaskJudges, instances: dict[str, Instan
         if "error" in state.metadata:
             unit.error = StageError(**state.metadata["error"])
         else:
-            client = judges.client()
-            unit = await scored(
-                unit, instance, state.output.completion, spec.scorer(client, {r: r for r in spec.roles})
-            )
+            unit = await scored(unit, instance, state.output.completion, (await judges.opened())[1])
         return to_score(unit)
 
     return score

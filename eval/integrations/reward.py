@@ -33,6 +33,7 @@ from typing import Any
 
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.history import History, plain_log
+from cupid.eval.benchmark.judges import judges_per_loop
 from cupid.eval.benchmark.records import Scoring
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
@@ -40,7 +41,7 @@ from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import open_cache
-from cupid.serving.client import Client, per_loop
+from cupid.serving.client import Client
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
@@ -63,7 +64,8 @@ class Judges:
     _memo: dict[Any, dict[Any, Any]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_opened", per_loop(self._open))
+        opened = judges_per_loop(TASKS[self.task], dict(self.endpoints), self.cache, self.max_concurrency)
+        object.__setattr__(self, "_opened", opened)
         object.__setattr__(self, "_memo", {})
 
     def __getstate__(self) -> dict[str, Any]:
@@ -72,10 +74,6 @@ class Judges:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__post_init__()
-
-    def _open(self) -> tuple[Client, Any]:
-        client = Client(dict(self.endpoints), open_cache(self.cache), concurrency=self.max_concurrency)
-        return client, TASKS[self.task].scorer(client, {role: role for role, _ in self.endpoints})
 
     async def opened(self) -> tuple[Client, Any]:
         """This event loop's client and scorer, opened on its first call."""
