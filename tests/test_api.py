@@ -82,9 +82,9 @@ def test_prefmatcher_sync_async_and_inside_a_running_loop_equal_the_run(judged, 
 
 
 def test_prefmatcher_from_a_base_url_sends_and_reports_failures_as_data(tiny_server, tmp_path):
-    """No cache: real requests. The served model is found on the server; a 135M model without the format held
-    fails to parse now and then, which the batch form returns as a failed item with its `StageError`, never as
-    labels."""
+    """No cache: real requests. The served model is found on the server; held to the format, the random-weight model's
+    labels parse; cut short at 16 tokens, its answer cannot, which the batch form returns as a failed item with its
+    `StageError`, never as labels."""
     pm = cupid.PrefMatcher(tiny_server["base_url"], structured_output=True, max_tokens=64)
     assert pm.endpoint.model == tiny_server["model"]
     items = ["Is the answer short?", "Does it use bullet points?"]

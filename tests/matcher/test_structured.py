@@ -120,7 +120,8 @@ def test_the_gpt4o_reference_keeps_the_reference_request_shape():
 
 
 def test_every_role_held_to_its_format_on_the_real_tiny_model(tiny_server):
-    """A 135M model rarely writes any of these forms on its own; held to them by vLLM, every answer parses."""
+    """The random-weight model never writes any of these forms on its own; held to them by vLLM, every answer
+    parses."""
     endpoint = Endpoint(**{**tiny_server, "structured_output": True})
     session = cupid_data.load("sample").instances[0].sessions("standard")[0]
     asks = {
