@@ -199,7 +199,7 @@ def read_examples(path: str | Path) -> list[MatchExample]:
     """Every line validated; a bad line fails with its file, line number and field."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{path}: match-data file not found")
+        raise ConfigError(f"{path}: match-data file not found (`cupid train label` makes it)")
     examples, problems = [], []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():

@@ -101,6 +101,15 @@ def test_export_before_training_names_the_missing_adapter_and_writes_nothing(tmp
     assert not (out / "export").exists() and not (out / "export_report.json").exists()
 
 
+def test_check_before_labelling_names_the_missing_match_data(tmp_path):
+    out = tmp_path / "run"
+    result = _invoke("train", "check", "-c", str(TINY), "--out", str(out))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"error: {out / 'data' / 'validation.jsonl'}: match-data file not found (`cupid train label` makes it)" in (
+        result.stderr
+    )
+
+
 def test_check_before_export_names_the_missing_export_and_starts_no_server(trained, tmp_path, cupid_home):
     config, trained_out = trained
     out = tmp_path / "run"
