@@ -132,7 +132,10 @@ def up(
     if not todo:
         return
     if dry_run:
-        _dry_run(todo, running)
+        try:
+            _dry_run(todo, running)
+        except ServeError as e:  # a box without vLLM: its commands need its defaults
+            _fail(str(e))
         return
     try:
         for p in todo:  # everything that can be refused is refused before anything starts

@@ -753,6 +753,23 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
     assert result.exit_code == 1 and "refusing this serve plan" in result.output and "add up to 1.35" in result.output
 
 
+def test_cli_dry_run_without_vllm_says_so_without_a_traceback(monkeypatch):
+    """A GPU box before `make setup` (seen on an H100 without vLLM: a traceback): the commands need vLLM's defaults."""
+    from cupid.cli import serve
+    from cupid.serving import vllm_args
+
+    h100 = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559, 0")  # its nvidia-smi's row there
+    monkeypatch.setattr(serve, "gpus", lambda: h100)
+    monkeypatch.setattr(vllm_args, "_vllm_version", lambda: None)
+    vllm_args.vllm_defaults.cache_clear()
+    try:
+        result = runner.invoke(app, ["serve", "up", "--dry-run", "-p", "prefmatcher"])
+    finally:
+        vllm_args.vllm_defaults.cache_clear()
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "error: vLLM is not installed here" in result.output and "Traceback" not in result.output
+
+
 def test_cli_without_a_profile_builds_one_from_model_and_name(random_model_dir):
     result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", "org/m-7b", "--name", "m", "--port", "8100"])
     assert result.exit_code == 0, result.output
