@@ -19,7 +19,7 @@ from rich.console import Console
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
-from cupid.eval.benchmark.judges import judges_per_loop
+from cupid.eval.benchmark.judges import open_judges
 from cupid.eval.benchmark.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.eval.benchmark.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
@@ -31,6 +31,7 @@ from cupid.eval.integrations.reward import format_reward, reward, reward_dataset
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
 from cupid.serving.aio import blocking
 from cupid.serving.cache import cache_path
+from cupid.serving.client import per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.servers import ServedModel
@@ -78,7 +79,9 @@ class PrefMatcher:
         self.cache_path = cache_path(cache)  # the one cache rule: a path, "default", or None (none)
         self.concurrency = concurrency
         # per event loop: its client and scorer (a server down fails the first call that must be sent to it, by name)
-        self._opened = judges_per_loop(INFERENCE, self._endpoints(), self.cache_path, concurrency, probe=True)
+        self._opened = per_loop(
+            lambda: open_judges(INFERENCE, self._endpoints(), self.cache_path, self.concurrency, probe=True)
+        )
 
     def __repr__(self) -> str:
         return f"PrefMatcher({self.endpoint.model!r} at {self.endpoint.url}, dialect={self.dialect!r})"

@@ -1,9 +1,9 @@
 """Serving engines: how to start an OpenAI-compatible server for a model, one class per engine.
 
 An engine starts a profile (`serving.profiles`, the one declaration of a server): it only knows its command
-line, its environment and what it needs before starting; the lifecycle (port check, process group, readiness,
-records) is shared in `serving.lifecycle`, and vLLM's arguments a profile asks for are built in
-`serving.vllm_args`.
+line, its environment and what it needs before starting; the lifecycle is shared (`serving.lifecycle`: the process
+group, with `ports`, `probes` for readiness and `state` for the records), and vLLM's arguments a profile asks for
+are built in `serving.vllm_args`.
 """
 
 from __future__ import annotations

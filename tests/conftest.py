@@ -172,9 +172,24 @@ def tiny_profile(random_model_dir):
     return shipped.model_copy(update=update)
 
 
+def running_in_group(pgid: int) -> list[int]:
+    """Processes of a process group that still run (psutil: independent of the product's own bookkeeping)."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
 def _tie_to_controller(pid: int) -> None:
-    """lifecycle's watchdog, reading the controller's FIFO instead of a pipe from this worker (nothing writes `ready`
-    into it: should the controller die, the session server gets the starting grace before SIGKILL)."""
+    """The server's watchdog (`serving.watchdog`), reading the controller's FIFO instead of a pipe from this worker
+    (nothing writes `ready` into it: should the controller die, the session server gets the starting grace before
+    SIGKILL)."""
     with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
         watchdog.start_watchdog(pid, alive)
 

@@ -240,9 +240,9 @@ def train(
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
     args, lora, funcs = check(cfg, track, funcs)
-    dataset = prompts(cfg, args)
-    for judges in _judges_of(funcs):  # before the policy loads
+    for judges in _judges_of(funcs):  # before the data and the policy load
         require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints})
+    dataset = prompts(cfg, args)
 
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -17,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.eval.benchmark.data import DataError
+from cupid.eval.benchmark.data import DataError, local_path
 from cupid.serving.config import ConfigError
 from cupid.serving.errors import ServeError
 from cupid.training import agreement, config, pipeline
@@ -196,7 +195,8 @@ def grpo(
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
-        help="check the config (TRL's GRPOConfig and peft's LoraConfig arguments, the reward's endpoints); run nothing",
+        help="check the config (TRL's GRPOConfig and peft's LoraConfig arguments, the reward's endpoints, the memory "
+        "plan; local data: enough prompts for a step); run nothing",
     ),
     track: str | None = typer.Option(
         None, "--track", help="log training to mlflow or wandb (TRL's report_to; the tracker's package installed)"
@@ -214,7 +214,7 @@ def grpo(
         args, lora, funcs = _guarded(lambda: grpo_run.check(cfg, track))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
         names = " + ".join(map(grpo_run.reward_name, funcs))
-        if cfg.data.source == "sample" or Path(cfg.data.source).exists():
+        if local_path(cfg.data.source) is not None:
             n = len(_guarded(lambda: grpo_run.prompts(cfg, args)))
             data = f"{n} prompts, {n // grpo_run.prompts_per_generation(args)} generation batches an epoch"
         else:  # a Hub dataset, or data still to synthesize

@@ -186,12 +186,18 @@ def _hub_rows(hub_id: str, split: str) -> Iterator[tuple[str, Any]]:
         yield f"{hub_id}[{split}] row {i}", row
 
 
+def local_path(source: str | Path | None) -> Path | None:
+    """Where a source's rows are on this machine: the bundled sample (None or "sample"), a file or directory that
+    exists; None for anything else (a Hub dataset id, or data still to be made)."""
+    path = SAMPLE_PATH if source is None or str(source) == "sample" else Path(source)
+    return path if path.exists() else None
+
+
 def load(source: str | Path | None = None, split: str = HUB_SPLIT) -> Dataset:
     """A local file or directory if the path exists, else a Hub dataset id; default: the bundled sample."""
-    if source is None or str(source) == "sample":
-        source = SAMPLE_PATH
+    source = SAMPLE_PATH if source is None or str(source) == "sample" else source
     path = Path(source)
-    if path.exists():
+    if local_path(path) is not None:
         rows = _local_rows(path)
         name = str(path)
     elif "/" in str(source) and not str(source).startswith((".", "/")) and path.suffix == "":

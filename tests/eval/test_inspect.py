@@ -6,6 +6,7 @@ run` on the same candidate sharing the same request cache."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -288,3 +289,31 @@ def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_
         inspect_tasks.inference(setting="oracle-preference")
     with pytest.raises(ConfigError, match="sometimes"):
         inspect_tasks.inference(types="sometimes")
+
+
+def test_inspect_closes_each_tasks_judges_once_on_the_runs_loop(tmp_path, instant_url, monkeypatch):
+    """In process, as a notebook runs it: both tasks' judges (one client each, with the cache) are closed once, by
+    the run-end hook, on the loop the samples ran on; none is left open for the next run."""
+    from inspect_ai import eval as run_inspect
+
+    closed: list[tuple[int, int]] = []
+    real = Client.close_with_cache
+
+    async def counted(self: Client) -> None:
+        closed.append((id(self), id(asyncio.get_running_loop())))
+        await real(self)
+
+    monkeypatch.setattr(Client, "close_with_cache", counted)
+    monkeypatch.setenv("TINY_BASE_URL", instant_url)
+    monkeypatch.setenv("TINY_API_KEY", "EMPTY")
+    endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"})
+    common = {"setting": "oracle", "limit": 2, "endpoints": str(endpoints), "cache": str(tmp_path / "c.sqlite")}
+    tasks = [
+        inspect_tasks.inference(decomposer="instant", matcher="instant", **common),
+        inspect_tasks.generation(judge="instant", **common),
+    ]
+    found = run_inspect(tasks, model="openai-api/tiny/instant", display="none", log_dir=str(tmp_path / "logs"))
+    assert [log.status for log in found] == ["success", "success"]
+    assert [log.results.scores[0].scored_samples for log in found] == [2, 2]  # the judges answered, then were closed
+    assert len(closed) == len({client for client, _ in closed}) == 2  # a client per task, each closed once
+    assert len({loop for _, loop in closed}) == 1 and not inspect_tasks._OPEN

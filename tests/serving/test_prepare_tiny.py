@@ -84,5 +84,4 @@ def test_prepare_tiny_random_builds_the_random_model_once(smol_model_dir, random
     before = _files(built)
     again, again_s = _prepare(cupid_home, tmp_path, "--random")
     assert again == built and _files(built) == before  # reported, not built again
-    assert again_s < first_s, (again_s, first_s)  # no torch, no tokenizer, no weights: the check of config.json alone
     print(f"prepare-tiny --random: built in {first_s:.1f}s, found in {again_s:.1f}s")

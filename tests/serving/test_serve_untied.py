@@ -20,13 +20,9 @@ import httpx
 import psutil
 import yaml
 
+from tests.conftest import free_port, running_in_group
+
 CUPID = [sys.executable, "-m", "cupid"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cupid(env: dict[str, str], cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -46,17 +42,6 @@ def _running(pids: list[int]) -> list[int]:
     return out
 
 
-def _group(pgid: int) -> list[int]:
-    out = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                out.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return out
-
-
 def _answers(url: str) -> list[str] | None:
     try:
         response = httpx.get(url + "/models", timeout=10)
@@ -66,7 +51,7 @@ def _answers(url: str) -> list[str] | None:
 
 
 def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, cupid_home, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     profile = tmp_path / "untied.yaml"  # the shipped tiny profile on the random-weight model, on a port of its own
     fields = tiny_profile.model_dump(exclude_unset=True, exclude={"name"})
@@ -83,7 +68,7 @@ def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, 
         pid = int(served.group(1))
         # The command has returned (its process is gone); a tied server's watchdog would be stopping it now
         time.sleep(5)
-        tree = _group(pid)
+        tree = running_in_group(pid)
         assert pid in tree and len(tree) >= 2, tree  # the API server and vLLM's engine process
         assert _answers(url) == ["tiny-random-llama"]
 
@@ -95,7 +80,7 @@ def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, 
 
         down = _cupid(env, tmp_path, "serve", "down", "untied")
         assert down.returncode == 0 and down.stdout.strip() == "stopped 'untied'", down.stdout + down.stderr
-        assert _running(tree) == [] and _group(pid) == []  # `down` returns once the whole group is gone
+        assert _running(tree) == [] and running_in_group(pid) == []  # `down` returns once the whole group is gone
         assert _answers(url) is None
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # the port is free again
@@ -104,7 +89,7 @@ def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, 
         again = _cupid(env, tmp_path, "serve", "down", "untied")
         assert again.returncode == 1 and "no server named 'untied'" in again.stdout, again.stdout + again.stderr
     finally:
-        if pid is None or _group(pid):
+        if pid is None or running_in_group(pid):
             _cupid(env, tmp_path, "serve", "down", "untied")  # by its record, also when `up` failed midway
-        if pid is not None and _group(pid):
+        if pid is not None and running_in_group(pid):
             os.killpg(pid, signal.SIGKILL)

@@ -134,7 +134,8 @@ def test_check_prints_the_agreement_it_writes_and_leaves_no_server(exported, cup
     assert set(report) & {"base", "adapter", "trained"} == {"trained"}  # baseline and adapter off
     trained = report["trained"]
     assert trained["model"] == str((out / "export").resolve()) and trained["served_as"] == "train-prefmatcher-tiny"
-    assert trained["n_examples"] == 4 and trained["n_parsed"] + trained["n_failed"] == 4
+    # the export of 4 steps on the random-weight base, unconstrained: its noise is never the matcher's JSON
+    assert (trained["n_examples"], trained["n_parsed"], trained["n_failed"]) == (4, 0, 4), trained["failures"]
     answers = [json.loads(line) for line in (out / "agreement_answers.jsonl").read_text().splitlines()]
     assert [a["model"] for a in answers] == ["trained"] * 4
     assert sum(a["error"] is None for a in answers) == trained["n_parsed"]

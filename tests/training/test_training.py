@@ -45,7 +45,7 @@ from cupid.serving.ports import free_port
 from cupid.serving.vllm_args import engine_env, vllm_args
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
-from tests.conftest import REPO, TINY_NAME, write_endpoints
+from tests.conftest import REPO, TINY_NAME, running_in_group, write_endpoints
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
 
@@ -210,20 +210,6 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
     )
 
 
-def _running_in_group(pgid: int) -> list[int]:
-    """Processes of a process group that still run (psutil, independent of the check's own bookkeeping)."""
-    import psutil
-
-    out = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return out
-
-
 def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(
     chain, monkeypatch
 ):
@@ -254,7 +240,7 @@ def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_ex
     # Tied to the process that ran the check (a killed `cupid train` takes it along), and stopped with its whole
     # process group (engine core, workers) before the check returned.
     assert merged["tied_to"] == os.getpid() and merged["left_running"] == []
-    assert _running_in_group(merged["pid"]) == [] and not probes.alive(merged["pid"])
+    assert running_in_group(merged["pid"]) == [] and not probes.alive(merged["pid"])
     assert state.find(merged["name"]) is None
 
 
