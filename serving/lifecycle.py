@@ -23,7 +23,7 @@ from cupid.serving.ports import port_free
 from cupid.serving.probes import alive, group_alive, healthy, ready
 from cupid.serving.profiles import Profile
 from cupid.serving.server_log import startup_failure
-from cupid.serving.state import ServerRecord, ServerStatus, find, record_path, records, servers_dir, slug
+from cupid.serving.state import ServerRecord, ServerStatus, find, record_path, records, server_dir
 from cupid.serving.vllm_args import engine_env
 
 # A headless node has no API to ask: running this long without exiting counts as started (its engines then
@@ -75,7 +75,7 @@ def up(
         update={"model": profile.model_path(), "lora_adapters": profile.adapter_paths(), "served_name": profile.served}
     )
 
-    workdir = servers_dir() / slug(name)
+    workdir = server_dir(name)
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "server.log"
     engine.prepare(profile, workdir)

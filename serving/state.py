@@ -29,6 +29,11 @@ def servers_dir() -> Path:
     return path
 
 
+def server_dir(name: str) -> Path:
+    """A server's own directory beside its record: its log (`server.log`) and what its engine prepares there."""
+    return servers_dir() / slug(name)
+
+
 def record_path(name: str) -> Path:
     return servers_dir() / f"{slug(name)}.json"
 

@@ -195,12 +195,10 @@ def local_path(source: str | Path | None) -> Path | None:
 
 def load(source: str | Path | None = None, split: str = HUB_SPLIT) -> Dataset:
     """A local file or directory if the path exists, else a Hub dataset id; default: the bundled sample."""
-    source = SAMPLE_PATH if source is None or str(source) == "sample" else source
-    path = Path(source)
-    if local_path(path) is not None:
+    if (path := local_path(source)) is not None:
         rows = _local_rows(path)
         name = str(path)
-    elif "/" in str(source) and not str(source).startswith((".", "/")) and path.suffix == "":
+    elif "/" in str(source) and not str(source).startswith((".", "/")) and Path(str(source)).suffix == "":
         rows = _hub_rows(str(source), split)
         name = f"{source}[{split}]"
     else:

@@ -1,13 +1,13 @@
-"""A task's judges on one client: the one way PrefMatcher, the TRL reward and inspect's tasks open theirs."""
+"""A task's judges on one client: the one way PrefMatcher, the TRL reward and inspect's tasks open theirs (each once
+per event loop, through `serving.client.per_loop`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from cupid.eval.benchmark.tasks import Scorer, TaskSpec
-from cupid.serving.aio import PerLoop
 from cupid.serving.cache import CacheSetting, open_cache
-from cupid.serving.client import Client, per_loop
+from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint
 
 Judging = tuple[Client, Scorer]  # a task's judges opened: the client, and the task's scorer on it
@@ -29,15 +29,3 @@ def open_judges(
         dict(endpoints), open_cache(cache), concurrency=concurrency, roles={r: r for r in endpoints} if probe else None
     )
     return client, spec.scorer(client, {role: role for role in spec.roles})
-
-
-def judges_per_loop(
-    spec: TaskSpec,
-    endpoints: Mapping[str, Endpoint],
-    cache: CacheSetting = None,
-    concurrency: int | None = None,
-    *,
-    probe: bool = False,
-) -> PerLoop[Judging]:
-    """`open_judges` once per event loop, closed with its cache on that loop (`serving.client.per_loop`)."""
-    return per_loop(lambda: open_judges(spec, endpoints, cache, concurrency, probe=probe))

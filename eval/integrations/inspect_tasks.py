@@ -27,7 +27,7 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
 from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.inference import matcher_dialect
-from cupid.eval.benchmark.judges import Judging, judges_per_loop
+from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
 from cupid.eval.benchmark.settings import SUMMARY_PROMPTS
 from cupid.eval.benchmark.stages import StageFailed
@@ -37,7 +37,7 @@ from cupid.matcher import prompts
 from cupid.serving.aio import PerLoop
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import cache_path
-from cupid.serving.client import classify
+from cupid.serving.client import classify, per_loop
 from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE
@@ -224,7 +224,7 @@ class TaskJudges:
     _opened: PerLoop[Judging] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._opened = judges_per_loop(self.spec, self.endpoints, self.cache)
+        self._opened = per_loop(lambda: open_judges(self.spec, self.endpoints, self.cache))
 
     @classmethod
     def bind(

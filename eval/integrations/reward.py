@@ -33,7 +33,7 @@ from typing import Any
 
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.history import History, plain_log
-from cupid.eval.benchmark.judges import judges_per_loop
+from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
@@ -41,7 +41,7 @@ from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import open_cache
-from cupid.serving.client import Client
+from cupid.serving.client import Client, per_loop
 from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
@@ -60,12 +60,14 @@ class Judges:
     endpoints: tuple[tuple[str, Endpoint], ...]
     cache: str | None = None
     max_concurrency: int | None = None
-    _opened: PerLoop[tuple[Client, Any]] = field(init=False, compare=False, repr=False)
+    _opened: PerLoop[Judging] = field(init=False, compare=False, repr=False)
     _memo: dict[Any, dict[Any, Any]] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        opened = judges_per_loop(TASKS[self.task], dict(self.endpoints), self.cache, self.max_concurrency)
-        object.__setattr__(self, "_opened", opened)
+        judging = per_loop(
+            lambda: open_judges(TASKS[self.task], dict(self.endpoints), self.cache, self.max_concurrency)
+        )
+        object.__setattr__(self, "_opened", judging)
         object.__setattr__(self, "_memo", {})
 
     def __getstate__(self) -> dict[str, Any]:
@@ -75,7 +77,7 @@ class Judges:
         self.__dict__.update(state)
         self.__post_init__()
 
-    async def opened(self) -> tuple[Client, Any]:
+    async def opened(self) -> Judging:
         """This event loop's client and scorer, opened on its first call."""
         return await self._opened.get()
 

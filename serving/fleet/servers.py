@@ -176,7 +176,7 @@ class Server:
                 return
             self.say(
                 f"starting {self.name} ({self.profile.model_path()}) on :{self.profile.port}; "
-                f"log: {state.record_path(self.name).with_suffix('') / 'server.log'}"
+                f"log: {state.server_dir(self.name) / 'server.log'}"
             )
             began = time.monotonic()
             self.starting = True
@@ -226,7 +226,7 @@ class Server:
                 why = f"its health check failed {HEALTH_CHECKS} times"
             else:
                 why = "its process is gone"
-            log = state.record_path(self.name).with_suffix("") / "server.log"
+            log = state.server_dir(self.name) / "server.log"
             kept = log.with_name(f"server-died-{len(self.deaths) + 1}.log")
             if log.exists():
                 log.replace(kept)  # the next start writes server.log afresh
