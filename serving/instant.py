@@ -6,7 +6,7 @@ Answers depend only on the request: the inference prompt gets a fixed preference
 splits a preference into yes/no questions, the matcher labels items by word overlap.
 
     python -m cupid.serving.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
-        [--no-preference-for REGEX]
+        [--no-preference-for REGEX] [--nonsense-for REGEX]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from cupid.matcher import prompts
 from cupid.serving.ports import free_port
 
 PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
+NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0, yet an answer
 _WORD = re.compile(r"[a-z]+")
 _STOP = {
     "the",
@@ -64,14 +65,22 @@ def label(item: str, preference: str) -> str:
     return "Fully Covered" if overlap >= 0.5 else "Partially Covered" if overlap > 0 else "Not Covered"
 
 
-def answer(messages: list[dict[str, str]], preference: str = PREFERENCE, no_preference: str | None = None) -> str:
+def answer(
+    messages: list[dict[str, str]],
+    preference: str = PREFERENCE,
+    no_preference: str | None = None,
+    nonsense: str | None = None,
+) -> str:
     """`preference`: what the candidate infers (and writes its responses by), the same for every instance.
     `no_preference`: a regex; an inference prompt it matches gets an answer that states no preference (a candidate
-    that fails on some instances)."""
+    that fails on some instances). `nonsense`: a regex; an inference prompt it matches gets `NONSENSE` as its
+    preference (a candidate that answers worse on some instances)."""
     system, user = messages[0]["content"], messages[-1]["content"]
     if system == prompts.load("inference").system:
         if no_preference is not None and re.search(no_preference, user):
             return "### Analysis\n\nThe conversations do not say what the user wants.\n"
+        if nonsense is not None and re.search(nonsense, user):
+            preference = NONSENSE
         return f"### Analysis\n\nThe user asked for short updates.\n\n### Most Likely Preference\n\n{preference}\n"
     if system == prompts.load("decomposer").system.format():
         preference = user.split("**Preferences**", 1)[1].strip()
@@ -111,7 +120,11 @@ def answer(messages: list[dict[str, str]], preference: str = PREFERENCE, no_pref
 
 
 def create_app(
-    fail_first: int = 0, context_window: int = 0, preference: str = PREFERENCE, no_preference: str | None = None
+    fail_first: int = 0,
+    context_window: int = 0,
+    preference: str = PREFERENCE,
+    no_preference: str | None = None,
+    nonsense: str | None = None,
 ) -> FastAPI:
     """`fail_first`: answer each distinct request with 503 that many times before answering it.
     `context_window`: refuse prompts longer than this many tokens (about 4 characters each) with
@@ -145,7 +158,7 @@ def create_app(
             return JSONResponse(
                 {"object": "error", "message": message, "type": "BadRequestError", "code": 400}, status_code=400
             )
-        content = answer(body["messages"], preference, no_preference)
+        content = answer(body["messages"], preference, no_preference, nonsense)
         return JSONResponse(
             {
                 "id": "instant",
@@ -188,9 +201,14 @@ def main() -> None:
     parser.add_argument(
         "--no-preference-for", default=None, help="a regex: inference prompts it matches get no preference"
     )
+    parser.add_argument(
+        "--nonsense-for",
+        default=None,
+        help="a regex: inference prompts it matches get a preference that matches nothing",
+    )
     args = parser.parse_args()
     uvicorn.run(
-        create_app(args.fail_first, args.context_window, args.preference, args.no_preference_for),
+        create_app(args.fail_first, args.context_window, args.preference, args.no_preference_for, args.nonsense_for),
         host=args.host,
         port=args.port,
         log_level="warning",

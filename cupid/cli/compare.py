@@ -6,6 +6,7 @@ import typer
 from rich.console import Console
 
 from cupid.eval.benchmark.records import RecordError
+from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare, print_comparison
 from cupid.serving.config import ConfigError
 
@@ -23,12 +24,40 @@ def main(
     headline_setting: str = typer.Option(
         HEADLINE_SETTING, "--headline-setting", help="the setting whose headline figures the gate tests"
     ),
+    margin: float = typer.Option(
+        0.0,
+        "--margin",
+        min=0.0,
+        help="the drop the gate tolerates, in each headline's shown units (micro F1 points, judge-score points): "
+        "only a drop significantly larger than it is a regression",
+    ),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="give a verdict on the units both runs ran when a task or headline units are in one run only",
+    ),
+    allow_differs: bool = typer.Option(
+        False,
+        "--allow-differs",
+        help="give a verdict when the data, a judge or a prompt differs besides the candidate",
+    ),
 ) -> None:
-    """B against A on the units both runs ran (the candidate's own failures as empty answers): each figure's
+    """B against A on the units both runs ran (the candidate's own failures as no answer): each figure's
     difference with a paired 95% interval over personas, p-values (Holm-adjusted), the power to detect a change,
-    and the units that changed most."""
+    and the units that changed most. A verdict only on the same evaluation (same tasks, units, data, judges and
+    prompts), unless accepted by name."""
+    if headline_setting not in SETTINGS:
+        raise typer.BadParameter(f"{headline_setting!r} is no setting (one of: {', '.join(SETTINGS)})",
+                                 param_hint="'--headline-setting'")  # fmt: skip
     try:
-        comparison = compare(run_a, run_b, headline_setting)
+        comparison = compare(
+            run_a,
+            run_b,
+            headline_setting,
+            margin=margin,
+            allow_partial=allow_partial,
+            allow_differs=allow_differs,
+        )
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)

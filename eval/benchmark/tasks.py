@@ -45,7 +45,8 @@ class TaskSpec:
     title: str  # what it measures, as report titles say it
     candidate_stage: str  # the stage a candidate that gave no answer failed at
     answer_stages: tuple[str, ...]  # the stages whose failure is the candidate's own (no response, nothing parsed)
-    no_answer: Callable[[UnitRecord], dict[str, Any]]  # the scoring of an empty answer: what a comparison counts
+    # the scoring of an empty answer, given the other run's record of the unit: what a comparison counts
+    no_answer: Callable[[UnitRecord, UnitRecord], dict[str, Any]]
     settings: tuple[str, ...]  # the settings it runs in (`settings.SETTINGS`'s order)
     messages: Callable[[str, Instance, str], list[dict[str, str]]]  # the candidate's prompt: (log, instance, setting)
     # what a constrained candidate is held to; None: free text
@@ -88,23 +89,28 @@ class TaskSpec:
         """The unit failed because of the candidate (no response, no preference in its answer), not of a judge."""
         return not record.scored and record.error is not None and record.error.stage in self.answer_stages
 
-    def for_verdict(self, record: UnitRecord) -> UnitRecord | None:
-        """The unit as a comparison counts it: scored as it is; the candidate's own failure scored as an empty
-        answer (`no_answer`, its error kept); None where a judge failed (nothing to say of the candidate)."""
+    def for_verdict(self, record: UnitRecord, other: UnitRecord) -> UnitRecord | None:
+        """The unit as a comparison with `other` (the other run's record of it) counts it: scored as it is; the
+        candidate's own failure scored as no answer (`no_answer`, its error kept), which no figure can gain from;
+        None where a judge failed (nothing to say of the candidate)."""
         if record.scored:
             return record
         if self.candidate_failed(record):
-            return record.model_copy(update={**self.no_answer(record), "status": "scored"})
+            return record.model_copy(update={**self.no_answer(record, other), "status": "scored"})
         return None
 
 
 NO_CREDIT = 1  # the judge scale's lowest score ("Unacceptable"): generation's credit for no answer
 
 
-def _empty_inference(record: UnitRecord) -> dict[str, Any]:
-    """Nothing inferred: every ground-truth item missed, no item predicted (the counts the reference gives a
-    preference whose checklist came back empty): recall and F1 0, micro precision untouched."""
-    counts = MatchCounts(0.0, 0, 0.0, len(record.gt_checklist or []))
+def _no_inference(record: UnitRecord, other: UnitRecord) -> dict[str, Any]:
+    """No answer, scored so that it cannot raise a figure: every ground-truth item missed, and as many items
+    predicted as the other run's answer predicted (at least one), none matched. Counted as predicting nothing, a
+    failure would leave micro precision's denominator: a candidate that stopped answering where it answered worst
+    would gain micro precision and F1. Against the other run's answer on the same unit, matched mass can only fall
+    and predicted items only rise, so micro P, R and F1 cannot rise, and a unit's own F1 is 0."""
+    predicted = max(other.counts.n_predicted if other.scored and other.counts else 0, 1)
+    counts = MatchCounts(0.0, predicted, 0.0, len(record.gt_checklist or []))
     return {"counts": counts, "scores": counts.prf()}
 
 
@@ -117,7 +123,7 @@ INFERENCE = TaskSpec(
     title="Inference: preference match",
     candidate_stage="infer",
     answer_stages=("infer", "parse_preference"),
-    no_answer=_empty_inference,
+    no_answer=_no_inference,
     settings=("standard", "oracle", "summary"),  # its answer is the preference: oracle-preference would give it away
     messages=inference.candidate_messages,
     answer_format=schemas.inference_answer,
@@ -141,7 +147,7 @@ GENERATION = TaskSpec(
     title="Generation: judge score",
     candidate_stage="generate",
     answer_stages=("generate",),
-    no_answer=lambda record: {"score": NO_CREDIT},
+    no_answer=lambda record, other: {"score": NO_CREDIT},
     settings=SETTINGS,
     messages=generation.candidate_messages,
     answer_format=None,  # generation answers are free text: nothing to constrain

@@ -7,17 +7,25 @@ the drawn personas' units), so a difference is exactly B - A of the figures on t
 
 A run's own figures leave failed units out (the reference's figures); a comparison cannot, or a candidate that
 stops answering would pass. The candidate's own failures (no response, no preference in its answer) are scored
-as an empty answer (`TaskSpec.no_answer`: inference infers nothing, so every checklist item is missed; generation
-gets the judge's lowest score, 1). A unit a judge failed on in either run says nothing of the candidate: it is
+as no answer, in a way no figure can gain from (`TaskSpec.no_answer`: inference misses every checklist item and
+predicts as many items as the other run's answer did, none matched; generation gets the judge's lowest score, 1).
+Beyond that, a candidate that leaves more than `MAX_MORE_UNANSWERED` more of a task's headline units unanswered
+than A is a regression of its own. A unit a judge failed on in either run says nothing of the candidate: it is
 left out and counted, and beyond `MAX_LEFT_OUT` of a task's headline units the comparison has no verdict.
 
+A verdict is given only on the same evaluation: runs with records, the same tasks, the same headline units, and
+the same data, judges and prompts (`differences`). Anything else has no verdict and says why, unless accepted by
+name (`allow_partial`: the verdict covers the units both ran; `allow_differs`: the difference is not the
+candidate's alone); what was accepted is stated with the verdict.
+
 One test per task decides REGRESSION: the task's first headline figure (inference: micro F1; generation: the
-mean judge score) in the headline setting (standard, unless named) over all instance types, its p-values
-adjusted by Holm across the tasks, flagged when the difference is negative at p_holm < 1 - confidence with at
-least `MIN_PERSONAS` personas. Where a task's headline cannot be tested (too few personas, the setting missing
-from a run, judges failing beyond the threshold) the comparison says why and has no verdict: a gate on it fails
-closed (`EXIT_NO_VERDICT`). Every other row's `p_holm` is adjusted by Holm across those rows. `detectable` is the
-smallest difference the row's test finds at 80% power: a "no significant change" is read beside it.
+mean judge score) in the headline setting (standard, unless named) over all instance types, by the studentized
+bootstrap (`stats.paired(studentized=True)`), against a drop of `margin` (0: any drop), its p-values adjusted by
+Holm across the tasks, flagged when the difference is below -margin at p_holm < 1 - confidence with at least
+`GATE_PERSONAS` personas. Where a task's headline cannot be tested (too few personas, the setting missing from a
+run, judges failing beyond the threshold) the comparison says why and has no verdict: a gate on it fails closed
+(`EXIT_NO_VERDICT`). Every other row's `p_holm` is adjusted by Holm across those rows. `detectable` is the
+smallest difference the row's test finds at 80% power in its family: a "no significant change" is read beside it.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from cupid.eval.benchmark.grid import cell_name, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.settings import SETTINGS
-from cupid.eval.benchmark.stats import CONFIDENCE, MIN_PERSONAS, Difference, holm
+from cupid.eval.benchmark.stats import CONFIDENCE, GATE_CONFIDENCE, GATE_PERSONAS, MIN_PERSONAS, Difference, holm
 from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 from cupid.eval.results.view import default_out
 
@@ -47,8 +55,13 @@ HEADLINE_SETTING = "standard"
 EXIT_REGRESSION = 2
 EXIT_NO_VERDICT = 3
 MAX_LEFT_OUT = 0.02  # of a task's headline units, a judge may fail on this share before there is no verdict
+MAX_MORE_UNANSWERED = 0.01  # of a task's headline units, B may leave this share more unanswered than A (one timeout
+# in a full run's 252 passes; three do not)
 N_LARGEST = 10
-NO_ANSWER = "an empty answer (inference: nothing inferred, every checklist item missed; generation: score 1)"
+NO_ANSWER = (
+    "no answer (inference: every checklist item missed, as many items predicted as the other run's answer, none "
+    "matched; generation: score 1)"
+)
 
 
 class Row(Difference):
@@ -63,13 +76,14 @@ class Row(Difference):
 
     @property
     def regression(self) -> bool:
-        """A headline figure that dropped significantly (Holm across the headline tests)."""
+        """A headline figure that dropped significantly by more than the margin (`null` is -margin; Holm across the
+        headline tests), on enough personas for a verdict."""
         return (
             self.headline
-            and self.resolved
-            and self.difference < 0
+            and self.gated
+            and self.difference < self.null
             and self.p_holm is not None
-            and self.p_holm < 1 - CONFIDENCE
+            and self.p_holm < 1 - GATE_CONFIDENCE
         )
 
     @property
@@ -104,11 +118,15 @@ class Comparison(BaseModel):
     left_out: dict[str, int] = Field(default_factory=dict)  # `<task>/<setting>`: units a judge failed on, in either run
     personas: int  # of the compared units
     headline_setting: str = HEADLINE_SETTING
+    margin: float = 0.0  # the drop the gate tolerates, in each headline's shown units (F1 points, judge points)
     differs: list[str] = Field(
         default_factory=list
     )  # what differs besides the candidate: the difference is not its alone
+    partial: list[str] = Field(default_factory=list)  # tasks or headline units one run has and the other lacks
+    accepted: list[str] = Field(default_factory=list)  # what `allow_partial` / `allow_differs` let through
+    unanswered: list[str] = Field(default_factory=list)  # tasks where B left too many more units unanswered
     rows: list[Row] = Field(default_factory=list)
-    no_verdict: list[str] = Field(default_factory=list)  # why a headline could not be tested
+    no_verdict: list[str] = Field(default_factory=list)  # why there is no verdict
     per_unit: dict[str, dict[str, int]] = Field(default_factory=dict)  # task -> better / worse / tied units
     units: list[UnitChange] = Field(default_factory=list)  # each task's largest changes
     view: str = ""  # the command that writes the page `units` point into
@@ -118,9 +136,14 @@ class Comparison(BaseModel):
         return [row for row in self.rows if row.regression]
 
     @property
+    def regressed(self) -> bool:
+        """A headline figure dropped, or the candidate left too many more units unanswered."""
+        return bool(self.regressions or self.unanswered)
+
+    @property
     def exit_code(self) -> int:
         """What `--fail-if-regression` exits with: a regression, else no verdict, else 0."""
-        return EXIT_REGRESSION if self.regressions else EXIT_NO_VERDICT if self.no_verdict else 0
+        return EXIT_REGRESSION if self.regressed else EXIT_NO_VERDICT if self.no_verdict else 0
 
     def headline(self, task: str) -> Row | None:
         return next((row for row in self.rows if row.headline and row.task == task), None)
@@ -149,14 +172,27 @@ def task_rows(
     a: np.ndarray,
     b: np.ndarray,
     headline: bool = False,
+    margin: float = 0.0,
 ) -> list[Row]:
     """B - A of a task's figures in one setting, over all units and by instance type: row i of `a` and `b` holds
-    one unit's columns (`TaskSpec.columns`) in each run. `headline`: this is the task's headline setting."""
+    one unit's columns (`TaskSpec.columns`) in each run. `headline`: this is the task's headline setting, whose
+    headline figure gets the gate's test (the studentized bootstrap, against a drop of `margin` in shown units)."""
     rows = []
     names, types = np.asarray(personas), np.asarray(instance_types)
     for group in (None, *INSTANCE_TYPES):
         chosen = np.ones(len(names), dtype=bool) if group is None else types == group
-        for metric, d in stats.paired(names[chosen], a[chosen], b[chosen], spec.statistic).items():
+        differences = stats.paired(names[chosen], a[chosen], b[chosen], spec.statistic)
+        if headline and group is None and differences:
+            differences |= stats.paired(
+                personas,
+                a,
+                b,
+                stats.only(spec.statistic, spec.headline[0]),
+                studentized=True,
+                null=-margin / spec.scale,
+                confidence=GATE_CONFIDENCE,
+            )
+        for metric, d in differences.items():
             rows.append(
                 Row(
                     task=spec.name,
@@ -170,20 +206,21 @@ def task_rows(
     return rows
 
 
-def holm_family(rows: list[Row], sized_detectable: bool = True) -> None:
-    """Holm across the rows that have a p-value (one family): each one's `p_holm`, and, with `sized_detectable`, its
-    `detectable` for a family of that size."""
+def holm_family(rows: list[Row]) -> None:
+    """Holm across the rows that have a p-value (one family): each one's `p_holm`, and its `detectable` for a family
+    of that size at its test's level (the gate's, for a studentized headline)."""
     tested = [(row, row.p_value) for row in rows if row.p_value is not None]
     for (row, _), p in zip(tested, holm([p for _, p in tested])):
         row.p_holm = p
-        if sized_detectable:
-            row.detectable = stats.detectable(row.se, len(tested))
+        level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
+        row.detectable = stats.detectable(row.se, row.personas, len(tested), level)
 
 
 def adjust(rows: list[Row]) -> None:
-    """Holm across the headline tests, and apart across every other row; each row's `detectable` for its family."""
-    holm_family([r for r in rows if r.headline])
-    holm_family([r for r in rows if not r.headline])
+    """Holm across the headline tests the gate decides on, and apart across every other row; each row's
+    `detectable` for its family."""
+    holm_family([r for r in rows if r.headline and r.gated])
+    holm_family([r for r in rows if not (r.headline and r.gated)])
 
 
 def _columns(
@@ -200,8 +237,18 @@ def _columns(
     )
 
 
-def compare_runs(a: Run, b: Run, headline_setting: str = HEADLINE_SETTING) -> Comparison:
-    """B against A (runs read back with `RunDir.load`); `headline_setting`: where each task's headline is tested."""
+def compare_runs(
+    a: Run,
+    b: Run,
+    headline_setting: str = HEADLINE_SETTING,
+    *,
+    margin: float = 0.0,
+    allow_partial: bool = False,
+    allow_differs: bool = False,
+) -> Comparison:
+    """B against A (runs read back with `RunDir.load`); `headline_setting`: where each task's headline is tested;
+    `margin`: the drop the gate tolerates (each headline's shown units); `allow_partial`, `allow_differs`: accept a
+    comparison that is not the same evaluation (see the module's docstring)."""
     records_a, records_b = {r.unit: r for r in a.records}, {r.unit: r for r in b.records}
     common = [u for u in records_a if u in records_b and u[1] in TASKS]
     failed: Counter[str] = Counter()
@@ -214,29 +261,44 @@ def compare_runs(a: Run, b: Run, headline_setting: str = HEADLINE_SETTING) -> Co
         if scored != (True, True):
             failed[{(False, False): "both", (False, True): "a_only", (True, False): "b_only"}[scored]] += 1
         spec = TASKS[x.task]
-        vx, vy = spec.for_verdict(x), spec.for_verdict(y)
+        vx, vy = spec.for_verdict(x, y), spec.for_verdict(y, x)
         if vx is None or vy is None:
             left_out[cell_name(x.task, x.setting, None)] += 1
             continue
         no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
-        pairs.append((vx, vy))
+        pairs.append((vx, vy, (x.scored, y.scored)))
     rows: list[Row] = []
-    no_verdict: list[str] = []
+    no_verdict, partial, unanswered = _empty(a, b, headline_setting), [], []
     for spec in TASKS.values():
         ran = {
             side: {r.setting for r in records.values() if r.task == spec.name}
             for side, records in (("a", records_a), ("b", records_b))
         }
         if not (ran["a"] and ran["b"]):
-            continue  # a task only one run ran is not compared
-        in_task = [(x, y) for x, y in pairs if x.task == spec.name]
+            if ran["a"] or ran["b"]:
+                partial.append(f"task {spec.name} is in run {'A' if ran['a'] else 'B'} only")
+            continue
+        partial += _missing_units(spec.name, headline_setting, records_a, records_b)
+        in_task = [(x, y, s) for x, y, s in pairs if x.task == spec.name]
         for setting in SETTINGS:
-            if chosen := [(x, y) for x, y in in_task if x.setting == setting]:
-                rows += task_rows(spec, setting, *_columns(spec, chosen), headline=setting == headline_setting)
+            if chosen := [(x, y) for x, y, _ in in_task if x.setting == setting]:
+                rows += task_rows(
+                    spec, setting, *_columns(spec, chosen), headline=setting == headline_setting, margin=margin
+                )
         no_verdict += _untestable(spec, headline_setting, ran, rows, common, left_out)
+        unanswered += _more_unanswered(spec.name, [s for x, _, s in in_task if x.setting == headline_setting])
     adjust(rows)
+    differs, accepted = differences(a, b), []
+    for allowed, option, reasons in (
+        (allow_partial, "allow_partial", partial),
+        (allow_differs, "allow_differs", [f"differs: {line}" for line in differs]),
+    ):
+        if reasons and allowed:
+            accepted += [f"{reason} (accepted: {option})" for reason in reasons]
+        elif reasons:
+            no_verdict += [f"not the same evaluation: {reason} ({option} accepts it)" for reason in reasons]
     paths = [str(a.path), str(b.path)]
-    per_unit, units = _unit_changes(pairs, default_out(paths) / "view.html")
+    per_unit, units = _unit_changes([(x, y) for x, y, _ in pairs], default_out(paths) / "view.html")
     return Comparison(
         a=str(a.path),
         b=str(b.path),
@@ -246,15 +308,54 @@ def compare_runs(a: Run, b: Run, headline_setting: str = HEADLINE_SETTING) -> Co
         failed=dict(failed),
         no_answer=dict(no_answer),
         left_out=dict(left_out),
-        personas=len({x.persona_id for x, _ in pairs}),
+        personas=len({x.persona_id for x, _, _ in pairs}),
         headline_setting=headline_setting,
-        differs=differences(a, b),
+        margin=margin,
+        differs=differs,
+        partial=partial,
+        accepted=accepted,
+        unanswered=unanswered,
         rows=rows,
         no_verdict=no_verdict,
         per_unit=per_unit,
         units=units,
         view="cupid view " + " ".join(paths),
     )
+
+
+def _empty(a: Run, b: Run, setting: str) -> list[str]:
+    """A run with nothing to judge: no verdict, whatever is accepted."""
+    for side, run in (("A", a), ("B", b)):
+        if not run.records:
+            return [f"run {side} has no records (cut short before its first unit?): nothing to compare"]
+        if not any(r.setting == setting and r.task in TASKS for r in run.records):
+            return [f"run {side} has no unit in the headline setting {setting!r}: nothing to compare"]
+    return []
+
+
+def _missing_units(
+    task: str,
+    setting: str,
+    records_a: dict[tuple[str, str, str], UnitRecord],
+    records_b: dict[tuple[str, str, str], UnitRecord],
+) -> list[str]:
+    """The task's headline units one run has and the other lacks (a subset of personas, `--limit`, other data)."""
+    out = []
+    for side, mine, theirs in (("A", records_a, records_b), ("B", records_b, records_a)):
+        headline = [u for u in mine if u[1:] == (task, setting)]
+        if missing := sum(u not in theirs for u in headline):
+            other = "B" if side == "A" else "A"
+            out.append(f"{task}/{setting}: {missing} of run {side}'s {len(headline)} units are not in run {other}")
+    return out
+
+
+def _more_unanswered(task: str, scored: list[tuple[bool, bool]]) -> list[str]:
+    """B left more than `MAX_MORE_UNANSWERED` more of the task's compared headline units unanswered than A."""
+    a, b = sum(not x for x, _ in scored), sum(not y for _, y in scored)
+    if scored and (b - a) / len(scored) > MAX_MORE_UNANSWERED:
+        more = f"more than {MAX_MORE_UNANSWERED:.0%} more"
+        return [f"{task}: B left {b} of {len(scored)} headline units unanswered, A {a} ({more})"]
+    return []
 
 
 def _untestable(
@@ -277,8 +378,8 @@ def _untestable(
     row = next((r for r in rows if r.headline and r.task == spec.name), None)
     if row is None:
         return [f"{spec.name}/{setting}: no unit compared"]
-    if not row.resolved:
-        return [f"{spec.name}/{setting}: {row.personas} personas compared, fewer than {MIN_PERSONAS}"]
+    if not row.gated:
+        return [f"{spec.name}/{setting}: {row.personas} personas compared, fewer than {GATE_PERSONAS} for a verdict"]
     return []
 
 
@@ -320,9 +421,24 @@ def _unit_changes(
     return per_unit, units
 
 
-def compare(a: str | Path, b: str | Path, headline_setting: str = HEADLINE_SETTING) -> Comparison:
-    """B against A, from their run directories."""
-    return compare_runs(RunDir(a).load(), RunDir(b).load(), headline_setting)
+def compare(
+    a: str | Path,
+    b: str | Path,
+    headline_setting: str = HEADLINE_SETTING,
+    *,
+    margin: float = 0.0,
+    allow_partial: bool = False,
+    allow_differs: bool = False,
+) -> Comparison:
+    """B against A, from their run directories (`compare_runs` says what each option accepts)."""
+    return compare_runs(
+        RunDir(a).load(),
+        RunDir(b).load(),
+        headline_setting,
+        margin=margin,
+        allow_partial=allow_partial,
+        allow_differs=allow_differs,
+    )
 
 
 # ---------------------------------------------------------------- the table
@@ -364,13 +480,16 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
             f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone",
             highlight=False,
         )
+    for line in c.partial:
+        console.print(f"[yellow]not in both runs[/yellow] {line}", highlight=False)
     if c.personas < MIN_PERSONAS:
         console.print(
             f"{c.personas} personas (<{MIN_PERSONAS}): no intervals or p-values, only the differences.",
             highlight=False,
         )
     table = Table(
-        title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION)"
+        title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION: "
+        f"its {GATE_CONFIDENCE:.1%} studentized bootstrap interval)"
     )
     for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
         table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
@@ -405,16 +524,18 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
 
 
 def verdict_text(c: Comparison) -> str:
-    """What the gate decided, what it tested, and what it could not see."""
-    headlines = [r for r in c.rows if r.headline and r.resolved]
-    if c.regressions:
-        drops = ", ".join(
+    """What the gate decided, what it tested, what it accepted, and what it could not see."""
+    headlines = [r for r in c.rows if r.headline and r.gated]
+    accepted = f"; accepted: {'; '.join(c.accepted)}" if c.accepted else ""
+    if c.regressed:
+        drops = [
             f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
-        )
-        return f"REGRESSION: {drops}"
+        ]
+        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}"
+    margin = f"a drop beyond the margin {c.margin:g}" if c.margin else "a drop"
     tested = (
-        f"{', '.join(r.name for r in headlines)}: two-sided at level {1 - CONFIDENCE:.2f}, Holm across "
-        f"{len(headlines)} test(s), {c.personas} personas"
+        f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "
+        f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
     )
     if c.no_verdict:
         return (
@@ -423,6 +544,8 @@ def verdict_text(c: Comparison) -> str:
             + (f" (tested: {tested}, no significant drop)" if headlines else "")
         )
     resolution = [f"{r.name} {_fmt(r.detectable, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None]
-    return f"No significant drop in a headline figure (*) ({tested})" + (
-        f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else ""
+    return (
+        f"No significant drop in a headline figure (*) ({tested})"
+        + (f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else "")
+        + accepted
     )

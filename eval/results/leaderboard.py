@@ -44,10 +44,14 @@ class Entry(BaseModel):
     change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since last night
     regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since last night
     setup_changed: list[str] = Field(default_factory=list)  # what changed besides the candidate: not comparable
+    no_verdict: list[str] = Field(default_factory=list)  # why the change since last night has no verdict
+    unanswered: list[str] = Field(default_factory=list)  # too many more units left unanswered: a regression
     baseline: str | None = None  # the night whose run is the candidate's fixed baseline
     baseline_set: str | None = None  # why tonight's run became the baseline (first night, setup changed)
     baseline_change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since the baseline
     baseline_regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since the baseline
+    baseline_no_verdict: list[str] = Field(default_factory=list)  # why the change since the baseline has no verdict
+    baseline_pending: str | None = Field(default=None, exclude=True)  # why tonight would become the baseline, if not flagged
 
     def estimate(self, metric: str) -> float | None:
         return interval.estimate if (interval := self.metrics.get(metric)) is not None else None
@@ -69,6 +73,7 @@ class Leaderboard(BaseModel):
     models: list[Entry] = Field(default_factory=list)
     regressions: list[str] = Field(default_factory=list)
     with_failures: list[str] = Field(default_factory=list)
+    no_verdict: list[str] = Field(default_factory=list)  # candidates a comparison of tonight gave no verdict
     exit_code: int = 0
     report: str | None = None
 
@@ -89,8 +94,10 @@ def flag(entry: Entry) -> str:
     """A candidate's leaderboard flag in one word or two (a tracker's tag): DID NOT RUN, REGRESSION, FAILURES or ok."""
     if entry.status == "error":
         return "DID NOT RUN"
-    if entry.regressions or entry.baseline_regressions:
+    if entry.regressions or entry.baseline_regressions or entry.unanswered:
         return "REGRESSION"
+    if entry.no_verdict or entry.baseline_no_verdict:
+        return "NO VERDICT"
     return "FAILURES" if entry.n_failed else "ok"
 
 
@@ -100,6 +107,12 @@ def flags_text(entry: Entry) -> str:
         flags.append("**REGRESSION** " + ", ".join(entry.regressions))
     if entry.baseline_regressions:
         flags.append(f"**REGRESSION** since the baseline ({entry.baseline}) " + ", ".join(entry.baseline_regressions))
+    if entry.unanswered:
+        flags.append("**REGRESSION** " + "; ".join(entry.unanswered))
+    if entry.no_verdict:
+        flags.append("**NO VERDICT** since last night: " + "; ".join(entry.no_verdict))
+    if entry.baseline_no_verdict:
+        flags.append("**NO VERDICT** since the baseline: " + "; ".join(entry.baseline_no_verdict))
     if entry.status == "error":
         flags.append(f"**DID NOT RUN**: {entry.error}")
     elif entry.n_failed:

@@ -53,7 +53,7 @@ from cupid.serving.fleet.run_servers import RunServers, plan_servers
 from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.server_log import failure_line
 
-EXIT_FAILURES, EXIT_REGRESSION = 1, 2
+EXIT_FAILURES, EXIT_REGRESSION, EXIT_NO_VERDICT = 1, 2, 4  # bits: a night's code is their sum
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -87,6 +87,11 @@ class NightlyConfig(BaseModel):
         "besides the previous one; default: each candidate's first night (set again when its setup changes)",
     )
     headline_setting: str = Field(HEADLINE_SETTING, description="the setting whose headline figures are tested")
+    margin: float = Field(
+        0.0,
+        ge=0,
+        description="the drop a headline may show before it is a regression, in its shown units (as --margin)",
+    )
 
     def names(self) -> list[str]:
         return [m.name if isinstance(m, ServedModel) else m for m in self.models]
@@ -159,17 +164,24 @@ def _ran(night_dir: Path) -> bool:
         return False
 
 
-def _comparison(before: str | None, after: str | None, headline_setting: str) -> Comparison | None:
+def _comparison(before: str | None, after: str | None, headline_setting: str, margin: float) -> Comparison | None:
     """Two runs of a candidate compared, where both have records."""
     if not (
         before and after and (Path(before) / "instances.jsonl").exists() and (Path(after) / "instances.jsonl").exists()
     ):
         return None
-    return compare_runs(RunDir(before).load(), RunDir(after).load(), headline_setting)
+    return compare_runs(RunDir(before).load(), RunDir(after).load(), headline_setting, margin=margin)
 
 
 def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
     return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
+
+
+def baseline_of(fixed: str | None, before: Entry | None) -> str | None:
+    """The night a candidate is compared with besides the previous one: the one it records (its first night, or
+    the night its setup last changed), unless `baseline:` names a later one."""
+    recorded = before.baseline if before else None
+    return fixed if fixed and (recorded is None or recorded < fixed) else recorded
 
 
 def compare(
@@ -179,56 +191,69 @@ def compare(
     night: str,
     root: Path,
     headline_setting: str = HEADLINE_SETTING,
-    fixed: bool = False,
     last_night: str | None = None,
+    margin: float = 0.0,
 ) -> None:
     """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
-    since its baseline night's, paired on the units both scored; what changed besides the candidate. Regressions are
-    decided for the whole night (`flag_regressions`). `fixed`: the baseline is the config's, never set again."""
+    since its baseline night's, paired on the units both scored; what changed besides the candidate, and why a
+    comparison has no verdict. Regressions, and whether tonight becomes the baseline (`baseline_pending`), are
+    decided for the whole night (`flag_regressions`)."""
     entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
     entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
+    entry.no_verdict, entry.baseline_no_verdict, entry.unanswered, entry.baseline_pending = [], [], [], None
     if before is not None:
         entry.previous = before.metrics
-        if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting):
+        if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting, margin):
             entry.change = _changes(entry, comparison)
             entry.setup_changed = comparison.differs
-    if baseline is None:
-        entry.baseline, entry.baseline_set = night, "the candidate's first night"
+            entry.no_verdict = comparison.no_verdict
+            entry.unanswered += [f"since {last_night}: {why}" for why in comparison.unanswered]
+    if baseline is None or before is None:
+        entry.baseline, entry.baseline_pending = baseline, "the candidate's first night"
         return
-    if baseline == night or (before is not None and baseline == last_night):
+    if baseline == night or baseline == last_night:
         return  # the baseline is tonight, or last night: one comparison serves both
-    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting)
-    if comparison is not None and not comparison.differs:
-        entry.baseline_change = _changes(entry, comparison)
-        return
-    why = (
-        f"its setup changed since {baseline}: " + "; ".join(comparison.differs)
-        if comparison
-        else f"no run of {baseline}"
-    )
-    if fixed:
-        entry.setup_changed = [*entry.setup_changed, f"not comparable with the baseline ({why})"]
+    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting, margin)
+    if comparison is None:
+        entry.baseline_no_verdict = [f"no run of {baseline}"]
+        entry.baseline_pending = f"no run of {baseline}"
+    elif comparison.differs:
+        entry.baseline_no_verdict = [f"its setup changed since {baseline}"]
+        entry.baseline_pending = f"its setup changed since {baseline}: " + "; ".join(comparison.differs)
     else:
-        entry.baseline, entry.baseline_set = night, why
+        entry.baseline_change = _changes(entry, comparison)
+        entry.baseline_no_verdict = comparison.no_verdict
+        entry.unanswered += [f"since the baseline ({baseline}): {why}" for why in comparison.unanswered]
 
 
-def flag_regressions(entries: list[Entry]) -> None:
+def flag_regressions(entries: list[Entry], night: str) -> None:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
-    its baseline, one Holm family (the night's false alarms stay under 1 - confidence whatever its size)."""
+    its baseline where that comparison has a verdict, one Holm family (the night's false alarms stay under
+    1 - confidence whatever its size). Then tonight becomes the baseline of each candidate that asked for one
+    (`baseline_pending`) and was not flagged."""
     tests = [
         (entry, side, row)
         for entry in entries
-        for side, changes in (
-            ("previous", {} if entry.setup_changed else entry.change),
-            ("baseline", entry.baseline_change),
+        for side, changes, no_verdict in (
+            ("previous", entry.change, entry.no_verdict),
+            ("baseline", entry.baseline_change, entry.baseline_no_verdict),
         )
+        if not no_verdict
         for row in changes.values()
-        if row.headline and row.resolved
+        if row.headline and row.gated
     ]
-    holm_family([row for _, _, row in tests], sized_detectable=False)
+    holm_family([row for _, _, row in tests])
     for entry, side, row in tests:
         if row.regression:
             (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
+    for entry in entries:
+        if entry.baseline_pending is None:
+            continue
+        if entry.regressions or entry.baseline_regressions or entry.unanswered:
+            entry.baseline_no_verdict.append("tonight was flagged: it does not become the baseline")
+        else:
+            entry.baseline, entry.baseline_set = night, entry.baseline_pending
+        entry.baseline_pending = None
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
@@ -440,13 +465,13 @@ def _run_night(
 
     for entry in entries:
         before = previous.get(entry.model)
-        baseline = cfg.baseline or (before.baseline if before else None)
+        baseline = baseline_of(cfg.baseline, before)
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             entry.baseline = baseline
             continue
-        compare(entry, before, baseline, night, root, cfg.headline_setting, fixed=cfg.baseline is not None,
-                last_night=prev_dir.name if prev_dir else None)  # fmt: skip
-    flag_regressions(entries)
+        compare(entry, before, baseline, night, root, cfg.headline_setting,
+                last_night=prev_dir.name if prev_dir else None, margin=cfg.margin)  # fmt: skip
+    flag_regressions(entries, night)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
     if cfg.report:
@@ -463,9 +488,12 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
     entries.sort(
         key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
     )  # 0.0 ranks above no figure
-    regressions = [f"{e.model}: {m}" for e in entries for m in e.regressions] + [
-        f"{e.model}: {m} since the baseline ({e.baseline})" for e in entries for m in e.baseline_regressions
-    ]
+    regressions = (
+        [f"{e.model}: {m}" for e in entries for m in e.regressions]
+        + [f"{e.model}: {m} since the baseline ({e.baseline})" for e in entries for m in e.baseline_regressions]
+        + [f"{e.model}: {why}" for e in entries for why in e.unanswered]
+    )
+    no_verdict = [e.model for e in entries if e.no_verdict or e.baseline_no_verdict]
     with_failures = [e.model for e in entries if e.status != "ok"]
     servers = run_servers.servers if run_servers else []
     return Leaderboard(
@@ -481,7 +509,10 @@ def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str 
         models=entries,
         regressions=regressions,
         with_failures=with_failures,
-        exit_code=(EXIT_FAILURES if with_failures or error else 0) | (EXIT_REGRESSION if regressions else 0),
+        no_verdict=no_verdict,
+        exit_code=(EXIT_FAILURES if with_failures or error else 0)
+        | (EXIT_REGRESSION if regressions else 0)
+        | (EXIT_NO_VERDICT if no_verdict else 0),
     )
 
 
@@ -571,8 +602,8 @@ def leaderboard_markdown(board: Leaderboard) -> str:
             f"{requests.failed} failed; servers started: {started}."
         ),
         (
-            f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures; "
-            f"exit {board.exit_code}."
+            f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures, "
+            f"{len(board.no_verdict)} with no verdict; exit {board.exit_code}."
         ),
     ]
     for name, deaths in board.servers_stopped_answering.items():

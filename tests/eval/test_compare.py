@@ -2,6 +2,7 @@
 the instant server's, scored by the same judges, then a run whose decomposer changed."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -12,7 +13,7 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.matcher.scores import MatchCounts, macro, micro
-from tests.conftest import write_endpoints
+from tests.conftest import sample_copies, write_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -113,134 +114,243 @@ def test_a_changed_judge_is_named_and_the_same_answers_differ_by_nothing(runs):
     # The sample's 4 personas are too few to test: no verdict, which a gate does not pass.
     gated = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"]), "--fail-if-regression"])
     assert gated.exit_code == 3, gated.output
-    assert "NO VERDICT: inference/standard: 4 personas compared, fewer than 10" in " ".join(gated.output.split())
+    assert "NO VERDICT: inference/standard: 4 personas compared, fewer than 80 for a verdict" in " ".join(
+        gated.output.split()
+    )
     missing = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"] / "nowhere")])
     assert missing.exit_code == 1 and "nowhere: no such run directory" in missing.output
 
 
-# ---------------------------------------------------------------- the gate, on a candidate that fails
+# ---------------------------------------------------------------- the gate, on real runs of both tasks
 
-COPIES = 15  # the sample's 4 personas 15 times: 60 personas, 180 inference units in the standard setting
-FIFTH = r"\(case sample-\d+-(0|5|10)\)"  # 3 copies of 4 personas: 12 of 60
+COPIES = 27  # the sample's 4 personas 27 times: 108 personas, 324 units per task in the standard setting; its first
+# 20 copies' 240 instances hold GATE_PERSONAS (80)
+UNITS = 3 * 4 * COPIES
+FIFTH = r"\(case sample-\d+-(0|5|10|15|20|25)\)"  # 6 copies of 4 personas: 24 of 108
+SOME = r"\(case sample-\d+-(0|1|2|3)\)"  # 4 copies of 4 personas: 16 of 108 answer a preference that matches nothing
+
+
+def instant_with(*args):
+    from cupid.serving.instant import start as start_instant
+
+    return start_instant(*args)
 
 
 @pytest.fixture(scope="module")
 def gate_runs(tmp_path_factory, instant_url):
-    """Runs of one candidate (the instant server) on 60 personas: A; A again under another name (the same answers);
-    B that states no preference at all; B that states none for a fifth of the personas (the rest A's answers);
-    and A in the oracle setting only."""
-    from cupid.serving.instant import start as start_instant
-    from tests.conftest import sample_copies
-
+    """Runs of one candidate (the instant server) on 108 personas, both tasks, standard setting: A; A again under
+    another name (the same answers); B that states no preference at all; B that states none for a fifth of the
+    personas; B that states none for the personas where every answer of A matched nothing (recall 0); B that answers
+    worse for 16 personas; A in the oracle setting only; A on inference only; A on the first 240 instances (80
+    personas); A scored by another decomposer; and A cut short before its first record."""
     home = tmp_path_factory.mktemp("gate")
-    broken = {name: start_instant("--no-preference-for", regex) for name, regex in (("all", "."), ("fifth", FIFTH))}
-    endpoints = write_endpoints(
-        home / "endpoints.yaml",
-        instant={"base_url": instant_url, "model": "instant"},
-        again={"base_url": instant_url, "model": "instant-again"},
-        pm={"base_url": instant_url, "model": "local-prefmatcher"},
-        **{f"fails-{name}": {"base_url": url, "model": f"fails-{name}"} for name, (_, url) in broken.items()},
-    )
+    data = sample_copies(home / "personas.jsonl", COPIES, marked=True)
     common = {
-        "endpoints": str(endpoints),
-        "data": str(sample_copies(home / "personas.jsonl", COPIES, marked=True)),
+        "data": str(data),
         "decomposer": "instant",
         "matcher": "pm",
-        "tasks": ["inference"],
+        "judge": "instant",
+        "tasks": ["inference", "generation"],
+        "settings": ["standard"],
         "cache": str(home / "cache.sqlite"),
     }
+    servers = {}
     made = {}
+
+    def endpoints():
+        return write_endpoints(
+            home / "endpoints.yaml",
+            instant={"base_url": instant_url, "model": "instant"},
+            again={"base_url": instant_url, "model": "instant-again"},
+            pm={"base_url": instant_url, "model": "local-prefmatcher"},
+            **{name: {"base_url": url, "model": name} for name, (_, url) in servers.items()},
+        )
+
+    def make(name, candidate, **extra):
+        run(RunConfig(**{**common, **extra}, endpoints=str(endpoints()), candidate=candidate, out=str(home / name)))
+        made[name] = home / name
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(home / "state"))
-        for name, candidate, settings in (
-            ("a", "instant", ["standard"]),
-            ("again", "again", ["standard"]),
-            ("all", "fails-all", ["standard"]),
-            ("fifth", "fails-fifth", ["standard"]),
-            ("oracle", "instant", ["oracle"]),
+        make("a", "instant")
+        inference = [r for r in records(made["a"]).values() if r.task == "inference"]
+        # An instance's three types share their request: a persona is what the instant server can tell apart.
+        unmatched = sorted({r.persona_id for r in inference} - {r.persona_id for r in inference if r.scores.recall > 0})
+        worst = "|".join(re.escape(f"(case {persona})") for persona in unmatched)
+        for name, args in (
+            ("fails-all", ("--no-preference-for", ".")),
+            ("fails-fifth", ("--no-preference-for", FIFTH)),
+            ("fails-worst", ("--no-preference-for", worst)),
+            ("worse-some", ("--nonsense-for", SOME)),
         ):
-            run(RunConfig(**common, candidate=candidate, settings=settings, out=str(home / name)))
-            made[name] = home / name
-    for proc, _ in broken.values():
+            servers[name] = instant_with(*args)
+        make("again", "again")
+        make("all", "fails-all")
+        make("fifth", "fails-fifth")
+        make("worst", "fails-worst")
+        make("worse", "worse-some")
+        make("oracle", "instant", settings=["oracle"])
+        make("inference", "instant", tasks=["inference"])
+        make("first80", "instant", limit=240)
+        make("decomposer", "instant", decomposer="pm")
+    for proc, _ in servers.values():
         proc.terminate()
         proc.wait()
+    cut = home / "cut"
+    shutil.copytree(made["a"], cut)
+    (cut / "instances.jsonl").write_text("")
+    made["cut"] = cut
+    made["unmatched"] = 3 * len(unmatched)
     return made
 
 
 def gate(a, b, *options):
     result = CliRunner().invoke(app, ["compare", str(a), str(b), "--fail-if-regression", *options])
-    json_result = CliRunner().invoke(app, ["compare", str(a), str(b), "--json"])
+    json_result = CliRunner().invoke(app, ["compare", str(a), str(b), "--json", *options])
     return result, json.loads(json_result.output)
+
+
+def headline_of(comparison, task="inference"):
+    return next(r for r in comparison["rows"] if r["headline"] and r["task"] == task)
 
 
 def test_a_candidate_that_stops_answering_fails_the_gate(gate_runs):
     result, comparison = gate(gate_runs["a"], gate_runs["all"])
     assert result.exit_code == 2, result.output
-    assert comparison["no_answer"] == {"b": 180} and comparison["matched"] == 180 and comparison["left_out"] == {}
-    headline = next(r for r in comparison["rows"] if r["headline"])
+    assert comparison["no_answer"] == {"b": UNITS} and comparison["matched"] == 2 * UNITS
+    assert comparison["left_out"] == {}
+    headline = headline_of(comparison)
     assert headline["b"] == 0.0 and headline["difference"] == -headline["a"] < 0  # nothing inferred: F1 0
     assert "REGRESSION: inference/standard/micro_f1" in result.output
-    assert "no answer from the candidate on 180 in B" in result.output
+    assert f"no answer from the candidate on {UNITS} in B" in result.output
     # Every unit B failed is a loss, in the counts and the list of the largest changes.
-    a_f1 = {u.key: u.scores.f1 for u in records(gate_runs["a"]).values()}
+    a_f1 = {u.key: u.scores.f1 for u in records(gate_runs["a"]).values() if u.task == "inference"}
     lost = sum(f1 > 0 for f1 in a_f1.values())
-    assert comparison["per_unit"]["inference"] == {"better": 0, "worse": lost, "tied": 180 - lost}
-    assert comparison["units"] and all(u["b"] == 0 and u["change"] < 0 for u in comparison["units"])
+    assert comparison["per_unit"]["inference"] == {"better": 0, "worse": lost, "tied": UNITS - lost}
+    assert all(u["b"] == 0 and u["change"] < 0 for u in comparison["units"] if u["task"] == "inference")
 
 
 def test_a_candidate_that_fails_a_fifth_of_its_personas_fails_the_gate(gate_runs):
     b = records(gate_runs["fifth"])
     failed = {u for u, r in b.items() if not r.scored}
-    assert len(failed) == 36 and all(b[u].error.stage == "parse_preference" for u in failed)
-    assert len({b[u].persona_id for u in failed}) == 12
+    assert len(failed) == 72 and all(b[u].error.stage == "parse_preference" for u in failed)
+    assert len({b[u].persona_id for u in failed}) == 24
     result, comparison = gate(gate_runs["a"], gate_runs["fifth"])
     assert result.exit_code == 2, result.output
-    assert comparison["no_answer"] == {"b": 36} and comparison["failed"] == {"b_only": 36}
-    # The same answers elsewhere: the whole drop is the failed units', scored as nothing inferred.
+    assert comparison["no_answer"] == {"b": 72} and comparison["failed"] == {"b_only": 72}
+    # The same answers elsewhere: the whole drop is the failed units', each scored as A's items predicted, none matched.
     a = records(gate_runs["a"])
-    kept = [a[u].match_counts() for u in a if u not in failed]
+    kept = [a[u].match_counts() for u in a if u not in failed and u[1] == "inference"]
     lost = [a[u].match_counts() for u in failed]
-    expected_b = micro(kept + [type(c)(0.0, 0, 0.0, c.n_true) for c in lost]).f1
-    headline = next(r for r in comparison["rows"] if r["headline"])
-    assert headline["b"] == pytest.approx(expected_b) and headline["p_holm"] < 0.05
+    expected_b = micro(kept + [MatchCounts(0.0, max(c.n_predicted, 1), 0.0, c.n_true) for c in lost]).f1
+    headline = headline_of(comparison)
+    assert headline["b"] == pytest.approx(expected_b) and headline["p_holm"] < 0.035 and headline["studentized"]
     assert headline["detectable"] is not None and headline["detectable"] > 0
+
+
+def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_runs):
+    # B equals A except that it states no preference exactly on the units where A's answer matched nothing.
+    assert gate_runs["unmatched"] > 0
+    result, comparison = gate(gate_runs["a"], gate_runs["worst"])
+    headline = headline_of(comparison)
+    assert headline["difference"] <= 0 and headline["b"] <= headline["a"], headline  # counted as predicting nothing,
+    # those units would have raised micro precision and F1
+    precision = next(r for r in comparison["rows"] if r["metric"] == "micro_precision" and r["instance_type"] is None)
+    assert precision["difference"] <= 0
+    # Failures beyond the margin (1% of the headline units) are a regression of their own.
+    assert comparison["unanswered"] == [
+        f"inference: B left {gate_runs['unmatched']} of {UNITS} headline units unanswered, A 0 (more than 1% more)"
+    ]
+    assert result.exit_code == 2 and "REGRESSION" in result.output and "unanswered" in result.output, result.output
 
 
 def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
     result, comparison = gate(gate_runs["a"], gate_runs["again"])
     assert result.exit_code == 0, result.output
-    headline = next(r for r in comparison["rows"] if r["headline"])
+    headline = headline_of(comparison)
     assert (headline["difference"], headline["p_value"], headline["detectable"]) == (0.0, 1.0, None)
-    assert "No significant drop in a headline figure" in result.output and "60 personas" in result.output
+    assert "No significant drop in a headline figure" in result.output and "108 personas" in result.output
+    assert "inference/standard/micro_f1, generation/standard/mean_score" in " ".join(result.output.split())
 
     # The headline setting is in neither pair of runs: no verdict, exit 3, and why; never another setting instead.
     result, comparison = gate(gate_runs["oracle"], gate_runs["a"])
     assert result.exit_code == 3, result.output
-    assert comparison["no_verdict"] == ["inference: setting 'standard' is not in run A (A: oracle; B: standard)"]
+    assert "inference: setting 'standard' is not in run A (A: oracle; B: standard)" in comparison["no_verdict"]
     assert not any(r["headline"] for r in comparison["rows"])
     result, _ = gate(gate_runs["oracle"], gate_runs["oracle"], "--headline-setting", "oracle")
     assert result.exit_code == 0, result.output  # named, it is tested
 
-    # A judge that failed on 5 of 180 units: left out and counted; beyond 2% the comparison is incomplete.
+    # A judge that failed on 7 of 324 units: left out and counted; beyond 2% the comparison is incomplete.
     incomplete = tmp_path / "incomplete"
     shutil.copytree(gate_runs["again"], incomplete)
     lines = (incomplete / "instances.jsonl").read_text().splitlines()
     judged = [json.loads(line) for line in lines]
-    for i in range(0, 25, 5):
-        judged[i] = {
-            **judged[i],
-            "status": "failed",
-            "error": {"stage": "decompose", "reason": "timeout", "detail": "x"},
-        }
+    inference = [i for i, r in enumerate(judged) if r["task"] == "inference"]
+    timeout = {"status": "failed", "error": {"stage": "decompose", "reason": "timeout", "detail": "x"}}
+    for i in inference[:35:5]:
+        judged[i] = {**judged[i], **timeout}
     (incomplete / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in judged))
     result, comparison = gate(gate_runs["a"], incomplete)
     assert result.exit_code == 3, result.output
-    assert comparison["left_out"] == {"inference/standard": 5} and comparison["matched"] == 175
-    assert "a judge failed on 5 of 180 units (2.8% > 2%)" in comparison["no_verdict"][0]
-    judged[0] = json.loads(lines[0])  # one timeout of 180 is within the threshold
-    for i in range(5, 25, 5):
-        judged[i] = json.loads(lines[i])
-    judged[5] = {**judged[5], "status": "failed", "error": {"stage": "decompose", "reason": "timeout", "detail": "x"}}
+    assert comparison["left_out"] == {"inference/standard": 7} and comparison["matched"] == 2 * UNITS - 7
+    assert "a judge failed on 7 of 324 units (2.2% > 2%)" in comparison["no_verdict"][0]
+    judged = [json.loads(line) for line in lines]  # one timeout of 240 is within the threshold
+    judged[inference[5]] = {**judged[inference[5]], **timeout}
     (incomplete / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in judged))
     result, comparison = gate(gate_runs["a"], incomplete)
     assert result.exit_code == 0 and comparison["left_out"] == {"inference/standard": 1}, result.output
+
+
+@pytest.mark.parametrize(
+    "b, reason, option",
+    [
+        ("cut", "run B has no records (cut short before its first unit?): nothing to compare", None),
+        ("inference", "not the same evaluation: task generation is in run A only", "--allow-partial"),
+        (
+            "first80",
+            "not the same evaluation: inference/standard: 84 of run A's 324 units are not in run B",
+            "--allow-partial",
+        ),
+        (
+            "decomposer",
+            "not the same evaluation: differs: judge decomposer: instant -> local-prefmatcher",
+            "--allow-differs",
+        ),
+    ],
+)
+def test_a_comparison_that_is_not_the_same_evaluation_has_no_verdict_unless_accepted_by_name(
+    gate_runs, b, reason, option
+):
+    result, comparison = gate(gate_runs["a"], gate_runs[b])
+    assert result.exit_code == 3, result.output
+    assert any(why.startswith(reason) for why in comparison["no_verdict"]), comparison["no_verdict"]
+    assert reason in " ".join(result.output.split())
+    if option is None:  # nothing to accept: no option gives a verdict on an empty run
+        for anything in ("--allow-partial", "--allow-differs"):
+            assert gate(gate_runs["a"], gate_runs[b], anything)[0].exit_code == 3
+        return
+    accepted, comparison = gate(gate_runs["a"], gate_runs[b], option)
+    assert accepted.exit_code == 0, accepted.output
+    assert comparison["no_verdict"] == [] and comparison["accepted"]
+    assert all(line.endswith(f"(accepted: {option[2:].replace('-', '_')})") for line in comparison["accepted"])
+    assert "accepted:" in accepted.output and "No significant drop" in accepted.output
+    # The library says the same.
+    import cupid
+
+    assert cupid.compare(gate_runs["a"], gate_runs[b]).exit_code == 3
+    keyword = option[2:].replace("-", "_")
+    assert cupid.compare(gate_runs["a"], gate_runs[b], **{keyword: True}).exit_code == 0
+
+
+def test_a_margin_passes_a_drop_smaller_than_itself_that_fails_without_it(gate_runs):
+    result, comparison = gate(gate_runs["a"], gate_runs["worse"])
+    headline = headline_of(comparison)
+    drop = -100 * headline["difference"]  # F1 points
+    assert drop > 0 and result.exit_code == 2, result.output  # answered (no failure), only worse: a significant drop
+    assert comparison["no_answer"] == {} and comparison["unanswered"] == []
+    result, comparison = gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{2 * drop:.2f}")
+    assert result.exit_code == 0, result.output
+    assert headline_of(comparison)["null"] == pytest.approx(-2 * drop / 100, abs=1e-4)
+    assert f"a drop beyond the margin {2 * drop:.2f}" in " ".join(result.output.split())
+    # A margin below the drop's interval still fails it.
+    assert gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{drop / 10:.2f}")[0].exit_code == 2

@@ -1,8 +1,9 @@
 """The nightly suite on real HTTP: three nights with a model that gets worse, one that stays the same (and costs
 nothing the second night), and one whose server is down; then a judge that changed. The data is the sample's four
-personas four times over under other names (16 personas, 48 instances): enough personas for a paired interval."""
+personas 20 times over under other names (80 personas, 240 instances): enough personas for the gate's verdict."""
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -30,7 +31,7 @@ def drifted_url():
     proc.wait()
 
 
-COPIES = 4
+COPIES = 20  # 80 personas: GATE_PERSONAS, the fewest a verdict is given on
 
 
 def many_personas(tmp_path):
@@ -38,7 +39,7 @@ def many_personas(tmp_path):
     return path if path.exists() else sample_copies(path, COPIES)
 
 
-def suite(tmp_path, name, endpoints, models, data="sample", **extra):
+def suite(tmp_path, name, endpoints, models, data="sample", run_extra=None, **extra):
     path = tmp_path / f"{name}.yaml"
     run = {
         "data": str(data),
@@ -46,6 +47,7 @@ def suite(tmp_path, name, endpoints, models, data="sample", **extra):
         "decomposer": "instant",
         "matcher": "pm",
         "cache": str(tmp_path / "cache.sqlite"),
+        **(run_extra or {}),
     }
     path.write_text(
         yaml.safe_dump({"models": models, "out": str(tmp_path / "nightly"), "report": False, "run": run, **extra})
@@ -156,9 +158,13 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     fourth, code = run_nightly(
         suite(tmp_path, "n4", changed, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-04"
     )
-    assert code == 0 and fourth.regressions == []
+    assert code == nightly.EXIT_NO_VERDICT and fourth.regressions == []  # no verdict is not a clean night
+    assert fourth.no_verdict == ["steady", "drifting"]
     for entry in fourth.models:
         assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
+        assert entry.no_verdict == [
+            "not the same evaluation: differs: judge decomposer: instant -> instant-v2 (allow_differs accepts it)"
+        ]
         # Its baseline's setup differs too: tonight is its baseline from now on, and the leaderboard says so.
         assert (entry.baseline, entry.baseline_regressions) == ("2025-03-04", [])
         assert entry.baseline_set == "its setup changed since 2025-03-01: judge decomposer: instant -> instant-v2"
@@ -175,7 +181,11 @@ def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(
     run_nightly(config, "2025-03-01")
     _board, code = run_nightly(config, "2025-03-02")
     again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
-    assert (code, code_again) == (0, 0) and again.previous == "2025-03-01"
+    # The sample's 4 personas give no verdict (fewer than GATE_PERSONAS), and a night says so in its code.
+    assert (code, code_again) == (nightly.EXIT_NO_VERDICT,) * 2 and again.previous == "2025-03-01"
+    assert by_model(again)["instant"].no_verdict == [
+        "inference/standard: 4 personas compared, fewer than 80 for a verdict"
+    ]
     assert by_model(again)["instant"].requests.sent == 0
     assert (tmp_path / "nightly" / "2025-03-02" / "report" / "report.html").exists()
 
@@ -267,10 +277,11 @@ def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
 
 
 def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, instant_url, cupid_home):
-    """Each night the candidate stops answering for two more personas (of 32, whose F1s differ: the drop is spread
-    unevenly): too little for one night's change to be flagged, and flagged against its first night once it adds up.
-    A regressed night never becomes the baseline."""
-    data = sample_copies(tmp_path / "marked.jsonl", 8, marked=True)
+    """Each night the candidate answers a preference that matches nothing for two more personas (of 80, whose F1s
+    differ: the drop is spread unevenly): too little for one night's change to be flagged, and flagged against its
+    first night once it adds up. A regressed night never becomes the baseline. (Leaving those personas unanswered
+    instead would be flagged the first night: more than 1% more units unanswered.)"""
+    data = sample_copies(tmp_path / "marked.jsonl", COPIES, marked=True)
     run = {"data": str(data), "decomposer": "instant", "matcher": "pm", "tasks": ["inference"],
            "settings": ["standard"], "cache": str(tmp_path / "cache.sqlite")}  # fmt: skip
     f1 = "inference/standard/micro_f1"
@@ -284,7 +295,7 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
                 broken = losing[: 2 * (night - 1)]
             url = instant_url
             if broken:
-                proc, url = start_instant("--no-preference-for", r"\(case (" + "|".join(broken) + r")\)")
+                proc, url = start_instant("--nonsense-for", r"\(case (" + "|".join(broken) + r")\)")
                 servers.append(proc)
             endpoints = write_endpoints(tmp_path / f"ep{night}.yaml",
                                         instant={"base_url": instant_url, "model": "instant"},
@@ -302,7 +313,9 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
             proc.terminate()
             proc.wait()
     flagged = boards[-1]
-    assert flagged.baseline_regressions == [f1] and code == 3, [b.baseline_regressions for b in boards]  # + failures
+    assert flagged.baseline_regressions == [f1] and code == nightly.EXIT_REGRESSION, [
+        b.baseline_regressions for b in boards
+    ]
     assert len(boards) >= 3  # not at once: the first nights' drops were too small
     for entry in boards:
         assert entry.regressions == []  # no night's change alone was flagged
@@ -313,3 +326,61 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
         line for line in (tmp_path / "nightly" / "leaderboard.md").read_text().splitlines() if "| drifting |" in line
     )
     assert "**REGRESSION** since the baseline (2025-04-01)" in row and "since 2025-04-01" in row
+
+
+def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_url, drifted_url, cupid_home):
+    """`baseline:` fixed at the first night. A candidate that joins later is compared with its own first night; a
+    judge change moves a candidate's baseline to its first night with the new judge, and the previous-night test still
+    runs; a baseline run that was deleted gives no baseline verdict that night, said so. A drop to F1 0 is flagged in
+    each case, and the leaderboard says what it was compared with."""
+    data = many_personas(tmp_path)
+    f1 = "inference/standard/micro_f1"
+
+    def night(date, judge="instant", **models):
+        endpoints = write_endpoints(
+            tmp_path / f"endpoints-{date}.yaml",
+            instant={"base_url": instant_url, "model": judge},
+            pm={"base_url": instant_url, "model": "local-prefmatcher"},
+            **{name: {"base_url": url, "model": f"{name}-{url[-10:]}"} for name, url in models.items()},
+        )
+        path = suite(tmp_path, date, endpoints, list(models), data=data, baseline="2025-05-01",
+                     run_extra={"tasks": ["inference"], "settings": ["standard"]})  # fmt: skip
+        return run_nightly(path, date)
+
+    board, code = night("2025-05-01", early=instant_url)
+    assert code == 0 and by_model(board)["early"].baseline == "2025-05-01"
+    board, code = night("2025-05-02", early=instant_url, late=instant_url)  # late joins after the baseline night
+    late = by_model(board)["late"]
+    assert code == 0 and (late.baseline, late.baseline_set) == ("2025-05-02", "the candidate's first night")
+    board, code = night("2025-05-03", early=instant_url, late=drifted_url)
+    late = by_model(board)["late"]
+    assert late.regressions == [f1] and code == nightly.EXIT_REGRESSION, late  # compared with its own first night
+    row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| late |" in line)
+    assert "**REGRESSION**" in row
+
+    # The judge changes: no verdict tonight against either night, and tonight becomes each one's baseline.
+    board, code = night("2025-05-04", judge="instant-v2", early=instant_url, late=instant_url)
+    early = by_model(board)["early"]
+    assert early.no_verdict and early.baseline_no_verdict == ["its setup changed since 2025-05-01"]
+    assert early.baseline == "2025-05-04" and early.baseline_set.startswith("its setup changed since 2025-05-01")
+    assert code == nightly.EXIT_NO_VERDICT
+    # The next night, under the new judge, a drop is flagged against the previous night and the new baseline (the
+    # same night: one test), the config's baseline notwithstanding.
+    board, code = night("2025-05-05", judge="instant-v2", early=drifted_url, late=instant_url)
+    early = by_model(board)["early"]
+    assert early.regressions == [f1] and early.baseline == "2025-05-04" and code == nightly.EXIT_REGRESSION
+
+    # The baseline run of `late` is deleted: no baseline verdict, said so; the previous-night test flags the drop,
+    # and a flagged night does not become the baseline.
+    night("2025-05-06", judge="instant-v2", early=instant_url, late=instant_url)
+    shutil.rmtree(tmp_path / "nightly/2025-05-04/late")
+    board, code = night("2025-05-07", judge="instant-v2", early=instant_url, late=drifted_url)
+    late = by_model(board)["late"]
+    assert late.regressions == [f1] and code == nightly.EXIT_REGRESSION | nightly.EXIT_NO_VERDICT
+    assert late.baseline_no_verdict == [
+        "no run of 2025-05-04",
+        "tonight was flagged: it does not become the baseline",
+    ]
+    assert late.baseline == "2025-05-04" and late.baseline_set is None
+    row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| late |" in line)
+    assert "**NO VERDICT** since the baseline: no run of 2025-05-04" in row and "**REGRESSION**" in row
