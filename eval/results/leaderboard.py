@@ -51,7 +51,7 @@ class Entry(BaseModel):
     baseline_change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since the baseline
     baseline_regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since the baseline
     baseline_no_verdict: list[str] = Field(default_factory=list)  # why the change since the baseline has no verdict
-    baseline_pending: str | None = Field(default=None, exclude=True)  # why tonight would become the baseline, if not flagged
+    baseline_pending: str | None = Field(default=None, exclude=True)  # why tonight becomes the baseline, if unflagged
 
     def estimate(self, metric: str) -> float | None:
         return interval.estimate if (interval := self.metrics.get(metric)) is not None else None

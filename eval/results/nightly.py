@@ -7,15 +7,17 @@ check or does not start is a `DID NOT RUN` row with its reason and the others ru
 candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
-Tonight is compared with the candidate's previous night and with its fixed baseline (its first night, or the
-night `baseline:` names), each on the units both ran (`eval.results.compare`: paired, personas resampled, the
-candidate's own failures as empty answers): a drift too slow for one night to show is seen against the baseline, and a
-regressed night never becomes one. REGRESSION is a task's headline figure (inference: micro F1, generation: the
-mean judge score, in the headline setting) that dropped at p_holm < .05, Holm across every headline test of the
-night (candidates x tasks x {previous, baseline}), so a night's false alarms stay under 5%. A candidate whose
-judges, prompts or data changed since is "not comparable" and never flagged; against its baseline, that night
-becomes its new baseline, and the leaderboard says so. Exit status: 0 clean, 1 failures (failed instances or a
-run or the suite that could not start), 2 a regression, 3 both.
+Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it
+joined, or the later night `baseline:` names), each on the units both ran and decided as `cupid compare`'s gate
+decides (`eval.results.compare`: paired, personas resampled, the candidate's own failures against it, a verdict
+only on the same evaluation): a drift too slow for one night to show is seen against the baseline. REGRESSION is a
+task's headline figure (inference: micro F1, generation: the mean judge score, in the headline setting) that dropped
+beyond `margin` at the gate's level, Holm across every headline test of the night (candidates x tasks x {previous,
+baseline}), or a candidate that left more than 1% more units unanswered. A comparison that is not the same
+evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a baseline whose
+setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and only if it
+was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
+2 a regression, 4 no verdict.
 """
 
 from __future__ import annotations
