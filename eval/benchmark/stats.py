@@ -22,11 +22,11 @@ The gate's own test (a headline figure, `paired(..., studentized=True)`) is a st
 each resample's difference is divided by its own standard error (the linearized one: the figure's gradient on the
 resample's sums times each drawn persona's sums), and the interval and p-value come from the quantiles of that
 t statistic instead of a t law. Real persona-level changes are skewed (a few personas gain or lose a lot), and a
-symmetric t interval then flags one side too often (11% one-sided at 10 personas for 2.5%); the studentized
+symmetric t interval then flags one side too often (7% one-sided at 10 personas for 2.5%); the studentized
 interval follows the skew. No interval at any size holds the level when a tenth of the personas carry the change
 and ten personas may hold none of them, so the gate asks `GATE_PERSONAS`, and at that size the studentized interval
 still runs about a point over its nominal level on one side: the gate tests at `GATE_CONFIDENCE`
-(tests/eval/test_stats.py measures the false alarms there, per law, in both directions).
+(tests/eval/test_gate_level.py measures the false alarms there, per law, in both directions).
 
 Draws from a fixed seed over the personas in sorted order: the same units give the same interval whatever order a
 run wrote them in. Under `MIN_PERSONAS` personas there is no interval and no p-value: their fields are None, in
@@ -51,8 +51,8 @@ POWER = 0.80  # `detectable` is the difference a comparison finds this often
 MIN_PERSONAS = 10  # fewer, and an interval says more about the resampling than about the model
 GATE_PERSONAS = 80  # fewer, and the gate gives no verdict: skewed changes push its false alarms over the level
 # The gate's two-sided level is 3.5% (1.75% a side): the studentized bootstrap runs about a point over its nominal
-# level under skewed changes at `GATE_PERSONAS` (tests/eval/test_stats.py), and the gate promises 2.5% a side within
-# 3.5%.
+# level under skewed changes at `GATE_PERSONAS` (tests/eval/test_gate_level.py), and the gate promises 2.5% a side
+# within 3.5%.
 GATE_CONFIDENCE = 0.965
 
 Statistic = Callable[[np.ndarray], dict[str, np.ndarray]]
