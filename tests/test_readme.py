@@ -94,7 +94,7 @@ def reader(tmp_path_factory, instant_url, tiny_server, session_home):
         again={"base_url": instant_url, "model": "instant-again"},
         pm={"base_url": instant_url, "model": "local-prefmatcher"},
     )
-    data = sample_copies(home / "personas.jsonl", 4)  # 16 personas: enough for a verdict
+    data = sample_copies(home / "personas.jsonl", 20)  # 80 personas: enough for the gate's verdict
     common = {"endpoints": str(endpoints), "data": str(data), "decomposer": "instant", "matcher": "pm",
               "settings": ["standard", "oracle"], "cache": str(home / "cache.sqlite")}  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
