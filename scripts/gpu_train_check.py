@@ -10,10 +10,14 @@ suite runs.
 The model is made where it trains (on the GPU: 7.62B parameters in bf16, no download) with the tokenizer of
 `--tokenizer` (default: the random-weight model's, `cupid serve prepare-tiny --random`; carry that directory to a
 machine without the package's data). The match data are the bundled sample's preferences against their own checklists,
-labelled by a stand-in teacher (every item covered), repeated to `--examples`: the fine-tune's speed and memory, not
-its quality. GRPO's reward is the answer's graded form (`cupid.eval.integrations.reward.form`): no judge is served
-here. Each stage prints its time, tokens/s and peak GPU memory; the exit status is 1 when a stage failed (the others
-still run where they can, and GRPO fails when it took fewer steps than asked), 0 when all passed.
+labelled by a stand-in teacher (every item covered), each preference lengthened until its example is within 32 tokens
+of the recipe's `max_length` (a batch is padded to its longest example: the micro-batch the recipe picks must hold
+that, or this stage runs out of memory here rather than hours into a real run), repeated to `--examples`: the
+fine-tune's speed and memory, not its quality. GRPO's stand-in reward is the share of vowels in an answer (no judge
+is served here): it varies within a group, so a working gradient changes the adapter; `--reward constant` gives every
+answer 1.0, and the stage then fails, as it must (nothing learnt). Each stage prints its time, tokens/s and peak GPU
+memory; the exit status is 1 when a stage failed (the others still run where they can; GRPO fails when it took fewer
+steps than asked or learnt nothing, `grpo_report.json`'s `nothing_learnt`), 0 when all passed.
 
 On a machine with torch, transformers, peft and accelerate but no registry: carry the package as installed (`pip
 install --target DIR --no-deps` of the project's wheel and of trl, datasets, dill, multiprocess, bitsandbytes,
@@ -74,23 +78,57 @@ def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
     return {"parameters": sum(p.numel() for p in model.parameters())}
 
 
-def match_data(dest: Path, n_examples: int) -> dict[str, Any]:
-    """PrefMatcher examples from the sample: each preference against its own checklist, every item covered."""
+FILLER = " Keep every detail of the earlier sessions in view."
+MARGIN = 32  # tokens under max_length an example is lengthened to
+
+
+def lengthened(preference: str, items: list[str], completion: str, tokenizer: Any, max_length: int) -> str:
+    """The preference with as many filler sentences as keep its example (prompt and completion, through the chat
+    template) within `MARGIN` tokens under `max_length`."""
+    from cupid.matcher import prompts
+
+    def length(k: int) -> int:
+        messages = [
+            *prompts.matcher(preference + FILLER * k, items, "prefmatcher"),
+            {"role": "assistant", "content": completion},
+        ]
+        return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+
+    low, high = 0, 1
+    while length(high) <= max_length - MARGIN:
+        low, high = high, 2 * high
+    while high - low > 1:  # length(low) fits, length(high) does not
+        middle = (low + high) // 2
+        low, high = (middle, high) if length(middle) <= max_length - MARGIN else (low, middle)
+    return preference + FILLER * low
+
+
+def match_data(dest: Path, n_examples: int, tokenizer_dir: Path, max_length: int) -> dict[str, Any]:
+    """PrefMatcher examples from the sample: each preference, lengthened to near `max_length`, against its own
+    checklist, every item covered."""
+    from transformers import AutoTokenizer
+
     from cupid.eval.benchmark import data as cupid_data
     from cupid.matcher import prompts
     from cupid.training.matchdata import completion_text, prompt_key
 
-    rows = []
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    rows, lengths = [], []
     for instance in cupid_data.load("sample").instances:
         items = list(instance.current_checklist)
         labels = [{"index": i, "entry": e, "label": "Fully Covered"} for i, e in enumerate(items, start=1)]
-        prompt = prompts.matcher(instance.current_contextual_preference, items, "prefmatcher")
+        preference = lengthened(
+            instance.current_contextual_preference, items, completion_text(labels), tokenizer, max_length
+        )
+        prompt = prompts.matcher(preference, items, "prefmatcher")
+        messages = [*prompt, {"role": "assistant", "content": completion_text(labels)}]
+        lengths.append(len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]))
         rows.append(
             {
                 "id": prompt_key(prompt),
                 "prompt": prompt,
                 "completion": [{"role": "assistant", "content": completion_text(labels)}],
-                "preference": instance.current_contextual_preference,
+                "preference": preference,
                 "items": items,
                 "teacher_labels": labels,
                 "direction": "gt_to_infer",
@@ -108,14 +146,14 @@ def match_data(dest: Path, n_examples: int) -> dict[str, Any]:
     train = [rows[i % len(rows)] for i in range(n_examples)]
     (dest / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
     (dest / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
-    return {"train_examples": len(train)}
+    return {"train_examples": len(train), "max_length": max_length, "tokens": [min(lengths), max(lengths)]}
 
 
 def sft_config(shape: str, model: Path, data: Path, out: Path, steps: int) -> Any:
     """The shipped recipe (the 7B's, or the tiny chain's), on the made model and data, for `steps` optimizer steps."""
     from cupid.training import config
 
-    recipe = read_yaml(f"configs/train/{'prefmatcher-qwen2.5-7b' if shape != 'tiny' else 'tiny'}.yaml")
+    recipe = read_yaml(f"configs/train/{recipe_name(shape)}.yaml")
     recipe |= {"name": "gpu-train-check", "out": str(out), "base_model": str(model), "match_data": str(data)}
     recipe.pop("labelling", None)
     recipe["sft"] |= {"max_steps": steps, "save_steps": 10_000, "measure_loss_on": []}
@@ -126,11 +164,26 @@ def sft_config(shape: str, model: Path, data: Path, out: Path, steps: int) -> An
     return config.load(path)
 
 
-def stand_in_reward(prompts: Any = None, completions: Any = (), **_: Any) -> list[float]:
-    """The answer's graded form (no judge is served here)."""
-    from cupid.eval.integrations.reward import answer_of, form
+def recipe_name(shape: str) -> str:
+    return "prefmatcher-qwen2.5-7b" if shape != "tiny" else "tiny"
 
-    return [form(answer_of(c)) for c in completions]
+
+def vowel_share(prompts: Any = None, completions: Any = (), **_: Any) -> list[float]:
+    """The share of vowels among an answer's letters: no judge is served here, and unlike the answer's graded form
+    (0 for every random-weight answer) it varies within a group, so a working gradient has an advantage to follow."""
+    from cupid.eval.integrations.reward import answer_of
+
+    texts = [answer_of(c) for c in completions]
+    letters = [[ch for ch in text.lower() if ch.isalpha()] for text in texts]
+    return [sum(ch in "aeiou" for ch in chars) / len(chars) if chars else 0.0 for chars in letters]
+
+
+def constant(prompts: Any = None, completions: Any = (), **_: Any) -> list[float]:
+    """The same reward for every answer: no advantage, nothing learnt (the stage must fail on it)."""
+    return [1.0 for _ in completions]
+
+
+REWARDS = {"vowels": vowel_share, "constant": constant}
 
 
 def grpo_config(shape: str, model: Path, out: Path, steps: int) -> Any:
@@ -189,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=256, help="match examples (the sample's, repeated)")
     parser.add_argument("--sft-steps", type=int, default=None, help="default: 8 (7B shape), 2 (tiny)")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: 2 (7B shape), 1 (tiny)")
+    parser.add_argument("--reward", choices=list(REWARDS), default="vowels", help="GRPO's stand-in reward")
+    parser.add_argument(
+        "--stages", default="sft,export,grpo", help="which of sft, export, grpo to run (the model is always made)"
+    )
     a = parser.parse_args(argv)
     from cupid.serving import tiny_model
     from cupid.training import export, grpo, sft
@@ -198,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     grpo_steps = a.grpo_steps or (1 if a.shape == "tiny" else 2)
     model_dir = a.out / "model"
     results: dict[str, Any] = {}
+    wanted = set(a.stages.split(","))
     stage("model", results, lambda: make_model(a.shape, tokenizer, model_dir))
-    stage("match_data", results, lambda: match_data(a.out / "data", a.examples))
+    max_length = int(read_yaml(f"configs/train/{recipe_name(a.shape)}.yaml")["sft"]["max_length"])
+    if "sft" in wanted:
+        stage("match_data", results, lambda: match_data(a.out / "data", a.examples, tokenizer, max_length))
     train_cfg: list[Any] = []
 
     def fine_tune() -> dict[str, Any]:
@@ -212,21 +272,28 @@ def main(argv: list[str] | None = None) -> int:
         }
         return {k: report[k] for k in keys} | batch
 
-    stage("sft", results, fine_tune)
-    stage("export", results, lambda: {k: v for k, v in export.export(train_cfg[0]).items() if k != "generated"})
+    if "sft" in wanted:
+        stage("sft", results, fine_tune)
+    if "export" in wanted:
+        stage("export", results, lambda: {k: v for k, v in export.export(train_cfg[0]).items() if k != "generated"})
 
     def reinforce() -> dict[str, Any]:
-        report = grpo.train(grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps), funcs=[stand_in_reward])
+        cfg = grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps)
+        report = grpo.train(cfg, funcs=[REWARDS[a.reward]])
         steps = [row for row in report["log_history"] if "reward" in row]
         if len(steps) < grpo_steps:
             raise RuntimeError(f"{len(steps)} of {grpo_steps} GRPO steps ran")
+        if report["nothing_learnt"]:
+            raise RuntimeError(f"nothing was learnt ({a.reward} reward): {report['nothing_learnt']}")
         return {
             "steps": len(steps),
             "parameters_changed": report["parameters_changed"],
+            "frac_reward_zero_std": [row.get("frac_reward_zero_std") for row in steps],
             "report": str(a.out / "grpo" / "grpo_report.json"),
         }
 
-    stage("grpo", results, reinforce)
+    if "grpo" in wanted:
+        stage("grpo", results, reinforce)
     failed = [name for name, r in results.items() if not r["ok"]]
     (a.out / "gpu_train_check.json").write_text(json.dumps(results, indent=2, default=str))
     print(

@@ -128,12 +128,34 @@ class Lora(_Passthrough):
 
 
 class GpuBatch(_Section):
-    """A micro-batch for GPUs of at least `min_gib` GiB, under SFTConfig's names."""
+    """A micro-batch for GPUs of at least `min_gib` GiB, under SFTConfig's names, and what it was measured to hold:
+    a batch is padded to its longest example, so what must fit is micro-batch x `max_length`, not the typical one."""
 
     min_gib: float = Field(gt=0)
     per_device_train_batch_size: int = Field(ge=1)
     gradient_accumulation_steps: int = Field(ge=1)
     gradient_checkpointing: bool
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="padded tokens of one micro-batch (micro-batch x its longest example) measured to fit such a GPU",
+    )
+    peak_gib: float | None = Field(default=None, gt=0, description="the peak measured at max_tokens")
+
+    def line(self, gib: float, max_length: int) -> str:
+        """What was chosen for a GPU of `gib` GiB, and why (`cupid train run --dry-run` prints it)."""
+        checkpointing = "with" if self.gradient_checkpointing else "without"
+        tokens = self.per_device_train_batch_size * max_length
+        measured = (
+            f"; {tokens:,} padded tokens a micro-batch (x max_length {max_length}), {self.max_tokens:,} measured to fit"
+            + (f" at a peak of {self.peak_gib} GiB" if self.peak_gib else "")
+            if self.max_tokens
+            else "; not measured at max_length"
+        )
+        return (
+            f"micro-batch {self.per_device_train_batch_size} x {self.gradient_accumulation_steps} accumulation, "
+            f"{checkpointing} checkpointing, for a GPU of {gib:.1f} GiB (>= {self.min_gib:g}){measured}"
+        )
 
 
 class Sft(_Passthrough):
@@ -173,21 +195,32 @@ class Sft(_Passthrough):
 
     @model_validator(mode="after")
     def _same_effective_batch(self) -> Self:
+        max_length = int(self.args.get("max_length", 1024))
         for entry in self.by_gpu_memory:
+            where = f"by_gpu_memory (min_gib {entry.min_gib})"
             if (got := entry.per_device_train_batch_size * entry.gradient_accumulation_steps) != self.effective_batch():
                 raise ValueError(
-                    f"by_gpu_memory (min_gib {entry.min_gib}): {entry.per_device_train_batch_size} x "
+                    f"{where}: {entry.per_device_train_batch_size} x "
                     f"{entry.gradient_accumulation_steps} = {got} examples a step, the recipe's is "
                     f"{self.effective_batch()}: the optimisation would change"
                 )
+            if entry.max_tokens and (tokens := entry.per_device_train_batch_size * max_length) > entry.max_tokens:
+                raise ValueError(
+                    f"{where}: micro-batch {entry.per_device_train_batch_size} x max_length {max_length} = {tokens:,} "
+                    f"padded tokens, over the {entry.max_tokens:,} measured to fit (a batch is padded to its longest "
+                    f"example): lower per_device_train_batch_size to {max(1, entry.max_tokens // max_length)} and "
+                    "raise gradient_accumulation_steps to keep the effective batch"
+                )
         return self
+
+    def gpu_batch(self, gib: float | None) -> GpuBatch | None:
+        """The micro-batch for a GPU of `gib` GiB (None: no GPU, or none listed for it: the arguments as given)."""
+        return next((e for e in sorted(self.by_gpu_memory, key=lambda e: -e.min_gib) if gib and gib >= e.min_gib), None)
 
     def for_gpu(self, gib: float | None) -> dict[str, Any]:
         """The SFTConfig arguments for a GPU of `gib` GiB (None: no GPU, the arguments as given)."""
-        chosen = next(
-            (e for e in sorted(self.by_gpu_memory, key=lambda e: -e.min_gib) if gib and gib >= e.min_gib), None
-        )
-        return self.args | (chosen.model_dump(exclude={"min_gib"}) if chosen else {})
+        chosen = self.gpu_batch(gib)
+        return self.args | (chosen.model_dump(exclude={"min_gib", "max_tokens", "peak_gib"}) if chosen else {})
 
 
 class Export(_Section):

@@ -168,8 +168,31 @@ def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None 
             f"{cfg.source}: grpo.reward_weights: {len(args.reward_weights)} weights for {len(funcs)} reward functions "
             f"({', '.join(map(reward_name, funcs))})"
         )
+    if args.use_vllm and (why := vllm_unsupported()):
+        raise ConfigError(
+            f"{cfg.source}: grpo.use_vllm: {why} TRL's generation through this vLLM fails: colocated, at its first "
+            "weight sync into the engine (vLLM's load_weights: 'Parameter' object has no attribute 'weight_loader', "
+            "seen with vLLM 0.32.0 and TRL 1.16.0). Set grpo.use_vllm: false (the trainer's model generates; the 7B "
+            "recipe's batch took ~50 s a step on an H100), or train in an environment with a vLLM that TRL supports"
+        )
     memory_plan(cfg, args)
     return args, lora, funcs
+
+
+def vllm_unsupported() -> str | None:
+    """TRL's own word that the installed vLLM is outside the range it supports (it warns and goes on; its
+    generation then fails mid-run), or that none is installed; None where TRL has nothing to say."""
+    import warnings
+
+    from trl.import_utils import is_vllm_available
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        available = is_vllm_available()
+    if not available:
+        return "vLLM is not installed here."
+    said = [str(w.message) for w in caught if "supports vLLM" in str(w.message)]
+    return said[0] if said else None
 
 
 def prompts(cfg: GrpoRunConfig, args: Any) -> Any:
@@ -300,6 +323,16 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def evaluated_model(cfg: GrpoRunConfig, label: str, weights: Path | None) -> ServedModel:
+    """The policy (with `weights`, an adapter) as the evaluation serves it: on the evaluation's profile at the GPU
+    share the memory plan gives it (`grpo_memory.evaluation_share`), not vLLM's default."""
+    ev = cfg.evaluate
+    share = grpo_memory.evaluation_share(ev.profile, ev.profiles)
+    return ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
+                       adapter=str(weights) if weights else None, endpoint=ev.endpoint,
+                       serve={"vllm": {"gpu_memory_utilization": share}})  # fmt: skip
+
+
 def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> dict[str, Any]:
     """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data, judged by the
     reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded into
@@ -332,8 +365,7 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
     data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
     out: dict[str, Any] = {}
     for label, weights in candidates.items():
-        served = ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
-                             adapter=str(weights) if weights else None, endpoint=ev.endpoint)  # fmt: skip
+        served = evaluated_model(cfg, label, weights)
         run_cfg = RunConfig(
             candidate=served,
             serve=host if weights else {},

@@ -64,10 +64,17 @@ def parts(plan: MemoryPlan, grpo_args: Any, eval_profile: str | None, profiles_d
         share = grpo_args.vllm_gpu_memory_utilization
         out.append(Part("training", plan.policy_gpu, f"TRL's colocated vLLM ({share:g})", share * plan.gpu_gib))
     if eval_profile is not None:
-        share = profiles.load(eval_profile, profiles_dir).gpu_memory_utilization
+        share = evaluation_share(eval_profile, profiles_dir)
         name = f"the evaluation's server, profile {eval_profile} ({share:g})"
         out.append(Part("evaluation", plan.policy_gpu, name, share * plan.gpu_gib))
     return out
+
+
+def evaluation_share(eval_profile: str, profiles_dir: str) -> float:
+    """The GPU share the evaluation's server of the policy is planned at, and started with (`grpo.evaluate`): its
+    profile's. A served candidate otherwise drops its profile's share for vLLM's default (0.92), right for a night's
+    candidates, not beside a trainer's GPU."""
+    return profiles.load(eval_profile, profiles_dir).gpu_memory_utilization
 
 
 def lines_and_problems(plan: MemoryPlan, all_parts: list[Part]) -> tuple[list[str], list[str]]:

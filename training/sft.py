@@ -140,12 +140,37 @@ def _throughput_callback(console: Console):
     return Throughput()
 
 
-def _too_long(tokenizer, examples, max_length: int) -> int:
-    n = 0
+def _lengths(tokenizer, examples) -> list[tuple[int, int]]:
+    """Each example's tokens through the chat template: (its prompt's, with the assistant's header; the whole)."""
+    out = []
     for e in examples:
-        messages = [m.model_dump() for m in e.prompt + e.completion]
-        n += len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]) > max_length
-    return n
+        prompt = [m.model_dump() for m in e.prompt]
+        whole = prompt + [m.model_dump() for m in e.completion]
+        out.append(
+            (
+                len(
+                    tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True, return_dict=True)[
+                        "input_ids"
+                    ]
+                ),
+                len(tokenizer.apply_chat_template(whole, tokenize=True, return_dict=True)["input_ids"]),
+            )
+        )
+    return out
+
+
+def check_lengths(lengths: list[tuple[int, int]], max_length: int, source: str) -> int:
+    """How many examples are over `max_length` (TRL cuts them); a ConfigError when truncation would leave no example
+    a completion token (TRL then drops them all and stops on an empty sampler, naming neither)."""
+    over = sum(whole > max_length for _, whole in lengths)
+    if lengths and all(prompt >= max_length for prompt, _ in lengths):
+        longest = max(whole for _, whole in lengths)
+        raise ConfigError(
+            f"{source}: sft.max_length {max_length}: no training example keeps a completion token after truncation "
+            f"({over} of {len(lengths)} are longer; every prompt alone reaches it; the longest example is {longest} "
+            f"tokens): raise sft.max_length to at least {longest}"
+        )
+    return over
 
 
 # The chain's own defaults of SFTConfig arguments, which a config's `sft:` may change (the recipe's are in the YAML).
@@ -248,6 +273,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
 
     dtype = torch.bfloat16 if prec == "bf16" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(base)
+    n_long = check_lengths(_lengths(tokenizer, train_examples), args.max_length, str(cfg.source))
     model = load_base(base, cfg, dtype)
     s, lora = cfg.sft, cfg.lora
     out = cfg.out_dir
@@ -264,7 +290,6 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
         callbacks=[throughput],
     )
     n_trainable, n_total = trainer.model.get_nb_trainable_parameters()
-    n_long = _too_long(tokenizer, train_examples, args.max_length)
     n_kept = len(trainer.train_dataset)
     train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
     completion_tokens = sum(sum(label != -100 for label in labels) for labels in trainer.train_dataset["labels"])

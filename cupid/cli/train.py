@@ -137,8 +137,17 @@ def run(
             f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True
         )
         quantized = f"BitsAndBytesConfig accepts {accepts(bnb, cfg.quantization.args)}" if bnb else "none (plain LoRA)"
+        gib = sft_stage.gpu_gib()
+        chosen = cfg.sft.gpu_batch(gib)
+        batch = (
+            chosen.line(gib, args.max_length)
+            if chosen and gib
+            else f"micro-batch {args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation "
+            f"as written (GPU: {f'{gib:.1f} GiB' if gib else 'none'}; no by_gpu_memory entry for it)"
+        )
         for line in (
             f"sft: TRL's SFTConfig accepts {accepts(args, cfg.sft.args)}",
+            f"sft: {batch}",
             f"lora: peft's LoraConfig accepts {accepts(lora, cfg.lora.args)}",
             f"quantization: {quantized}",
         ):

@@ -1,9 +1,14 @@
 """`scripts/gpu_train_check.py`, the GPU training check, in its CPU form: run as a user runs it (a process of its own,
-the package from the checkout), every stage passes, and each reports what it measured (no GPU memory on CPU)."""
+the package from the checkout), every stage passes, and each reports what it measured (no GPU memory on CPU): the
+fine-tune on examples at the recipe's max_length, GRPO changing the adapter under a reward that varies. With a constant
+reward the GRPO stage fails: nothing was learnt."""
 
 import json
+import re
 import subprocess
 import sys
+
+import yaml
 
 from tests.conftest import REPO
 
@@ -19,12 +24,29 @@ def test_the_gpu_training_check_passes_in_its_cpu_form(tmp_path, random_model_di
     stages = json.loads((tmp_path / "gpu_train_check.json").read_text())
     assert list(stages) == ["model", "match_data", "sft", "export", "grpo"] and all(s["ok"] for s in stages.values())
     assert stages["match_data"]["train_examples"] == 16
+    low, high = stages["match_data"]["tokens"]  # every example at the recipe's longest (the tiny recipe's 512)
+    assert stages["match_data"]["max_length"] == 512 and 512 - 64 <= low <= high <= 512 - 32
     assert stages["sft"]["optimizer_steps"] == 2 and stages["sft"]["mean_tokens_per_s"] > 0
     assert stages["sft"]["peak_gpu_memory_gib"] is None and all(s["peak_gpu_gib"] is None for s in stages.values())
     assert stages["export"]["merge_check"]["same_next_token"] and (tmp_path / "sft" / "export" / "config.json").exists()
     assert stages["grpo"]["steps"] == 1 and (tmp_path / "grpo" / "adapter" / "adapter_config.json").exists()
     grpo_report = json.loads((tmp_path / "grpo" / "grpo_report.json").read_text())
     assert grpo_report["evaluation"] is None  # no judge, no vLLM: the evaluation is off
+    assert stages["grpo"]["parameters_changed"] > 0 and grpo_report["nothing_learnt"] is None
+    assert stages["grpo"]["frac_reward_zero_std"] == [0.0]  # the vowels' share varies within every group
+
+
+def test_a_grpo_stage_that_learns_nothing_fails_the_check(tmp_path, random_model_dir):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_train_check.py"), "--shape", "tiny", "--out", str(tmp_path),
+         "--tokenizer", str(random_model_dir), "--stages", "grpo", "--reward", "constant"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    stages = json.loads((tmp_path / "gpu_train_check.json").read_text())
+    assert list(stages) == ["model", "grpo"] and not stages["grpo"]["ok"]
+    assert "nothing was learnt (constant reward): every group's rewards were all alike" in stages["grpo"]["error"]
+    assert result.stdout.strip().splitlines()[-1] == "gpu_train_check: 1 of 2 stages passed; failed: grpo"
 
 
 def test_a_failed_stage_fails_the_check(tmp_path, random_model_dir):
@@ -36,5 +58,37 @@ def test_a_failed_stage_fails_the_check(tmp_path, random_model_dir):
     )  # fmt: skip
     assert result.returncode == 1
     stages = json.loads((tmp_path / "gpu_train_check.json").read_text())
-    assert not stages["model"]["ok"] and stages["match_data"]["ok"]  # the others still ran where they could
-    assert result.stdout.strip().splitlines()[-1].startswith("gpu_train_check: 1 of 5 stages passed; failed: model")
+    # Every stage ran as far as it could and recorded its own reason (the match data need the tokenizer too).
+    assert list(stages) == ["model", "match_data", "sft", "export", "grpo"] and not any(
+        s["ok"] for s in stages.values()
+    )
+    assert all(s["error"] for s in stages.values())
+    assert result.stdout.strip().splitlines()[-1].startswith("gpu_train_check: 0 of 5 stages passed; failed: model")
+
+
+def test_a_max_length_that_leaves_no_completion_is_refused_by_name(tmp_path, random_model_dir):
+    """Examples whose prompts alone reach sft.max_length keep no completion token: `cupid train sft` says so, with the
+    count and the longest example, and exits 2 before the model loads (TRL would drop them all and stop on an empty
+    sampler, naming neither)."""
+    import runpy
+
+    from typer.testing import CliRunner
+
+    from cupid.cli import app
+
+    check = runpy.run_path(str(REPO / "scripts" / "gpu_train_check.py"))
+    made = check["match_data"](tmp_path / "data", 4, random_model_dir, 512)
+    cfg = check["sft_config"]("tiny", random_model_dir, tmp_path / "data", tmp_path / "sft", 1)
+    config_path = tmp_path / "sft" / "sft.yaml"
+    recipe = yaml.safe_load(config_path.read_text())
+    recipe["sft"]["max_length"] = 64
+    config_path.write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["train", "sft", "--config", str(config_path)])
+    assert result.exit_code == 2, result.output
+    line = " ".join(result.output.split())
+    assert f"{config_path}: sft.max_length 64: no training example keeps a completion token after truncation" in line
+    longest = re.search(
+        r"\(4 of 4 are longer; every prompt alone reaches it; the longest example is (\d+) tokens\)", line
+    )
+    assert longest and made["tokens"][0] - 8 <= int(longest.group(1)) <= 512, line  # as the chat template counts it
+    assert "Traceback" not in result.output and cfg.sft.args["max_length"] == 512

@@ -225,13 +225,24 @@ def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refuse
     assert result.exit_code == 0, result.output
     plan = [line.strip() for line in result.output.splitlines() if "GPU" in line and " = " in line]
     assert "memory plan: 2 GPU(s) of 79.6 GiB" in result.output and "DOES NOT FIT" not in result.output
-    # Worked out from the recipe and the profiles: 0.3 and 0.45 of 79.6 GiB, the policy's estimate 40
-    assert "training, GPU 0: the policy in training 40.0 + TRL's colocated vLLM (0.3) 23.9 = 63.9 of 79.6 GiB" in plan
+    # Worked out from the recipe and the profiles: 0.45 of 79.6 GiB, the policy's estimate 40 (no colocated vLLM)
+    assert "training, GPU 0: the policy in training 40.0 = 40.0 of 79.6 GiB" in plan
     assert any(line.startswith("training, GPU 1:") and line.endswith("= 71.6 of 79.6 GiB") for line in plan)
     assert any(line.startswith("evaluation, GPU 0:") and "= 35.8 of 79.6 GiB" in line for line in plan)
+    # The evaluation's server starts with the share the plan prints (a served candidate would otherwise drop its
+    # profile's share for vLLM's default, 0.92, beside the trainer's GPU).
+    from cupid.training import grpo
+
+    cfg = grpo.load(recipe)
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 64, "peft_type": "LORA"}))
+    for label, weights in (("trained", tmp_path / "adapter"), ("base", None)):
+        started = grpo.evaluated_model(cfg, label, weights).to_profile(cfg.evaluate.profiles)
+        assert started.gpu_memory_utilization == 0.45, label
+    assert "the evaluation's server, profile qwen2.5-7b-instruct (0.45) 35.8" in result.output
 
     one_gpu = yaml.safe_load(recipe.read_text())
-    one_gpu["memory"] |= {"gpus": 1, "judges_gpu": 0}  # the judges beside the policy on one card: 135.5 GiB
+    one_gpu["memory"] |= {"gpus": 1, "judges_gpu": 0}  # the judges beside the policy on one card: 111.6 GiB
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(one_gpu))
     refused = CliRunner().invoke(app, ["train", "grpo", "--config", str(tmp_path / "one.yaml"), "--dry-run"])
     assert refused.exit_code == 2, refused.output
@@ -239,7 +250,7 @@ def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refuse
     assert (
         "memory: the plan does not fit" in said
         and "training, GPU 0:" in said
-        and "= 135.5 GiB, more than its 79.6" in said
+        and "= 111.6 GiB, more than its 79.6" in said
     )
     assert "judge prefmatcher (0.45 of the GPU) 35.8" in said and "the policy in training 40.0" in said
     one_gpu["memory"]["judges_gpu"] = 1
@@ -263,3 +274,25 @@ def test_a_dry_run_is_quiet_about_an_optional_kernel_it_does_not_need():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "kernels-community" not in done.stdout + done.stderr
     assert done.stdout.splitlines()[0].startswith(f"{REPO / 'configs' / 'train' / 'grpo-tiny.yaml'}: valid")
+
+
+def test_generation_through_a_vllm_trl_does_not_support_is_refused_with_the_way_out(tmp_path):
+    """TRL 1.16 supports vLLM 0.22-0.31 and only warns above; with this project's 0.32 its colocated generation stops at
+    the first weight sync, mid-run (vLLM's load_weights: 'Parameter' object has no attribute 'weight_loader', seen on
+    CPU). A recipe asking for it is refused before anything loads, naming the cause and what to set instead."""
+    import re
+
+    from cupid.training import grpo
+
+    recipe = yaml.safe_load((REPO / "configs" / "train" / "grpo-qwen2.5-7b.yaml").read_text())
+    recipe["grpo"] |= {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
+    (tmp_path / "colocate.yaml").write_text(yaml.safe_dump(recipe))
+    result = CliRunner().invoke(app, ["train", "grpo", "--config", str(tmp_path / "colocate.yaml"), "--dry-run"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    supported = (
+        r"grpo\.use_vllm: TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32"
+    )
+    assert re.search(supported, said), said
+    assert "Set grpo.use_vllm: false" in said and "Traceback" not in result.output
+    assert grpo.vllm_unsupported() is not None  # TRL's own word, read the same way twice (its warning is not once-only)

@@ -666,16 +666,37 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
 
 
 def test_the_7b_recipe_picks_its_micro_batch_by_gpu_memory_and_keeps_its_effective_batch(tmp_path):
-    """An 80 GB card takes 32 x 1 without checkpointing, a 24 GB one 16 x 2 with it, a smaller one (or none) the recipe
-    as written: 32 examples an optimizer step on every card, so the optimisation is the paper's."""
+    """An 80 GB card takes 8 x 4 without checkpointing, a 24 GB one 16 x 2 with it, a smaller one (or none) the recipe
+    as written: 32 examples an optimizer step on every card, so the optimisation is the paper's. On the 80 GB card the
+    micro-batch times the recipe's max_length stays within the padded tokens measured to fit there (8 x ~1,000 at
+    54.0 GiB on an H100; 32 x ~1,000 ran out of memory at 77.4 GiB)."""
     cfg = config.load(REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml")
     keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
-    for gib, expected in ((79.2, (32, 1, False)), (23.6, (16, 2, True)), (15.7, (4, 8, True)), (None, (4, 8, True))):
+    for gib, expected in ((79.2, (8, 4, False)), (23.6, (16, 2, True)), (15.7, (4, 8, True)), (None, (4, 8, True))):
         args = cfg.sft.for_gpu(gib)
         assert tuple(args[k] for k in keys) == expected, gib
         assert cfg.sft.effective_batch(args) == 32 and args["learning_rate"] == 3.0e-4
+        assert not {"max_tokens", "peak_gib", "min_gib"} & args.keys()  # this project's own: never SFTConfig's
+    chosen = cfg.sft.gpu_batch(79.2)
+    max_length = cfg.sft.args["max_length"]
+    assert chosen.per_device_train_batch_size * max_length <= chosen.max_tokens <= 8 * 1000 * 1.03
+    assert chosen.line(79.2, max_length) == (
+        "micro-batch 8 x 4 accumulation, without checkpointing, for a GPU of 79.2 GiB (>= 70); 8,192 padded tokens a "
+        "micro-batch (x max_length 1024), 8,192 measured to fit at a peak of 54.0 GiB"
+    )
     recipe = yaml.safe_load((REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml").read_text())
-    recipe["sft"]["by_gpu_memory"][0]["gradient_accumulation_steps"] = 2  # 64 a step: another optimisation
-    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(recipe))
-    with pytest.raises(ConfigError, match=r"by_gpu_memory \(min_gib 70.0\): 32 x 2 = 64 examples a step, .* is 32"):
+    changed = {**recipe, "sft": {**recipe["sft"], "by_gpu_memory": [dict(e) for e in recipe["sft"]["by_gpu_memory"]]}}
+    changed["sft"]["by_gpu_memory"][0]["gradient_accumulation_steps"] = 8  # 64 a step: another optimisation
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
+    with pytest.raises(ConfigError, match=r"by_gpu_memory \(min_gib 70.0\): 8 x 8 = 64 examples a step, .* is 32"):
         config.load(tmp_path / "changed.yaml")
+    # The longest batch must fit: 32 x 1 at max_length 1024, or max_length 2048 at 8 x 4, is refused at load.
+    for entry, sft_args in (
+        ({"per_device_train_batch_size": 32, "gradient_accumulation_steps": 1}, {}),
+        ({}, {"max_length": 2048}),
+    ):
+        longer = {**recipe, "sft": {**recipe["sft"], **sft_args}}
+        longer["sft"]["by_gpu_memory"] = [{**recipe["sft"]["by_gpu_memory"][0], **entry}]
+        (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
+        with pytest.raises(ConfigError, match=r"padded tokens, over the 8,192 measured to fit .* lower "):
+            config.load(tmp_path / "longer.yaml")
