@@ -73,3 +73,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'cupid' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The API's names with the module's own, so that tab completion finds them before their first use."""
+    return sorted({*globals(), *__all__})

@@ -19,7 +19,7 @@ from cupid.serving import watchdog
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.engines import get_engine
 from cupid.serving.errors import ServeError
-from cupid.serving.ports import port_free
+from cupid.serving.ports import port_free, taken
 from cupid.serving.probes import alive, group_alive, healthy, ready
 from cupid.serving.profiles import Profile
 from cupid.serving.server_log import startup_failure
@@ -67,7 +67,7 @@ def up(
         raise ServeError(f"'{name}' is already served (pid {existing.pid}, {existing.base_url})")
     if not port_free(profile.host, profile.port):
         owner = next((r.name for r in records() if r.profile.port == profile.port and alive(r.pid)), None)
-        raise ServeError(f"port {profile.port} on {profile.host} is taken" + (f" by '{owner}'" if owner else ""))
+        raise ServeError(taken(profile.host, profile.port, owner))
     engine.preflight(profile)
     # As served: its local paths absolute, so the record means the same from any directory, and its served name as
     # given (`served` defaults to the model as written, which the clients of this profile ask for).

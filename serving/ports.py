@@ -45,3 +45,24 @@ def ephemeral_range() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999  # Linux's default; macOS's (49152-65535) is above it too
+
+
+def holder(port: int) -> str | None:
+    """Who listens on `port`, where the system tells (`pid 123: python -m ...`); None where it does not (another user's
+    process without the rights to see it, no psutil)."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                command = " ".join(psutil.Process(conn.pid).cmdline())
+                return f"pid {conn.pid}: {command[:100]}"
+    except Exception:  # noqa: BLE001 (a hint in an error message: never an error of its own)
+        return None
+    return None
+
+
+def taken(host: str, port: int, owner: str | None = None) -> str:
+    """The line for a port that is taken: by what, where the system tells, and what to do."""
+    by = f" by '{owner}'" if owner else f" ({who})" if (who := holder(port)) else ""
+    return f"port {port} on {host} is taken{by}: pick another with --port"

@@ -1,9 +1,18 @@
 """The `cupid` command: every command in this package, each a thin call into the library (no library module imports
-typer), one module per command or command group."""
+typer), one module per command or command group.
+
+A user's mistake (a file that is missing or malformed, a config the library refuses, an input that is not what it
+should be, an output that cannot be written) is one line on stderr and exit 2, whichever command met it
+(`errors.CupidGroup`)."""
+
+import os
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed_version
 
 import typer
 
 from cupid.cli.compare import main as compare_main
+from cupid.cli.errors import CupidGroup
 from cupid.cli.eval import app as eval_app
 from cupid.cli.import_inspect import main as import_inspect_main
 from cupid.cli.meta import app as meta_app
@@ -16,8 +25,36 @@ from cupid.cli.train import app as train_app
 from cupid.cli.view import main as view_main
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="Local, cost-free evaluation for the CUPID benchmark."
+    cls=CupidGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    help="Local, cost-free evaluation for the CUPID benchmark. Exit codes: 0 done; 1 the work failed (failed units, "
+    "a server that did not start); 2 a usage, configuration or input error; 4 a regression, 8 no verdict "
+    "(`compare --fail-if-regression`; a night's code is the sum of its outcomes).",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"cupid {installed_version('cupid')}")
+        except PackageNotFoundError:
+            typer.echo("cupid (not installed: run from a checkout)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="show the traceback of an error (also CUPID_DEBUG=1)"),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the installed version and exit"
+    ),
+) -> None:
+    """Local, cost-free evaluation for the CUPID benchmark."""
+    if debug:
+        os.environ["CUPID_DEBUG"] = "1"
+
+
 app.add_typer(serve_app, name="serve")
 app.add_typer(eval_app, name="eval")
 app.add_typer(meta_app, name="meta")

@@ -60,7 +60,7 @@ def main(
         )
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(2)
     if as_json:
         typer.echo(comparison.model_dump_json(indent=2))
     else:

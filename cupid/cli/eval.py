@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 import shutil
 from collections.abc import Callable
-from typing import Any, NoReturn, get_args, get_origin
+from typing import Annotated, Any, NoReturn, get_args, get_origin
 
 import typer
+from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.markup import escape
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.logged_run import run_and_log  # the run, then its tracker run when `track:` asks
+from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.runner import dry_run as write_requests
 from cupid.eval.benchmark.summary import Summary, tables
@@ -73,7 +75,9 @@ def _run(config: str | None, dry_run: str | None, allow_failures: bool, no_cache
     values: dict[str, Any] = dict(read_yaml(config) or {}) if config else {}
     if options.get("tasks") is not None:
         options["tasks"] = list(TASKS) if options["tasks"] == "both" else [options["tasks"]]
-    values.update({k: v for k, v in options.items() if v})
+    given = {k: v for k, v in options.items() if v is not None and v is not False}  # a flag left off is not given
+    _check_options(given)
+    values.update(given)
     if no_cache:  # the command line's spelling of `cache: null`
         values["cache"] = None
     try:
@@ -84,6 +88,11 @@ def _run(config: str | None, dry_run: str | None, allow_failures: bool, no_cache
         summary = run_and_log(cfg, console=err).summary
     except (ConfigError, cupid_data.DataError) as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        kept = len(RunDir(cfg.out).records()) if cfg.out else 0
+        where = f" in {cfg.out}; the same command resumes from them" if cfg.out else " (no --out: nothing is kept)"
+        err.print(f"interrupted: {kept} unit(s) kept{where}", highlight=False)
+        raise typer.Exit(130) from None
     print_summary(summary)
     problems = summary.n_failed + summary.n_invalid_rows
     print(  # one plain line, never wrapped: scripts read it
@@ -92,6 +101,20 @@ def _run(config: str | None, dry_run: str | None, allow_failures: bool, no_cache
     )
     if problems and not allow_failures:
         raise typer.Exit(1)
+
+
+def _check_options(given: dict[str, Any]) -> None:
+    """Each option the command line gave, checked as its RunConfig field checks it, before anything runs: a bad one is
+    a usage error naming the option, never blamed on the config file."""
+    for name, value in given.items():
+        field = RunConfig.model_fields[name]
+        try:
+            checked = Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation
+            TypeAdapter(checked).validate_python(value)
+        except ValidationError as e:
+            flag = "--" + _FLAG_NAMES.get(name, name).replace("_", "-")
+            problem = e.errors()[0]
+            raise typer.BadParameter(f"{problem['input']!r}: {problem['msg']}", param_hint=f"'{flag}'") from None
 
 
 def _run_command() -> Callable[..., None]:
@@ -157,3 +180,13 @@ def check_data(source: str = typer.Argument("sample", help="'sample', a local pa
         console.print(f"[red]bad row:[/red] {escape(str(bad))}", highlight=False)
     if dataset.bad_rows:
         raise typer.Exit(1)
+
+
+@app.command("list")
+def list_tasks() -> None:
+    """The tasks, the settings each runs in, their figures (the headline first), and the judge roles that score them."""
+    table = Table("task", "settings", "figures (headline first)", "judges", title="CUPID tasks")
+    for spec in TASKS.values():
+        figures = [*spec.headline, *(m for m in spec.metrics if m not in spec.headline)]
+        table.add_row(spec.name, ", ".join(spec.settings), ", ".join(figures), ", ".join(spec.roles))
+    console.print(table)

@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from cupid.eval.results.nightly import EXIT_FAILURES, leaderboard_markdown, run_nightly
+from cupid.cli.errors import EXIT_USAGE
+from cupid.eval.results.nightly import leaderboard_markdown, run_nightly
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.config import ConfigError
 from cupid.serving.fleet.gpu_memory import Gpu
@@ -31,11 +32,11 @@ def main(
         None, "--track", help="log each candidate's run to mlflow or wandb (overrides the file's track:)"
     ),
 ) -> None:
-    """Run the nightly suite; leaderboard with change since the previous night;
-    exit 1 failures, 2 regression, 3 both."""
+    """Run the nightly suite; leaderboard with change since the previous night; exit the sum of the night's outcomes:
+    1 failures, 4 a regression, 8 no verdict (2: a usage or configuration error)."""
     if gpus is not None and not dry_run:
         typer.echo("error: --gpus plans for GPUs that are not here: use it with --dry-run", err=True)
-        raise typer.Exit(EXIT_FAILURES)
+        raise typer.Exit(EXIT_USAGE)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the night's servers as Ctrl-C does
     assumed = [Gpu(i, "assumed GPU", 81920, 0) for i in range(gpus)] if gpus is not None else None
     try:
@@ -44,7 +45,7 @@ def main(
         board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed, track=track)  # type: ignore[arg-type]
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_FAILURES)
+        raise typer.Exit(EXIT_USAGE)
     if dry_run:
         return
     typer.echo(leaderboard_markdown(board))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,6 +16,7 @@ from cupid.serving.config import ConfigError, validate
 from cupid.serving.engines import get_engine, vllm_build
 from cupid.serving.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Plan, gpus
+from cupid.serving.ports import port_free, taken
 from cupid.serving.profiles import Profile
 from cupid.serving.vllm_args import engine_env
 
@@ -22,9 +24,11 @@ app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local Open
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = 1) -> NoReturn:
+    """1: the work failed (a server that did not start); 2: a request refused before anything started (a usage or
+    config error, a missing model, a taken port, a plan that does not fit, an engine this box lacks)."""
     console.print(f"[red]error:[/red] {escape(message)}", highlight=False)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 def _profiles(
@@ -120,7 +124,7 @@ def up(
             profiles_dir,
         )
     except (ConfigError, ValueError) as e:
-        _fail(str(e))
+        _fail(str(e), 2)
     running: list[state.ServerRecord] = [r for r in lifecycle.status() if r.alive]
     live = {r.name: r for r in running}
     todo = []
@@ -135,16 +139,18 @@ def up(
         try:
             _dry_run(todo, running)
         except ServeError as e:  # a box without vLLM: its commands need its defaults
-            _fail(str(e))
+            _fail(str(e), 2)
         return
     try:
-        for p in todo:  # everything that can be refused is refused before anything starts
+        for p in todo:  # everything that can be refused is refused before anything starts (exit 2)
             get_engine(p.engine).preflight(p)
             p.check_local_files()
+            if not port_free(p.host, p.port):
+                raise ServeError(taken(p.host, p.port))
         plan = Plan(todo, running, gpus() if any(p.on_gpu for p in todo) else [])
         plan.check()
     except ServeError as e:
-        _fail(str(e))
+        _fail(str(e), 2)
     for line in plan.lines():
         console.print(line, highlight=False)
     started: list[str] = []
@@ -174,7 +180,7 @@ def _dry_run(chosen: list[Profile], running: list[state.ServerRecord]) -> None:
             soft_wrap=True,
         )
     if problems := plan.problems():
-        _fail("refusing this serve plan:\n  " + "\n  ".join(problems))
+        _fail("refusing this serve plan:\n  " + "\n  ".join(problems), 2)
 
 
 @app.command()
@@ -183,14 +189,33 @@ def down(name: str = typer.Argument(None, help="server name; all servers when om
     names = [name] if name else [r.name for r in state.records()]
     for n in names:
         if not lifecycle.down(n):
-            _fail(f"no server named '{n}' (see `cupid serve status`)")
+            _fail(f"no server named '{n}' (see `cupid serve status`)", 2)
         console.print(f"stopped '{n}'")
 
 
 @app.command()
-def status() -> None:
+def status(
+    as_json: bool = typer.Option(
+        False, "--json", help="one JSON list on stdout: name, served, engine, url, pid, state"
+    ),
+) -> None:
     """List the servers this project started, and whether they answer."""
     rows = lifecycle.status()
+    if as_json:
+        listed = [
+            {
+                "name": r.name,
+                "served": r.profile.served,
+                "engine": r.profile.engine,
+                "url": r.base_url,
+                "pid": r.pid,
+                "state": "healthy" if r.healthy else ("starting/unhealthy" if r.alive else "dead"),
+                "model": r.profile.model,
+            }
+            for r in rows
+        ]
+        print(json.dumps(listed, indent=2))
+        return
     if not rows:
         console.print("no servers")
         return
@@ -209,7 +234,7 @@ def logs(name: str, lines: int = typer.Option(40, "-n")) -> None:
     """The last lines of a server's log."""
     record = state.find(name)
     if record is None:
-        _fail(f"no server named '{name}'")
+        _fail(f"no server named '{name}' (see `cupid serve status`)", 2)
     print(server_log.tail(record.log, lines))
 
 

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import http.server
 from pathlib import Path
 
 import typer
 
+from cupid.cli.errors import EXIT_USAGE
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.results.view import build, default_out
 from cupid.serving.config import ConfigError
+from cupid.serving.ports import taken
 
 
 def serve(page: Path, port: int) -> None:
     """Serve the page's folder on localhost until Ctrl-C (the page itself needs no server)."""
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(page.parent))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        typer.echo(f"error: {taken('127.0.0.1', port)} (0: any free port); the page is written: {page}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    with server:
         typer.echo(f"http://127.0.0.1:{server.server_address[1]}/{page.name}  (Ctrl-C stops)")
         try:
             server.serve_forever()

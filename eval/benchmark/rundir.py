@@ -2,7 +2,8 @@
 
 run.json          what makes the run; a rerun into the directory must be the same run
 instances.jsonl   one line per record: an evaluation's unit records (appended as units finish, so a
-                  crash can tear the last line), a synthesis run's CUPID rows (rewritten whole)
+                  crash can tear the last line; when the run ends, rewritten whole to one line per unit, its
+                  latest), a synthesis run's CUPID rows (rewritten whole)
 summary.json/.md  an evaluation's figures (`eval.benchmark.summary`), written whole once its records are in
 """
 
@@ -183,6 +184,19 @@ class RunDir(OutputDir):
             record = parse_line(line, f"{self.records_file}:{number}")
             latest[record.unit] = record
         return latest
+
+    def compact(self) -> None:
+        """The records file rewritten whole (a temporary file, then a rename) to one line per unit, its latest, in
+        order of first appearance: what a finished run leaves, so a reader of the file (pandas) counts each unit
+        once. The append log is the crash-safe form while the run goes; a resume's retried units appended a
+        second line each."""
+        if not self.records_file.exists():
+            return
+        latest: dict[tuple[str, str, str], str] = {}
+        for number, line in enumerate(self.records_file.read_text(encoding="utf-8").splitlines(), start=1):
+            if _complete(line):
+                latest[parse_line(line, f"{self.records_file}:{number}").unit] = line
+        write_atomic(self.records_file, "".join(line + "\n" for line in latest.values()))
 
     def append(self) -> IO[str]:
         """The records file opened for appending, after closing any line torn by a crash."""

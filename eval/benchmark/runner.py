@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, fields
@@ -368,6 +369,7 @@ async def _run(
     plan = {TASKS[task]: cfg.units_of(task) for task in cfg.tasks}
     summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
     if out is not None:
+        out.compact()  # one line per unit, before summary.json (whose time the staleness rules compare with)
         out.write_summary(summary)
     return RunResult(records, summary, out.path if out is not None else None)
 
@@ -386,7 +388,9 @@ async def _run_all(
         TextColumn("{task.fields[stats]}"),
         console=console,
         transient=False,
+        disable=not console.is_terminal,  # a log file gets `PlainProgress`'s lines instead of a bar's last frame
     )
+    plain = PlainProgress(console, "+".join(tasks), len(todo) + already, already) if not console.is_terminal else None
     try:
         with progress, out.append() if out is not None else contextlib.nullcontext() as sink:
             bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
@@ -396,6 +400,42 @@ async def _run_all(
                     sink.write(record.to_json() + "\n")
                     sink.flush()
                 progress.update(bar, advance=1, stats=client.stats.line())
+                if plain is not None:
+                    plain.advance(record.scored, client.stats.line())
                 yield record
+        if plain is not None:
+            plain.say(client.stats.line())
     finally:  # interrupted too: no connection left open
         await client.aclose()
+
+
+PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often (CUPID_PROGRESS_S sets it; 0: every unit)
+
+
+class PlainProgress:
+    """Progress where no one watches a terminal (CI, nohup, a pipe): a plain line at a steady interval, never a bar
+    redrawn in place: units done of all, failures, requests, rate and time left."""
+
+    def __init__(self, console: Console, what: str, total: int, done: int):
+        self.console, self.what, self.total, self.done, self.failed = console, what, total, done, 0
+        self.started = self.last = time.monotonic()
+        self.first = done
+        self.every = float(os.environ.get("CUPID_PROGRESS_S", PROGRESS_EVERY_S))
+
+    def advance(self, scored: bool, requests: str) -> None:
+        self.done += 1
+        self.failed += not scored
+        if time.monotonic() - self.last >= self.every:
+            self.say(requests)
+
+    def say(self, requests: str) -> None:
+        self.last = now = time.monotonic()
+        rate = (self.done - self.first) / max(now - self.started, 1e-9)
+        left = f"{(self.total - self.done) / rate:.0f} s left" if rate > 0 and self.done < self.total else "done"
+        self.console.print(
+            f"{self.what}: {self.done}/{self.total} units, {self.failed} failed; {requests}; "
+            f"{rate:.1f} units/s; {left}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )

@@ -52,8 +52,10 @@ from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 from cupid.eval.results.view import default_out
 
 HEADLINE_SETTING = "standard"
-EXIT_REGRESSION = 2
-EXIT_NO_VERDICT = 3
+# The verdicts' exit codes: bits no other outcome uses (1: the work failed; 2: usage or configuration), so that a CI
+# script can branch on them, and a nightly's code is the sum of its outcomes (README's table).
+EXIT_REGRESSION = 4
+EXIT_NO_VERDICT = 8
 MAX_LEFT_OUT = 0.02  # of a task's headline units, a judge may fail on this share before there is no verdict
 MAX_MORE_UNANSWERED = 0.01  # of a task's headline units, B may leave this share more unanswered than A (one timeout
 # in a full run's 252 passes; three do not)
@@ -134,6 +136,11 @@ class Comparison(BaseModel):
     @property
     def regressions(self) -> list[Row]:
         return [row for row in self.rows if row.regression]
+
+    @property
+    def same_run(self) -> bool:
+        """A and B name one directory: nothing was compared."""
+        return Path(self.a).resolve() == Path(self.b).resolve()
 
     @property
     def regressed(self) -> bool:
@@ -459,6 +466,10 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison as people read it: what was compared, what differs, the rows, the verdict."""
     c = comparison
     console.print(f"A: {c.a}\nB: {c.b}", highlight=False)
+    if c.same_run:
+        console.print(
+            "[yellow]A and B are the same run[/yellow]: every difference is 0 by construction", highlight=False
+        )
     console.print(
         f"{c.matched} units compared ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B",
         highlight=False,

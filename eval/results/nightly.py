@@ -17,7 +17,7 @@ baseline}), or a candidate that left more than 1% more units unanswered. A compa
 evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a baseline whose
 setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and only if it
 was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
-2 a regression, 4 no verdict.
+4 a regression, 8 no verdict (2 stays a usage or configuration error).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from datetime import date as Date
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from rich.console import Console
 from rich.markup import escape
 
@@ -40,11 +40,20 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.stats import MIN_PERSONAS, Interval
 from cupid.eval.benchmark.summary import Requests, failure_counts
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import track as tracking
-from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
+from cupid.eval.results.compare import (
+    EXIT_NO_VERDICT,
+    EXIT_REGRESSION,
+    HEADLINE_SETTING,
+    Comparison,
+    Row,
+    compare_runs,
+    holm_family,
+)
 from cupid.eval.results.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
@@ -55,7 +64,7 @@ from cupid.serving.fleet.run_servers import RunServers, plan_servers
 from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.server_log import failure_line
 
-EXIT_FAILURES, EXIT_REGRESSION, EXIT_NO_VERDICT = 1, 2, 4  # bits: a night's code is their sum
+EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -94,6 +103,13 @@ class NightlyConfig(BaseModel):
         ge=0,
         description="the drop a headline may show before it is a regression, in its shown units (as --margin)",
     )
+
+    @field_validator("headline_setting")
+    @classmethod
+    def _a_setting(cls, value: str) -> str:
+        if value not in SETTINGS:
+            raise ValueError(f"{value!r} is no setting (one of: {', '.join(SETTINGS)})")
+        return value
 
     def names(self) -> list[str]:
         return [m.name if isinstance(m, ServedModel) else m for m in self.models]

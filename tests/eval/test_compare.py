@@ -12,6 +12,7 @@ from cupid.cli import app
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
 from cupid.matcher.scores import MatchCounts, macro, micro
 from tests.conftest import sample_copies, write_endpoints
 
@@ -113,12 +114,12 @@ def test_a_changed_judge_is_named_and_the_same_answers_differ_by_nothing(runs):
     assert all((r["difference"], r["low"], r["high"], r["p_value"]) == (0.0, None, None, None) for r in same["rows"])
     # The sample's 4 personas are too few to test: no verdict, which a gate does not pass.
     gated = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"]), "--fail-if-regression"])
-    assert gated.exit_code == 3, gated.output
+    assert gated.exit_code == EXIT_NO_VERDICT, gated.output
     assert "NO VERDICT: inference/standard: 4 personas compared, fewer than 80 for a verdict" in " ".join(
         gated.output.split()
     )
     missing = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"] / "nowhere")])
-    assert missing.exit_code == 1 and "nowhere: no such run directory" in missing.output
+    assert missing.exit_code == 2 and "nowhere: no such run directory" in missing.output  # an unreadable input
 
 
 # ---------------------------------------------------------------- the gate, on real runs of both tasks
@@ -216,7 +217,7 @@ def headline_of(comparison, task="inference"):
 
 def test_a_candidate_that_stops_answering_fails_the_gate(gate_runs):
     result, comparison = gate(gate_runs["a"], gate_runs["all"])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == EXIT_REGRESSION, result.output
     assert comparison["no_answer"] == {"b": UNITS} and comparison["matched"] == 2 * UNITS
     assert comparison["left_out"] == {}
     headline = headline_of(comparison)
@@ -236,7 +237,7 @@ def test_a_candidate_that_fails_a_fifth_of_its_personas_fails_the_gate(gate_runs
     assert len(failed) == 72 and all(b[u].error.stage == "parse_preference" for u in failed)
     assert len({b[u].persona_id for u in failed}) == 24
     result, comparison = gate(gate_runs["a"], gate_runs["fifth"])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == EXIT_REGRESSION, result.output
     assert comparison["no_answer"] == {"b": 72} and comparison["failed"] == {"b_only": 72}
     # The same answers elsewhere: the whole drop is the failed units', each scored as A's items predicted, none matched.
     a = records(gate_runs["a"])
@@ -261,7 +262,9 @@ def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_
     assert comparison["unanswered"] == [
         f"inference: B left {gate_runs['unmatched']} of {UNITS} headline units unanswered, A 0 (more than 1% more)"
     ]
-    assert result.exit_code == 2 and "REGRESSION" in result.output and "unanswered" in result.output, result.output
+    assert result.exit_code == EXIT_REGRESSION and "REGRESSION" in result.output and "unanswered" in result.output, (
+        result.output
+    )
 
 
 def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
@@ -274,7 +277,7 @@ def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
 
     # The headline setting is in neither pair of runs: no verdict, exit 3, and why; never another setting instead.
     result, comparison = gate(gate_runs["oracle"], gate_runs["a"])
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == EXIT_NO_VERDICT, result.output
     assert "inference: setting 'standard' is not in run A (A: oracle; B: standard)" in comparison["no_verdict"]
     assert not any(r["headline"] for r in comparison["rows"])
     result, _ = gate(gate_runs["oracle"], gate_runs["oracle"], "--headline-setting", "oracle")
@@ -291,7 +294,7 @@ def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
         judged[i] = {**judged[i], **timeout}
     (incomplete / "instances.jsonl").write_text("".join(json.dumps(r) + "\n" for r in judged))
     result, comparison = gate(gate_runs["a"], incomplete)
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == EXIT_NO_VERDICT, result.output
     assert comparison["left_out"] == {"inference/standard": 7} and comparison["matched"] == 2 * UNITS - 7
     assert "a judge failed on 7 of 324 units (2.2% > 2%)" in comparison["no_verdict"][0]
     judged = [json.loads(line) for line in lines]  # one timeout of 240 is within the threshold
@@ -322,12 +325,12 @@ def test_a_comparison_that_is_not_the_same_evaluation_has_no_verdict_unless_acce
     gate_runs, b, reason, option
 ):
     result, comparison = gate(gate_runs["a"], gate_runs[b])
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == EXIT_NO_VERDICT, result.output
     assert any(why.startswith(reason) for why in comparison["no_verdict"]), comparison["no_verdict"]
     assert reason in " ".join(result.output.split())
     if option is None:  # nothing to accept: no option gives a verdict on an empty run
         for anything in ("--allow-partial", "--allow-differs"):
-            assert gate(gate_runs["a"], gate_runs[b], anything)[0].exit_code == 3
+            assert gate(gate_runs["a"], gate_runs[b], anything)[0].exit_code == EXIT_NO_VERDICT
         return
     accepted, comparison = gate(gate_runs["a"], gate_runs[b], option)
     assert accepted.exit_code == 0, accepted.output
@@ -337,7 +340,7 @@ def test_a_comparison_that_is_not_the_same_evaluation_has_no_verdict_unless_acce
     # The library says the same.
     import cupid
 
-    assert cupid.compare(gate_runs["a"], gate_runs[b]).exit_code == 3
+    assert cupid.compare(gate_runs["a"], gate_runs[b]).exit_code == EXIT_NO_VERDICT
     keyword = option[2:].replace("-", "_")
     assert cupid.compare(gate_runs["a"], gate_runs[b], **{keyword: True}).exit_code == 0
 
@@ -346,11 +349,13 @@ def test_a_margin_passes_a_drop_smaller_than_itself_that_fails_without_it(gate_r
     result, comparison = gate(gate_runs["a"], gate_runs["worse"])
     headline = headline_of(comparison)
     drop = -100 * headline["difference"]  # F1 points
-    assert drop > 0 and result.exit_code == 2, result.output  # answered (no failure), only worse: a significant drop
+    assert drop > 0 and result.exit_code == EXIT_REGRESSION, (
+        result.output
+    )  # answered (no failure), only worse: a significant drop
     assert comparison["no_answer"] == {} and comparison["unanswered"] == []
     result, comparison = gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{2 * drop:.2f}")
     assert result.exit_code == 0, result.output
     assert headline_of(comparison)["null"] == pytest.approx(-2 * drop / 100, abs=1e-4)
     assert f"a drop beyond the margin {2 * drop:.2f}" in " ".join(result.output.split())
     # A margin below the drop's interval still fails it.
-    assert gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{drop / 10:.2f}")[0].exit_code == 2
+    assert gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{drop / 10:.2f}")[0].exit_code == EXIT_REGRESSION

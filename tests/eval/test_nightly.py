@@ -95,7 +95,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     second, code = run_nightly(
         suite(tmp_path, "n2", after, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-02"
     )
-    assert code == 2  # a regression, no failures
+    assert code == nightly.EXIT_REGRESSION  # a regression, no failures
     assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
     assert steady.requests == Requests(sent=0, cached=4 * units)  # everything came from the cache
@@ -133,7 +133,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
         ],
     )
     # Failures, and drifting's drop stands against its baseline (night 1): a regressed night is never the baseline.
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == nightly.EXIT_FAILURES | nightly.EXIT_REGRESSION, result.output
     third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
     assert third["previous"] == "2025-03-02"
     assert third["regressions"] == [f"drifting: {f1} since the baseline (2025-03-01)"]
@@ -213,7 +213,7 @@ def test_bad_suites_are_refused_before_anything_runs(tmp_path, cupid_home):
         run_nightly(config, "2025-03-02")
     assert not (tmp_path / "nightly" / "2025-03-02").exists()  # no readable `out`: nowhere to write
     result = CliRunner().invoke(app, ["nightly", "--config", str(config)])
-    assert result.exit_code == 1 and "colour" in result.output
+    assert result.exit_code == 2 and "colour" in result.output
 
 
 def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(tmp_path, instant_url, cupid_home):

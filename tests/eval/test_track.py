@@ -228,8 +228,8 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     second = CliRunner().invoke(
         app, ["nightly", "--config", str(tmp_path / "plain.yaml"), "--date", "2025-03-02", "--track", "mlflow"]
     )
-    # the broken candidate's failure (1), not the tracker's, and no verdict on 16 personas (4)
-    assert second.exit_code == 5, second.output
+    # the broken candidate's failure (1), not the tracker's, and no verdict on 16 personas (8)
+    assert second.exit_code == 9, second.output
     boards = [
         first.model_dump(mode="json"),
         json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()),

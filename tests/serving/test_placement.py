@@ -223,7 +223,7 @@ def test_nightly_dry_run_prints_the_plan_for_eight_gpus_and_starts_nothing(tmp_p
     refused = CliRunner().invoke(
         app, ["nightly", "--config", str(REPO / "configs/eval/nightly.yaml"), "--dry-run", "--gpus", "0"]
     )
-    assert refused.exit_code == 1 and "no GPU is visible" in refused.output
+    assert refused.exit_code == 2 and "no GPU is visible" in refused.output
 
 
 def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):

@@ -231,7 +231,7 @@ def test_any_vllm_argument_reaches_the_command_and_vllms_parser_checks_it_at_loa
         assert str(bad) in str(e.value), name
     result = runner.invoke(app, ["serve", "up", "--profile", str(tmp_path / "typo.yaml"), "--dry-run"])
     assert (
-        result.exit_code == 1
+        result.exit_code == 2
         and "max_num_batched_token" in result.output
         and str(tmp_path / "typo.yaml") in result.output
     )
@@ -750,7 +750,7 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
     result = runner.invoke(
         app, ["serve", "up", "--dry-run", "-p", "prefmatcher", "-p", "qwen2.5-7b-instruct", "-p", "prefmatcher-lora"]
     )
-    assert result.exit_code == 1 and "refusing this serve plan" in result.output and "add up to 1.35" in result.output
+    assert result.exit_code == 2 and "refusing this serve plan" in result.output and "add up to 1.35" in result.output
 
 
 def test_cli_dry_run_without_vllm_says_so_without_a_traceback(monkeypatch):
@@ -766,7 +766,7 @@ def test_cli_dry_run_without_vllm_says_so_without_a_traceback(monkeypatch):
         result = runner.invoke(app, ["serve", "up", "--dry-run", "-p", "prefmatcher"])
     finally:
         vllm_args.vllm_defaults.cache_clear()
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
     assert "error: vLLM is not installed here" in result.output and "Traceback" not in result.output
 
 
@@ -785,24 +785,24 @@ def test_cli_without_a_profile_builds_one_from_model_and_name(random_model_dir):
     assert "serve t --host 127.0.0.1 --port 8101 --continuous-batching" in result.output
     result = runner.invoke(app, ["serve", "up", "--dry-run", "--model", "x"])
     assert (
-        result.exit_code == 1
+        result.exit_code == 2
         and "give --profile NAME (see configs/serve/), or both --model and --name" in result.output
     )
 
 
 def test_cli_refusals_name_the_way_out():
     result = runner.invoke(app, ["serve", "up", "--engine", "transformers", "--profile", "prefmatcher"])
-    assert result.exit_code == 1 and "profile 'prefmatcher' is for the vllm engine, not transformers" in result.output
+    assert result.exit_code == 2 and "profile 'prefmatcher' is for the vllm engine, not transformers" in result.output
     result = runner.invoke(app, ["serve", "up", "-p", "prefmatcher", "-p", "qwen2.5-7b-instruct", "--port", "9000"])
-    assert result.exit_code == 1 and "apply to one profile" in result.output
+    assert result.exit_code == 2 and "apply to one profile" in result.output
     result = runner.invoke(app, ["serve", "up", "-p", "tiny", "--batch-invariant", "--dry-run"])
-    assert result.exit_code == 1 and "batch_invariant: GPU only (this profile runs on device cpu)" in result.output
+    assert result.exit_code == 2 and "batch_invariant: GPU only (this profile runs on device cpu)" in result.output
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has CUDA")
 def test_without_cuda_a_gpu_profile_points_to_the_cpu_profile():
     result = runner.invoke(app, ["serve", "up", "--engine", "vllm", "--profile", "prefmatcher"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no CUDA device here (nvidia-smi not found)" in result.output
     assert "cupid serve up --profile tiny" in result.output
 

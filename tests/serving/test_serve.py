@@ -121,7 +121,7 @@ def test_port_taken_by_another_program(cupid_home, random_model_dir, tmp_path):
             yaml.safe_dump({"device": "cpu", "model": str(random_model_dir), "served_name": "busy", "port": port})
         )
         result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
-    assert result.exit_code == 1 and f"port {port} on 127.0.0.1 is taken" in result.output
+    assert result.exit_code == 2 and f"port {port} on 127.0.0.1 is taken" in result.output and "--port" in result.output
     assert state.records() == []
 
 
@@ -146,7 +146,7 @@ def test_missing_model_directory_fails_before_starting(cupid_home, tmp_path):
     profile = tmp_path / "nope.yaml"
     profile.write_text(yaml.safe_dump({"device": "cpu", "model": str(tmp_path / "nope"), "port": free_port()}))
     result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
-    assert result.exit_code == 1 and f"model directory {tmp_path / 'nope'} not found" in result.output
+    assert result.exit_code == 2 and f"model directory {tmp_path / 'nope'} not found" in result.output
     assert state.records() == []
 
 
@@ -239,7 +239,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
     assert down.exit_code == 0 and "stopped 'tinycopy'" in down.output
     assert gone(tree) and not probes.healthy(record.base_url)
     assert state.find("tinycopy") is None and "tinycopy" not in lifecycle.live_endpoints()
-    assert runner.invoke(app, ["serve", "down", "tinycopy"]).exit_code == 1
+    assert runner.invoke(app, ["serve", "down", "tinycopy"]).exit_code == 2
 
 
 STARTS_A_TIED_SERVER = """

@@ -87,7 +87,7 @@ def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, 
         after = _cupid(env, tmp_path, "serve", "status")
         assert after.returncode == 0 and after.stdout.strip() == "no servers", after.stdout
         again = _cupid(env, tmp_path, "serve", "down", "untied")
-        assert again.returncode == 1 and "no server named 'untied'" in again.stdout, again.stdout + again.stderr
+        assert again.returncode == 2 and "no server named 'untied'" in again.stdout, again.stdout + again.stderr
     finally:
         if pid is None or running_in_group(pid):
             _cupid(env, tmp_path, "serve", "down", "untied")  # by its record, also when `up` failed midway

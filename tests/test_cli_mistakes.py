@@ -1,0 +1,195 @@
+"""The mistakes a user makes, through the real CLI: each exits with its documented code (2: a usage, configuration or
+input error), prints no traceback, and names the file, option, field or port it is about. Then what the exit-code
+scheme and the conveniences promise: `--debug` shows the traceback, `--version`, `serve status --json`, `eval list`,
+`dir(cupid)`, one line per unit after a resume, and `compare` saying A and B are one run."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from cupid.cli import app
+from cupid.eval.benchmark.runner import RunConfig, run
+from tests.conftest import REPO, write_endpoints
+
+USAGE = 2
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, instant_url):
+    """A finished run of the sample (the instant server in every role), config files broken in the usual ways, and a
+    port something listens on."""
+    home = tmp_path_factory.mktemp("mistakes")
+    endpoints = write_endpoints(
+        home / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+    )
+    common = {"endpoints": str(endpoints), "decomposer": "instant", "matcher": "pm", "tasks": ["inference"],
+              "settings": ["standard"], "cache": str(home / "cache.sqlite")}  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CUPID_HOME", str(home / "state"))
+        run(RunConfig(**common, candidate="instant", out=str(home / "run")))
+    (home / "syntax.yaml").write_text("tasks: [inference\nlimit: 3\n")
+    (home / "typo.yaml").write_text(yaml.safe_dump({"candidate": "instant", "limt": 3}))
+    nightly = {"models": ["instant"], "out": str(home / "nightly"), "run": {"endpoints": str(endpoints)}}
+    (home / "nightly-setting.yaml").write_text(yaml.safe_dump({**nightly, "headline_setting": "orcale"}))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    yield {"home": home, "run": home / "run", "port": holder.getsockname()[1], "common": common}
+    holder.close()
+
+
+MISTAKES = [
+    # (what, arguments ({home}, {run}, {port} filled in), exit code, what its output must name)
+    ("missing config", "eval run --config {home}/nope.yaml", USAGE, "nope.yaml: file not found"),
+    ("YAML syntax error", "eval run --config {home}/syntax.yaml", USAGE, "syntax.yaml"),
+    ("config key typo", "eval run --config {home}/typo.yaml --dry-run {home}/r.jsonl", USAGE, "limt"),
+    ("unknown task", "eval run --candidate instant --task infrence --dry-run {home}/r.jsonl", USAGE, "'--task'"),
+    ("unknown setting", "eval run --candidate instant --setting orcale --dry-run {home}/r.jsonl", USAGE, "'--setting'"),
+    ("limit below 1", "eval run --candidate instant --limit 0 --dry-run {home}/r.jsonl", USAGE, "'--limit'"),
+    ("missing data file", "eval check-data {home}/nowhere.jsonl", USAGE, "nowhere.jsonl"),
+    ("compare: not a run", "compare {run} {home}/nowhere", USAGE, "nowhere: no such run directory"),
+    ("compare: no such setting", "compare {run} {run} --headline-setting orcale", USAGE, "'--headline-setting'"),
+    ("compare: negative margin", "compare {run} {run} --margin -1", USAGE, "'--margin'"),
+    ("view: not a run", "view {home}/nowhere", USAGE, "nowhere"),
+    ("view: a taken port", "view {run} --serve --port {port}", USAGE, "port {port} on 127.0.0.1 is taken"),
+    ("report: not a run", "report {home}/nowhere", USAGE, "nowhere"),
+    ("report: unwritable output", "report {run} --out /proc/cupid-report", USAGE, "/proc/cupid-report"),
+    ("track: not a run", "track {home}/nowhere --to mlflow", USAGE, "nowhere"),
+    ("nightly: missing config", "nightly --config {home}/nope.yaml", USAGE, "nope.yaml"),
+    ("nightly: no such setting", "nightly --config {home}/nightly-setting.yaml", USAGE, "headline_setting"),
+    ("nightly: --gpus without --dry-run", "nightly --config {home}/nightly-setting.yaml --gpus 2", USAGE, "--gpus"),
+    ("serve: no such profile", "serve up --profile nope --dry-run", USAGE, "nope"),
+    ("serve: logs of no server", "serve logs nope", USAGE, "no server named 'nope'"),
+    ("serve: down of no server", "serve down nope", USAGE, "no server named 'nope'"),
+    ("train: missing config", "train run --config {home}/nope.yaml --dry-run", USAGE, "nope.yaml"),
+    ("synth: missing config", "synth --config {home}/nope.yaml", USAGE, "nope.yaml"),
+    ("import-inspect: missing log", "import-inspect {home}/nope.eval --out {home}/imported", USAGE, "nope.eval"),
+    ("an unknown option", "compare {run} {run} --fail-if-regresion", USAGE, "--fail-if-regresion"),
+]
+
+
+@pytest.mark.parametrize("what, command, code, named", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_a_mistake_is_one_line_with_its_code(world, what, command, code, named, monkeypatch):
+    monkeypatch.setenv("CUPID_HOME", str(world["home"] / "state"))
+    fill = {"home": world["home"], "run": world["run"], "port": world["port"]}
+    result = CliRunner().invoke(app, command.format(**fill).split())
+    said = " ".join(result.output.split())
+    assert result.exit_code == code, (what, result.output)
+    assert named.format(**fill) in said.replace("│", " ").replace("  ", " ") or named.format(**fill) in result.output, (
+        what,
+        result.output,
+    )
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), (what, repr(result.exception))
+
+
+def test_debug_shows_the_traceback_a_mistake_otherwise_hides(world, tmp_path):
+    env = {**os.environ, "CUPID_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--config", str(tmp_path / "nope.yaml")]
+    plain = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert plain.returncode == USAGE and plain.stderr.strip().splitlines()[-1].endswith("nope.yaml: file not found")
+    assert "Traceback" not in plain.stderr
+    debug = subprocess.run(
+        [*command[:3], "--debug", *command[3:]], capture_output=True, text=True, env=env, check=False
+    )
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+    also = subprocess.run(command, capture_output=True, text=True, env={**env, "CUPID_DEBUG": "1"}, check=False)
+    assert "Traceback" in also.stderr
+
+
+def test_version_status_json_task_list_and_the_apis_names(world, monkeypatch, tmp_path):
+    import cupid
+
+    version = CliRunner().invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.startswith("cupid 0.")
+    monkeypatch.setenv("CUPID_HOME", str(tmp_path))
+    status = CliRunner().invoke(app, ["serve", "status", "--json"])
+    assert status.exit_code == 0 and json.loads(status.output) == []
+    listed = CliRunner().invoke(app, ["eval", "list"]).output
+    for word in ("inference", "generation", "oracle-preference", "summary", "micro_f1", "mean_score", "decomposer"):
+        assert word in listed, listed
+    assert {"compare", "evaluate", "PrefMatcher"} <= set(dir(cupid))
+    same = CliRunner().invoke(app, ["compare", str(world["run"]), str(world["run"])])
+    assert "A and B are the same run" in same.output
+
+
+def test_a_resumed_run_leaves_one_line_per_unit(world, tmp_path, instant_url, monkeypatch):
+    """Failed units are retried on a resume and appended; when the run ends the file holds the latest of each."""
+    from cupid.serving.instant import start as start_instant
+
+    monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
+    proc, failing = start_instant("--no-preference-for", r"\(case|Halvorsen")
+    try:
+        endpoints = write_endpoints(
+            tmp_path / "endpoints.yaml",
+            instant={"base_url": instant_url, "model": "instant"},
+            pm={"base_url": instant_url, "model": "local-prefmatcher"},
+            cand={"base_url": failing, "model": "cand"},
+        )
+        common = {**world["common"], "endpoints": str(endpoints), "cache": None, "out": str(tmp_path / "run")}
+        first = run(RunConfig(**common, candidate="cand"))
+        assert 0 < first.summary.n_failed < len(first.records)
+    finally:
+        proc.terminate()
+        proc.wait()
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        cand={"base_url": instant_url, "model": "cand"},
+    )
+    again = run(RunConfig(**common, candidate="cand"))
+    assert again.summary.n_failed == 0
+    lines = [json.loads(line) for line in (tmp_path / "run" / "instances.jsonl").read_text().splitlines()]
+    units = [(r["key"], r["task"], r["setting"]) for r in lines]
+    assert len(units) == len(set(units)) == len(again.records) == 12  # the sample's 12 standard inference units
+    assert all(r["status"] == "scored" for r in lines)
+    assert (REPO / "README.md").read_text().count("one line per unit") >= 1
+
+
+def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept(world, tmp_path, instant_url):
+    """Output to a pipe (CI, nohup): plain progress lines, not a bar's last frame. A real SIGINT mid-run ends with one
+    line: the units kept and that the same command resumes, exit 130."""
+    import signal
+    import time
+
+    from cupid.serving.instant import start as start_instant
+
+    busy, busy_url = start_instant("--fail-first", "100000")  # answers its health check, every chat request a 503
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        busy={"base_url": busy_url, "model": "busy", "max_retries": 20},
+    )
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state"), "CUPID_PROGRESS_S": "0", "COLUMNS": "200"}
+    base = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", str(endpoints), "--decomposer", "instant",
+            "--matcher", "pm", "--task", "inference", "--out", str(tmp_path / "run"), "--no-cache"]  # fmt: skip
+    done = subprocess.run([*base, "--candidate", "instant"], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("inference: ")]
+    assert len(lines) >= 12 and lines[-1].startswith("inference: 12/12 units, 0 failed; requests: ")
+    assert "units/s" in lines[0] and "━" not in done.stderr  # no bar drawn into a file
+    # The candidate now answers every request with a 503, retried: interrupted mid-run, the 12 units stay.
+    (tmp_path / "run" / "run.json").unlink()  # another candidate: the same directory, a run of its own
+    proc = subprocess.Popen([*base, "--candidate", "busy", "--setting", "oracle"], stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        time.sleep(8)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        busy.terminate()
+        busy.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted: 12 unit(s) kept in {tmp_path / 'run'}; the same command resumes from them"
+    )
