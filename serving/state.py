@@ -100,7 +100,9 @@ def _read(path: Path) -> ServerRecord | None:
 
 
 def records() -> list[ServerRecord]:
-    return [record for path in sorted(servers_dir().glob("*.json")) if (record := _read(path)) is not None]
+    """Every server record; reading makes no directory (a run that only asks what runs writes nothing)."""
+    folder = state_dir() / "servers"
+    return [record for path in sorted(folder.glob("*.json")) if (record := _read(path)) is not None]
 
 
 def find(name: str) -> ServerRecord | None:

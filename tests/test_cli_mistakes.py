@@ -193,3 +193,53 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted: 12 unit(s) kept in {tmp_path / 'run'}; the same command resumes from them"
     )
+
+
+def test_a_profile_name_resolves_to_the_server_that_runs_under_it(world, tmp_path, instant_url, monkeypatch):
+    """A server running under `cupid serve` as `tiny` on another port than the endpoints file's `tiny` entry: the run
+    sends to the server that runs, and says which it used (the file's port is held by something else)."""
+    from urllib.parse import urlparse
+
+    from cupid.serving import state
+    from cupid.serving.instant import start as start_instant
+    from cupid.serving.profiles import Profile
+
+    monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
+    proc, url = start_instant()
+    try:
+        port = urlparse(url).port
+        profile = Profile(name="tiny", engine="vllm", device="cpu", model="instant", served_name="instant", port=port)
+        state.ServerRecord(profile=profile, pid=proc.pid, log=str(tmp_path / "tiny.log")).write()
+        stale = f"http://127.0.0.1:{world['port']}/v1"  # the file's entry: a port another process holds
+        endpoints = write_endpoints(
+            tmp_path / "endpoints.yaml",
+            tiny={"base_url": stale, "model": "instant"},
+            instant={"base_url": instant_url, "model": "instant"},
+            pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        )
+        result = CliRunner().invoke(app, ["eval", "run", "--endpoints", str(endpoints), "--candidate", "tiny",
+                                          "--decomposer", "instant", "--matcher", "pm", "--task", "inference",
+                                          "--limit", "3", "--no-cache"])  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait()
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert (
+        f"'tiny': the server `cupid serve` runs at http://127.0.0.1:{port}/v1 is used, not {endpoints}'s entry" in said
+    )
+    assert "0 failed, 0 invalid rows, 3 scored of 3" in said
+
+
+def test_the_report_and_the_view_link_each_other_only_where_the_other_exists(world, tmp_path):
+    run_dir = str(world["run"])
+    alone = tmp_path / "alone"
+    assert CliRunner().invoke(app, ["report", run_dir, "--out", str(alone)]).exit_code == 0
+    html = (alone / "report.html").read_text()
+    assert 'href="view.html"' not in html and f"cupid view {run_dir} --out {alone}" in html  # no dead link
+    first = tmp_path / "view-first"
+    assert CliRunner().invoke(app, ["view", run_dir, "--out", str(first)]).exit_code == 0
+    assert 'href="report.html"' not in (first / "view.html").read_text()
+    assert CliRunner().invoke(app, ["report", run_dir, "--out", str(first)]).exit_code == 0
+    assert 'href="report.html"' in (first / "view.html").read_text()  # the report's run updated the view's link
+    assert 'href="view.html"' in (first / "report.html").read_text()

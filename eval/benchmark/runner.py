@@ -291,14 +291,16 @@ async def arun(
         return result
 
 
-def _resolve(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint]) -> dict[str, Endpoint]:
+def _resolve(
+    cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint], notes: list[str] | None = None
+) -> dict[str, Endpoint]:
     """The endpoint of each role (and the reference), through the one resolver (`serving.registry.lookup`)."""
     if run_servers is not None:
         served = run_servers.endpoints
     else:  # a dry run: the requests name the model a run would serve
         served = {c.name: c.to_endpoint(c.to_profile(cfg.profiles)) for c in cfg.served_candidates}
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
-    used = lookup(names, cfg.endpoints, given=given, served=served)
+    used = lookup(names, cfg.endpoints, given=given, served=served, notes=notes)
     if run_servers is not None and (
         clash := sorted(c.name for c in cfg.served_candidates if c.name in used and used[c.name] is not served[c.name])
     ):
@@ -311,7 +313,10 @@ def _resolve(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, En
 async def _run(
     cfg: RunConfig, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]
 ) -> RunResult:
-    used = _resolve(cfg, run_servers, given)
+    notes: list[str] = []
+    used = _resolve(cfg, run_servers, given, notes)
+    for note in notes:
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
     units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]
 

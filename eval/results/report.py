@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import shlex
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
+from cupid.eval.results.view import link_report
 from cupid.serving.config import ConfigError
 
 FIGURE_SETTING = "standard"
@@ -315,8 +317,9 @@ small { color: #777; } .failed { color: #b00; font-weight: 600; } figure { margi
 figcaption { font-size: 13px; color: #444; max-width: 60em; } code { font-size: 12px; }
 </style></head><body>
 <h1>CUPID evaluation report</h1>
-<p><a href="view.html">Look inside: every unit, its history, answer and labels</a> \
-<small>(<code>cupid view</code> writes it to this folder)</small></p>
+{% if view %}<p><a href="view.html">Look inside: every unit, its history, answer and labels</a></p>{% else %}\
+<p><small>No page to look inside these runs here yet: <code>{{ view_command }}</code> writes it, \
+and a link here.</small></p>{% endif %}
 <p>Generated {{ generated }} from {{ runs|length }} run{{ "s" if runs|length != 1 else "" }}. \
 Scores in %, generation scores 1-10.
 Micro = sums over instances (reference code, published numbers); macro = mean of per-instance scores (paper text).
@@ -404,6 +407,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
 
     from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES
 
+    run_dirs = [str(p) for p in run_dirs]
     runs = [load_run(p) for p in run_dirs]
     if not runs:
         raise ConfigError("give at least one run directory")
@@ -423,7 +427,10 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
         fmt=_fmt,
         n_resamples=N_RESAMPLES,
         min_personas=MIN_PERSONAS,
+        view=(out / "view.html").exists(),
+        view_command=f"cupid view {' '.join(shlex.quote(str(d)) for d in run_dirs)} --out {shlex.quote(str(out))}",
     )
     page = out / "report.html"
     page.write_text(html, encoding="utf-8")
+    link_report(out)
     return page

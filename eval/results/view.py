@@ -17,6 +17,7 @@ Why the page is built the way it is (a full run is 756 instances x every setting
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Iterable
@@ -264,6 +265,14 @@ def render(runs: list[LoadedRun], report_command: str | None = None) -> str:
         .replace("__HEAD__", _json(head))
         .replace("__BLOCKS__", "\n".join(blocks))
     )
+
+
+def link_report(out: Path) -> None:
+    """A `view.html` written before its report gets the report's link once the report is there (`cupid report`)."""
+    page = out / "view.html"
+    if page.exists() and (out / "report.html").exists():
+        html = page.read_text(encoding="utf-8")
+        page.write_text(re.sub(r'<span id="report">.*?</span>', REPORT_LINK, html, count=1), encoding="utf-8")
 
 
 def _html_escape(text: str) -> str:
