@@ -183,9 +183,12 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     proc = subprocess.Popen([*base, "--candidate", "busy", "--setting", "oracle"], stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
-        time.sleep(8)
+        deadline = time.monotonic() + 240  # a loaded machine (the suite's training beside it) imports slowly
+        while not (tmp_path / "run" / "run.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)  # run.json is written when the run claims its directory, just before it sends
+        time.sleep(2)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=240)
     finally:
         busy.terminate()
         busy.wait()

@@ -325,12 +325,14 @@ def _release_memory() -> None:
 
 def evaluated_model(cfg: GrpoRunConfig, label: str, weights: Path | None) -> ServedModel:
     """The policy (with `weights`, an adapter) as the evaluation serves it: on the evaluation's profile at the GPU
-    share the memory plan gives it (`grpo_memory.evaluation_share`), not vLLM's default."""
+    share the memory plan gives it (`grpo_memory.evaluation_share`), not vLLM's default. With `runtime_lora` the
+    adapter rides on the profile's own server, as it runs."""
     ev = cfg.evaluate
-    share = grpo_memory.evaluation_share(ev.profile, ev.profiles)
+    on_gpu = profiles.load(ev.profile, ev.profiles).on_gpu
+    share = grpo_memory.evaluation_share(ev.profile, ev.profiles) if on_gpu and not ev.runtime_lora else None
+    serve = {"vllm": {"gpu_memory_utilization": share}} if share is not None else {}  # vLLM's CPU build has none
     return ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
-                       adapter=str(weights) if weights else None, endpoint=ev.endpoint,
-                       serve={"vllm": {"gpu_memory_utilization": share}})  # fmt: skip
+                       adapter=str(weights) if weights else None, endpoint=ev.endpoint, serve=serve)  # fmt: skip
 
 
 def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> dict[str, Any]:
