@@ -180,8 +180,10 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     assert "units/s" in lines[0] and "━" not in done.stderr  # no bar drawn into a file
     # The candidate now answers every request with a 503, retried: interrupted mid-run, the 12 units stay.
     (tmp_path / "run" / "run.json").unlink()  # another candidate: the same directory, a run of its own
+    # As from a terminal: pytest-xdist's workers ignore SIGINT, and a child would inherit that and never see Ctrl-C.
     proc = subprocess.Popen([*base, "--candidate", "busy", "--setting", "oracle"], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                            stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509  # fmt: skip
     try:
         deadline = time.monotonic() + 240  # a loaded machine (the suite's training beside it) imports slowly
         while not (tmp_path / "run" / "run.json").exists() and time.monotonic() < deadline:
@@ -190,6 +192,8 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=240)
     finally:
+        if proc.poll() is None:
+            proc.kill()
         busy.terminate()
         busy.wait()
     assert proc.returncode == 130, stderr
