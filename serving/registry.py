@@ -40,19 +40,25 @@ def lookup(
     """Endpoints by name, the one resolver of role names. A name is, first found: an endpoint `given` as an
     object (the Python API's), a server running under `cupid serve up` (by its profile name, its served name or an
     adapter's: what runs, on its actual port, so a running profile needs no entry and a stale entry cannot point
-    elsewhere), an entry of the endpoints file, or a server this run brings (`served`). `notes` gets a line for
-    each name where a running server and the file's entry disagree: the run says which it used."""
+    elsewhere; where the endpoints file has an entry of that name too, the entry's settings on the running server's
+    address and model), an entry of the endpoints file, or a server this run brings (`served`). `notes` gets a line
+    for each name where a running server and the file's entry disagree: the run says which it used."""
     names = sorted(set(names))
     given, file = dict(given or {}), load_endpoints(path)
     asked = [name for name in names if name not in given]
     live = lifecycle.live_endpoints() if asked else {}
-    for name in asked:
-        if name in live and name in file and live[name].url != file[name].url and notes is not None:
-            notes.append(
-                f"'{name}': the server `cupid serve` runs at {live[name].url} is used, not {path}'s entry "
-                f"({file[name].url})"
-            )
-    known = {**(served or {}), **file, **{n: e for n, e in live.items() if n in asked}, **given}
+    running = {}
+    for name in (n for n in asked if n in live):
+        running[name] = live[name]
+        if name in file:  # the entry's settings (limits, formats, timeouts), on the server that runs
+            entry = file[name]
+            running[name] = entry.model_copy(update={"base_url": live[name].base_url, "model": live[name].model})
+            if entry.url != live[name].url and notes is not None:
+                notes.append(
+                    f"'{name}': the server `cupid serve` runs at {live[name].url} is used, not {path}'s entry "
+                    f"({entry.url})"
+                )
+    known = {**(served or {}), **file, **running, **given}
     return {name: require(known, name, path) for name in names}
 
 
