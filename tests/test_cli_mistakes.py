@@ -155,15 +155,25 @@ def test_a_resumed_run_leaves_one_line_per_unit(world, tmp_path, instant_url, mo
     assert (REPO / "README.md").read_text().count("one line per unit") >= 1
 
 
-def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept(world, tmp_path, instant_url):
+@pytest.fixture
+def busy_url():
+    """An instant server that answers its health check and every chat request with a 503."""
+    from cupid.serving.instant import start as start_instant
+
+    proc, url = start_instant("--fail-first", "100000")
+    yield url
+    proc.terminate()
+    proc.wait()
+
+
+def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept(
+    world, tmp_path, instant_url, busy_url
+):
     """Output to a pipe (CI, nohup): plain progress lines, not a bar's last frame. A real SIGINT mid-run ends with one
     line: the units kept and that the same command resumes, exit 130."""
     import signal
     import time
 
-    from cupid.serving.instant import start as start_instant
-
-    busy, busy_url = start_instant("--fail-first", "100000")  # answers its health check, every chat request a 503
     endpoints = write_endpoints(
         tmp_path / "endpoints.yaml",
         instant={"base_url": instant_url, "model": "instant"},
@@ -194,8 +204,6 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     finally:
         if proc.poll() is None:
             proc.kill()
-        busy.terminate()
-        busy.wait()
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted: 12 unit(s) kept in {tmp_path / 'run'}; the same command resumes from them"
