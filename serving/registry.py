@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cupid.serving import lifecycle
+from cupid.serving import lifecycle, state
 from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.endpoint import Endpoint, bearer
 
@@ -46,7 +46,7 @@ def lookup(
     names = sorted(set(names))
     given, file = dict(given or {}), load_endpoints(path)
     asked = [name for name in names if name not in given]
-    live = lifecycle.live_endpoints() if asked else {}
+    live = lifecycle.live_endpoints() if asked and state.records() else {}  # no records: no server to ask
     running = {}
     for name in (n for n in asked if n in live):
         running[name] = live[name]

@@ -19,11 +19,13 @@ controller ends however it ends (killed too), and the controller stops it itself
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -214,21 +216,28 @@ def tiny_server(tiny_profile, session_home):
     mp.undo()  # the server stays up for the other workers; the controller stops it
 
 
+@contextlib.contextmanager
+def running_instant(*args: str) -> Iterator[str]:
+    """An instant server with `args` (`cupid.serving.instant`'s options) for the block; its base URL."""
+    proc, url = start_instant(*args)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def instant_url():
-    proc, url = start_instant()
-    yield url
-    proc.terminate()
-    proc.wait()
+    with running_instant() as url:
+        yield url
 
 
 @pytest.fixture
 def flaky_url():
     """An instant server that answers each distinct request with 503 once before answering it."""
-    proc, url = start_instant("--fail-first", "1")
-    yield url
-    proc.terminate()
-    proc.wait()
+    with running_instant("--fail-first", "1") as url:
+        yield url
 
 
 @pytest.fixture

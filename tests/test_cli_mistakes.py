@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark.runner import RunConfig, run
-from tests.conftest import REPO, write_endpoints
+from tests.conftest import REPO, running_instant, write_endpoints
 
 USAGE = 2
 
@@ -123,11 +123,8 @@ def test_version_status_json_task_list_and_the_apis_names(world, monkeypatch, tm
 
 def test_a_resumed_run_leaves_one_line_per_unit(world, tmp_path, instant_url, monkeypatch):
     """Failed units are retried on a resume and appended; when the run ends the file holds the latest of each."""
-    from cupid.serving.instant import start as start_instant
-
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
-    proc, failing = start_instant("--no-preference-for", r"\(case|Halvorsen")
-    try:
+    with running_instant("--no-preference-for", r"\(case|Halvorsen") as failing:
         endpoints = write_endpoints(
             tmp_path / "endpoints.yaml",
             instant={"base_url": instant_url, "model": "instant"},
@@ -137,9 +134,6 @@ def test_a_resumed_run_leaves_one_line_per_unit(world, tmp_path, instant_url, mo
         common = {**world["common"], "endpoints": str(endpoints), "cache": None, "out": str(tmp_path / "run")}
         first = run(RunConfig(**common, candidate="cand"))
         assert 0 < first.summary.n_failed < len(first.records)
-    finally:
-        proc.terminate()
-        proc.wait()
     endpoints = write_endpoints(
         tmp_path / "endpoints.yaml",
         instant={"base_url": instant_url, "model": "instant"},
@@ -158,12 +152,8 @@ def test_a_resumed_run_leaves_one_line_per_unit(world, tmp_path, instant_url, mo
 @pytest.fixture
 def busy_url():
     """An instant server that answers its health check and every chat request with a 503."""
-    from cupid.serving.instant import start as start_instant
-
-    proc, url = start_instant("--fail-first", "100000")
-    yield url
-    proc.terminate()
-    proc.wait()
+    with running_instant("--fail-first", "100000") as url:
+        yield url
 
 
 def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept(
