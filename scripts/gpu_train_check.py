@@ -39,19 +39,7 @@ from typing import Any
 import yaml
 
 from cupid.serving.config import read_yaml
-
-QWEN_7B = {  # Qwen2.5-7B-Instruct's config.json, the fields that make its shape
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "vocab_size": 152064,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-}
+from cupid.training.grpo_memory import QWEN_7B
 
 
 def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:

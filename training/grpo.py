@@ -222,7 +222,8 @@ def memory_plan(cfg: GrpoRunConfig, args: Any) -> list[str]:
     if cfg.memory is None:
         return []
     evaluated = cfg.evaluate.profile if cfg.evaluate.enabled and not cfg.evaluate.runtime_lora else None
-    return grpo_memory.check(cfg.memory, args, evaluated, cfg.evaluate.profiles, cfg.source)
+    estimate = grpo_memory.policy_gib(cfg.memory, cfg.policy, cfg.lora, args, cfg.source)
+    return grpo_memory.check(cfg.memory, args, estimate, evaluated, cfg.evaluate.profiles, cfg.source)
 
 
 def reward_name(func: Any) -> str:
