@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoint import Endpoint, bearer
 from cupid.serving.registry import EndpointDown, down_message, unreachable
 from cupid.serving.server_log import failure_line
+
+log = logging.getLogger(__name__)  # each retry, at INFO (`cupid -v` shows it)
 
 CONTEXT_MARKERS = ("context length", "context_length", "maximum context", "too many tokens", "prompt is too long")
 
@@ -230,6 +233,13 @@ class Client:
             stop=stop_after_attempt(endpoint.max_retries + 1),
             wait=wait_exponential_jitter(initial=1, max=30),
             retry=retry_if_exception(worth_retrying),
+            before_sleep=lambda state: log.info(
+                "%s: attempt %d failed (%s); retrying in %.1f s",
+                name,
+                state.attempt_number,
+                state.outcome.exception() if state.outcome else "?",
+                state.next_action.sleep if state.next_action else 0.0,
+            ),
             reraise=True,
         )
         async for attempt in retrying:

@@ -91,6 +91,28 @@ def test_a_mistake_is_one_line_with_its_code(world, what, command, code, named, 
     assert result.exception is None or isinstance(result.exception, SystemExit), (what, repr(result.exception))
 
 
+def test_a_candidate_that_does_not_answer_is_one_line_and_no_unit_left_running(world, tmp_path, instant_url):
+    """The first unit to meet the dead endpoint stops the run; the others are cancelled and their errors read, so
+    asyncio prints no "Task exception was never retrieved" with a traceback for each."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        dead={"base_url": f"http://127.0.0.1:{port}/v1", "model": "dead"},
+    )
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", str(endpoints), "--decomposer", "instant",
+               "--matcher", "pm", "--task", "inference", "--candidate", "dead", "--no-cache", "--out",
+               str(tmp_path / "run")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == USAGE, done.stderr
+    assert f"candidate 'dead' at http://127.0.0.1:{port}/v1 does not answer" in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr and "never retrieved" not in done.stderr, done.stderr
+
+
 def test_debug_shows_the_traceback_a_mistake_otherwise_hides(world, tmp_path):
     env = {**os.environ, "CUPID_HOME": str(tmp_path)}
     command = [sys.executable, "-m", "cupid", "eval", "run", "--config", str(tmp_path / "nope.yaml")]
@@ -181,7 +203,8 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     # The candidate now answers every request with a 503, retried: interrupted mid-run, the 12 units stay.
     (tmp_path / "run" / "run.json").unlink()  # another candidate: the same directory, a run of its own
     # As from a terminal: pytest-xdist's workers ignore SIGINT, and a child would inherit that and never see Ctrl-C.
-    proc = subprocess.Popen([*base, "--candidate", "busy", "--setting", "oracle"], stderr=subprocess.PIPE,
+    verbose = [sys.executable, "-m", "cupid", "-v", *base[3:]]  # -v: each retried request is a line
+    proc = subprocess.Popen([*verbose, "--candidate", "busy", "--setting", "oracle"], stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509  # fmt: skip
     try:
@@ -198,6 +221,23 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     assert stderr.strip().splitlines()[-1] == (
         f"interrupted: 12 unit(s) kept in {tmp_path / 'run'}; the same command resumes from them"
     )
+    assert "cupid.serving.client: busy: attempt 1 failed (http_503" in stderr
+
+
+def test_quiet_runs_without_progress_and_verbose_with_quiet_is_refused(world, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPID_VERBOSITY", "0")  # the root option sets it for the process: restored after the test
+    monkeypatch.setenv("CUPID_PROGRESS_S", "0")
+    monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
+    common = world["common"]
+    args = ["eval", "run", "--endpoints", common["endpoints"], "--decomposer", "instant", "--matcher", "pm",
+            "--task", "inference", "--candidate", "instant", "--no-cache"]  # fmt: skip
+    loud = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "loud")])
+    assert loud.exit_code == 0 and "inference: 12/12 units, 0 failed" in loud.output  # the check can fail
+    hushed = CliRunner().invoke(app, ["-q", *args, "--out", str(tmp_path / "quiet")])
+    assert hushed.exit_code == 0, hushed.output
+    assert "units/s" not in hushed.output and (tmp_path / "quiet" / "summary.json").is_file()
+    both = CliRunner().invoke(app, ["-v", "-q", "eval", "list"])
+    assert both.exit_code == USAGE and "--verbose and --quiet" in both.output
 
 
 def test_a_profile_name_resolves_to_the_server_that_runs_under_it(world, tmp_path, instant_url, monkeypatch):

@@ -5,6 +5,7 @@ A user's mistake (a file that is missing or malformed, a config the library refu
 should be, an output that cannot be written) is one line on stderr and exit 2, whichever command met it
 (`errors.CupidGroup`)."""
 
+import logging
 import os
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
@@ -49,10 +50,23 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="print the installed version and exit"
     ),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="a progress line for every unit, and each retried request (CUPID_VERBOSITY=1)"
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", "-q", help="no progress: results, warnings and errors only (CUPID_VERBOSITY=-1)"
+    ),
 ) -> None:
     """Local, cost-free evaluation for the CUPID benchmark."""
     if debug:
         os.environ["CUPID_DEBUG"] = "1"
+    if verbose and quiet:
+        raise typer.BadParameter("--verbose and --quiet: one or the other", param_hint="--verbose/--quiet")
+    if verbose or quiet:  # the environment, so that a command's child processes (a night's runs) hear it too
+        os.environ["CUPID_VERBOSITY"] = "1" if verbose else "-1"
+    if os.environ.get("CUPID_VERBOSITY") == "1":
+        logging.basicConfig(format="%(name)s: %(message)s")
+        logging.getLogger("cupid").setLevel(logging.INFO)
 
 
 app.add_typer(serve_app, name="serve")

@@ -393,13 +393,17 @@ async def _run_all(
         TextColumn("{task.fields[stats]}"),
         console=console,
         transient=False,
-        disable=not console.is_terminal,  # a log file gets `PlainProgress`'s lines instead of a bar's last frame
+        disable=quiet() or not console.is_terminal,  # a log gets `PlainProgress`'s lines instead of a bar's last frame
     )
-    plain = PlainProgress(console, "+".join(tasks), len(todo) + already, already) if not console.is_terminal else None
+    plain: PlainProgress | None = None
+    running: list[asyncio.Future[UnitRecord]] = []
+    if not quiet() and (verbose() or not console.is_terminal):
+        plain = PlainProgress(console, "+".join(tasks), len(todo) + already, already)
     try:
         with progress, out.append() if out is not None else contextlib.nullcontext() as sink:
             bar = progress.add_task("+".join(tasks), total=len(todo) + already, completed=already, stats="")
-            for finished in asyncio.as_completed([tasks[t].run(i, s) for t, i, s in todo]):
+            running = [asyncio.ensure_future(tasks[t].run(i, s)) for t, i, s in todo]
+            for finished in asyncio.as_completed(running):
                 record = await finished
                 if sink is not None:
                     sink.write(record.to_json() + "\n")
@@ -410,11 +414,24 @@ async def _run_all(
                 yield record
         if plain is not None:
             plain.say(client.stats.line())
-    finally:  # interrupted too: no connection left open
+    finally:  # interrupted too: no unit left running (nor its error unread), no connection left open
+        for unit in running:
+            unit.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         await client.aclose()
 
 
 PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often (CUPID_PROGRESS_S sets it; 0: every unit)
+
+
+def quiet() -> bool:
+    """`cupid -q` (CUPID_VERBOSITY=-1): no progress, bar or lines; results, warnings and errors only."""
+    return os.environ.get("CUPID_VERBOSITY", "0") == "-1"
+
+
+def verbose() -> bool:
+    """`cupid -v` (CUPID_VERBOSITY=1): a progress line for every unit, on a terminal too, and each retry."""
+    return os.environ.get("CUPID_VERBOSITY", "0") == "1"
 
 
 class PlainProgress:
@@ -425,7 +442,7 @@ class PlainProgress:
         self.console, self.what, self.total, self.done, self.failed = console, what, total, done, 0
         self.started = self.last = time.monotonic()
         self.first = done
-        self.every = float(os.environ.get("CUPID_PROGRESS_S", PROGRESS_EVERY_S))
+        self.every = 0.0 if verbose() else float(os.environ.get("CUPID_PROGRESS_S", PROGRESS_EVERY_S))
 
     def advance(self, scored: bool, requests: str) -> None:
         self.done += 1
