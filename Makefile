@@ -74,7 +74,7 @@ demo: setup
 # 15:19 against 14:13), a test file on one (module fixtures, the training chain, run once), the longest files
 # first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). One tiny vLLM server serves
 # every worker. At the end: pytest's slowest durations, then the vLLM starts the run paid for, counted by
-# cupid.serving.lifecycle into the file CUPID_VLLM_STARTS names (tests/conftest.py sets it and prints them).
+# cupid.serving.servers.lifecycle into the file CUPID_VLLM_STARTS names (tests/conftest.py sets it and prints them).
 TEST_WORKERS ?= $(shell python3 -c "import os; print(min(8, max(2, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 2)))")
 test: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .

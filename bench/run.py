@@ -39,19 +39,19 @@ from typing import Any
 
 import httpx
 
+from cupid.common.config import read_yaml
+from cupid.common.errors import ServeError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, run
-from cupid.serving import lifecycle, profiles, tiny_model
 from cupid.serving.client import ChatRequest, Client
-from cupid.serving.config import read_yaml
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.errors import ServeError
-from cupid.serving.instant import start as start_instant
-from cupid.serving.ports import free_port
-from cupid.serving.profiles import Profile
 from cupid.serving.registry import load_endpoints
-from cupid.serving.state import ServerRecord
+from cupid.serving.servers import lifecycle, profiles, tiny_model
+from cupid.serving.servers.instant import start as start_instant
+from cupid.serving.servers.ports import free_port
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.state import ServerRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_SIZE = 756

@@ -16,6 +16,8 @@ from typing import Any, ParamSpec, Self, TypeVar
 
 from rich.console import Console
 
+from cupid.common.aio import blocking
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
@@ -29,17 +31,24 @@ from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
 from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
-from cupid.serving.aio import blocking
 from cupid.serving.cache import cache_path
 from cupid.serving.client import per_loop
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.servers import ServedModel
-from cupid.serving.registry import DEFAULT_FILE, EndpointLike
-from cupid.serving.registry import resolve as endpoint
+from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.servers.lifecycle import started_endpoints
 
 T = TypeVar("T")
 P = ParamSpec("P")
+
+
+def endpoint(
+    spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any
+) -> Endpoint:
+    """An endpoint from a name (an entry of the endpoints file, or a server running under `cupid serve up`: its
+    profile's name), a base URL (`model`: default the one model the server lists) or an `Endpoint`; any other
+    `Endpoint` field as a keyword (`structured_output=True`, ...)."""
+    return resolve(spec, model=model, endpoints_file=endpoints_file, started=started_endpoints, **fields)
 
 
 class PrefMatcher:

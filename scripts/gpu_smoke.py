@@ -22,14 +22,14 @@ import sys
 import time
 from importlib import resources
 
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import lifecycle, probes, profiles, state
 from cupid.serving.client import Client, RequestFailed
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import get_engine
-from cupid.serving.errors import ServeError
 from cupid.serving.fleet import gpu_memory
+from cupid.serving.servers import lifecycle, probes, profiles, state
+from cupid.serving.servers.engines import get_engine
 
 
 def examples() -> list[dict]:

@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from cupid.serving.config import read_yaml
+from cupid.common.config import read_yaml
 from cupid.training.grpo_memory import QWEN_7B
 
 
@@ -47,7 +47,7 @@ def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from cupid.serving.tiny_model import RANDOM_CONFIG
+    from cupid.serving.servers.tiny_model import RANDOM_CONFIG
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     shape_args = QWEN_7B if shape == "qwen2.5-7b" else {**RANDOM_CONFIG, "vocab_size": len(tokenizer)}
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "--stages", default="sft,export,grpo", help="which of sft, export, grpo to run (the model is always made)"
     )
     a = parser.parse_args(argv)
-    from cupid.serving import tiny_model
+    from cupid.serving.servers import tiny_model
     from cupid.training import export, grpo, sft
 
     tokenizer = a.tokenizer or tiny_model.ensure_random()

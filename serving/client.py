@@ -14,17 +14,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from cupid.serving.aio import PerLoop
+from cupid.common.aio import PerLoop
+from cupid.common.errors import failure_line
 from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoint import Endpoint, bearer
-from cupid.serving.registry import EndpointDown, down_message, unreachable
-from cupid.serving.server_log import failure_line
+from cupid.serving.registry import EndpointDown, Hint, down_message, unreachable
 
 log = logging.getLogger(__name__)  # each retry, at INFO (`cupid -v` shows it)
 
@@ -117,7 +116,7 @@ class Client:
         concurrency: int | None = None,
         servers: dict[str, ManagedServer] | None = None,
         roles: dict[str, str] | None = None,
-        profiles_dir: str | Path | None = None,
+        down_hint: Hint | None = None,
     ):
         self.endpoints = endpoints
         self.cache = cache
@@ -131,8 +130,8 @@ class Client:
         self._starting: dict[str, asyncio.Future[None]] = {}
         # With `roles` (role -> endpoint name), an endpoint is asked once, before the first request that must be sent
         # to it, whether it answers; one that does not stops the run (`EndpointDown`) instead of failing each unit.
-        # A run answered from the cache asks nothing.
-        self.roles, self.profiles_dir = roles, profiles_dir
+        # A run answered from the cache asks nothing; `down_hint` says what to do then.
+        self.roles, self.down_hint = roles, down_hint
         self._answering: dict[str, asyncio.Future[dict[str, str]]] = {}
 
     def limit(self, name: str) -> int:
@@ -188,7 +187,7 @@ class Client:
             probe = asyncio.to_thread(unreachable, {name: self.endpoints[name]})
             self._answering[name] = asyncio.ensure_future(probe)
         if down := await asyncio.shield(self._answering[name]):
-            raise EndpointDown(down_message(down, self.endpoints, self.roles, self.profiles_dir))
+            raise EndpointDown(down_message(down, self.endpoints, self.roles, self.down_hint))
 
     async def _server_up(self, name: str) -> None:
         """Wait for the endpoint's server where this run brings it (one start for all its requests)."""
@@ -315,6 +314,6 @@ T = TypeVar("T")
 
 
 def per_loop(open: Callable[[], tuple[Client, T]]) -> PerLoop[tuple[Client, T]]:
-    """A client (and what is built on it) per event loop, closed with its cache on that loop (`serving.aio.PerLoop`):
+    """A client (and what is built on it) per event loop, closed with its cache on that loop (`common.aio.PerLoop`):
     what PrefMatcher and a reward function hold."""
     return PerLoop(open, lambda opened: opened[0].close_with_cache(), cleanup=lambda opened: opened[0].close_cache())

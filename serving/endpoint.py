@@ -1,7 +1,7 @@
 """One OpenAI-compatible endpoint: where a client sends a model's requests, and how.
 
 Its own module, below both the named endpoints and their resolver (`serving.registry`) and the servers this project
-starts (`serving.lifecycle`, which gives an endpoint for each one running), so that neither imports the other.
+starts (`serving.servers.lifecycle`, which gives an endpoint for each one running), so that neither imports the other.
 """
 
 from __future__ import annotations

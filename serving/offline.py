@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
-from cupid.serving import lifecycle, profiles, vllm_args
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import VLLM_INSTALL, vllm_build
-from cupid.serving.errors import ServeError
 from cupid.serving.fleet import gpu_memory
 from cupid.serving.fleet.gpu_memory import Plan
-from cupid.serving.profiles import Profile
+from cupid.serving.servers import lifecycle, profiles, vllm_args
+from cupid.serving.servers.engines import VLLM_INSTALL, vllm_build
+from cupid.serving.servers.profiles import Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
@@ -425,7 +425,7 @@ def open_client(
     if executor == "http":
         return Client(
             endpoints, cache, refresh=refresh, concurrency=concurrency, servers=servers, roles=roles,
-            profiles_dir=profiles_dir,
+            down_hint=profiles.start_hint(profiles_dir),
         )  # fmt: skip
     if executor == "vllm-offline":
         loader = _vllm_loader(endpoints, Path(profiles_dir))

@@ -1,19 +1,24 @@
 """Named OpenAI-compatible endpoints (`configs/endpoints.yaml`), the one resolver of an endpoint's name (an entry of
-that file or a server running under `cupid serve up`: `serving.lifecycle`, below this module), and whether each answers.
+that file or a server running under `cupid serve up`, handed in by whoever resolves), and whether each answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cupid.serving import lifecycle, state
-from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"
+
+Started = Callable[[], Mapping[str, Endpoint]]
+"""The servers `cupid serve` started, by name (`serving.servers.lifecycle.started_endpoints`): handed to the resolver
+by whoever resolves names, since this side of serving never imports the side that starts servers."""
+Hint = Callable[[Endpoint], str]
+"""What to do about an endpoint that does not answer (`serving.servers.profiles.start_hint`: the profile to start)."""
 
 
 def load_endpoints(path: str | Path) -> dict[str, Endpoint]:
@@ -36,17 +41,19 @@ def lookup(
     given: Mapping[str, Endpoint] | None = None,
     served: Mapping[str, Endpoint] | None = None,
     notes: list[str] | None = None,
+    started: Started | None = None,
 ) -> dict[str, Endpoint]:
     """Endpoints by name, the one resolver of role names. A name is, first found: an endpoint `given` as an
     object (the Python API's), a server running under `cupid serve up` (by its profile name, its served name or an
     adapter's: what runs, on its actual port, so a running profile needs no entry and a stale entry cannot point
     elsewhere; where the endpoints file has an entry of that name too, the entry's settings on the running server's
-    address and model), an entry of the endpoints file, or a server this run brings (`served`). `notes` gets a line
-    for each name where a running server and the file's entry disagree: the run says which it used."""
+    address and model; asked of `started`), an entry of the endpoints file, or a server this run brings (`served`).
+    `notes` gets a line for each name where a running server and the file's entry disagree: the run says which it
+    used."""
     names = sorted(set(names))
     given, file = dict(given or {}), load_endpoints(path)
     asked = [name for name in names if name not in given]
-    live = lifecycle.live_endpoints() if asked and state.records() else {}  # no records: no server to ask
+    live = started() if asked and started is not None else {}
     running = {}
     for name in (n for n in asked if n in live):
         running[name] = live[name]
@@ -83,21 +90,19 @@ def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOU
     return {name: reason for name, reason in reasons.items() if reason is not None}
 
 
-def how_to_start(endpoint: Endpoint, profiles_dir: str | Path | None = None) -> str:
-    """How to bring up the server an endpoint points at, where it is one of this machine's profiles' (by port)."""
+def local(endpoint: Endpoint) -> bool:
     from urllib.parse import urlparse
 
-    from cupid.serving import profiles
+    return urlparse(endpoint.url).hostname in ("127.0.0.1", "localhost", "0.0.0.0", "::1")
 
-    url = urlparse(endpoint.url)
-    if url.hostname not in ("127.0.0.1", "localhost", "0.0.0.0", "::1"):
-        return "check that the server runs and its address is right"
-    try:
-        known = profiles.load_all(profiles_dir or profiles.DEFAULT_DIR)
-    except ConfigError:
-        known = {}
-    names = [name for name, p in known.items() if p.port == url.port]
-    return f"start it: cupid serve up --profile {names[0]}" if names else "start its server (`cupid serve up`)"
+
+def how_to_start(endpoint: Endpoint) -> str:
+    """What to do about an endpoint that does not answer, where nothing more is known of its server."""
+    return (
+        "start its server (`cupid serve up`)"
+        if local(endpoint)
+        else "check that the server runs and its address is right"
+    )
 
 
 class EndpointDown(ConfigError):
@@ -105,26 +110,26 @@ class EndpointDown(ConfigError):
 
 
 def down_message(down: Mapping[str, str], endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None,
-                 profiles_dir: str | Path | None = None) -> str:  # fmt: skip
+                 hint: Hint | None = None) -> str:  # fmt: skip
     """`matcher 'pm' at URL does not answer (why): how to start it; nothing was sent to it`, for each endpoint down.
-    `roles`: role -> endpoint name."""
+    `roles`: role -> endpoint name; `hint`: what to do (default: `how_to_start`)."""
     lines = []
     for name, reason in down.items():
         playing = ", ".join(role for role, used in (roles or {}).items() if used == name) or "endpoint"
         lines.append(
             f"{playing} '{name}' at {endpoints[name].url} does not answer ({reason}): "
-            f"{how_to_start(endpoints[name], profiles_dir)}; nothing was sent to it"
+            f"{(hint or how_to_start)(endpoints[name])}; nothing was sent to it"
         )
     return "; ".join(lines)
 
 
 def require_reachable(
-    endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None, profiles_dir: str | Path | None = None
+    endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None, hint: Hint | None = None
 ) -> None:
     """Refuse at once when an endpoint does not answer: naming the role(s) it plays, the endpoint, its URL and how
     to start it."""
     if down := unreachable(endpoints):
-        raise EndpointDown(down_message(down, endpoints, roles, profiles_dir))
+        raise EndpointDown(down_message(down, endpoints, roles, hint))
 
 
 def missing_keys(endpoints: dict[str, Endpoint]) -> list[str]:
@@ -138,16 +143,21 @@ EndpointLike = Endpoint | str
 
 
 def resolve(
-    spec: EndpointLike, *, model: str | None = None, endpoints_file: str | Path = DEFAULT_FILE, **fields: Any
+    spec: EndpointLike,
+    *,
+    model: str | None = None,
+    endpoints_file: str | Path = DEFAULT_FILE,
+    started: Started | None = None,
+    **fields: Any,
 ) -> Endpoint:
     """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server
     lists, its LoRA adapters aside) and any other `Endpoint` field (`structured_output=True`,
-    `matcher_prompt="prefmatcher"`, ...)."""
+    `matcher_prompt="prefmatcher"`, ...); a name is looked up (`lookup`, with `started`)."""
     if isinstance(spec, Endpoint):
         return spec.model_copy(update=fields) if fields else spec
     if spec.startswith(("http://", "https://")):
         return Endpoint.model_validate({"base_url": spec, "model": model or _served_model(spec), **fields})
-    found = lookup([spec], endpoints_file)[spec]
+    found = lookup([spec], endpoints_file, started=started)[spec]
     return found.model_copy(update=fields) if fields else found
 
 

@@ -32,9 +32,9 @@ import pytest
 import yaml
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.serving import lifecycle, probes, profiles, state, tiny_model, vllm_args, watchdog
-from cupid.serving.instant import start as start_instant
-from cupid.serving.ports import free_port
+from cupid.serving.servers import lifecycle, probes, profiles, state, tiny_model, vllm_args, watchdog
+from cupid.serving.servers.instant import start as start_instant
+from cupid.serving.servers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_NAME = "tiny-random-llama"  # the session server's served name
@@ -189,8 +189,8 @@ def running_in_group(pgid: int) -> list[int]:
 
 
 def _tie_to_controller(pid: int) -> None:
-    """The server's watchdog (`serving.watchdog`), reading the controller's FIFO instead of a pipe from this worker
-    (nothing writes `ready` into it: should the controller die, the session server gets the starting grace before
+    """The server's watchdog (`serving.servers.watchdog`), reading the controller's FIFO instead of a pipe from this
+    worker (nothing writes `ready` into it: should the controller die, the session server gets the starting grace before
     SIGKILL)."""
     with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
         watchdog.start_watchdog(pid, alive)
@@ -218,7 +218,7 @@ def tiny_server(tiny_profile, session_home):
 
 @contextlib.contextmanager
 def running_instant(*args: str) -> Iterator[str]:
-    """An instant server with `args` (`cupid.serving.instant`'s options) for the block; its base URL."""
+    """An instant server with `args` (`cupid.serving.servers.instant`'s options) for the block; its base URL."""
     proc, url = start_instant(*args)
     try:
         yield url

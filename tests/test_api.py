@@ -12,13 +12,13 @@ import httpx
 import pytest
 
 import cupid
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import MatchItem, StageError
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import Requests
-from cupid.serving import lora
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers import lora
 from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
@@ -438,8 +438,8 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
 def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_is_named(tmp_path, instant_url):
     import time
 
-    from cupid.serving.config import ConfigError
-    from cupid.serving.ports import free_port
+    from cupid.common.config import ConfigError
+    from cupid.serving.servers.ports import free_port
 
     closed = f"http://127.0.0.1:{free_port()}/v1"
     endpoints = write_endpoints(

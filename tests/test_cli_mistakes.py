@@ -245,9 +245,9 @@ def test_a_profile_name_resolves_to_the_server_that_runs_under_it(world, tmp_pat
     sends to the server that runs, and says which it used (the file's port is held by something else)."""
     from urllib.parse import urlparse
 
-    from cupid.serving import state
-    from cupid.serving.instant import start as start_instant
-    from cupid.serving.profiles import Profile
+    from cupid.serving.servers import state
+    from cupid.serving.servers.instant import start as start_instant
+    from cupid.serving.servers.profiles import Profile
 
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
     proc, url = start_instant()

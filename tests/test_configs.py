@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from cupid.common.config import read_yaml, validate
 from cupid.eval.benchmark.runner import RunConfig
-from cupid.serving.config import read_yaml, validate
 from cupid.serving.registry import load_endpoints
 
 REPO = Path(__file__).resolve().parents[1]

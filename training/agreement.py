@@ -31,17 +31,17 @@ from urllib.parse import urlsplit
 import httpx
 from rich.console import Console
 
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
-from cupid.serving import state
 from cupid.serving.client import Client, RequestFailed
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint, bearer
-from cupid.serving.engines import get_engine
-from cupid.serving.errors import ServeError
 from cupid.serving.fleet.placement import Placed
 from cupid.serving.fleet.run_servers import RunServers
-from cupid.serving.profiles import Profile
+from cupid.serving.servers import state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
 from cupid.training.config import TrainConfig
 from cupid.training.export import adapter_dir, export_dir
 from cupid.training.matchdata import MatchExample, data_dir, read_examples

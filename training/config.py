@@ -11,8 +11,8 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
-from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.endpoint import Endpoint
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
@@ -34,8 +34,8 @@ class Labelling(_Section):
     )
     instant_server: bool = Field(
         default=False,
-        description="start serving/instant.py and add an endpoint named `instant`: canned, well-formed CUPID answers "
-        "that stand in for candidate/decomposer/teacher where no model here can play them (the CPU chain)",
+        description="start serving/servers/instant.py and add an endpoint named `instant`: canned, well-formed CUPID "
+        "answers that stand in for candidate/decomposer/teacher where no model here can play them (the CPU chain)",
     )
     candidates: list[str] = Field(min_length=1, description="endpoints whose inferred preferences get labelled")
     decomposer: str
@@ -274,11 +274,12 @@ class Agreement(_Section):
     def profile(
         self, name: str, model: str, served_name: str, adapters: dict[str, str] | None = None, port: int | None = None
     ):
-        """The serve profile of one of the check's servers (`serving.profiles.Profile`), on a free port by default."""
+        """The serve profile of one of the check's servers (`serving.servers.profiles.Profile`), on a free port by
+        default."""
         from pydantic import ValidationError
 
-        from cupid.serving.ports import free_port
-        from cupid.serving.profiles import Profile
+        from cupid.serving.servers.ports import free_port
+        from cupid.serving.servers.profiles import Profile
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
         if adapters:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
+from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
@@ -32,11 +33,10 @@ from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.eval.integrations.reward import Judges, format_reward, reward, reward_dataset, value
-from cupid.serving import profiles
-from cupid.serving.config import ConfigError, read_yaml, validate
 from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.registry import require_reachable
-from cupid.serving.vllm_args import lora_rank_for
+from cupid.serving.servers import profiles
+from cupid.serving.servers.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
 from cupid.training.grpo_memory import MemoryPlan
 
@@ -265,7 +265,7 @@ def train(
     console = console or Console(stderr=True)
     args, lora, funcs = check(cfg, track, funcs)
     for judges in _judges_of(funcs):  # before the data and the policy load
-        require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints})
+        require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints}, profiles.start_hint())
     dataset = prompts(cfg, args)
 
     from transformers import AutoModelForCausalLM

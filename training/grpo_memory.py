@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.serving import profiles
-from cupid.serving.config import ConfigError
+from cupid.common.config import ConfigError
+from cupid.serving.servers import profiles
 
 
 class MemoryPlan(BaseModel):

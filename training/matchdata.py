@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
@@ -36,7 +37,6 @@ from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
 from cupid.serving.cache import cache_path
-from cupid.serving.config import ConfigError
 from cupid.serving.registry import load_endpoints, require
 from cupid.training.config import Labelling, TrainConfig, is_test_split
 
@@ -237,7 +237,7 @@ def _endpoints_file(syn: Labelling, work: Path) -> Iterator[Path]:
     proc = None
     try:
         if syn.instant_server:
-            from cupid.serving.instant import start
+            from cupid.serving.servers.instant import start
 
             proc, url = start()
             entries["instant"] = {"base_url": url, "model": "instant", "max_retries": 0, "timeout_s": 60}

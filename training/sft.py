@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from cupid.serving.config import ConfigError
+from cupid.common.config import ConfigError
 from cupid.training import trl_args
 from cupid.training.config import TrainConfig, chain_sft_args
 from cupid.training.matchdata import data_dir, read_examples
@@ -32,7 +32,7 @@ def resolve_base(cfg: TrainConfig) -> str:
     fails here, naming the config field, instead of deep inside from_pretrained."""
     value = cfg.base_model
     if value == "tiny":
-        from cupid.serving import tiny_model
+        from cupid.serving.servers import tiny_model
 
         return str(tiny_model.ensure())
     path = Path(value).expanduser()

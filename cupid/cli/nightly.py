@@ -9,9 +9,9 @@ from typing import Any
 import typer
 
 from cupid.cli.errors import EXIT_USAGE
+from cupid.common.config import ConfigError
 from cupid.eval.results.nightly import leaderboard_markdown, run_nightly
 from cupid.eval.results.track import require as require_tracker
-from cupid.serving.config import ConfigError
 from cupid.serving.fleet.gpu_memory import Gpu
 
 

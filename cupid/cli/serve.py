@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from cupid.serving import lifecycle, profiles, server_log, state, tiny_model
-from cupid.serving.config import ConfigError, validate
-from cupid.serving.engines import get_engine, vllm_build
-from cupid.serving.errors import ServeError
+from cupid.common.config import ConfigError, validate
+from cupid.common.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Plan, gpus
-from cupid.serving.ports import port_free, taken
-from cupid.serving.profiles import Profile
-from cupid.serving.vllm_args import engine_env
+from cupid.serving.servers import lifecycle, profiles, server_log, state, tiny_model
+from cupid.serving.servers.engines import get_engine, vllm_build
+from cupid.serving.servers.ports import port_free, taken
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.vllm_args import engine_env
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from cupid.serving.config import ConfigError, read_yaml, validate
+from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.training.synth.config import SynthConfig
 from cupid.training.synth.pipeline import run
 

@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.eval.benchmark.data import DataError, local_path
-from cupid.serving.config import ConfigError
-from cupid.serving.errors import ServeError
 from cupid.training import agreement, config, pipeline
 from cupid.training.matchdata import LabellingError
 

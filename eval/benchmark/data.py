@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cupid.serving import hub
+from cupid.common import hub
 
 INSTANCE_TYPES = ("consistent", "contrastive", "changing")
 HUB_ID = "kixlab/CUPID"

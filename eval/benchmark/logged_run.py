@@ -11,9 +11,9 @@ from typing import Any
 
 from rich.console import Console
 
+from cupid.common.aio import blocking
 from cupid.eval.benchmark.runner import RunConfig, RunResult, arun
 from cupid.eval.results import track
-from cupid.serving.aio import blocking
 
 
 async def arun_and_log(cfg: RunConfig, *, console: Console | None = None, **options: Any) -> RunResult:

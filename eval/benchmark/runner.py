@@ -19,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from cupid.common.aio import blocking
+from cupid.common.config import ConfigError
+from cupid.common.files import DiskFull, disk_full, hold
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark.files import DiskFull, disk_full, hold
 from cupid.eval.benchmark.history import History
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
@@ -30,16 +32,15 @@ from cupid.eval.benchmark.stages import Roles
 from cupid.eval.benchmark.summary import Requests, Summary, Table, markdown, summarize, tables
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
-from cupid.serving.aio import blocking
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import open_cache, renamed_no_cache
 from cupid.serving.client import Client
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
 from cupid.serving.fleet.servers import ServedModel
 from cupid.serving.offline import open_client
 from cupid.serving.registry import lookup, missing_keys
+from cupid.serving.servers.lifecycle import started_endpoints
 
 Tracker = Literal[
     "mlflow", "wandb"
@@ -300,7 +301,7 @@ def _resolve(
     else:  # a dry run: the requests name the model a run would serve
         served = {c.name: c.to_endpoint(c.to_profile(cfg.profiles)) for c in cfg.served_candidates}
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
-    used = lookup(names, cfg.endpoints, given=given, served=served, notes=notes)
+    used = lookup(names, cfg.endpoints, given=given, served=served, notes=notes, started=started_endpoints)
     if run_servers is not None and (
         clash := sorted(c.name for c in cfg.served_candidates if c.name in used and used[c.name] is not served[c.name])
     ):

@@ -23,6 +23,8 @@ from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSyste
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 
+from cupid.common.aio import PerLoop
+from cupid.common.config import ConfigError, read_yaml
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
 from cupid.eval.benchmark.history import History, plain_log
@@ -34,11 +36,9 @@ from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import GROUPS, figures
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
-from cupid.serving.aio import PerLoop
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import cache_path
 from cupid.serving.client import classify, per_loop
-from cupid.serving.config import ConfigError, read_yaml
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE
 

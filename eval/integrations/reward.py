@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cupid.common.aio import PerLoop, blocking
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.judges import Judging, open_judges
@@ -39,12 +41,11 @@ from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
-from cupid.serving.aio import PerLoop, blocking
 from cupid.serving.cache import open_cache
 from cupid.serving.client import Client, per_loop
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.servers.lifecycle import started_endpoints
 
 REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
 MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words
@@ -288,7 +289,9 @@ def reward(
     if metric not in spec.reward_metrics:
         raise ConfigError(f"reward: metric {metric!r} for {task}: expected one of {', '.join(spec.reward_metrics)}")
     given = {"matcher": matcher, "decomposer": decomposer, "judge": judge}
-    endpoints = tuple((role, resolve(given[role], endpoints_file=endpoints_file)) for role in spec.roles)
+    endpoints = tuple(
+        (role, resolve(given[role], endpoints_file=endpoints_file, started=started_endpoints)) for role in spec.roles
+    )
     judges = Judges(task, metric, endpoints, str(cache) if cache else None, max_concurrency)
     return functools.partial(FUNCTIONS[(task, metric)][1 if blocking else 0], judges=judges)
 
@@ -312,7 +315,11 @@ def reward_dataset(
     import datasets
 
     instances = cupid_data.load(source).filter(types, limit).instances
-    summarizing = resolve(summarizer, endpoints_file=endpoints_file) if summarizer is not None else None
+    summarizing = (
+        resolve(summarizer, endpoints_file=endpoints_file, started=started_endpoints)
+        if summarizer is not None
+        else None
+    )
     return datasets.Dataset.from_list(dataset_rows(instances, task, setting, summarizer=summarizing, cache=cache))
 
 

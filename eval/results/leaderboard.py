@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.rundir import RunIdentity
 from cupid.eval.benchmark.stats import N_RESAMPLES, Interval
 from cupid.eval.benchmark.summary import Requests
 from cupid.eval.results.compare import Row
-from cupid.serving.config import ConfigError
 
 Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
 

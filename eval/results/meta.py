@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import DIRECTIONS, UnitRecord, scored
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.summary import prf
 from cupid.eval.benchmark.tasks import INFERENCE
-from cupid.serving.config import ConfigError
 
 LABELS = ("Yes", "Partial", "No")
 LABEL_VALUE = {"Yes": 1.0, "Partial": 0.5, "No": 0.0}

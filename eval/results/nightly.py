@@ -34,7 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 from rich.markup import escape
 
-from cupid.eval.benchmark.files import hold, write_atomic
+from cupid.common.config import ConfigError, describe, load_model
+from cupid.common.errors import ServeError, failure_line
+from cupid.common.files import hold, write_atomic
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
@@ -57,12 +59,9 @@ from cupid.eval.results.compare import (
 from cupid.eval.results.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
-from cupid.serving.config import ConfigError, describe, load_model
-from cupid.serving.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Gpu
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
 from cupid.serving.fleet.servers import ServedModel
-from cupid.serving.server_log import failure_line
 
 EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")

@@ -19,13 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.grid import groups
 from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.eval.results.view import link_report
-from cupid.serving.config import ConfigError
 
 FIGURE_SETTING = "standard"
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cupid.eval.benchmark.files import read_json, write_atomic
+from cupid.common.config import ConfigError
+from cupid.common.files import read_json, write_atomic
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity
@@ -34,7 +35,6 @@ from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import report, view
 from cupid.eval.results.compare import Row
 from cupid.eval.results.leaderboard import Leaderboard, flag, flags_text, run_dir_of
-from cupid.serving.config import ConfigError
 
 if TYPE_CHECKING:  # the literal sits with RunConfig; this module reads runs' files and never runs one
     from cupid.eval.benchmark.runner import Tracker

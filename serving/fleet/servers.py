@@ -23,14 +23,14 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.serving import lifecycle, lora, probes, profiles, server_log, state
-from cupid.serving.config import ConfigError, validate
+from cupid.common.config import ConfigError, validate
+from cupid.common.errors import ServeError, failure_line
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import get_engine
-from cupid.serving.errors import ServeError
 from cupid.serving.fleet.placement import Placed
-from cupid.serving.profiles import Profile
-from cupid.serving.vllm_args import lora_rank_for
+from cupid.serving.servers import lifecycle, lora, probes, profiles, server_log, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.vllm_args import lora_rank_for
 
 
 class ServedModel(BaseModel):
@@ -187,7 +187,7 @@ class Server:
             except ServeError as e:
                 self.error = e
                 if not self._cancel.is_set():
-                    self.say(f"{self.name} did not start: {server_log.failure_line(e)}")
+                    self.say(f"{self.name} did not start: {failure_line(e)}")
                 raise
             finally:
                 self.starting = False
@@ -248,8 +248,7 @@ class Server:
             except ServeError as e:
                 self.died = True
                 self.error = ServeError(
-                    f"'{self.name}' stopped answering ({why}; log {kept}) and did not come back: "
-                    f"{server_log.failure_line(e)}"
+                    f"'{self.name}' stopped answering ({why}; log {kept}) and did not come back: {failure_line(e)}"
                 )
                 self.say(str(self.error))
                 raise self.error from None

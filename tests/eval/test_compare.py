@@ -132,7 +132,7 @@ SOME = r"\(case sample-\d+-(0|1|2|3)\)"  # 4 copies of 4 personas: 16 of 108 ans
 
 
 def instant_with(*args):
-    from cupid.serving.instant import start as start_instant
+    from cupid.serving.servers.instant import start as start_instant
 
     return start_instant(*args)
 

@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.eval.benchmark.summary import InferenceFigures, Requests
 from cupid.matcher.scores import MatchCounts, macro, micro
-from cupid.serving.config import ConfigError
 from tests.conftest import REPO, write_endpoints
 
 
@@ -152,7 +152,7 @@ def test_a_candidates_failures_are_recorded_counted_and_kept_out_of_the_figures(
     """Deterministic: the instant server as a candidate that states no preference for one persona (its three
     instances) and answers the other's: three units failed at parse_preference with their raw answers, three scored,
     and the run's figures are the scored three's."""
-    from cupid.serving.instant import start as start_instant
+    from cupid.serving.servers.instant import start as start_instant
     from tests.conftest import sample_copies
 
     proc, url = start_instant("--no-preference-for", r"\(case sample-01-0\)")

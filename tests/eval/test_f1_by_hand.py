@@ -1,8 +1,9 @@
 """Exact figures worked out by hand: a run end to end over real HTTP, the instant server in every role, on two
 hand-made instances whose every matcher label and judge score follows from the instant server's rules
-(cupid.serving.instant). The expected numbers below are arithmetic on those labels, not the scoring code's output.
+(cupid.serving.servers.instant). The expected numbers below are arithmetic on those labels, not the scoring code's
+output.
 
-What the instant server answers (serving/instant.py):
+What the instant server answers (serving/servers/instant.py):
 - candidate, inference: the fixed preference P = "Updates should be brief, use bullet points, and end with a clear
   question." (generation: "Here is a short update. " + P);
 - decomposer: P split at commas and "and", one item per part, "Does the response satisfy: <part>?";

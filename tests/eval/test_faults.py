@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark.files import DiskFull, hold
+from cupid.common.files import DiskFull, hold
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, run
 from tests.conftest import REPO, write_endpoints

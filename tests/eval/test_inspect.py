@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from inspect_ai.log import EvalLog, read_eval_log
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.data import load
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
@@ -25,7 +26,6 @@ from cupid.eval.benchmark.stats import MIN_PERSONAS
 from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations import inspect_tasks
 from cupid.serving.client import Client
-from cupid.serving.config import ConfigError
 from cupid.serving.registry import load_endpoints
 from tests.conftest import write_endpoints
 

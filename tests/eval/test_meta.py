@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
+from cupid.common.config import ConfigError
 from cupid.eval.results.meta import (
     agree,
     canonical_label,
@@ -16,7 +17,6 @@ from cupid.eval.results.meta import (
     read_table,
     run_labels,
 )
-from cupid.serving.config import ConfigError
 from tests.conftest import REPO
 from tests.run_records import inference, scoring, write_run
 

@@ -10,13 +10,13 @@ import pytest
 from trl.trainer.utils import get_callable_name, is_async_callable
 
 import cupid
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.matcher.parse import PREFERENCE_HEADER
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.instant import PREFERENCE as INSTANT_PREFERENCE
-from cupid.serving.ports import free_port
+from cupid.serving.servers.instant import PREFERENCE as INSTANT_PREFERENCE
+from cupid.serving.servers.ports import free_port
 
 N = 3
 

@@ -8,12 +8,12 @@ import re
 
 import pytest
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.stages import constraint
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import load_endpoints
 from cupid.training.matchdata import completion_text

@@ -1,6 +1,6 @@
 import pytest
 
-from cupid.serving.config import ConfigError
+from cupid.common.config import ConfigError
 from cupid.serving.registry import load_endpoints, missing_keys
 from tests.conftest import REPO, write_endpoints
 

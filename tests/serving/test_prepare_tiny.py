@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from cupid.serving import tiny_model
+from cupid.serving.servers import tiny_model
 
 CUPID = [sys.executable, "-m", "cupid"]
 

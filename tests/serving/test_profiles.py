@@ -13,14 +13,14 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.serving import profiles, state
-from cupid.serving.config import ConfigError
-from cupid.serving.engines import get_engine
-from cupid.serving.errors import ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Gpu, Plan, parse_nvidia_smi
-from cupid.serving.profiles import Profile
-from cupid.serving.state import ServerRecord
-from cupid.serving.vllm_args import engine_env, llm_kwargs, vllm_defaults
+from cupid.serving.servers import profiles, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.state import ServerRecord
+from cupid.serving.servers.vllm_args import engine_env, llm_kwargs, vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -594,9 +594,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
 
 def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
-    from cupid.serving import lifecycle, state
-    from cupid.serving.engines import Engine
-    from cupid.serving.ports import free_port
+    from cupid.serving.servers import lifecycle, state
+    from cupid.serving.servers.engines import Engine
+    from cupid.serving.servers.ports import free_port
 
     class Sleeper(Engine):
         name = "sleeper"
@@ -641,7 +641,7 @@ def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoin
 def test_a_server_record_is_read_back_without_checking_its_profile_again(cupid_home, monkeypatch, shipped):
     """A record's profile passed vLLM's parser before its server started (or the server refused it): reading it back
     (`status`, plans, endpoints) never imports the parser again."""
-    from cupid.serving import lifecycle
+    from cupid.serving.servers import lifecycle
 
     served = shipped["prefmatcher-lora"].model_copy(update={"runtime_lora_rank": 32})  # args no check has seen
     state.record_path(served.name).parent.mkdir(parents=True, exist_ok=True)
@@ -756,7 +756,7 @@ def test_cli_dry_run_prints_the_split_and_the_flags():
 def test_cli_dry_run_without_vllm_says_so_without_a_traceback(monkeypatch):
     """A GPU box before `make setup` (seen on an H100 without vLLM: a traceback): the commands need vLLM's defaults."""
     from cupid.cli import serve
-    from cupid.serving import vllm_args
+    from cupid.serving.servers import vllm_args
 
     h100 = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559, 0")  # its nvidia-smi's row there
     monkeypatch.setattr(serve, "gpus", lambda: h100)

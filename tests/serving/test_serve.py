@@ -19,14 +19,15 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.matcher import schemas
-from cupid.serving import lifecycle, offline, ports, probes, server_log, state, watchdog
+from cupid.serving import offline
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.errors import ServeError
-from cupid.serving.profiles import Profile
+from cupid.serving.servers import lifecycle, ports, probes, server_log, state, watchdog
+from cupid.serving.servers.profiles import Profile
 from tests.conftest import REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
 runner = CliRunner()
@@ -244,7 +245,7 @@ def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home,
 
 STARTS_A_TIED_SERVER = """
 import sys
-from cupid.serving import lifecycle, profiles
+from cupid.serving.servers import lifecycle, profiles
 lifecycle.up(profiles.load(sys.argv[1]), tied=True)
 """
 
@@ -318,7 +319,7 @@ def test_likely_causes():
 
 
 def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
-    from cupid.serving import engines
+    from cupid.serving.servers import engines
 
     engine = engines.get_engine("vllm")
     profile = Profile(model="kixlab/prefmatcher-7b", port=8000)  # a GPU profile, named by its served name

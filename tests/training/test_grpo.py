@@ -267,7 +267,7 @@ def test_the_policys_training_memory_is_computed_from_the_recipe_and_matches_the
     """The estimate from the 7B shape, LoRA r 16, 8 sequences of the sample's ~1.4k tokens (384 of them the
     completion) and checkpointing is within 10% above the 25.3 GiB an H100 measured (scripts/gpu_train_check.py); it
     grows with what it is computed from, and a policy of unknown shape is refused with the way out."""
-    from cupid.serving.config import ConfigError
+    from cupid.common.config import ConfigError
     from cupid.training import grpo_memory
     from cupid.training.grpo_memory import QWEN_7B, policy_estimate
 

@@ -25,8 +25,8 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher import prompts, schemas
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client
-from cupid.serving.ports import free_port
 from cupid.serving.registry import load_endpoints
+from cupid.serving.servers.ports import free_port
 from cupid.training.synth import parse, tables
 from cupid.training.synth.ask import Asker, StepFailed
 from cupid.training.synth.config import MaxTokens, SynthConfig
@@ -486,7 +486,7 @@ def test_config_rejects_unknown_fields(tmp_path):
 #
 # The tiny model rarely satisfies a whole checklist, so the full pipeline (several turns, closing
 # messages) is also run against an HTTP server that answers each synthesis prompt in form, the way a
-# capable model would; like serving/instant.py, it is a fixture for exact answers, not a model. It
+# capable model would; like serving/servers/instant.py, it is a fixture for exact answers, not a model. It
 # checks each answer against the regex its request carries. `broken` makes its judge answer HTTP 500,
 # to fail every persona.
 

@@ -33,16 +33,16 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cupid.cli import app as cupid_app
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import DataError
 from cupid.matcher import parse, prompts
-from cupid.serving import probes, state
-from cupid.serving.config import ConfigError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import get_engine
-from cupid.serving.errors import ServeError
-from cupid.serving.ports import free_port
-from cupid.serving.vllm_args import engine_env, vllm_args
+from cupid.serving.servers import probes, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.ports import free_port
+from cupid.serving.servers.vllm_args import engine_env, vllm_args
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
 from tests.conftest import REPO, TINY_NAME, running_in_group, write_endpoints

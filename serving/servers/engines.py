@@ -1,9 +1,9 @@
 """Serving engines: how to start an OpenAI-compatible server for a model, one class per engine.
 
-An engine starts a profile (`serving.profiles`, the one declaration of a server): it only knows its command
-line, its environment and what it needs before starting; the lifecycle is shared (`serving.lifecycle`: the process
-group, with `ports`, `probes` for readiness and `state` for the records), and vLLM's arguments a profile asks for
-are built in `serving.vllm_args`.
+An engine starts a profile (`serving.servers.profiles`, the one declaration of a server): it only knows its command
+line, its environment and what it needs before starting; the lifecycle is shared (`serving.servers.lifecycle`: the
+process group, with `ports`, `probes` for readiness and `state` for the records), and vLLM's arguments a profile asks
+for are built in `serving.servers.vllm_args`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from cupid.serving.errors import ServeError
-from cupid.serving.vllm_args import vllm_args
+from cupid.common.errors import ServeError
+from cupid.serving.servers.vllm_args import vllm_args
 
 if TYPE_CHECKING:
-    from cupid.serving.profiles import Profile
+    from cupid.serving.servers.profiles import Profile
 
 CPU_HINT = "On CPU, vLLM's CPU build serves CPU profiles (`cupid serve up --profile tiny`, after `make setup`)."
 

@@ -1,5 +1,5 @@
 """Adapters loaded into a running vLLM server, and unloaded, without a restart: a profile with `runtime_lora_rank`
-(--enable-lora with a rank and a slot for them, VLLM_ALLOW_RUNTIME_LORA_UPDATING; `serving.profiles`).
+(--enable-lora with a rank and a slot for them, VLLM_ALLOW_RUNTIME_LORA_UPDATING; `serving.servers.profiles`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
+from cupid.common.errors import ServeError
 from cupid.serving.endpoint import bearer
-from cupid.serving.errors import ServeError
 
 
 def _lora_call(base_url: str, action: str, body: dict[str, Any], api_key: str | None, timeout: float = 120) -> None:

@@ -4,19 +4,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cupid.serving.profiles import AS_SERVED, Profile
-
-
-def state_dir() -> Path:
-    """Project-local state (`.cupid/` under the working directory unless CUPID_HOME says otherwise)."""
-    return Path(os.environ.get("CUPID_HOME", ".cupid")).resolve()
+from cupid.common.files import state_dir
+from cupid.serving.servers.profiles import AS_SERVED, Profile
 
 
 def slug(name: str) -> str:

@@ -7,26 +7,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from cupid.common.processes import alive
 from cupid.serving.endpoint import bearer
 
 if TYPE_CHECKING:
-    from cupid.serving.engines import Engine
-    from cupid.serving.profiles import Profile
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child (our own, not yet reaped) counts as dead.
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:
-        return True
+    from cupid.serving.servers.engines import Engine
+    from cupid.serving.servers.profiles import Profile
 
 
 def healthy(

@@ -14,10 +14,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cupid.serving.errors import ServeError
+from cupid.common.errors import ServeError
 
 if TYPE_CHECKING:
-    from cupid.serving.profiles import Profile
+    from cupid.serving.servers.profiles import Profile
 
 REGEX_COMPILATION_TIMEOUT_S = 120
 

@@ -5,7 +5,7 @@ repeatable answers for checking the scoring path over real HTTP (retries, resume
 Answers depend only on the request: the inference prompt gets a fixed preference, the decomposer
 splits a preference into yes/no questions, the matcher labels items by word overlap.
 
-    python -m cupid.serving.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
+    python -m cupid.serving.servers.instant --port 8099 [--fail-first N] [--context-window TOKENS] [--preference TEXT]
         [--no-preference-for REGEX] [--nonsense-for REGEX]
 """
 
@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cupid.matcher import prompts
-from cupid.serving.ports import free_port
+from cupid.serving.servers.ports import free_port
 
 PREFERENCE = "Updates should be brief, use bullet points, and end with a clear question."
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0, yet an answer
@@ -177,8 +177,10 @@ def create_app(
 def start(*args: str) -> tuple[subprocess.Popen, str]:
     """Run this server in a child process on a free port; return it and its base URL once it answers."""
     port = free_port()
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.Popen([sys.executable, "-m", "cupid.serving.instant", "--port", str(port), *args], cwd=root)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cupid.serving.servers.instant", "--port", str(port), *args], cwd=root
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:

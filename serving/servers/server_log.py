@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cupid.serving.errors import ServeError
+from cupid.common.errors import LOG_TAIL, ServeError
 
 if TYPE_CHECKING:
-    from cupid.serving.profiles import Profile
+    from cupid.serving.servers.profiles import Profile
 
 # First match wins: the specific vLLM messages come before the generic ones they contain.
 LIKELY_CAUSES = [
@@ -105,12 +105,5 @@ def startup_failure(profile: Profile, log_path: Path, what: str) -> ServeError:
         hint += f"\nlikely cause: {cause}"
     return ServeError(
         f"'{profile.handle}' ({profile.engine}, {profile.model}): {what}{hint}\n"
-        f"--- last lines of {log_path} ---\n{tail(log_path)}"
+        f"{LOG_TAIL.lstrip()}{log_path} ---\n{tail(log_path)}"
     )
-
-
-def failure_line(error: BaseException) -> str:
-    """A start failure in one line (what happened, root cause, likely cause: the message `startup_failure`
-    writes, without the log's last lines), for tables and records."""
-    text = str(error).split("\n--- last lines of", 1)[0]
-    return "; ".join(line.strip() for line in text.splitlines() if line.strip())

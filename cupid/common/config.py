@@ -10,9 +10,10 @@ from pydantic import BaseModel, ValidationError
 
 T = TypeVar("T", bound=BaseModel)
 
-# The shipped defaults (`configs/...`): beside the subpackages in an installed `cupid` (serving/ is cupid/serving/),
-# at the top of a checkout (serving/ is <repo>/serving/). Either way, one level above this file.
-SHIPPED = Path(__file__).resolve().parents[1]
+# The shipped defaults (`configs/...`): beside the subpackages in an installed `cupid` (this file is
+# cupid/common/config.py, the configs cupid/configs/), at the top of a checkout (<repo>/cupid/common/config.py,
+# <repo>/configs/).
+SHIPPED = next((p for p in Path(__file__).resolve().parents[1:3] if (p / "configs").is_dir()), Path.cwd())
 
 
 class ConfigError(ValueError):

@@ -19,10 +19,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cupid.serving.config import ConfigError
-from cupid.serving.probes import alive
+from cupid.common.config import ConfigError
+from cupid.common.processes import alive
 
 LOCK_NAME = ".lock"
+
+
+def state_dir() -> Path:
+    """Project-local state (`.cupid/` under the working directory unless CUPID_HOME says otherwise)."""
+    return Path(os.environ.get("CUPID_HOME", ".cupid")).resolve()
 
 
 class DirectoryBusy(ConfigError):

@@ -1,7 +1,7 @@
 """Start, find and stop local model servers, whatever their engine.
 
 Each server runs in its own process group with its log in a file, and leaves a record in the state directory
-(`serving.state`) so that `down`, `status`, `logs` and evaluation runs find it by name. Its parts: the records
+(`serving.servers.state`) so that `down`, `status`, `logs` and evaluation runs find it by name. Its parts: the records
 (`state`), ports (`ports`), whether it runs and answers (`probes`), what its log says of a failed start
 (`server_log`), the watchdog of a tied server (`watchdog`), adapters loaded at run time (`lora`).
 """
@@ -15,16 +15,16 @@ import threading
 import time
 from typing import Any
 
-from cupid.serving import watchdog
+from cupid.common.errors import ServeError
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.engines import get_engine
-from cupid.serving.errors import ServeError
-from cupid.serving.ports import port_free, taken
-from cupid.serving.probes import alive, group_alive, healthy, ready
-from cupid.serving.profiles import Profile
-from cupid.serving.server_log import startup_failure
-from cupid.serving.state import ServerRecord, ServerStatus, find, record_path, records, server_dir
-from cupid.serving.vllm_args import engine_env
+from cupid.serving.servers import watchdog
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.ports import port_free, taken
+from cupid.serving.servers.probes import alive, group_alive, healthy, ready
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.server_log import startup_failure
+from cupid.serving.servers.state import ServerRecord, ServerStatus, find, record_path, records, server_dir
+from cupid.serving.servers.vllm_args import engine_env
 
 # A headless node has no API to ask: running this long without exiting counts as started (its engines then
 # join the head node, whose own readiness says when the whole server answers).
@@ -171,6 +171,12 @@ def endpoint_fields(base_url: str, engine: str, api_key_env: str | None) -> dict
         "max_concurrency": LIVE_CONCURRENCY.get(engine, 16),
         "structured_output": engine == "vllm",  # vLLM enforces answer formats; transformers ignores them
     }
+
+
+def started_endpoints() -> dict[str, Endpoint]:
+    """The servers `cupid serve` started and that answer, by name (`live_endpoints`), asked only where there are
+    server records: what a role's name resolves to first (`registry.lookup`'s `started`)."""
+    return live_endpoints() if records() else {}
 
 
 def live_endpoints() -> dict[str, Endpoint]:

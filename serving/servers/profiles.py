@@ -4,7 +4,7 @@ A profile is the one place that says how a model is loaded. Its `vllm:` mapping 
 arguments under vLLM's own names, checked by vLLM's parser when the profile loads: `cupid serve up
 --profile NAME` turns it into `vllm serve` flags, and the offline executor (`serving.offline`) into
 `vllm.LLM(...)` arguments, so a served run and an offline run load the model the same way
-(`serving.vllm_args`). The fields beside it are what vLLM has no argument for (where the server listens, its
+(`serving.servers.vllm_args`). The fields beside it are what vLLM has no argument for (where the server listens, its
 adapters, the environment). Several profiles on the GPUs here are planned in `serving.plan`.
 
 Scale-out is vLLM's own, asked for in `vllm:`: tensor and pipeline parallelism split one copy of a
@@ -20,13 +20,16 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationInfo, model_validator
 
-from cupid.serving.config import ConfigError, locate, read_yaml, validate
-from cupid.serving.errors import ServeError
-from cupid.serving.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
+from cupid.common.config import ConfigError, locate, read_yaml, validate
+from cupid.common.errors import ServeError
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import Hint, how_to_start, local
+from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
 # Validation context of a profile read back from a server record's JSON, as the server ran it: not checked again (the
@@ -335,11 +338,11 @@ def load(name_or_path: str, directory: str | Path = DEFAULT_DIR) -> Profile:
     """A profile by name (`configs/serve/NAME.yaml`) or by path to a YAML file."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
-        directory = locate(directory)
-        path = directory / f"{name_or_path}.yaml"
+        folder = locate(directory)
+        path = folder / f"{name_or_path}.yaml"
         if not path.is_file():
-            known = ", ".join(sorted(p.stem for p in Path(directory).glob("*.yaml"))) or "none"
-            raise ConfigError(f"no serve profile '{name_or_path}' ({path} not found; profiles in {directory}: {known})")
+            known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml"))) or "none"
+            raise ConfigError(f"no serve profile '{name_or_path}' ({path} not found; profiles in {folder}: {known})")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of profile fields")
@@ -365,3 +368,21 @@ def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile,
         if model in profile.lora_adapters:
             return profile, model
     return Profile(name=model, model=model, port=8000), None
+
+
+def start_hint(directory: str | Path = DEFAULT_DIR) -> Hint:
+    """What to do about an endpoint that does not answer, where it is one of this machine's profiles' (by port):
+    `start it: cupid serve up --profile NAME`; else the client side's own words (`registry.how_to_start`)."""
+
+    def hint(endpoint: Endpoint) -> str:
+        if not local(endpoint):
+            return how_to_start(endpoint)
+        try:
+            known = load_all(directory)
+        except ConfigError:
+            known = {}
+        port = urlparse(endpoint.url).port
+        names = [name for name, p in known.items() if p.port == port]
+        return f"start it: cupid serve up --profile {names[0]}" if names else how_to_start(endpoint)
+
+    return hint

@@ -1,0 +1,15 @@
+"""The project's errors beyond a config's (`config.ConfigError`): a server that cannot be started, found or reached,
+with what to do about it, and the one line such a failure is shown as in tables and records."""
+
+LOG_TAIL = "\n--- last lines of "  # where a server's failure message goes on to its log's last lines
+
+
+class ServeError(RuntimeError):
+    pass
+
+
+def failure_line(error: BaseException) -> str:
+    """A failure in one line (what happened, root cause, likely cause: the message a server's start failure
+    writes, without its log's last lines), for tables and records."""
+    text = str(error).split(LOG_TAIL, 1)[0]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
