@@ -22,7 +22,6 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
 from cupid.eval.benchmark.judges import open_judges
-from cupid.eval.benchmark.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.eval.benchmark.records import Labels, MatchItem, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker
 from cupid.eval.benchmark.settings import Setting
@@ -31,6 +30,7 @@ from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
 from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
+from cupid.eval.workflows.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.serving.cache import cache_path
 from cupid.serving.client import per_loop
 from cupid.serving.endpoint import Endpoint

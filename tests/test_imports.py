@@ -9,6 +9,7 @@ they never run), read with `ast` from the folders pyproject.toml maps into the p
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def parse(path: Path) -> ast.Module:
         return ast.parse(source, str(path))
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     """Each module of the package by its dotted name, found through [tool.setuptools.package-dir]."""
     mapping = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
@@ -50,28 +52,30 @@ def _type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
     """Every import statement that can run: anywhere in the module, but not in an `if TYPE_CHECKING:` body (its
-    `else:` runs)."""
+    `else:` runs) unless `type_checking` asks for those too."""
     found: list[ast.Import | ast.ImportFrom] = []
     todo = [tree]
     while todo:
         node = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
-        children = node.orelse if isinstance(node, ast.If) and _type_checking(node) else ast.iter_child_nodes(node)
+        skip = not type_checking and isinstance(node, ast.If) and _type_checking(node)
+        children = node.orelse if skip else ast.iter_child_nodes(node)
         todo.extend(children)
     return found
 
 
-def import_graph() -> Graph:
+def import_graph(type_checking: bool = False) -> Graph:
     """The package's modules and, for each, the package's modules it imports (relative imports resolved; a name
-    imported from a module is that module, or the submodule of that name)."""
+    imported from a module is that module, or the submodule of that name); `type_checking`: the imports only a type
+    checker reads too."""
     modules = _modules()
     graph: Graph = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.stem == "__init__" else name.rpartition(".")[0]
-        for node in _imports(parse(path)):
+        for node in _imports(parse(path), type_checking):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -111,19 +115,72 @@ def cycles(graph: Graph) -> list[list[str]]:
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    graph = import_graph()
+    """Not even one a type checker alone follows: `if TYPE_CHECKING:` imports make a circle in the design too."""
+    graph = import_graph(type_checking=True)
     assert "cupid.eval.benchmark.runner" in graph and "cupid.serving.registry" in graph  # the mapping was read
     found = cycles(graph)
     assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
 
 
-def test_the_exports_sit_on_top_of_the_runner() -> None:
-    graph = import_graph()
-    assert "cupid.eval.results.track" not in graph["cupid.eval.benchmark.runner"]
-    track = graph["cupid.eval.results.track"]
-    assert not track & {"cupid.eval.benchmark.runner", "cupid.eval.results.nightly"}, sorted(track)
+# The layers, bottom first: a module imports its own layer's and the layers below, never one above. A module is in
+# the layer of the longest prefix here that names it.
+LAYERS: list[tuple[str, ...]] = [
+    ("cupid.common",),  # configuration, errors, loop helpers, files: every layer's
+    ("cupid.matcher",),  # the matcher's prompts, parsing, scores
+    # the client side of serving: it never imports the servers this project starts (below: its own test)
+    ("cupid.serving.endpoint", "cupid.serving.cache", "cupid.serving.registry", "cupid.serving.client"),
+    ("cupid.serving.servers",),  # the servers this project starts
+    ("cupid.serving.offline", "cupid.serving.fleet"),  # an engine in this process; the servers a run brings
+    ("cupid.eval.benchmark",),  # tasks, the runner, a run's files and figures
+    ("cupid.eval.results", "cupid.eval.integrations"),  # what is read from finished runs; inspect-ai, TRL's reward
+    ("cupid.eval.workflows",),  # a night, a logged run: above the rooms they join
+    ("cupid.training",),
+    ("cupid.api",),
+    ("cupid.cli", "cupid.__main__"),
+]
+
+
+@functools.cache
+def faces() -> frozenset[str]:
+    """Each package's `__init__`: its face, which may show the names of any of its modules (lazily)."""
+    return frozenset(name for name, path in _modules().items() if path.stem == "__init__")
+
+
+def layer_of(module: str) -> int:
+    """A module's layer; a package's face sits with the highest of the modules under it."""
+    if module in faces():
+        inside = [m for m in _modules() if m.startswith(module + ".") and m not in faces()]
+        return max(layer_of(m) for m in inside)
+    found = [(len(prefix), i) for i, names in enumerate(LAYERS) for prefix in names
+             if module == prefix or module.startswith(prefix + ".")]  # fmt: skip
+    assert found, f"{module}: in no layer of LAYERS"
+    return max(found)[1]
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    """Every module is in a layer, and none imports a layer above its own, TYPE_CHECKING imports included."""
+    graph = import_graph(type_checking=True)
+    upward = sorted(
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        for imported in imports
+        if layer_of(imported) > layer_of(module)
+    )
+    assert upward == [], "imports up the layers:\n" + "\n".join(upward)
+    # The check can fail: the runner importing the tracker would be an upward import.
+    assert layer_of("cupid.eval.results.track") > layer_of("cupid.eval.benchmark.runner")
     # inspect-ai loads the tasks in its own process: neither the package's top nor the API above everything comes along
     assert not graph["cupid.eval.integrations.inspect_tasks"] & {"cupid", "cupid.api"}
+
+
+def test_the_client_side_never_imports_the_servers_side() -> None:
+    """What talks to a server (endpoint, cache, registry, client) knows nothing of the servers this project starts:
+    what it must know of them is handed in (`started`, `down_hint`)."""
+    graph = import_graph(type_checking=True)
+    client_side = [m for m in graph if layer_of(m) == 2 and m not in faces()]
+    assert len(client_side) == 4, client_side
+    crossing = sorted(f"{m} -> {i}" for m in client_side for i in graph[m] if i.startswith("cupid.serving.servers"))
+    assert crossing == []
 
 
 def test_one_export_list_and_every_name_on_it_resolves():

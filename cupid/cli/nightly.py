@@ -1,4 +1,4 @@
-"""`cupid` commands over `cupid.eval.results.nightly`: what it computes, as a command line."""
+"""`cupid` commands over `cupid.eval.workflows.nightly`: what it computes, as a command line."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import typer
 
 from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
-from cupid.eval.results.nightly import leaderboard_markdown, run_nightly
+from cupid.eval.results.leaderboard import leaderboard_markdown
 from cupid.eval.results.track import require as require_tracker
+from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.fleet.gpu_memory import Gpu
 
 

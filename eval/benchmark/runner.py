@@ -23,13 +23,14 @@ from cupid.common.aio import blocking
 from cupid.common.config import ConfigError
 from cupid.common.files import DiskFull, disk_full, hold
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.figures import Table
 from cupid.eval.benchmark.history import History
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.benchmark.settings import SUMMARY_PROMPTS, Setting
 from cupid.eval.benchmark.stages import Roles
-from cupid.eval.benchmark.summary import Requests, Summary, Table, markdown, summarize, tables
+from cupid.eval.benchmark.summary import Requests, Summary, markdown, summarize, tables
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE

@@ -14,8 +14,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
-from cupid.eval.benchmark import generation, inference, stats, summary
+from cupid.eval.benchmark import generation, inference, stats
 from cupid.eval.benchmark.data import Instance
+from cupid.eval.benchmark.figures import (
+    Block,
+    Figures,
+    GenerationFigures,
+    InferenceFigures,
+    generation_tables,
+    inference_tables,
+)
 from cupid.eval.benchmark.generation import GenerationScorer
 from cupid.eval.benchmark.history import History, plain_log, relevant_sessions
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect
@@ -63,11 +71,12 @@ class TaskSpec:
     ground_truth: tuple[str, ...]  # the instance's fields its scorer reads (a reward dataset's columns)
     reward_metrics: tuple[str, ...]  # the figures a reward may give (the first by default)
     reward_of: Callable[[Scoring, str], float | None]  # a scored unit's reward in [0, 1] under one of them
+    block: Block  # how summary.json holds its figures and summary.md shows them
 
     @property
-    def figures(self) -> type[summary.Figures]:
-        """Its summary figures (`.of(scorings)`), as summary.json holds them: its block's (`summary.BLOCKS`)."""
-        return summary.BLOCKS[self.name].figures
+    def figures(self) -> type[Figures]:
+        """Its summary figures (`.of(scorings)`), as summary.json holds them: its block's."""
+        return self.block.figures
 
     def units(self, records: Iterable[UnitRecord], reference: bool = False) -> tuple[list[str], np.ndarray]:
         """The task's scored units' personas and columns (of the run's own scoring, or its reference's)."""
@@ -141,6 +150,7 @@ INFERENCE = TaskSpec(
     ground_truth=("current_contextual_preference", "current_checklist"),
     reward_metrics=("f1", "precision", "recall"),
     reward_of=lambda scoring, metric: float(getattr(scoring.scores, metric)) if scoring.scores else None,
+    block=Block(InferenceFigures, inference_tables),
 )
 GENERATION = TaskSpec(
     name="generation",
@@ -163,6 +173,7 @@ GENERATION = TaskSpec(
     ground_truth=("current_contextual_preference", "current_checklist", "current_request"),
     reward_metrics=("score",),
     reward_of=lambda scoring, metric: None if scoring.score is None else (scoring.score - 1) / 9,  # 1-10 to [0, 1]
+    block=Block(GenerationFigures, generation_tables),
 )
 TASKS = {
     spec.name: spec for spec in (INFERENCE, GENERATION)

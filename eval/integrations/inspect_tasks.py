@@ -27,13 +27,14 @@ from cupid.common.aio import PerLoop
 from cupid.common.config import ConfigError, read_yaml
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
+from cupid.eval.benchmark.figures import GROUPS
 from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
 from cupid.eval.benchmark.settings import SUMMARY_PROMPTS
 from cupid.eval.benchmark.stages import StageFailed
-from cupid.eval.benchmark.summary import GROUPS, figures
+from cupid.eval.benchmark.summary import figures
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE

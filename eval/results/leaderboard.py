@@ -1,6 +1,6 @@
 """A night's leaderboard as `leaderboard.json` holds it: its candidates' entries, and the flag each gets.
 
-Its own module, below both the nightly that writes it (`eval.results.nightly`) and the tracker that logs it
+Its own module, below both the nightly that writes it (`eval.workflows.nightly`) and the tracker that logs it
 (`eval.results.track`), so that neither imports the other.
 """
 
@@ -13,10 +13,14 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
 from cupid.eval.benchmark.rundir import RunIdentity
-from cupid.eval.benchmark.stats import N_RESAMPLES, Interval
+from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES, Interval
 from cupid.eval.benchmark.summary import Requests
-from cupid.eval.results.compare import Row
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, Row
+
+EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
 
 Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
 
@@ -122,3 +126,135 @@ def flags_text(entry: Entry) -> str:
     if entry.baseline_set and entry.previous is not None:  # set again, not the first night's
         flags.append(f"baseline set again tonight: {entry.baseline_set}")
     return "; ".join(flags) or "ok"
+
+
+def assemble(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
+             error: str | None = None, plan: list[str] | None = None, started: list[str] | None = None,
+             stopped_answering: dict[str, list[str]] | None = None) -> Leaderboard:  # fmt: skip
+    """A night's leaderboard from its entries, ranked by their headline figure, with the regressions, failures and
+    no-verdicts its exit code sums (1 failures, 4 a regression, 8 no verdict)."""
+    entries.sort(
+        key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
+    )  # 0.0 ranks above no figure
+    regressions = (
+        [f"{e.model}: {m}" for e in entries for m in e.regressions]
+        + [f"{e.model}: {m} since the baseline ({e.baseline})" for e in entries for m in e.baseline_regressions]
+        + [f"{e.model}: {why}" for e in entries for why in e.unanswered]
+    )
+    no_verdict = [e.model for e in entries if e.no_verdict or e.baseline_no_verdict]
+    with_failures = [e.model for e in entries if e.status != "ok"]
+    return Leaderboard(
+        date=night,
+        dir=str(night_dir),
+        error=error,
+        previous=prev_dir.name if prev_dir else None,
+        config=str(config_path),
+        plan=plan or [],
+        servers_started=started or [],
+        servers_stopped_answering=stopped_answering or {},
+        requests=sum((e.requests for e in entries if e.requests), Requests()),
+        models=entries,
+        regressions=regressions,
+        with_failures=with_failures,
+        no_verdict=no_verdict,
+        exit_code=(EXIT_FAILURES if with_failures or error else 0)
+        | (EXIT_REGRESSION if regressions else 0)
+        | (EXIT_NO_VERDICT if no_verdict else 0),
+    )
+
+
+def write_leaderboard(board: Leaderboard, night_dir: Path, root: Path) -> None:
+    """The night's leaderboard, and the latest one at a fixed path; each file replaced whole."""
+    text = {
+        "leaderboard.json": board.model_dump_json(indent=2, exclude={"report"}),
+        "leaderboard.md": leaderboard_markdown(board),
+    }
+    for directory in (night_dir, root):
+        for name, content in text.items():
+            write_atomic(directory / name, content)
+
+
+# ---------------------------------------------------------------- leaderboard text
+
+
+def _scale(metric: str) -> float:
+    """How the metric's task shows it (`<task>/<setting>/<figure>`: F1 in %, the judge's score as it is)."""
+    task = TASKS.get(metric.split("/", 1)[0])
+    return task.scale if task else 1
+
+
+def _cell(value: Interval | None, metric: str) -> str:
+    return value.text(_scale(metric), 1 if _scale(metric) == 100 else 2) if value else "-"
+
+
+def _change(entry: Entry, metric: str, since: str = "previous") -> str:
+    """The paired difference since last night (or the baseline) with its interval: `-2.3 [-4.1, -0.5]`."""
+    if metric not in entry.metrics:
+        return "-"
+    changes = entry.change if since == "previous" else entry.baseline_change
+    if (row := changes.get(metric)) is None:
+        return "new" if since == "previous" else "-"
+    digits = 1 if _scale(metric) == 100 else 2
+
+    def fmt(value: float) -> str:
+        return f"{_scale(metric) * value:+.{digits}f}"
+
+    if not row.resolved or row.low is None or row.high is None:
+        return fmt(row.difference) + f" ({row.personas} personas: no interval)"
+    return fmt(row.difference) + f" [{fmt(row.low)}, {fmt(row.high)}]"
+
+
+def _since_baseline(entry: Entry) -> str:
+    if entry.baseline is None:
+        return "-"
+    if entry.baseline_set:
+        return f"tonight is the baseline ({entry.baseline_set})"
+    if not entry.baseline_change:
+        return f"as the change ({entry.baseline})" if entry.change else f"{entry.baseline}: -"
+    return f"{_change(entry, entry.primary, 'baseline')} since {entry.baseline}"
+
+
+def leaderboard_markdown(board: Leaderboard) -> str:
+    lines = [
+        f"# CUPID nightly {board.date}",
+        "",
+        (
+            f"Change since {board.previous or 'nothing (first night)'}, and since each candidate's baseline night, "
+            "on the units both nights ran (the candidate's own failures as empty answers). 95% intervals, personas "
+            f"resampled (none under {MIN_PERSONAS} personas); a change's interval is paired. **REGRESSION**: a task's "
+            "headline figure (micro F1, the mean judge score) dropped at p < .05, Holm across every headline test "
+            "of the night (candidates x tasks x {previous, baseline}): a night's false alarms stay under 5%. "
+            "F1 in % (micro: the published aggregate)."
+        ),
+        "",
+        "| # | model | metric | tonight | change | since baseline | other metrics (change) | scored | failed | flag |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rank, e in enumerate(board.models, start=1):
+        others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e.metrics.items() if m != e.primary)
+        lines.append(
+            f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} "
+            f"| {_change(e, e.primary)} | {_since_baseline(e)} "
+            f"| {others or '-'} | {e.n_scored} | {e.n_failed} | {flags_text(e)} |"
+        )
+    served = [f"- {e.served}" for e in board.models if e.served]  # only servers that started
+    if served:
+        lines += ["", "Served by the night:", *served]
+    requests = board.requests
+    started = ", ".join(board.servers_started) or "none"
+    lines += [
+        "",
+        (
+            f"Requests: {requests.sent} sent, {requests.cached} from the cache, "
+            f"{requests.failed} failed; servers started: {started}."
+        ),
+        (
+            f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures, "
+            f"{len(board.no_verdict)} with no verdict; exit {board.exit_code}."
+        ),
+    ]
+    for name, deaths in board.servers_stopped_answering.items():
+        lines.append(f"Server {name} stopped answering {len(deaths)} time(s): " + " | ".join(deaths) + ".")
+    if board.error:
+        lines[1:1] = ["", f"**THE NIGHT DID NOT START**: {board.error}"]
+    return "\n".join(lines) + "\n"

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cupid.common.config import ConfigError
+from cupid.eval.benchmark.figures import prf
 from cupid.eval.benchmark.records import DIRECTIONS, UnitRecord, scored
 from cupid.eval.benchmark.rundir import RunDir
-from cupid.eval.benchmark.summary import prf
 from cupid.eval.benchmark.tasks import INFERENCE
 
 LABELS = ("Yes", "Partial", "No")

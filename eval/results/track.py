@@ -10,7 +10,7 @@ tracker is never on the path of a request, and a tracker that fails is a warning
 failed run. The run directory keeps the tracker's run id (`tracker.json`), so logging it again updates
 that tracker run instead of adding a second.
 
-This module runs nothing: a run's tracked form (`eval.benchmark.logged_run`) and the nightly log through it once
+This module runs nothing: a run's tracked form (`eval.workflows.logged_run`) and the nightly log through it once
 their files are written, and it imports neither of them nor the runner.
 """
 

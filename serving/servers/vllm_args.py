@@ -12,12 +12,45 @@ import os
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cupid.common.errors import ServeError
 
-if TYPE_CHECKING:
-    from cupid.serving.servers.profiles import Profile
+
+class VllmProfile(Protocol):
+    """What these functions read of a serve profile (`profiles.Profile`, which imports this module: never the other
+    way round)."""
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def lora_adapters(self) -> dict[str, str]: ...
+
+    @property
+    def runtime_lora_rank(self) -> int | None: ...
+
+    @property
+    def batch_invariant(self) -> bool: ...
+
+    @property
+    def cpu_kvcache_space_gib(self) -> int | None: ...
+
+    @property
+    def cpu_reserved_cores(self) -> int | None: ...
+
+    @property
+    def vllm(self) -> dict[str, Any]: ...
+
+    def arg(self, name: str, default: Any = None) -> Any: ...
+
+    def adapter_paths(self) -> dict[str, str]: ...
+
+    def model_path(self) -> str: ...
+
 
 REGEX_COMPILATION_TIMEOUT_S = 120
 
@@ -52,7 +85,7 @@ def flag(key: str, value: Any) -> list[str]:
     return [option, str(value)]
 
 
-def vllm_args(profile: Profile) -> list[str]:
+def vllm_args(profile: VllmProfile) -> list[str]:
     """The engine's arguments after those the engine module writes (model, served name, host, port, generation
     config): the profile's `vllm:` mapping as written, then what its adapters ask for."""
     mapping = dict(profile.vllm)
@@ -166,7 +199,7 @@ def check_vllm_args(args: list[str]) -> None:
     marker.write_text(json.dumps(args) + "\n")
 
 
-def engine_env(profile: Profile) -> dict[str, str]:
+def engine_env(profile: VllmProfile) -> dict[str, str]:
     """What vLLM reads from the environment rather than its arguments (recorded: never a secret here)."""
     env = {}
     if profile.engine == "vllm":
@@ -195,7 +228,7 @@ def engine_env(profile: Profile) -> dict[str, str]:
     return env
 
 
-def llm_kwargs(profile: Profile) -> dict[str, Any]:
+def llm_kwargs(profile: VllmProfile) -> dict[str, Any]:
     """The same profile as keyword arguments of `vllm.LLM` (the offline executor): the `vllm:` mapping's engine
     arguments (those of vLLM's `EngineArgs`; the server's own, like `headless`, are left out), the adapters'.
 

@@ -7,9 +7,10 @@ import subprocess
 import pytest
 
 from cupid.common.config import ConfigError
+from cupid.eval.benchmark.figures import InferenceFigures
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, dry_run, run
-from cupid.eval.benchmark.summary import InferenceFigures, Requests
+from cupid.eval.benchmark.summary import Requests
 from cupid.matcher.scores import MatchCounts, macro, micro
 from tests.conftest import REPO, write_endpoints
 

@@ -13,9 +13,10 @@ from cupid.cli import app
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.summary import Requests
-from cupid.eval.results import nightly
+from cupid.eval.results import leaderboard
 from cupid.eval.results.leaderboard import Leaderboard
-from cupid.eval.results.nightly import run_nightly
+from cupid.eval.workflows import nightly
+from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.servers.instant import start as start_instant
 from tests.conftest import sample_copies, write_endpoints
 
@@ -95,7 +96,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     second, code = run_nightly(
         suite(tmp_path, "n2", after, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-02"
     )
-    assert code == nightly.EXIT_REGRESSION  # a regression, no failures
+    assert code == leaderboard.EXIT_REGRESSION  # a regression, no failures
     assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
     assert steady.requests == Requests(sent=0, cached=4 * units)  # everything came from the cache
@@ -133,7 +134,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
         ],
     )
     # Failures, and drifting's drop stands against its baseline (night 1): a regressed night is never the baseline.
-    assert result.exit_code == nightly.EXIT_FAILURES | nightly.EXIT_REGRESSION, result.output
+    assert result.exit_code == leaderboard.EXIT_FAILURES | leaderboard.EXIT_REGRESSION, result.output
     third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
     assert third["previous"] == "2025-03-02"
     assert third["regressions"] == [f"drifting: {f1} since the baseline (2025-03-01)"]
@@ -158,7 +159,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     fourth, code = run_nightly(
         suite(tmp_path, "n4", changed, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-04"
     )
-    assert code == nightly.EXIT_NO_VERDICT and fourth.regressions == []  # no verdict is not a clean night
+    assert code == leaderboard.EXIT_NO_VERDICT and fourth.regressions == []  # no verdict is not a clean night
     assert fourth.no_verdict == ["steady", "drifting"]
     for entry in fourth.models:
         assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
@@ -182,7 +183,7 @@ def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(
     _board, code = run_nightly(config, "2025-03-02")
     again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
     # The sample's 4 personas give no verdict (fewer than GATE_PERSONAS), and a night says so in its code.
-    assert (code, code_again) == (nightly.EXIT_NO_VERDICT,) * 2 and again.previous == "2025-03-01"
+    assert (code, code_again) == (leaderboard.EXIT_NO_VERDICT,) * 2 and again.previous == "2025-03-01"
     assert by_model(again)["instant"].no_verdict == [
         "inference/standard: 4 personas compared, fewer than 80 for a verdict"
     ]
@@ -271,7 +272,7 @@ def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_nigh
 def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
     """An F1 of 0.0 is a figure: it ranks above a candidate that did not run, whichever came first."""
     primary = "inference/standard/micro_f1"
-    zero = nightly.Entry(model="zero", primary=primary, metrics={primary: Interval(0.0, 0.0, 0.0, 12)})
+    zero = leaderboard.Entry(model="zero", primary=primary, metrics={primary: Interval(0.0, 0.0, 0.0, 12)})
     board = nightly._board("2025-03-01", tmp_path, None, "n.yaml", [nightly.not_run("down", "no server"), zero])
     assert [e.model for e in board.models] == ["zero", "down"]
 
@@ -313,7 +314,7 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
             proc.terminate()
             proc.wait()
     flagged = boards[-1]
-    assert flagged.baseline_regressions == [f1] and code == nightly.EXIT_REGRESSION, [
+    assert flagged.baseline_regressions == [f1] and code == leaderboard.EXIT_REGRESSION, [
         b.baseline_regressions for b in boards
     ]
     assert len(boards) >= 3  # not at once: the first nights' drops were too small
@@ -354,7 +355,7 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     assert code == 0 and (late.baseline, late.baseline_set) == ("2025-05-02", "the candidate's first night")
     board, code = night("2025-05-03", early=instant_url, late=drifted_url)
     late = by_model(board)["late"]
-    assert late.regressions == [f1] and code == nightly.EXIT_REGRESSION, late  # compared with its own first night
+    assert late.regressions == [f1] and code == leaderboard.EXIT_REGRESSION, late  # compared with its own first night
     row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| late |" in line)
     assert "**REGRESSION**" in row
 
@@ -363,12 +364,12 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     early = by_model(board)["early"]
     assert early.no_verdict and early.baseline_no_verdict == ["its setup changed since 2025-05-01"]
     assert early.baseline == "2025-05-04" and early.baseline_set.startswith("its setup changed since 2025-05-01")
-    assert code == nightly.EXIT_NO_VERDICT
+    assert code == leaderboard.EXIT_NO_VERDICT
     # The next night, under the new judge, a drop is flagged against the previous night and the new baseline (the
     # same night: one test), the config's baseline notwithstanding.
     board, code = night("2025-05-05", judge="instant-v2", early=drifted_url, late=instant_url)
     early = by_model(board)["early"]
-    assert early.regressions == [f1] and early.baseline == "2025-05-04" and code == nightly.EXIT_REGRESSION
+    assert early.regressions == [f1] and early.baseline == "2025-05-04" and code == leaderboard.EXIT_REGRESSION
 
     # The baseline run of `late` is deleted: no baseline verdict, said so; the previous-night test flags the drop,
     # and a flagged night does not become the baseline.
@@ -376,7 +377,7 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     shutil.rmtree(tmp_path / "nightly/2025-05-04/late")
     board, code = night("2025-05-07", judge="instant-v2", early=instant_url, late=drifted_url)
     late = by_model(board)["late"]
-    assert late.regressions == [f1] and code == nightly.EXIT_REGRESSION | nightly.EXIT_NO_VERDICT
+    assert late.regressions == [f1] and code == leaderboard.EXIT_REGRESSION | leaderboard.EXIT_NO_VERDICT
     assert late.baseline_no_verdict == [
         "no run of 2025-05-04",
         "tonight was flagged: it does not become the baseline",

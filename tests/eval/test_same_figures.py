@@ -19,7 +19,8 @@ import pytest
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.summary import Summary, summarize
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results import meta, nightly, report
+from cupid.eval.results import meta, report
+from cupid.eval.workflows import nightly
 
 BEFORE = Path(__file__).resolve().parents[1] / "data" / "figures_before_one_computation"
 RUNS = ["sample", "tiny"]

@@ -204,7 +204,7 @@ def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_pat
 
 
 def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_url, mlflow_store, cupid_home):
-    from cupid.eval.results.nightly import run_nightly
+    from cupid.eval.workflows.nightly import run_nightly
 
     mlflow = mlflow_store
     endpoints = write_endpoints(

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from cupid.eval.results.nightly import run_nightly
+from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.servers import probes
 from cupid.serving.servers.ports import free_port
 from tests.conftest import REPO, TINY_NAME, write_endpoints
@@ -196,7 +196,7 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(
     the second candidate, a LoRA candidate on it: it is restarted, the adapter loaded into the new server, and that
     candidate answered; killed again before the third, it is not restarted twice, and the third's units are
     failures that say why."""
-    from cupid.eval.results import nightly
+    from cupid.eval.workflows import nightly
     from cupid.serving.servers.instant import start as start_instant
 
     instants = [

@@ -233,7 +233,7 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
 
     from rich.console import Console
 
-    from cupid.eval.results.nightly import _run_slots
+    from cupid.eval.workflows.nightly import _run_slots
 
     running, overlap, order = set(), [], []
     lock = threading.Lock()

@@ -21,7 +21,8 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.summary import summarize
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results import meta, nightly, report
+from cupid.eval.results import meta, report
+from cupid.eval.workflows import nightly
 
 
 def sample(path: Path) -> None:

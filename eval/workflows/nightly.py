@@ -36,34 +36,37 @@ from rich.markup import escape
 
 from cupid.common.config import ConfigError, describe, load_model
 from cupid.common.errors import ServeError, failure_line
-from cupid.common.files import hold, write_atomic
+from cupid.common.files import hold
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.settings import SETTINGS
-from cupid.eval.benchmark.stats import MIN_PERSONAS, Interval
-from cupid.eval.benchmark.summary import Requests, failure_counts
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import track as tracking
 from cupid.eval.results.compare import (
-    EXIT_NO_VERDICT,
-    EXIT_REGRESSION,
     HEADLINE_SETTING,
     Comparison,
     Row,
     compare_runs,
     holm_family,
 )
-from cupid.eval.results.leaderboard import Entry, Leaderboard, flags_text, run_dir_of
+from cupid.eval.results.leaderboard import (
+    Entry,
+    Leaderboard,
+    assemble,
+    run_dir_of,
+    write_leaderboard,
+)
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.fleet.gpu_memory import Gpu
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
 from cupid.serving.fleet.servers import ServedModel
 
-EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -502,129 +505,11 @@ def _run_night(
 
 def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
            run_servers: RunServers | None = None, error: str | None = None) -> Leaderboard:  # fmt: skip
-    entries.sort(
-        key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
-    )  # 0.0 ranks above no figure
-    regressions = (
-        [f"{e.model}: {m}" for e in entries for m in e.regressions]
-        + [f"{e.model}: {m} since the baseline ({e.baseline})" for e in entries for m in e.baseline_regressions]
-        + [f"{e.model}: {why}" for e in entries for why in e.unanswered]
-    )
-    no_verdict = [e.model for e in entries if e.no_verdict or e.baseline_no_verdict]
-    with_failures = [e.model for e in entries if e.status != "ok"]
+    """The night's leaderboard, with what its servers did."""
     servers = run_servers.servers if run_servers else []
-    return Leaderboard(
-        date=night,
-        dir=str(night_dir),
-        error=error,
-        previous=prev_dir.name if prev_dir else None,
-        config=str(config_path),
+    return assemble(
+        night, night_dir, prev_dir, config_path, entries, error=error,
         plan=run_servers.lines() if run_servers else [],
-        servers_started=sorted({s.name for s in servers if s.started}),
-        servers_stopped_answering={s.name: s.deaths for s in servers if s.deaths},
-        requests=sum((e.requests for e in entries if e.requests), Requests()),
-        models=entries,
-        regressions=regressions,
-        with_failures=with_failures,
-        no_verdict=no_verdict,
-        exit_code=(EXIT_FAILURES if with_failures or error else 0)
-        | (EXIT_REGRESSION if regressions else 0)
-        | (EXIT_NO_VERDICT if no_verdict else 0),
-    )
-
-
-def write_leaderboard(board: Leaderboard, night_dir: Path, root: Path) -> None:
-    """The night's leaderboard, and the latest one at a fixed path; each file replaced whole."""
-    text = {
-        "leaderboard.json": board.model_dump_json(indent=2, exclude={"report"}),
-        "leaderboard.md": leaderboard_markdown(board),
-    }
-    for directory in (night_dir, root):
-        for name, content in text.items():
-            write_atomic(directory / name, content)
-
-
-# ---------------------------------------------------------------- leaderboard text
-
-
-def _scale(metric: str) -> float:
-    """How the metric's task shows it (`<task>/<setting>/<figure>`: F1 in %, the judge's score as it is)."""
-    task = TASKS.get(metric.split("/", 1)[0])
-    return task.scale if task else 1
-
-
-def _cell(value: Interval | None, metric: str) -> str:
-    return value.text(_scale(metric), 1 if _scale(metric) == 100 else 2) if value else "-"
-
-
-def _change(entry: Entry, metric: str, since: str = "previous") -> str:
-    """The paired difference since last night (or the baseline) with its interval: `-2.3 [-4.1, -0.5]`."""
-    if metric not in entry.metrics:
-        return "-"
-    changes = entry.change if since == "previous" else entry.baseline_change
-    if (row := changes.get(metric)) is None:
-        return "new" if since == "previous" else "-"
-    digits = 1 if _scale(metric) == 100 else 2
-
-    def fmt(value: float) -> str:
-        return f"{_scale(metric) * value:+.{digits}f}"
-
-    if not row.resolved or row.low is None or row.high is None:
-        return fmt(row.difference) + f" ({row.personas} personas: no interval)"
-    return fmt(row.difference) + f" [{fmt(row.low)}, {fmt(row.high)}]"
-
-
-def _since_baseline(entry: Entry) -> str:
-    if entry.baseline is None:
-        return "-"
-    if entry.baseline_set:
-        return f"tonight is the baseline ({entry.baseline_set})"
-    if not entry.baseline_change:
-        return f"as the change ({entry.baseline})" if entry.change else f"{entry.baseline}: -"
-    return f"{_change(entry, entry.primary, 'baseline')} since {entry.baseline}"
-
-
-def leaderboard_markdown(board: Leaderboard) -> str:
-    lines = [
-        f"# CUPID nightly {board.date}",
-        "",
-        (
-            f"Change since {board.previous or 'nothing (first night)'}, and since each candidate's baseline night, "
-            "on the units both nights ran (the candidate's own failures as empty answers). 95% intervals, personas "
-            f"resampled (none under {MIN_PERSONAS} personas); a change's interval is paired. **REGRESSION**: a task's "
-            "headline figure (micro F1, the mean judge score) dropped at p < .05, Holm across every headline test "
-            "of the night (candidates x tasks x {previous, baseline}): a night's false alarms stay under 5%. "
-            "F1 in % (micro: the published aggregate)."
-        ),
-        "",
-        "| # | model | metric | tonight | change | since baseline | other metrics (change) | scored | failed | flag |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for rank, e in enumerate(board.models, start=1):
-        others = "; ".join(f"{m}: {_cell(v, m)} ({_change(e, m)})" for m, v in e.metrics.items() if m != e.primary)
-        lines.append(
-            f"| {rank} | {e.model} | {e.primary} | {_cell(e.metrics.get(e.primary), e.primary)} "
-            f"| {_change(e, e.primary)} | {_since_baseline(e)} "
-            f"| {others or '-'} | {e.n_scored} | {e.n_failed} | {flags_text(e)} |"
-        )
-    served = [f"- {e.served}" for e in board.models if e.served]  # only servers that started
-    if served:
-        lines += ["", "Served by the night:", *served]
-    requests = board.requests
-    started = ", ".join(board.servers_started) or "none"
-    lines += [
-        "",
-        (
-            f"Requests: {requests.sent} sent, {requests.cached} from the cache, "
-            f"{requests.failed} failed; servers started: {started}."
-        ),
-        (
-            f"{len(board.regressions)} regression(s), {len(board.with_failures)} model(s) with failures, "
-            f"{len(board.no_verdict)} with no verdict; exit {board.exit_code}."
-        ),
-    ]
-    for name, deaths in board.servers_stopped_answering.items():
-        lines.append(f"Server {name} stopped answering {len(deaths)} time(s): " + " | ".join(deaths) + ".")
-    if board.error:
-        lines[1:1] = ["", f"**THE NIGHT DID NOT START**: {board.error}"]
-    return "\n".join(lines) + "\n"
+        started=sorted({s.name for s in servers if s.started}),
+        stopped_answering={s.name: s.deaths for s in servers if s.deaths},
+    )  # fmt: skip
