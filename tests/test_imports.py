@@ -232,3 +232,36 @@ def test_no_two_classes_of_the_package_share_a_name():
                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                     seen.setdefault(node.name, []).append(str(path.relative_to(REPO)))
     assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+def test_no_module_but_the_task_declarations_names_a_task():
+    """A task's name is said in its declaration (`eval/benchmark/tasks.py`) alone; elsewhere code reads `TASKS`.
+    A prompt file of the same name (`prompts.load("inference")`) is the prompt's name, not the task's."""
+    from cupid.eval.benchmark.tasks import TASKS
+
+    named = []
+    for module, path in sorted(_modules().items()):
+        if module == "cupid.eval.benchmark.tasks":
+            continue
+        tree = parse(path)
+        loads = {
+            id(arg)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "load"
+            for arg in node.args
+        }
+        named += [
+            f"{module}:{node.lineno} {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in TASKS and id(node) not in loads
+        ]
+    assert named == []
+    assert len(TASKS) == 2  # the check looks for something
+
+
+def test_every_setting_is_declared_once_with_what_it_adds():
+    from cupid.eval.benchmark.settings import SETTING_SPECS, SETTINGS, extra_prompts, extra_roles
+
+    assert tuple(SETTING_SPECS) == SETTINGS
+    assert extra_roles(SETTINGS) == ["summarizer"] and extra_prompts(["standard", "summary"]) == ["summarizer"]
+    assert extra_roles(["standard", "oracle"]) == []

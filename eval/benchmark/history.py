@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass
 
 from cupid.eval.benchmark.data import Instance
+from cupid.eval.benchmark.settings import SETTING_SPECS
 from cupid.eval.benchmark.stages import StageFailed, ask, constraint, parsed
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
@@ -23,8 +24,7 @@ def relevant_sessions(instance: Instance) -> list[int]:
 
 
 def plain_log(instance: Instance, setting: str) -> str:
-    """The log of every setting but summary, which needs no model call to build (the summary setting's is
-    `History.log`'s)."""
+    """The log of a setting that needs no model call to build (one built from answers is `History.log`'s)."""
     return prompts.format_interaction_log(instance.sessions(setting))
 
 
@@ -34,7 +34,7 @@ class History:
     summarizer: str | None = None
 
     async def log(self, instance: Instance, setting: str) -> str:
-        if setting != "summary":
+        if SETTING_SPECS[setting].built_by is None:
             return plain_log(instance, setting)
         sessions = instance.sessions(setting)
         outcomes = await asyncio.gather(*(self.summary(s) for s in sessions), return_exceptions=True)

@@ -28,7 +28,7 @@ from cupid.eval.benchmark.history import History
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
-from cupid.eval.benchmark.settings import SUMMARY_PROMPTS, Setting
+from cupid.eval.benchmark.settings import Setting, built_from_answers, extra_prompts, extra_roles
 from cupid.eval.benchmark.stages import Roles
 from cupid.eval.benchmark.summary import Requests, Summary, markdown, summarize, tables
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
@@ -126,9 +126,7 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="after")
     def _roles_for_tasks(self) -> RunConfig:
-        needed = {role for task in self.tasks for role in TASKS[task].roles} | (
-            {"summarizer"} if "summary" in self.settings else set()
-        )
+        needed = {role for task in self.tasks for role in TASKS[task].roles} | set(extra_roles(self.settings))
         if missing := [f.name for f in fields(Roles) if f.name in needed and getattr(self, f.name) is None]:
             raise ValueError(f"this run needs endpoints for {', '.join(missing)} (options --{' --'.join(missing)})")
         if not any(self.units_of(task) for task in TASKS):
@@ -156,7 +154,7 @@ class RunConfig(BaseModel):
 
 def _prompt_names(cfg: RunConfig) -> list[str]:
     names = [n for task in cfg.tasks for n in TASKS[task].prompts]
-    return names + (list(SUMMARY_PROMPTS) if "summary" in cfg.settings else [])
+    return names + extra_prompts(cfg.settings)
 
 
 def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[str]:
@@ -242,8 +240,11 @@ def dry_run(
 ) -> int:
     """A run's candidate requests, written as an OpenAI batch JSONL (`vllm run-batch`, the Batch API) and
     counted: nothing is sent and no server starts."""
-    if "summary" in cfg.settings:
-        raise ConfigError("--dry-run cannot write summary-setting requests: they are built from summarizer answers")
+    if answered := built_from_answers(cfg.settings):
+        raise ConfigError(
+            f"--dry-run cannot write {', '.join(answered)}-setting requests: they are built from "
+            f"{', '.join(extra_roles(answered))} answers"
+        )
     used = _resolve(cfg, None, endpoints or {})
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
     units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]

@@ -32,7 +32,7 @@ from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.inference import matcher_dialect
 from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
-from cupid.eval.benchmark.settings import SUMMARY_PROMPTS
+from cupid.eval.benchmark.settings import SETTING_SPECS, extra_prompts, extra_roles
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import figures
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
@@ -157,7 +157,7 @@ def _task(
         raise ConfigError(
             f"cupid/{spec.name}: no instance type {', '.join(unknown)} (types: {', '.join(INSTANCE_TYPES)})"
         )
-    wanted = [*spec.roles, *(["summarizer"] if setting == "summary" else [])]
+    wanted = [*spec.roles, *extra_roles([setting])]
     judges = TaskJudges.bind(
         spec,
         {r: roles[r] for r in wanted},
@@ -175,7 +175,7 @@ def _task(
         "models": {role: e.model for role, e in judges.endpoints.items()},
         "matcher_prompt": matcher_dialect(judges.endpoints["matcher"]) if "matcher" in judges.endpoints else None,
         "candidate_constrained": [spec.name] if answer_format else [],
-        "prompts": prompts.versions(*spec.prompts, *(SUMMARY_PROMPTS if setting == "summary" else ())),
+        "prompts": prompts.versions(*spec.prompts, *extra_prompts([setting])),
         "n_instances": len(dataset.instances),
         "invalid_rows": [str(b) for b in dataset.bad_rows],
     }
@@ -195,9 +195,8 @@ def _task(
 
 
 def _sample(spec: TaskSpec, instance: Instance, setting: str) -> Sample:
-    log = (
-        "" if setting == "summary" else plain_log(instance, setting)
-    )  # the summary setting's: the solver's, from its summaries
+    # a log built from answers (the summary setting's) is the solver's
+    log = "" if SETTING_SPECS[setting].built_by else plain_log(instance, setting)
     unit = {
         "key": instance.key,
         "persona_id": instance.persona_id,
@@ -282,9 +281,10 @@ def candidate_answer(spec: TaskSpec, judges: TaskJudges, instances: dict[str, In
     async def solve(state: TaskState, generate: Generate) -> TaskState:
         instance = instances[state.metadata["key"]]
         try:
-            if state.metadata["setting"] == "summary":
-                log = await History((await judges.opened())[0], "summarizer").log(instance, "summary")
-                state.messages = _messages(spec.messages(log, instance, "summary"))
+            setting = state.metadata["setting"]
+            if (role := SETTING_SPECS[setting].built_by) is not None:
+                log = await History((await judges.opened())[0], role).log(instance, setting)
+                state.messages = _messages(spec.messages(log, instance, setting))
             return await generate(state)
         except StageFailed as e:
             state.metadata["error"] = e.error.model_dump()

@@ -37,6 +37,7 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.history import History, plain_log
 from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring
+from cupid.eval.benchmark.settings import SETTING_SPECS
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.matcher import parse
@@ -338,9 +339,9 @@ def dataset_rows(
         raise ConfigError(
             f"reward_dataset: setting {setting!r} for {task}: expected one of {', '.join(TASKS[task].settings)}"
         )
-    if setting == "summary" and summarizer is None:
+    if (role := SETTING_SPECS[setting].built_by) is not None and summarizer is None:
         raise ConfigError(
-            "reward_dataset: the summary setting needs the summarizer's answers to build its prompts: pass summarizer="
+            f"reward_dataset: the {setting} setting needs the {role}'s answers to build its prompts: pass {role}="
         )
     spec = TASKS[task]
     logs = blocking(lambda: _logs(instances, setting, summarizer, cache))
@@ -363,12 +364,12 @@ def dataset_rows(
 async def _logs(
     instances: Sequence[Any], setting: str, summarizer: Endpoint | None, cache: str | Path | None
 ) -> list[str]:
-    """Each instance's log as the runner builds it (`History.log`): no request but in the summary setting."""
-    if setting != "summary":
+    """Each instance's log as the runner builds it (`History.log`): no request but in a setting built from answers."""
+    if (role := SETTING_SPECS[setting].built_by) is None:
         return [plain_log(i, setting) for i in instances]
-    client = Client({"summarizer": summarizer} if summarizer else {}, open_cache(cache))
+    client = Client({role: summarizer} if summarizer else {}, open_cache(cache))
     try:
-        history = History(client, "summarizer" if summarizer else None)
+        history = History(client, role if summarizer else None)
         outcomes = await asyncio.gather(*(history.log(i, setting) for i in instances), return_exceptions=True)
     finally:
         await client.close_with_cache()
