@@ -131,7 +131,31 @@ class Run:
 
 
 class RunDir(OutputDir):
-    """An evaluation run's directory: unit records appended as units finish, the summary once they are in."""
+    """An evaluation run's directory: unit records appended as units finish, the summary once they are in. The one
+    owner of its files' names and of when its summary is stale: readers (the viewer, the tracker, the nightly) ask
+    it."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        self.summary_file = self.path / "summary.json"
+        self.tables_file = self.path / "summary.md"
+
+    @property
+    def has_records(self) -> bool:
+        """A run's directory, begun: it holds unit records."""
+        return self.records_file.exists()
+
+    def summary_stale(self) -> bool:
+        """Records were appended after summary.json (the directory is being re-run): its figures are not the
+        records'. A second of slack for file systems that keep coarse times."""
+        if not (self.summary_file.exists() and self.records_file.exists()):
+            return False
+        return self.summary_file.stat().st_mtime + 1 < self.records_file.stat().st_mtime
+
+    def last_written(self) -> float | None:
+        """When the records or the summary last changed (what a page derived from them must be newer than)."""
+        times = [f.stat().st_mtime for f in (self.records_file, self.summary_file) if f.exists()]
+        return max(times) if times else None
 
     def load(self) -> Run:
         """The run as it stands: every file it has, read once (a directory without records is an error)."""
@@ -150,19 +174,19 @@ class RunDir(OutputDir):
 
     def summary(self) -> Summary | None:
         """summary.json read back typed; None where the run has not finished (or never summarized)."""
-        data = read_json(self.path / "summary.json")
+        data = read_json(self.summary_file)
         if not data:
             return None
         try:
             return Summary.model_validate(data)
         except ValidationError as e:
             where = ".".join(map(str, e.errors()[0]["loc"]))
-            raise ConfigError(f"{self.path / 'summary.json'}: {where}: {e.errors()[0]['msg']}") from None
+            raise ConfigError(f"{self.summary_file}: {where}: {e.errors()[0]['msg']}") from None
 
     def write_summary(self, summary: Summary) -> None:
         """An evaluation's summary, as data and as the tables people read (each replaced whole)."""
-        write_atomic(self.path / "summary.json", summary.to_json())
-        write_atomic(self.path / "summary.md", markdown(summary))
+        write_atomic(self.summary_file, summary.to_json())
+        write_atomic(self.tables_file, markdown(summary))
 
     def read(self) -> list[UnitRecord]:
         """The latest record of each unit, in order of first appearance, from a directory that must be a

@@ -160,10 +160,11 @@ def _params(summary: Summary | None, identity: RunIdentity) -> dict[str, str]:
 def pages(run_dir: Path) -> list[Path]:
     """The run's summary, report and viewer pages, made beside each other in `<run>/report/` where missing or
     older than the run's records (each is derived from them)."""
-    found = [run_dir / "summary.md"] if (run_dir / "summary.md").exists() else []
-    if not (run_dir / "instances.jsonl").exists():
+    run = RunDir(run_dir)
+    found = [run.tables_file] if run.tables_file.exists() else []
+    if not run.has_records:
         return found
-    newest = max((run_dir / n).stat().st_mtime for n in ("instances.jsonl", "summary.json") if (run_dir / n).exists())
+    newest = run.last_written() or 0.0
     for name, build in (("report.html", report.build), ("view.html", view.build)):
         page = run_dir / "report" / name
         if not page.exists() or page.stat().st_mtime < newest:
@@ -245,8 +246,9 @@ def read(path: str | Path) -> list[TrackedRun]:
     path = Path(path)
     if (path / "leaderboard.json").exists():
         return of_night(Leaderboard.read(path / "leaderboard.json"))
-    if not (path / "instances.jsonl").exists():
-        raise ConfigError(f"{path}: neither a run directory (no instances.jsonl) nor a night's (no leaderboard.json)")
+    if not RunDir(path).has_records:
+        name = RunDir(path).records_file.name
+        raise ConfigError(f"{path}: neither a run directory (no {name}) nor a night's (no leaderboard.json)")
     return [of_run(path)]
 
 

@@ -84,20 +84,19 @@ def _planned(identity: RunIdentity, summary: Summary | None) -> int | None:
 def run_state(run: LoadedRun, now: float | None = None) -> RunState:
     """Finished: summary.json exists, covers every unit in instances.jsonl, and is not older than it.
     Otherwise the run is in progress (records written in the last minutes) or stopped before the end."""
-    records_file = run.path / "instances.jsonl"
-    summary_file = run.path / "summary.json"
+    run_dir = RunDir(run.path)
     scored = sum(r.scored for r in run.records)
     done = len(run.records)
     total = _planned(run.identity, run.summary)
     if total is not None:
         total = max(total, done)
     finished = run.summary is not None and run.summary.n_runs >= done
-    if finished and summary_file.stat().st_mtime + 1 < records_file.stat().st_mtime:
+    if finished and run_dir.summary_stale():
         finished = False  # records appended after the summary: the directory is being re-run
     if finished:
         note = "finished"
     else:
-        age = (now or time.time()) - records_file.stat().st_mtime
+        age = (now or time.time()) - run_dir.records_file.stat().st_mtime
         note = "in progress" if age < RECENT_S else f"stopped before the end (last record {age / 60:.0f} min ago)"
         if run.summary is not None:
             note += ", records written after its summary.json"

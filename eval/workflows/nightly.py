@@ -186,9 +186,7 @@ def _ran(night_dir: Path) -> bool:
 
 def _comparison(before: str | None, after: str | None, headline_setting: str, margin: float) -> Comparison | None:
     """Two runs of a candidate compared, where both have records."""
-    if not (
-        before and after and (Path(before) / "instances.jsonl").exists() and (Path(after) / "instances.jsonl").exists()
-    ):
+    if not (before and after and RunDir(before).has_records and RunDir(after).has_records):
         return None
     return compare_runs(RunDir(before).load(), RunDir(after).load(), headline_setting, margin=margin)
 
@@ -497,7 +495,7 @@ def _run_night(
     if cfg.report:
         from cupid.eval.results.report import build
 
-        ran = [c.out for c in configs.values() if c.out and (Path(c.out) / "instances.jsonl").exists()]
+        ran = [c.out for c in configs.values() if c.out and RunDir(c.out).has_records]
         if ran:
             board.report = str(build(ran, night_dir / "report"))
     return board, board.exit_code
