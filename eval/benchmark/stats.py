@@ -272,8 +272,10 @@ def _linearized_se(
     `sums_a`, `sums_b`), from each drawn persona's influence: the gradient at the resample's totals times its sums."""
     n = sums_a.shape[0]
     influence = _gradient(f, weights @ sums_b) @ sums_b.T - _gradient(f, weights @ sums_a) @ sums_a.T
-    mean = (weights * influence).sum(axis=-1, keepdims=True) / n
-    return np.sqrt((weights * (influence - mean) ** 2).sum(axis=-1) / (n - 1))
+    # sum w (I - m)^2 = sum w I^2 - n m^2, with m = sum w I / n and sum w = n: no temporary of the draws' shape
+    mean = np.einsum("...n,...n->...", weights, influence) / n
+    spread = np.einsum("...n,...n->...", weights, influence * influence) - n * mean * mean
+    return np.sqrt(np.maximum(spread, 0.0) / (n - 1))
 
 
 def _studentized(
