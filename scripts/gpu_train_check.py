@@ -255,27 +255,27 @@ def main(argv: list[str] | None = None) -> int:
         report = sft.train(train_cfg[0])
         keys = ("trainable_parameters", "mean_tokens_per_s", "peak_gpu_memory_gib", "optimizer_steps", "loss_after")
         batch = {
-            k: report["hyperparameters"]["sft_config"][k]
+            k: report.hyperparameters["sft_config"][k]
             for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
         }
-        return {k: report[k] for k in keys} | batch
+        return {k: getattr(report, k) for k in keys} | batch
 
     if "sft" in wanted:
         stage("sft", results, fine_tune)
     if "export" in wanted:
-        stage("export", results, lambda: {k: v for k, v in export.export(train_cfg[0]).items() if k != "generated"})
+        stage("export", results, lambda: export.export(train_cfg[0]).model_dump(mode="json"))
 
     def reinforce() -> dict[str, Any]:
         cfg = grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps)
         report = grpo.train(cfg, funcs=[REWARDS[a.reward]])
-        steps = [row for row in report["log_history"] if "reward" in row]
+        steps = [row for row in report.log_history if "reward" in row]
         if len(steps) < grpo_steps:
             raise RuntimeError(f"{len(steps)} of {grpo_steps} GRPO steps ran")
-        if report["nothing_learnt"]:
-            raise RuntimeError(f"nothing was learnt ({a.reward} reward): {report['nothing_learnt']}")
+        if report.nothing_learnt:
+            raise RuntimeError(f"nothing was learnt ({a.reward} reward): {report.nothing_learnt}")
         return {
             "steps": len(steps),
-            "parameters_changed": report["parameters_changed"],
+            "parameters_changed": report.parameters_changed,
             "frac_reward_zero_std": [row.get("frac_reward_zero_std") for row in steps],
             "report": str(a.out / "grpo" / "grpo_report.json"),
         }

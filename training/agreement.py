@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import BaseModel, Field
 from rich.console import Console
 
 from cupid.common.config import ConfigError
@@ -47,6 +48,22 @@ from cupid.training.export import adapter_dir, export_dir
 from cupid.training.matchdata import MatchExample, data_dir, read_examples
 
 MODELS = ("base", "adapter", "trained")  # the report's blocks, in the order of the table
+
+
+class AgreementReport(BaseModel):
+    """`<out>/agreement.json`, key for key: each measured model's agreement with the teacher and the servers asked."""
+
+    validation: str
+    teacher_prompt: str
+    servers: list[dict[str, Any]]  # per server: name, engine, model, adapters, asked, listed, timings, ...
+    # Per model measured (`agreement()`'s figures, with model, served_as, server); a model not measured has no key.
+    base: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    adapter: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    trained: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    def block(self, which: str) -> dict[str, Any] | None:
+        """The figures of `which` (one of MODELS), None where it was not measured."""
+        return getattr(self, which) if which in MODELS else None
 
 
 async def _answers(endpoint: Endpoint, examples: list[MatchExample]) -> list[dict[str, Any]]:
@@ -290,7 +307,7 @@ def measure_on_running(
     return info, rows
 
 
-def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | None = None) -> dict[str, Any]:
+def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | None = None) -> AgreementReport:
     """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`.
     `running`: a vLLM server of the base model that loads adapters at run time (see `measure_on_running`)."""
     console = console or Console(stderr=True)
@@ -304,11 +321,8 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
     servers = plan(cfg)
     for server in servers:  # missing adapter, rank above max_lora_rank: refused before a server starts
         server.profile.check_local_files(f"{cfg.source}: agreement")
-    report: dict[str, Any] = {
-        "validation": str(data_dir(cfg) / "validation.jsonl"),
-        "teacher_prompt": examples[0].teacher_prompt,
-        "servers": [],
-    }
+    servers_asked: list[dict[str, Any]] = []
+    blocks: dict[str, dict[str, Any]] = {}
     answers: dict[str, list[dict[str, Any]]] = {}
     measured = []
     if (
@@ -317,10 +331,10 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
         measured.append(measure_on_running(running, list(servers.pop(0).asks), examples, cfg, console))
     measured += [measure(server, examples, cfg, console) for server in servers]
     for info, rows in measured:
-        report["servers"].append(info)
+        servers_asked.append(info)
         for which, served in info["asked"].items():
             answers[which] = rows[which]
-            report[which] = {
+            blocks[which] = {
                 **agreement(rows[which]),
                 "model": info["adapters"].get(served, info["model"]),
                 "served_as": served,
@@ -330,15 +344,22 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
         for which in MODELS:
             for row in answers.get(which, []):
                 sink.write(json.dumps({"model": which, **row}, ensure_ascii=False) + "\n")
-    (cfg.out_dir / "agreement.json").write_text(json.dumps(report, indent=2))
+    report = AgreementReport(
+        validation=str(data_dir(cfg) / "validation.jsonl"),
+        teacher_prompt=examples[0].teacher_prompt,
+        servers=servers_asked,
+        base=blocks.get("base"),
+        adapter=blocks.get("adapter"),
+        trained=blocks.get("trained"),
+    )
+    (cfg.out_dir / "agreement.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     return report
 
 
-def table(report: dict[str, Any]) -> list[tuple[str, ...]]:
+def table(report: AgreementReport) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for which in MODELS:
-        if which in report:
-            r = report[which]
+        if (r := report.block(which)) is not None:
             fmt = lambda v: "-" if v is None else f"{v:.3f}"
             rows.append(
                 (

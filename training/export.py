@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 
 from cupid.common.config import ConfigError
@@ -30,6 +31,22 @@ from cupid.training.matchdata import data_dir, read_examples
 from cupid.training.sft import load_base, resolve_base
 
 PROBE = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "MARKER-7d1f"}]
+
+
+class ExportReport(BaseModel):
+    """`<out>/export_report.json`, key for key: where the merged model went, how it was merged and how to serve it."""
+
+    export: str
+    adapter: str
+    base_model: str
+    method: str
+    dtype: str
+    end_of_turn_token: str
+    eos_token_id: list[int]  # the end-of-turn token's first
+    merge_check: dict[str, Any]  # max_abs_logit_diff, same_next_token; empty without validation data
+    size_bytes: int
+    serve: dict[str, str]  # "merged", "adapter": the vLLM command of each
+    wall_s: float
 
 
 def end_of_turn_token(tokenizer) -> str:
@@ -80,7 +97,7 @@ def _logits(model, tokenizer, messages) -> Any:
         return model(input_ids=ids.to(model.device)).logits.float().cpu()
 
 
-def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
     """Merge and save to `<out>/export`; write `<out>/export_report.json`."""
     console = console or Console(stderr=True)
     import torch
@@ -149,25 +166,25 @@ def export(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     ):
         raise RuntimeError(f"{out}: the chat template was not saved")
 
-    report = {
-        "export": str(out),
-        "adapter": str(adapter),
-        "base_model": base,
-        "method": method,
-        "dtype": cfg.export.dtype,
-        "end_of_turn_token": eot,
-        "eos_token_id": generation.eos_token_id,
-        "merge_check": check,
-        "size_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
-        "serve": {
+    report = ExportReport(
+        export=str(out),
+        adapter=str(adapter),
+        base_model=base,
+        method=method,
+        dtype=cfg.export.dtype,
+        end_of_turn_token=eot,
+        eos_token_id=generation.eos_token_id,
+        merge_check=check,
+        size_bytes=sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        serve={
             "merged": f"vllm serve {out} --served-model-name {cfg.name}",
             "adapter": (
                 f"vllm serve {base} --enable-lora --max-lora-rank {_lora_rank(cfg)} --lora-modules {cfg.name}={adapter}"
             ),
         },
-        "wall_s": round(time.monotonic() - started, 2),
-    }
-    (cfg.out_dir / "export_report.json").write_text(json.dumps(report, indent=2))
+        wall_s=round(time.monotonic() - started, 2),
+    )
+    (cfg.out_dir / "export_report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     console.print(
         f"[bold]export[/bold]: {method} -> {out} ({cfg.export.dtype}, eos {generation.eos_token_id} = {eot})",
         highlight=False,

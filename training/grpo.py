@@ -119,6 +119,29 @@ class GrpoRunConfig(_Section):
         return Path(self.out)
 
 
+class GrpoEvaluation(BaseModel):
+    """The evaluation's block of `grpo_report.json`, key for key: `cupid eval run`'s figures of each model served."""
+
+    # Per model: run, n_scored, n_failed, figure (micro F1, or the mean score), mean_reward, reward_units,
+    # reward_judge_failures.
+    trained: dict[str, Any]
+    base: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)  # none without `baseline`
+
+    def blocks(self) -> dict[str, dict[str, Any]]:
+        """Each evaluated model's figures, by label, in the order they ran."""
+        return {"trained": self.trained} | ({"base": self.base} if self.base is not None else {})
+
+
+class GrpoReport(BaseModel):
+    """`<out>/grpo_report.json`, key for key: what training logged and changed, then the evaluation's figures."""
+
+    adapter: str
+    log_history: list[dict[str, Any]]  # TRL's, as it logged it
+    parameters_changed: int  # adapter tensors that differ from their initial values
+    nothing_learnt: str | None  # why the run learnt nothing (`learnt`); null: it may have
+    evaluation: GrpoEvaluation | None  # null until the evaluation ran, and with it off
+
+
 def load(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunConfig:
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -259,7 +282,7 @@ def learnt(log_history: list[dict[str, Any]], changed: int) -> str | None:
 
 def train(
     cfg: GrpoRunConfig, console: Console | None = None, track: str | None = None, funcs: list[Any] | None = None
-) -> dict[str, Any]:
+) -> GrpoReport:
     """Train, write `<out>/adapter` and `<out>/grpo_report.json` (then the evaluations into it); return the report.
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
@@ -285,24 +308,25 @@ def train(
     trainer.save_model(str(adapter))
     changed = sum(not bool((initial[n] == p.detach().cpu()).all()) for n, p in _named_trainable(trainer.model))
     log_history = list(trainer.state.log_history)
-    report: dict[str, Any] = {
-        "adapter": str(adapter),
-        "log_history": log_history,
-        "parameters_changed": changed,  # adapter tensors that differ from their initial values
-        "nothing_learnt": learnt(log_history, changed),
-        "evaluation": None,
-    }
+    report = GrpoReport(
+        adapter=str(adapter),
+        log_history=log_history,
+        parameters_changed=changed,
+        nothing_learnt=learnt(log_history, changed),
+        evaluation=None,
+    )
     _write(cfg, report)  # before the evaluation: a failed evaluation keeps the training's report
     del trainer, model, initial
     _release_memory()
     if cfg.evaluate.enabled:
-        report["evaluation"] = evaluate(cfg, adapter, lora.r, console)
+        report.evaluation = evaluate(cfg, adapter, lora.r, console)
         _write(cfg, report)
     return report
 
 
-def _write(cfg: GrpoRunConfig, report: dict[str, Any]) -> None:
-    (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report, indent=2, default=str))
+def _write(cfg: GrpoRunConfig, report: GrpoReport) -> None:
+    # TRL's log history as it logged it: what JSON cannot hold is written as its str, as json.dumps(default=str) did
+    (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report.model_dump(), indent=2, default=str))
 
 
 def _close_judges(trainer: Any, funcs: list[Any]) -> None:
@@ -336,7 +360,7 @@ def evaluated_model(cfg: GrpoRunConfig, label: str, weights: Path | None) -> Ser
                        adapter=str(weights) if weights else None, endpoint=ev.endpoint, serve=serve)  # fmt: skip
 
 
-def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> dict[str, Any]:
+def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> GrpoEvaluation:
     """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data, judged by the
     reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded into
     the profile's server of the policy, as a night loads a LoRA candidate into a judge's server: one already answering
@@ -366,7 +390,7 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
     data = cfg.out_dir / "eval" / "held_out.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {}
     for label, weights in candidates.items():
         served = evaluated_model(cfg, label, weights)
         run_cfg = RunConfig(
@@ -396,7 +420,7 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
             f"-> {out[label]['run']}",
             highlight=False,
         )
-    return out
+    return GrpoEvaluation(trained=out["trained"], base=out.get("base"))
 
 
 def headline(cfg: GrpoRunConfig, records: list[UnitRecord]) -> Interval | None:

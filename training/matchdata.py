@@ -93,6 +93,23 @@ class MatchExample(BaseModel):
         return self
 
 
+class LabelReport(BaseModel):
+    """`<out>/data/report.json`, key for key: what the labelling runs gave, and the match data's balance per split."""
+
+    data: str
+    n_instances: int
+    teacher: str  # "endpoint (model)"
+    teacher_prompt: str
+    runs: dict[str, dict[str, Any]]  # candidate -> its run's dir, n_scored, n_failed, failures
+    n_examples_raw: int
+    # A run that labelled nothing has `error` and none of the counts after it; one that did, the reverse.
+    error: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    n_duplicates: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    n_conflicting_duplicates: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    n_missing_teacher_raw: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    splits: dict[str, dict[str, Any]] | None = Field(default=None, exclude_if=lambda v: v is None)  # label_balance's
+
+
 def completion_text(labels: list[dict[str, Any]]) -> str:
     """What the fine-tuned matcher learns to answer: the prefmatcher dialect's fenced JSON list, one
     object per line (indenting every key would add about a third more tokens to learn and to generate)."""
@@ -275,7 +292,7 @@ def _input_file(syn: Labelling, work: Path) -> tuple[Path, int]:
     return path, len(instances)
 
 
-def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+def label(cfg: TrainConfig, console: Console | None = None) -> LabelReport:
     """Run every candidate on the inference task with the teacher as matcher; write the match data.
 
     Resumable: the runner keeps scored instances and the cache answers every request already made.
@@ -339,22 +356,22 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
             if task == INFERENCE.name and record.scored:
                 examples += examples_from_record(record, candidate, syn.teacher, dialect)
 
-    report: dict[str, Any] = {
-        "data": syn.data,
-        "n_instances": n_instances,
-        "teacher": f"{syn.teacher} ({teacher.model})",
-        "teacher_prompt": dialect,
-        "runs": runs,
-        "n_examples_raw": len(examples),
-    }
+    report = LabelReport(
+        data=syn.data,
+        n_instances=n_instances,
+        teacher=f"{syn.teacher} ({teacher.model})",
+        teacher_prompt=dialect,
+        runs=runs,
+        n_examples_raw=len(examples),
+    )
     out_dir = cfg.out_dir / "data"
     out_dir.mkdir(parents=True, exist_ok=True)
     if not examples:
         failures: Counter[str] = Counter()
         for r in runs.values():
             failures.update(r["failures"])
-        report["error"] = "no scored instance: no match data"
-        (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+        report.error = "no scored instance: no match data"
+        (out_dir / "report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
         listed = "\n  ".join(f"{what}: {n}" for what, n in failures.most_common()) or "(none recorded)"
         raise LabellingError(
             f"no match data: none of the {n_instances} instance(s) x {len(syn.candidates)} candidate(s) was scored, "
@@ -366,11 +383,9 @@ def label(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     splits = split_by_persona(kept, syn.validation_fraction, syn.seed)
     for split in SPLITS:
         write_jsonl(out_dir / f"{split}.jsonl", splits[split])
-    report.update(
-        n_duplicates=duplicates,
-        n_conflicting_duplicates=conflicts,
-        n_missing_teacher_raw=sum(e["teacher_raw"] is None for e in kept),
-        splits={split: label_balance(splits[split]) for split in SPLITS},
-    )
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    report.n_duplicates = duplicates
+    report.n_conflicting_duplicates = conflicts
+    report.n_missing_teacher_raw = sum(e["teacher_raw"] is None for e in kept)
+    report.splits = {split: label_balance(splits[split]) for split in SPLITS}
+    (out_dir / "report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     return report

@@ -10,18 +10,33 @@ import json
 import time
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 
 from cupid.serving.endpoint import Endpoint
 from cupid.training import agreement, export, matchdata, sft
+from cupid.training.agreement import AgreementReport
 from cupid.training.config import TrainConfig
+from cupid.training.export import ExportReport
+from cupid.training.matchdata import LabelReport
+from cupid.training.sft import SftReport
 
 STAGES = ("label", "sft", "export", "check")
 
 
+class PipelineReport(BaseModel):
+    """The chain's stage reports, for the CLI to print: a stage not run, or off in the config, has None."""
+
+    label: LabelReport | None = None
+    sft: SftReport | None = None
+    export: ExportReport | None = None
+    check: AgreementReport | None = None
+    wall_s: dict[str, float]  # stage -> seconds, and their "total" (also in `<out>/chain.json`)
+
+
 def run(
     cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: Endpoint | None = None
-) -> dict[str, Any]:
+) -> PipelineReport:
     """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
     if "sft" in stages:
@@ -39,12 +54,12 @@ def run(
         reports[stage] = steps[stage]()
         wall[stage] = round(time.monotonic() - started, 2)
         _release_memory()
-    reports["wall_s"] = {**wall, "total": round(sum(wall.values()), 2)}
+    wall_s = {**wall, "total": round(sum(wall.values()), 2)}
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     (cfg.out_dir / "chain.json").write_text(
-        json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": reports["wall_s"]}, indent=2)
+        json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": wall_s}, indent=2)
     )
-    return reports
+    return PipelineReport(**reports, wall_s=wall_s)
 
 
 def _release_memory() -> None:

@@ -19,12 +19,44 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 
 from cupid.common.config import ConfigError
 from cupid.training import trl_args
 from cupid.training.config import TrainConfig, chain_sft_args
 from cupid.training.matchdata import data_dir, read_examples
+
+
+class SftReport(BaseModel):
+    """`<out>/train_report.json`, key for key: what the fine-tune ran on and measured, typed for those who read it."""
+
+    base_model: str
+    adapter: str
+    resumed_from: str | None
+    precision: str
+    quantization: dict[str, Any] | None  # the `quantization:` arguments; null: plain LoRA
+    lora: dict[str, Any]
+    trainable_parameters: int
+    total_parameters: int
+    n_train_examples: int
+    n_validation_examples: int
+    n_over_max_length: int
+    n_dropped_no_completion_left: int
+    train_tokens_per_epoch: int
+    completion_tokens_per_epoch: int
+    optimizer_steps: int
+    max_steps: int
+    loss_before: dict[str, float]  # split -> mean completion-token loss
+    loss_after: dict[str, float]
+    logged_losses: list[dict[str, Any]]  # {step, loss} per logged step
+    throughput: list[dict[str, Any]]  # one row per log: step, loss, learning_rate, num_tokens, tokens_per_s
+    mean_tokens_per_s: float | None
+    peak_gpu_memory_gib: float | None  # torch.cuda.max_memory_allocated; null on CPU
+    gpu_memory_gib: float | None
+    train_runtime_s: float
+    wall_s: float
+    hyperparameters: dict[str, Any]  # the `sft:` section and TRL's SFTConfig as it ran
 
 
 def resolve_base(cfg: TrainConfig) -> str:
@@ -249,7 +281,7 @@ def bnb_config(cfg: TrainConfig, dtype: Any = None):
         raise ConfigError(f"{cfg.source}: quantization: transformers' BitsAndBytesConfig refuses it: {e}") from None
 
 
-def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
+def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
     """Fine-tune, save the adapter to `<out>/adapter`, write `<out>/train_report.json`; return the report."""
     console = console or Console(stderr=True)
     # Inputs first: a bad path or data line fails in a second, before the heavy imports and the model.
@@ -332,35 +364,36 @@ def train(cfg: TrainConfig, console: Console | None = None) -> dict[str, Any]:
     tokenizer.save_pretrained(str(adapter_dir))
     steps = [row for row in trainer.state.log_history if "loss" in row]
     rates = [row["tokens_per_s"] for row in throughput.rows if row["tokens_per_s"]]
-    report = {
-        "base_model": base,
-        "adapter": str(adapter_dir),
-        "resumed_from": last,
-        "precision": prec,
-        "quantization": cfg.quantization.args if cfg.quantization.active else None,
-        "lora": lora.args,
-        "trainable_parameters": n_trainable,
-        "total_parameters": n_total,
-        "n_train_examples": len(train_examples),
-        "n_validation_examples": len(val_examples),
-        "n_over_max_length": n_long,
-        "n_dropped_no_completion_left": len(train_examples) - n_kept,
-        "train_tokens_per_epoch": train_tokens,
-        "completion_tokens_per_epoch": completion_tokens,
-        "optimizer_steps": trainer.state.global_step,
-        "max_steps": trainer.state.max_steps,
-        "loss_before": before,
-        "loss_after": after,
-        "logged_losses": [{"step": r["step"], "loss": r["loss"]} for r in steps],
-        "throughput": throughput.rows,
-        "mean_tokens_per_s": round(sum(rates) / len(rates), 1) if rates else None,
-        "peak_gpu_memory_gib": peak_gpu_gib(),  # torch.cuda.max_memory_allocated; null on CPU
-        "gpu_memory_gib": round(gib, 1) if (gib := gpu_gib()) else None,
-        "train_runtime_s": round(result.metrics.get("train_runtime", wall), 2),
-        "wall_s": round(wall, 2),
-        "hyperparameters": {**s.model_dump(), "sft_config": args.to_dict()},
-    }
-    (out / "train_report.json").write_text(json.dumps(report, indent=2))
+    report = SftReport(
+        base_model=base,
+        adapter=str(adapter_dir),
+        resumed_from=last,
+        precision=prec,
+        quantization=cfg.quantization.args if cfg.quantization.active else None,
+        lora=lora.args,
+        trainable_parameters=n_trainable,
+        total_parameters=n_total,
+        n_train_examples=len(train_examples),
+        n_validation_examples=len(val_examples),
+        n_over_max_length=n_long,
+        n_dropped_no_completion_left=len(train_examples) - n_kept,
+        train_tokens_per_epoch=train_tokens,
+        completion_tokens_per_epoch=completion_tokens,
+        optimizer_steps=trainer.state.global_step,
+        max_steps=trainer.state.max_steps,
+        loss_before=before,
+        loss_after=after,
+        logged_losses=[{"step": r["step"], "loss": r["loss"]} for r in steps],
+        throughput=throughput.rows,
+        mean_tokens_per_s=round(sum(rates) / len(rates), 1) if rates else None,
+        peak_gpu_memory_gib=peak_gpu_gib(),
+        gpu_memory_gib=round(gib, 1) if (gib := gpu_gib()) else None,
+        train_runtime_s=round(result.metrics.get("train_runtime", wall), 2),
+        wall_s=round(wall, 2),
+        hyperparameters={**s.model_dump(), "sft_config": args.to_dict()},
+    )
+    # json.dumps, not model_dump_json: the file keeps its bytes (non-ASCII escaped, a diverged NaN loss written NaN)
+    (out / "train_report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     if any(v is not None and not math.isfinite(v) for v in after.values()):
         raise RuntimeError(f"training diverged: loss after training is {after}; see {out / 'train_report.json'}")
     return report

@@ -20,7 +20,9 @@ from cupid.common.config import ConfigError
 from cupid.common.errors import ServeError
 from cupid.eval.benchmark.data import DataError, local_path
 from cupid.training import agreement, config, pipeline
-from cupid.training.matchdata import LabellingError
+from cupid.training.agreement import AgreementReport
+from cupid.training.matchdata import LabellingError, LabelReport
+from cupid.training.sft import SftReport
 
 app = typer.Typer(
     no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement."
@@ -52,17 +54,17 @@ def _guarded(action: Callable[[], Any]) -> Any:
         raise typer.Exit(2)
 
 
-def _print_labelling(report: dict[str, Any] | None) -> None:
-    if not report:
+def _print_labelling(report: LabelReport | None) -> None:
+    if report is None:
         return
     table = Table("split", "examples", "personas", "items", *agreement_labels(), title="match data (label balance)")
-    for split, block in report["splits"].items():
+    for split, block in (report.splits or {}).items():
         shares = [f"{block['labels'][k]} ({(block['label_shares'][k] or 0):.0%})" for k in agreement_labels()]
         table.add_row(split, str(block["n_examples"]), str(block["n_personas"]), str(block["n_items"]), *shares)
     console.print(table)
     console.print(
-        f"{report['n_examples_raw']} labelled pairs, {report['n_duplicates']} duplicates dropped "
-        f"({report['n_conflicting_duplicates']} with conflicting labels)",
+        f"{report.n_examples_raw} labelled pairs, {report.n_duplicates} duplicates dropped "
+        f"({report.n_conflicting_duplicates} with conflicting labels)",
         highlight=False,
     )
 
@@ -73,20 +75,20 @@ def agreement_labels() -> tuple[str, ...]:
     return LABELS
 
 
-def _print_sft(report: dict[str, Any] | None) -> None:
-    if report:
+def _print_sft(report: SftReport | None) -> None:
+    if report is not None:
         console.print(
-            f"sft: {report['optimizer_steps']} steps; mean loss "
+            f"sft: {report.optimizer_steps} steps; mean loss "
             + ", ".join(
-                f"{split} {before} -> {report['loss_after'][split]}" for split, before in report["loss_before"].items()
+                f"{split} {before} -> {report.loss_after[split]}" for split, before in report.loss_before.items()
             )
-            + f"; {report['mean_tokens_per_s']} tokens/s; {report['train_runtime_s']}s; adapter in {report['adapter']}",
+            + f"; {report.mean_tokens_per_s} tokens/s; {report.train_runtime_s}s; adapter in {report.adapter}",
             highlight=False,
         )
 
 
-def _print_check(report: dict[str, Any] | None) -> None:
-    if not report:
+def _print_check(report: AgreementReport | None) -> None:
+    if report is None:
         return
     table = Table(
         "model",
@@ -101,9 +103,9 @@ def _print_check(report: dict[str, Any] | None) -> None:
         table.add_row(*row)
     console.print(table)
     for which in agreement.MODELS:
-        for what, n in (report.get(which) or {}).get("failures", {}).items():
+        for what, n in (report.block(which) or {}).get("failures", {}).items():
             console.print(f"[yellow]{which} failed:[/yellow] {n} x {what}", highlight=False)
-    for server in report.get("servers", []):
+    for server in report.servers:
         listed = ", ".join(m["id"] for m in server.get("listed", []))
         console.print(
             f"server {server['name']} ({server['engine']} {server['device']}): served {listed}; "
@@ -154,12 +156,12 @@ def run(
             console.print(line, highlight=False, soft_wrap=True)
         return
     reports = _guarded(lambda: pipeline.run(cfg, err, stages))
-    _print_labelling(reports.get("label"))
-    _print_sft(reports.get("sft"))
-    if reports.get("export"):
-        console.print(f"export: {reports['export']['export']} ({reports['export']['method']})", highlight=False)
-    _print_check(reports.get("check"))
-    print(f"wall time: {json.dumps(reports['wall_s'])}; results in {cfg.out}")
+    _print_labelling(reports.label)
+    _print_sft(reports.sft)
+    if reports.export is not None:
+        console.print(f"export: {reports.export.export} ({reports.export.method})", highlight=False)
+    _print_check(reports.check)
+    print(f"wall time: {json.dumps(reports.wall_s)}; results in {cfg.out}")
 
 
 @app.command()
@@ -187,7 +189,8 @@ def export(config_path: str = ConfigOption, out: str | None = OutOption) -> None
     from cupid.training import export as export_stage
 
     report = _guarded(lambda: export_stage.export(cfg, err))
-    print(json.dumps(report, indent=2))  # as is: a console would fold long strings and read [..] as markup
+    # as is, the file's JSON: a console would fold long strings and read [..] as markup
+    print(json.dumps(report.model_dump(mode="json"), indent=2))
 
 
 @app.command()
@@ -238,18 +241,18 @@ def grpo(
             console.print(line, highlight=False, soft_wrap=True)
         return
     report = _guarded(lambda: grpo_run.train(cfg, err, track))
-    rewards = [row["reward"] for row in report["log_history"] if "reward" in row]  # TRL's weighted sum, per step
+    rewards = [row["reward"] for row in report.log_history if "reward" in row]  # TRL's weighted sum, per step
     console.print(
         f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} "
-        f"-> {rewards[-1] if rewards else '-'}; adapter in {report['adapter']}",
+        f"-> {rewards[-1] if rewards else '-'}; adapter in {report.adapter}",
         highlight=False,
     )
-    if report["nothing_learnt"]:
+    if report.nothing_learnt:
         console.print(
-            f"grpo: nothing was learnt ({report['nothing_learnt']}): the evaluation below is the policy as it was",
+            f"grpo: nothing was learnt ({report.nothing_learnt}): the evaluation below is the policy as it was",
             highlight=False,
         )
-    for label, block in (report["evaluation"] or {}).items():
+    for label, block in (report.evaluation.blocks() if report.evaluation is not None else {}).items():
         console.print(
             f"eval {label}: {block['figure']} ({block['n_scored']} scored, {block['n_failed']} failed), "
             f"mean reward {block['mean_reward']} in {block['run']}",

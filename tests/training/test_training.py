@@ -68,13 +68,12 @@ def chain(random_model_dir, tmp_path_factory, request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(_home(cfg)))
         reports = pipeline.run(cfg, Console(stderr=True), stages=pipeline.STAGES[:-1])
-    walls = reports.pop("wall_s")
     running = request.getfixturevalue("tiny_server")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(_home(cfg)))
-        reports |= pipeline.run(cfg, Console(stderr=True), stages=("check",), running=Endpoint(**running))
-    print(f"tiny chain wall time (s): {walls} {reports['wall_s']}")
-    return cfg, reports
+        checked = pipeline.run(cfg, Console(stderr=True), stages=("check",), running=Endpoint(**running))
+    print(f"tiny chain wall time (s): {reports.wall_s} {checked.wall_s}")
+    return cfg, reports.model_copy(update={"check": checked.check})
 
 
 def _home(cfg: config.TrainConfig) -> Path:
@@ -87,10 +86,10 @@ def _rows(path: Path) -> list[dict]:
 
 def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
     cfg, reports = chain
-    report = reports["label"]
-    assert report["runs"]["instant"]["n_scored"] == 6 and report["runs"]["instant"]["n_failed"] == 0
+    report = reports.label
+    assert report.runs["instant"]["n_scored"] == 6 and report.runs["instant"]["n_failed"] == 0
     # 6 instances x 2 directions; consistent and contrastive share the ground truth, so 4 prompts repeat.
-    assert (report["n_examples_raw"], report["n_duplicates"], report["n_conflicting_duplicates"]) == (12, 4, 0)
+    assert (report.n_examples_raw, report.n_duplicates, report.n_conflicting_duplicates) == (12, 4, 0)
     splits = {s: _rows(cfg.out_dir / "data" / f"{s}.jsonl") for s in ("train", "validation")}
     assert [len(splits["train"]), len(splits["validation"])] == [4, 4]
     personas = {s: {e["persona_id"] for e in rows} for s, rows in splits.items()}
@@ -110,7 +109,7 @@ def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
     assert Counter(e["direction"] for e in examples) == {"infer_to_gt": 4, "gt_to_infer": 4}
     for split, rows in splits.items():
         counted = Counter(m["label"] for e in rows for m in e["teacher_labels"])
-        assert report["splits"][split]["labels"] == {label: counted.get(label, 0) for label in prompts.LABELS}
+        assert report.splits[split]["labels"] == {label: counted.get(label, 0) for label in prompts.LABELS}
     import datasets
 
     loaded = datasets.load_dataset("json", data_files=str(cfg.out_dir / "data" / "train.jsonl"), split="train")
@@ -119,23 +118,21 @@ def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
 
 def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_model_dir):
     cfg, reports = chain
-    report = reports["sft"]
-    assert report["loss_after"]["train"] < report["loss_before"]["train"]
-    assert report["peak_gpu_memory_gib"] is None and report["gpu_memory_gib"] is None  # on CPU: no GPU to measure
-    assert report["mean_tokens_per_s"] > 0
+    report = reports.sft
+    assert report.loss_after["train"] < report.loss_before["train"]
+    assert report.peak_gpu_memory_gib is None and report.gpu_memory_gib is None  # on CPU: no GPU to measure
+    assert report.mean_tokens_per_s > 0
     steps = cfg.sft.max_steps
-    assert [r["step"] for r in report["logged_losses"]] == list(range(1, steps + 1)) and report[
-        "optimizer_steps"
-    ] == steps
-    assert all(math.isfinite(r["loss"]) for r in report["logged_losses"])
+    assert [r["step"] for r in report.logged_losses] == list(range(1, steps + 1)) and report.optimizer_steps == steps
+    assert all(math.isfinite(r["loss"]) for r in report.logged_losses)
     quantized = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
-    assert report["quantization"] == quantized
+    assert report.quantization == quantized
     # LoRA r=8 on q,v,o (hidden->hidden, hidden->kv heads, hidden->hidden) and the MLP (hidden<->intermediate) of each
     # layer.
     model = json.loads((random_model_dir / "config.json").read_text())
     hidden, kv = model["hidden_size"], model["num_key_value_heads"] * model["head_dim"]
     per_layer = 8 * ((hidden + hidden) + (hidden + kv) + (hidden + hidden) + 3 * (hidden + model["intermediate_size"]))
-    assert report["trainable_parameters"] == model["num_hidden_layers"] * per_layer
+    assert report.trainable_parameters == model["num_hidden_layers"] * per_layer
     # The loss covers exactly the assistant turn: prompt+completion tokens minus the prompt's (with its generation
     # prompt).
     from transformers import AutoTokenizer
@@ -147,7 +144,7 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
         prompt = tok.apply_chat_template(e["prompt"], add_generation_prompt=True, return_dict=True)["input_ids"]
         assert full[: len(prompt)] == prompt
         expected += len(full) - len(prompt)
-    assert report["completion_tokens_per_epoch"] == expected
+    assert report.completion_tokens_per_epoch == expected
     adapter = json.loads((cfg.out_dir / "adapter" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["lora_alpha"]) == (8, 16)
     assert set(adapter["target_modules"]) == set(cfg.lora.args["target_modules"])
@@ -159,16 +156,16 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
 
 def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
     cfg, reports = chain
-    report = reports["export"]
-    out = Path(report["export"])
-    assert report["method"].startswith("dequantize-then-merge")
-    assert report["merge_check"]["max_abs_logit_diff"] < 1e-3 and report["merge_check"]["same_next_token"]
+    report = reports.export
+    out = Path(report.export)
+    assert report.method.startswith("dequantize-then-merge")
+    assert report.merge_check["max_abs_logit_diff"] < 1e-3 and report.merge_check["same_next_token"]
     model_config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in model_config
     from transformers import AutoTokenizer
 
     eot = AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<|im_end|>")
-    assert report["end_of_turn_token"] == "<|im_end|>"
+    assert report.end_of_turn_token == "<|im_end|>"
     assert eot in json.loads((out / "generation_config.json").read_text())["eos_token_id"]
     assert (out / "chat_template.jinja").read_text() == (Path(random_model_dir) / "chat_template.jinja").read_text()
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
@@ -177,12 +174,12 @@ def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
 
 def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_failures(chain):
     cfg, reports = chain
-    report = reports["check"]
+    report = reports.check
     answers = _rows(cfg.out_dir / "agreement_answers.jsonl")
     assert Counter(r["model"] for r in answers) == {"base": 4, "adapter": 4, "trained": 4}
     assert [row[0] for row in agreement.table(report)] == ["base", "adapter", "trained"]
     for which in ("base", "adapter", "trained"):
-        block = report[which]
+        block = report.block(which)
         rows = [r for r in answers if r["model"] == which]
         assert block["n_examples"] == 4 and block["n_parsed"] + block["n_failed"] == 4
         assert sum(block["failures"].values()) == block["n_failed"]
@@ -197,14 +194,14 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
         else:
             assert 0.0 <= block["accuracy"] <= 1.0
             assert block["n_items_compared"] == sum(len(r["teacher"]) for r in rows if r["error"] is None)
-    assert report["base"]["n_failed"] == 4  # the random model's answers are noise: each a parse failure, counted
-    assert report["adapter"]["model"] == str((cfg.out_dir / "adapter").resolve())
-    assert report["trained"]["model"] == str((cfg.out_dir / "export").resolve())
+    assert report.base["n_failed"] == 4  # the random model's answers are noise: each a parse failure, counted
+    assert report.adapter["model"] == str((cfg.out_dir / "adapter").resolve())
+    assert report.trained["model"] == str((cfg.out_dir / "export").resolve())
     print(
         "agreement: "
         + ", ".join(
-            f"{w} {report[w]['n_parsed']}/4 parsed, accuracy {report[w]['accuracy']}, "
-            f"alpha {report[w]['alpha_interval']}"
+            f"{w} {report.block(w)['n_parsed']}/4 parsed, accuracy {report.block(w)['accuracy']}, "
+            f"alpha {report.block(w)['alpha_interval']}"
             for w in ("base", "adapter", "trained")
         )
     )
@@ -216,7 +213,7 @@ def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_ex
     cfg, reports = chain
     monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's own server had its record
     names = agreement.served_names(cfg)
-    on_base, merged = reports["check"]["servers"]  # the session server (no start), then one vLLM start
+    on_base, merged = reports.check.servers  # the session server (no start), then one vLLM start
     adapter = str((cfg.out_dir / "adapter").resolve())
     # What /v1/models of the base's server listed while the adapter was loaded: the base, the adapter as its child;
     # after the check, the adapter is gone again.
@@ -326,8 +323,8 @@ def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
     steps = cfg.sft.max_steps
     more = _load(TINY, out=str(copy), base_model=cfg.base_model, sft__max_steps=steps + 1, sft__measure_loss_on=[])
     report = sft.train(more, Console(stderr=True))
-    assert report["resumed_from"].endswith(f"checkpoint-{steps}")
-    assert report["optimizer_steps"] == steps + 1 and report["logged_losses"][-1]["step"] == steps + 1
+    assert report.resumed_from.endswith(f"checkpoint-{steps}")
+    assert report.optimizer_steps == steps + 1 and report.logged_losses[-1]["step"] == steps + 1
     assert (copy / "checkpoints" / f"checkpoint-{steps + 1}").is_dir()
 
 

@@ -31,13 +31,13 @@ def smol_trained(smol_model_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(work / "home"))
         reports = pipeline.run(smol, Console(stderr=True), stages=("label", "sft"))
-    return smol, reports["sft"]
+    return smol, reports.sft
 
 
 @pytest.fixture(scope="module")
 def smol_exported(smol_trained):
     smol, _ = smol_trained
-    return pipeline.run(smol, Console(stderr=True), stages=("export",))["export"]
+    return pipeline.run(smol, Console(stderr=True), stages=("export",)).export
 
 
 def _assert_prefmatcher_answers(answers: list[str], examples: list[dict]) -> None:
@@ -61,7 +61,7 @@ def test_the_fine_tune_teaches_the_135m_models_adapter_prefmatchers_answer_forma
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     smol, trained = smol_trained
-    losses = [r["loss"] for r in trained["logged_losses"]]
+    losses = [r["loss"] for r in trained.logged_losses]
     assert losses[-1] < losses[0] / 4
     base = AutoModelForCausalLM.from_pretrained(smol_model_dir, dtype=torch.float32)
     examples = _rows(smol.out_dir / "data" / "validation.jsonl")
@@ -76,9 +76,9 @@ def test_the_135m_models_merged_export_answers_in_prefmatchers_format(smol_train
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     smol, exported = smol_trained[0], smol_exported
-    assert exported["merge_check"]["same_next_token"]
+    assert exported.merge_check["same_next_token"]
     examples = _rows(smol.out_dir / "data" / "validation.jsonl")
-    model = AutoModelForCausalLM.from_pretrained(exported["export"], dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(exported["export"], padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(exported.export, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(exported.export, padding_side="left")
     prompts = [e["prompt"] for e in examples]
     _assert_prefmatcher_answers(greedy_answers(model, tok, prompts, smol.agreement.max_tokens), examples)
