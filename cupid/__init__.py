@@ -59,13 +59,13 @@ if TYPE_CHECKING:
         reward,
         reward_dataset,
     )
-    from cupid.serving.endpoint import Endpoint
+    from cupid.serving import Endpoint
 
 
 def __getattr__(name: str) -> Any:
     """The API is imported on first use, so `import cupid.serving...` in a server process stays light."""
     if name == "Endpoint":
-        from cupid.serving.endpoint import Endpoint
+        from cupid.serving import Endpoint
 
         return Endpoint
     if name in __all__:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common import ConfigError, read_yaml, validate
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"

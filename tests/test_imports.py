@@ -69,8 +69,8 @@ def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | as
 
 def import_graph(type_checking: bool = False) -> Graph:
     """The package's modules and, for each, the package's modules it imports (relative imports resolved; a name
-    imported from a module is that module, or the submodule of that name); `type_checking`: the imports only a type
-    checker reads too."""
+    imported from a module is that module, a submodule imported from its package that submodule); `type_checking`:
+    the imports only a type checker reads too."""
     modules = _modules()
     graph: Graph = {name: set() for name in modules}
     for name, path in modules.items():
@@ -83,7 +83,8 @@ def import_graph(type_checking: bool = False) -> Graph:
                 if node.level:
                     parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*parts, base] if base else parts)
-                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+                # a submodule imported from its package is that module (the package's face only names things)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
@@ -237,7 +238,7 @@ def test_no_two_classes_of_the_package_share_a_name():
 def test_no_module_but_the_task_declarations_names_a_task():
     """A task's name is said in its declaration (`eval/benchmark/tasks.py`) alone; elsewhere code reads `TASKS`.
     A prompt file of the same name (`prompts.load("inference")`) is the prompt's name, not the task's."""
-    from cupid.eval.benchmark.tasks import TASKS
+    from cupid.eval.benchmark import TASKS
 
     named = []
     for module, path in sorted(_modules().items()):
@@ -260,8 +261,38 @@ def test_no_module_but_the_task_declarations_names_a_task():
 
 
 def test_every_setting_is_declared_once_with_what_it_adds():
-    from cupid.eval.benchmark.settings import SETTING_SPECS, SETTINGS, extra_prompts, extra_roles
+    from cupid.eval.benchmark import SETTING_SPECS, SETTINGS, extra_prompts, extra_roles
 
     assert tuple(SETTING_SPECS) == SETTINGS
     assert extra_roles(SETTINGS) == ["summarizer"] and extra_prompts(["standard", "summary"]) == ["summarizer"]
     assert extra_roles(["standard", "oracle"]) == []
+
+
+def test_callers_outside_a_room_import_from_its_face():
+    """A room's face names what the rest of the package uses of it (`EXPORTS`); a module outside the room that takes
+    such a name from the module that defines it reaches past the face. A name the face cannot give (one that is also
+    a submodule's, `reward`; one that two modules define, `scored`) is taken from its module, with its neighbours."""
+    import importlib
+
+    modules = _modules()
+    exports = {
+        face: getattr(importlib.import_module(face), "EXPORTS", {})
+        for face in faces()
+        if face not in ("cupid", "cupid.cli")
+    }
+    assert sum(map(len, exports.values())) > 100  # the faces name things: the check has something to hold
+    reaching = []
+    for module, path in sorted(modules.items()):
+        for node in ast.walk(parse(path)):
+            if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
+                continue
+            face = node.module.rpartition(".")[0]
+            if face not in exports or module == face or module.startswith(face + "."):
+                continue
+            names = [a.name for a in node.names]
+            if any(f"{face}.{n}" in modules or exports[face].get(n, node.module) != node.module for n in names):
+                continue  # a name the face cannot give (a submodule's, or another module's): its neighbours stay
+            named = [n for n in names if exports[face].get(n) == node.module]
+            if named:
+                reaching.append(f"{module}: from {node.module} import {', '.join(named)} (the face: {face})")
+    assert reaching == [], "\n".join(reaching)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from cupid.common.errors import ServeError
+from cupid.common import ServeError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import watchdog
 from cupid.serving.servers.engines import get_engine

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from cupid.common.errors import ServeError
+from cupid.common import ServeError
 from cupid.serving.endpoint import bearer
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from cupid.common.processes import alive
+from cupid.common import alive
 from cupid.serving.endpoint import bearer
 
 if TYPE_CHECKING:

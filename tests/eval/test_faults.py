@@ -11,9 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common.files import DiskFull, hold
-from cupid.eval.benchmark.rundir import RunDir
-from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.common import DiskFull, hold
+from cupid.eval.benchmark import RunConfig, RunDir, run
 from tests.conftest import REPO, write_endpoints
 
 

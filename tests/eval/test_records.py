@@ -6,13 +6,18 @@ from dataclasses import dataclass
 
 import pytest
 
+from cupid.eval.benchmark import (
+    GenerationScorer,
+    InferenceScorer,
+    MatchItem,
+    RecordError,
+    RunDir,
+    Scoring,
+    StageError,
+    UnitRecord,
+)
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark.generation import GenerationScorer
-from cupid.eval.benchmark.inference import InferenceScorer
-from cupid.eval.benchmark.records import MatchItem, RecordError, Scoring, StageError, UnitRecord
-from cupid.eval.benchmark.rundir import RunDir
-from cupid.serving.client import RequestFailed
-from cupid.serving.endpoint import Endpoint
+from cupid.serving import Endpoint, RequestFailed
 
 
 @dataclass

@@ -1,7 +1,6 @@
 import pytest
 
-from cupid.matcher import parse
-from cupid.matcher.parse import ParseError
+from cupid.matcher import ParseError, parse
 
 ITEMS = ["Is the tone stern?", "Is the tone direct?", "Are deadlines stated?"]
 

@@ -2,8 +2,7 @@ import sqlite3
 
 import pytest
 
-from cupid.serving.cache import SCHEMA_VERSION, Cache, Cached, CacheError
-from cupid.serving.client import ChatRequest
+from cupid.serving import SCHEMA_VERSION, Cache, Cached, CacheError, ChatRequest
 
 
 def test_roundtrip_persists_in_wal_mode(tmp_path):

@@ -2,9 +2,7 @@ import asyncio
 
 import pytest
 
-from cupid.serving.cache import Cache
-from cupid.serving.client import Client, RequestFailed, classify
-from cupid.serving.endpoint import Endpoint
+from cupid.serving import Cache, Client, Endpoint, RequestFailed, classify
 
 HELLO = [{"role": "user", "content": "hello"}]
 

@@ -19,15 +19,10 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common.config import ConfigError
-from cupid.common.errors import ServeError
+from cupid.common import ConfigError, ServeError
 from cupid.matcher import schemas
-from cupid.serving import offline
-from cupid.serving.cache import Cache
-from cupid.serving.client import Client, RequestFailed
-from cupid.serving.endpoint import Endpoint
-from cupid.serving.servers import lifecycle, ports, probes, server_log, state, watchdog
-from cupid.serving.servers.profiles import Profile
+from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
+from cupid.serving.servers import Profile, lifecycle, ports, probes, server_log, state, watchdog
 from tests.conftest import REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
 runner = CliRunner()

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from cupid.eval.benchmark.data import INSTANCE_TYPES, Dataset, validate_rows
+from cupid.eval.benchmark import INSTANCE_TYPES, Dataset, validate_rows
 from cupid.training.synth.dialogue import Message, Turn
 from cupid.training.synth.factors import PAIR, Factor, Slot, draw_slots
 from cupid.training.synth.personas import Template

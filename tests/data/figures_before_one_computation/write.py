@@ -17,10 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.append(str(HERE.parents[2]))  # tests/run_records.py
 
-from cupid.eval.benchmark.records import UnitRecord
-from cupid.eval.benchmark.rundir import RunDir
-from cupid.eval.benchmark.summary import summarize
-from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.benchmark import TASKS, RunDir, UnitRecord, summarize
 from cupid.eval.results import meta, report
 from cupid.eval.workflows import nightly
 
