@@ -55,7 +55,7 @@ def test_the_install_leaves_bytecode_for_what_the_suite_imports():
         source("torch"),
         source("transformers"),
         source("trl"),
-        str(REPO / "serving" / "lifecycle.py"),
+        str(REPO / "serving" / "servers" / "lifecycle.py"),
     ]
     missing = [path for path in imported if not Path(importlib.util.cache_from_source(path)).exists()]
     assert not missing, f"no cached bytecode for {missing}: run `make setup-dev` again"
