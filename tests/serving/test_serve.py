@@ -6,7 +6,6 @@ starter, a crash and a timeout (both short), and one in-process engine."""
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from cupid.cli import app
 from cupid.common import ConfigError, ServeError
 from cupid.matcher import schemas
 from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
-from cupid.serving.servers import Profile, lifecycle, ports, probes, server_log, state, watchdog
+from cupid.serving.servers import Profile, lifecycle, ports, server_log, state, watchdog
 from tests.conftest import REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
 runner = CliRunner()
@@ -171,71 +170,6 @@ def test_server_not_answering_in_time_is_stopped_with_its_log(cupid_home, tiny_p
     with pytest.raises(ServeError, match=r"did not answer within 1s \(stopped it\)[\s\S]*last lines of"):
         lifecycle.up(profile)
     assert state.records() == [] and processes_mentioning(served) == []
-
-
-def test_vllm_profile_lifecycle_through_the_cli_and_the_smoke_script(cupid_home, tiny_profile, tmp_path):
-    """up -> status -> live endpoint -> logs -> the smoke script on the running server -> down, for a vLLM CPU
-    profile named apart from its served name; `down` stops the engine processes too."""
-    port = free_port()
-    profile = tmp_path / "tinycopy.yaml"
-    fields = tiny_profile.model_dump(exclude_unset=True, exclude={"name"})
-    profile.write_text(yaml.safe_dump({**fields, "served_name": "org/tiny-copy", "port": port}))
-    result = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
-    assert result.exit_code == 0, result.output
-    assert "tinycopy: vllm (cpu) org/tiny-copy" in result.output
-    assert f"serving 'tinycopy' (org/tiny-copy) at http://127.0.0.1:{port}/v1" in result.output
-    record = state.find("tinycopy")
-    tree = children(record.pid)
-    try:
-        assert record.profile.served == "org/tiny-copy" and record.profile.engine == "vllm" and len(tree) >= 2
-        status = runner.invoke(app, ["serve", "status"])
-        assert "tinycopy" in status.output and "healthy" in status.output
-
-        again = runner.invoke(app, ["serve", "up", "--profile", str(profile)])
-        assert again.exit_code == 0 and "'tinycopy' is already served" in again.output
-
-        live = lifecycle.live_endpoints()
-        assert live["tinycopy"].model == "org/tiny-copy" and live["tinycopy"].url == f"http://127.0.0.1:{port}/v1"
-        assert live["tinycopy"].structured_output  # vLLM enforces answer formats
-
-        async def ask():
-            async with Client({"tinycopy": live["tinycopy"]}) as client:
-                return await client.chat("tinycopy", [{"role": "user", "content": "Say hello."}], max_tokens=4)
-
-        assert asyncio.run(ask()).usage["completion_tokens"] <= 4
-        logs = runner.invoke(app, ["serve", "logs", "tinycopy", "-n", "200"])
-        assert logs.exit_code == 0 and "POST /v1/chat/completions" in logs.output
-
-        smoke = subprocess.run(
-            [
-                sys.executable,
-                "scripts/gpu_smoke.py",
-                "--profile",
-                str(profile),
-                "--in-flight",
-                "4",
-                "--min-requests",
-                "4",
-                "--max-tokens",
-                "200",
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "CUPID_HOME": str(cupid_home)},
-            check=False,
-        )
-        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
-        assert "using the running server 'tinycopy'" in smoke.stdout and "OK: the answer parses" in smoke.stdout
-        assert re.search(r"4 in flight: +[0-9.]+ requests/s", smoke.stdout)
-        assert probes.alive(record.pid)  # the script leaves a server it did not start running
-    finally:
-        down = runner.invoke(app, ["serve", "down", "tinycopy"])
-    assert down.exit_code == 0 and "stopped 'tinycopy'" in down.output
-    assert gone(tree) and not probes.healthy(record.base_url)
-    assert state.find("tinycopy") is None and "tinycopy" not in lifecycle.live_endpoints()
-    assert runner.invoke(app, ["serve", "down", "tinycopy"]).exit_code == 2
 
 
 STARTS_A_TIED_SERVER = """

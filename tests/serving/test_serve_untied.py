@@ -1,12 +1,15 @@
-"""`cupid serve up` as a user runs it: the server outlives the command that started it, until `cupid serve down`.
+"""`cupid serve` as a user runs it, one vLLM start for the whole life of a server: `up` in a command of its own,
+the server outliving that command, `status`, `up` again, the live endpoint a run resolves, a request, `logs`, the GPU
+smoke script on the running server, then `down`, which stops the engine processes too.
 
 The suite ties every server it starts to its own process (CUPID_TIE_SERVERS=1, tests/conftest.py); this test starts
-one without that tie, in a command of its own, and stops it in a `finally` (by its process group where `down` could
-not), so that none outlives the suite.
+one without that tie, and stops it in a `finally` (by its process group where `down` could not), so that none
+outlives the suite.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -20,7 +23,9 @@ import httpx
 import psutil
 import yaml
 
-from tests.conftest import free_port, running_in_group
+from cupid.serving import Client
+from cupid.serving.servers import lifecycle
+from tests.conftest import REPO, free_port, running_in_group
 
 CUPID = [sys.executable, "-m", "cupid"]
 
@@ -50,12 +55,15 @@ def _answers(url: str) -> list[str] | None:
     return [m["id"] for m in response.json()["data"]] if response.status_code == 200 else None
 
 
-def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, cupid_home, tmp_path):
+def test_a_server_from_up_to_down_outlives_its_command_and_serves_runs_and_the_smoke_script(
+    tiny_profile, cupid_home, tmp_path
+):
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    profile = tmp_path / "untied.yaml"  # the shipped tiny profile on the random-weight model, on a port of its own
+    # the shipped tiny profile on the random-weight model, on a port of its own, named apart from its served name
+    profile = tmp_path / "untied.yaml"
     fields = tiny_profile.model_dump(exclude_unset=True, exclude={"name"})
-    profile.write_text(yaml.safe_dump({**fields, "port": port}))
+    profile.write_text(yaml.safe_dump({**fields, "served_name": "org/tiny-copy", "port": port}))
     env = {k: v for k, v in os.environ.items() if k != "CUPID_TIE_SERVERS"}
     env |= {"CUPID_HOME": str(cupid_home), "COLUMNS": "250"}  # a table row on one line
     pid = None
@@ -63,20 +71,46 @@ def test_an_untied_serve_up_outlives_its_command_until_serve_down(tiny_profile, 
     try:
         up = _cupid(env, tmp_path, "serve", "up", "--profile", str(profile), timeout=600)
         assert up.returncode == 0, up.stdout + up.stderr
-        served = re.search(rf"serving 'untied' \(tiny-random-llama\) at {re.escape(url)} \(pid (\d+)\)", up.stdout)
+        assert "untied: vllm (cpu) org/tiny-copy" in up.stdout, up.stdout
+        served = re.search(rf"serving 'untied' \(org/tiny-copy\) at {re.escape(url)} \(pid (\d+)\)", up.stdout)
         assert served, up.stdout
         pid = int(served.group(1))
         # The command has returned (its process is gone); a tied server's watchdog would be stopping it now
         time.sleep(5)
         tree = running_in_group(pid)
         assert pid in tree and len(tree) >= 2, tree  # the API server and vLLM's engine process
-        assert _answers(url) == ["tiny-random-llama"]
+        assert _answers(url) == ["org/tiny-copy"]
 
         status = _cupid(env, tmp_path, "serve", "status")
         assert status.returncode == 0, status.stdout + status.stderr
         (row,) = [line for line in status.stdout.splitlines() if "untied" in line]
         cells = [c.strip() for c in row.strip("│ ").split("│")]
-        assert cells[:6] == ["untied", "tiny-random-llama", "vllm", url, str(pid), "healthy"], row
+        assert cells[:6] == ["untied", "org/tiny-copy", "vllm", url, str(pid), "healthy"], row
+
+        again = _cupid(env, tmp_path, "serve", "up", "--profile", str(profile))
+        assert again.returncode == 0 and "'untied' is already served" in again.stdout, again.stdout + again.stderr
+
+        live = lifecycle.live_endpoints()  # what a run's role name resolves to first
+        assert live["untied"].model == "org/tiny-copy" and live["untied"].url == url
+        assert live["untied"].structured_output  # vLLM enforces answer formats
+
+        async def ask():
+            async with Client({"untied": live["untied"]}) as client:
+                return await client.chat("untied", [{"role": "user", "content": "Say hello."}], max_tokens=4)
+
+        assert asyncio.run(ask()).usage["completion_tokens"] <= 4
+        logs = _cupid(env, tmp_path, "serve", "logs", "untied", "-n", "200")
+        assert logs.returncode == 0 and "POST /v1/chat/completions" in logs.stdout, logs.stdout + logs.stderr
+
+        smoke = subprocess.run(
+            [sys.executable, "scripts/gpu_smoke.py", "--profile", str(profile), "--in-flight", "4", "--min-requests",
+             "4", "--max-tokens", "200"],
+            cwd=REPO, capture_output=True, text=True, timeout=600, env=env, check=False,
+        )  # fmt: skip
+        assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+        assert "using the running server 'untied'" in smoke.stdout and "OK: the answer parses" in smoke.stdout
+        assert re.search(r"4 in flight: +[0-9.]+ requests/s", smoke.stdout)
+        assert running_in_group(pid)  # the script leaves a server it did not start running
 
         down = _cupid(env, tmp_path, "serve", "down", "untied")
         assert down.returncode == 0 and down.stdout.strip() == "stopped 'untied'", down.stdout + down.stderr
