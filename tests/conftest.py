@@ -72,19 +72,25 @@ def pytest_configure(config):
 # With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the
 # longest first, so that none starts last; the 135M fine-tune (no vLLM) second, beside the file whose first test starts
 # the session server, which a file of servers beside it would wait for.
-LONGEST_FIRST = (
+LONGEST_FIRST = (  # by the time each file took in a fresh clone's run (the commit that last ordered them says)
     "test_serve.py",
     "test_training_smol.py",
     "test_night_servers.py",
     "test_training.py",
+    "test_gpu_train_check.py",
     "test_bench.py",
-    "test_inspect.py",
     "test_grpo.py",
-    "test_track.py",
+    "test_gate_level.py",
+    "test_serve_untied.py",
+    "test_inspect.py",
+    "test_readme.py",
     "test_synth.py",
+    "test_track.py",
     "test_stats.py",
+    "test_train_cli_paths.py",
     "test_api.py",
     "test_compare.py",
+    "test_nightly.py",
 )
 
 
