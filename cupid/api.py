@@ -42,7 +42,7 @@ from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the AP
 from cupid.eval.workflows import arun_and_log  # the run, then its tracker run when `track=` asks
 from cupid.serving import DEFAULT_FILE, Endpoint, EndpointLike, cache_path, per_loop, resolve
 from cupid.serving.fleet import ServedModel
-from cupid.serving.servers import started_endpoints
+from cupid.serving.servers import live_endpoints
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -54,7 +54,7 @@ def endpoint(
     """An endpoint from a name (an entry of the endpoints file, or a server running under `cupid serve up`: its
     profile's name), a base URL (`model`: default the one model the server lists) or an `Endpoint`; any other
     `Endpoint` field as a keyword (`structured_output=True`, ...)."""
-    return resolve(spec, model=model, endpoints_file=endpoints_file, started=started_endpoints, **fields)
+    return resolve(spec, model=model, endpoints_file=endpoints_file, started=live_endpoints, **fields)
 
 
 class PrefMatcher:

@@ -15,7 +15,7 @@ from cupid.serving.endpoint import Endpoint, bearer
 DEFAULT_FILE = "configs/endpoints.yaml"
 
 Started = Callable[[], Mapping[str, Endpoint]]
-"""The servers `cupid serve` started, by name (`serving.servers.lifecycle.started_endpoints`): handed to the resolver
+"""The servers `cupid serve` started, by name (`serving.servers.lifecycle.live_endpoints`): handed to the resolver
 by whoever resolves names, since this side of serving never imports the side that starts servers."""
 Hint = Callable[[Endpoint], str]
 """What to do about an endpoint that does not answer (`serving.servers.profiles.start_hint`: the profile to start)."""
@@ -41,7 +41,7 @@ def lookup(
     given: Mapping[str, Endpoint] | None = None,
     served: Mapping[str, Endpoint] | None = None,
     notes: list[str] | None = None,
-    started: Started | None = None,
+    started: Started | None,
 ) -> dict[str, Endpoint]:
     """Endpoints by name, the one resolver of role names. A name is, first found: an endpoint `given` as an
     object (the Python API's), a server running under `cupid serve up` (by its profile name, its served name or an
@@ -49,7 +49,7 @@ def lookup(
     elsewhere; where the endpoints file has an entry of that name too, the entry's settings on the running server's
     address and model; asked of `started`), an entry of the endpoints file, or a server this run brings (`served`).
     `notes` gets a line for each name where a running server and the file's entry disagree: the run says which it
-    used."""
+    used. `started` is required, None included, so that no caller forgets the running servers by leaving it out."""
     names = sorted(set(names))
     given, file = dict(given or {}), load_endpoints(path)
     asked = [name for name in names if name not in given]
@@ -147,7 +147,7 @@ def resolve(
     *,
     model: str | None = None,
     endpoints_file: str | Path = DEFAULT_FILE,
-    started: Started | None = None,
+    started: Started | None,
     **fields: Any,
 ) -> Endpoint:
     """An endpoint from any `EndpointLike`. A base URL takes `model` (default: the one model the server

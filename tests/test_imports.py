@@ -296,3 +296,28 @@ def test_callers_outside_a_room_import_from_its_face():
             if named:
                 reaching.append(f"{module}: from {node.module} import {', '.join(named)} (the face: {face})")
     assert reaching == [], "\n".join(reaching)
+
+
+def test_each_face_names_its_exports_once_in_three_places_that_agree():
+    """A face lists each name in EXPORTS (for the lazy import), in `__all__` (for `import *` and the linters) and
+    under TYPE_CHECKING (for the type checker): the three must hold the same names, from the same modules."""
+    import importlib
+
+    checked = 0
+    for face in sorted(faces()):
+        module = importlib.import_module(face)
+        exports = getattr(module, "EXPORTS", None)
+        if exports is None:
+            continue
+        typed = {
+            alias.asname or alias.name: node.module
+            for block in parse(_modules()[face]).body
+            if isinstance(block, ast.If) and _type_checking(block)
+            for node in block.body
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        assert sorted(module.__all__) == sorted(exports), face
+        assert typed == exports, face
+        checked += 1
+    assert checked >= 10

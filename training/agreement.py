@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from cupid.common import ConfigError, ServeError
@@ -47,6 +47,9 @@ MODELS = ("base", "adapter", "trained")  # the report's blocks, in the order of 
 
 class AgreementReport(BaseModel):
     """`<out>/agreement.json`, key for key: each measured model's agreement with the teacher and the servers asked."""
+
+    # a NaN (a diverged loss) is written NaN, as json.dumps of the dict wrote it, also inside free-form fields
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     validation: str
     teacher_prompt: str

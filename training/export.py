@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
 from cupid.common import ConfigError
@@ -35,6 +35,9 @@ PROBE = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": 
 
 class ExportReport(BaseModel):
     """`<out>/export_report.json`, key for key: where the merged model went, how it was merged and how to serve it."""
+
+    # a NaN (a diverged loss) is written NaN, as json.dumps of the dict wrote it, also inside free-form fields
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     export: str
     adapter: str

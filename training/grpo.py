@@ -193,7 +193,7 @@ def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None 
             "seen with vLLM 0.32.0 and TRL 1.16.0). Set grpo.use_vllm: false (the trainer's model generates; the 7B "
             "recipe's batch took ~50 s a step on an H100), or train in an environment with a vLLM that TRL supports"
         )
-    memory_plan(cfg, args)
+    memory_plan(cfg, args, lora)
     return args, lora, funcs
 
 
@@ -235,12 +235,12 @@ def prompts_per_generation(args: Any) -> int:
     return int(args.generation_batch_size // args.num_generations)
 
 
-def memory_plan(cfg: GrpoRunConfig, args: Any) -> list[str]:
+def memory_plan(cfg: GrpoRunConfig, args: Any, lora: Any) -> list[str]:
     """The run's GPU memory plan, checked (`grpo_memory`); none for a recipe without `memory:` (CPU)."""
     if cfg.memory is None:
         return []
     evaluated = cfg.evaluate.profile if cfg.evaluate.enabled and not cfg.evaluate.runtime_lora else None
-    estimate = grpo_memory.policy_gib(cfg.memory, cfg.policy, cfg.lora, args, cfg.source)
+    estimate = grpo_memory.policy_gib(cfg.memory, cfg.policy, int(lora.r), args, cfg.source)
     return grpo_memory.check(cfg.memory, args, estimate, evaluated, cfg.evaluate.profiles, cfg.source)
 
 

@@ -30,8 +30,10 @@ class MemoryPlan(BaseModel):
     gpus: int = Field(ge=1, description="the GPUs the recipe needs")
     gpu_gib: float = Field(gt=0, description="each GPU's memory, GiB (an 80 GB card: 79.6)")
     policy_gpu: int = Field(0, ge=0, description="the trainer, its colocated vLLM and the evaluation's server")
-    prompt_tokens: int = Field(
-        gt=0, description="the longest prompt of the data the policy trains on (CUPID's inference prompts: ~8.2k)"
+    prompt_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="the longest prompt of the data the policy trains on (CUPID's inference prompts: ~8.2k)",
     )
     policy_training_gib: float | None = Field(
         default=None,
@@ -43,6 +45,8 @@ class MemoryPlan(BaseModel):
 
     @model_validator(mode="after")
     def _gpus_exist(self) -> MemoryPlan:
+        if self.prompt_tokens is None and self.policy_training_gib is None:
+            raise ValueError("prompt_tokens: needed to compute the trainer's peak (or give it as policy_training_gib)")
         for name in ("policy_gpu", "judges_gpu"):
             if getattr(self, name) >= self.gpus:
                 raise ValueError(
@@ -91,7 +95,7 @@ def shape_of(policy: str, source: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Estimate:
-    """The trainer's peak, part by part, in GiB (`lines` prints it with `--dry-run`)."""
+    """The trainer's peak, part by part, in GiB (`line` is how `--dry-run` prints it)."""
 
     parts: dict[str, float]
 
@@ -149,15 +153,15 @@ def policy_estimate(
     return Estimate({**{k: v / GIB for k, v in parts.items()}, "CUDA context and slack": CONTEXT_GIB})
 
 
-def policy_gib(plan: MemoryPlan, policy: str, lora: dict[str, Any], grpo_args: Any, source: str) -> Estimate:
+def policy_gib(plan: MemoryPlan, policy: str, lora_r: int, grpo_args: Any, source: str) -> Estimate:
     """The trainer's peak for this recipe: `policy_training_gib` where the recipe gives it, else `policy_estimate`."""
     if plan.policy_training_gib is not None:
-        return Estimate({"policy in training (the recipe's figure)": plan.policy_training_gib})
+        return Estimate({"the recipe's memory.policy_training_gib": plan.policy_training_gib})
     return policy_estimate(
         shape_of(policy, source),
-        lora_r=int(lora.get("r", 8)),
+        lora_r=lora_r,
         batch=int(grpo_args.per_device_train_batch_size),
-        prompt_tokens=plan.prompt_tokens,
+        prompt_tokens=int(plan.prompt_tokens or 0),  # given: the plan's validator asks for one of the two
         completion_tokens=int(grpo_args.max_completion_length),
         checkpointing=bool(grpo_args.gradient_checkpointing),
     )

@@ -90,6 +90,9 @@ class MatchExample(BaseModel):
 class LabelReport(BaseModel):
     """`<out>/data/report.json`, key for key: what the labelling runs gave, and the match data's balance per split."""
 
+    # a NaN (a diverged loss) is written NaN, as json.dumps of the dict wrote it, also inside free-form fields
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+
     data: str
     n_instances: int
     teacher: str  # "endpoint (model)"

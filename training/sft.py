@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
 from cupid.common import ConfigError
@@ -30,6 +30,9 @@ from cupid.training.matchdata import data_dir, read_examples
 
 class SftReport(BaseModel):
     """`<out>/train_report.json`, key for key: what the fine-tune ran on and measured, typed for those who read it."""
+
+    # a NaN (a diverged loss) is written NaN, as json.dumps of the dict wrote it, also inside free-form fields
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     base_model: str
     adapter: str

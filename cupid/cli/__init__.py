@@ -5,7 +5,6 @@ A user's mistake (a file that is missing or malformed, a config the library refu
 should be, an output that cannot be written) is one line on stderr and exit 2, whichever command met it
 (`errors.CupidGroup`)."""
 
-import logging
 import os
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
@@ -24,6 +23,8 @@ from cupid.cli.synth import app as synth_app
 from cupid.cli.track import main as track_main
 from cupid.cli.train import app as train_app
 from cupid.cli.view import main as view_main
+from cupid.common import set_verbosity
+from cupid.common import verbose as verbose_set
 
 app = typer.Typer(
     cls=CupidGroup,
@@ -62,11 +63,10 @@ def _root(
         os.environ["CUPID_DEBUG"] = "1"
     if verbose and quiet:
         raise typer.BadParameter("--verbose and --quiet: one or the other", param_hint="--verbose/--quiet")
-    if verbose or quiet:  # the environment, so that a command's child processes (a night's runs) hear it too
-        os.environ["CUPID_VERBOSITY"] = "1" if verbose else "-1"
-    if os.environ.get("CUPID_VERBOSITY") == "1":
-        logging.basicConfig(format="%(name)s: %(message)s")
-        logging.getLogger("cupid").setLevel(logging.INFO)
+    if verbose or quiet:
+        set_verbosity(1 if verbose else -1)
+    elif verbose_set():  # by a parent command (a night's runs), or by hand: its log too
+        set_verbosity(1)
 
 
 app.add_typer(serve_app, name="serve")

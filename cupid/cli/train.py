@@ -233,7 +233,7 @@ def grpo(
             soft_wrap=True,
         )
         console.print(f"grpo: TRL's GRPOConfig accepts {given}", highlight=False, soft_wrap=True)
-        for line in grpo_run.memory_plan(cfg, args) or ["memory plan: none (a CPU recipe: no `memory:`)"]:
+        for line in grpo_run.memory_plan(cfg, args, lora) or ["memory plan: none (a CPU recipe: no `memory:`)"]:
             console.print(line, highlight=False, soft_wrap=True)
         return
     report = _guarded(lambda: grpo_run.train(cfg, err, track))

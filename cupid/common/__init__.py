@@ -10,6 +10,10 @@ from cupid.common.faces import lazy
 
 # What the rest of the package uses of this room, by the module that defines it (imported on first use)
 EXPORTS = {
+    "VARIABLE": "cupid.common.verbosity",
+    "quiet": "cupid.common.verbosity",
+    "set_verbosity": "cupid.common.verbosity",
+    "verbose": "cupid.common.verbosity",
     "ConfigError": "cupid.common.config",
     "DiskFull": "cupid.common.files",
     "LOG_TAIL": "cupid.common.errors",
@@ -31,6 +35,7 @@ EXPORTS = {
 }
 __all__ = [
     "LOG_TAIL",
+    "VARIABLE",
     "ConfigError",
     "DiskFull",
     "PerLoop",
@@ -43,10 +48,13 @@ __all__ = [
     "hold",
     "load_model",
     "locate",
+    "quiet",
     "read_json",
     "read_yaml",
+    "set_verbosity",
     "state_dir",
     "validate",
+    "verbose",
     "write_atomic",
 ]
 __getattr__, __dir__ = lazy(__name__, EXPORTS)
@@ -57,3 +65,4 @@ if TYPE_CHECKING:
     from cupid.common.errors import LOG_TAIL, ServeError, failure_line
     from cupid.common.files import DiskFull, disk_full, hold, read_json, state_dir, write_atomic
     from cupid.common.processes import alive
+    from cupid.common.verbosity import VARIABLE, quiet, set_verbosity, verbose

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.common import ConfigError, DiskFull, blocking, disk_full, hold
+from cupid.common import ConfigError, DiskFull, blocking, disk_full, hold, quiet, verbose
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.figures import Table
 from cupid.eval.benchmark.history import History
@@ -34,7 +34,7 @@ from cupid.matcher import prompts
 from cupid.serving import DEFAULT as DEFAULT_CACHE
 from cupid.serving import Client, Endpoint, lookup, missing_keys, open_cache, open_client, renamed_no_cache
 from cupid.serving.fleet import RunServers, ServedModel, plan_servers, profile_fingerprints
-from cupid.serving.servers import started_endpoints
+from cupid.serving.servers import live_endpoints
 
 Tracker = Literal[
     "mlflow", "wandb"
@@ -296,7 +296,7 @@ def _resolve(
     else:  # a dry run: the requests name the model a run would serve
         served = {c.name: c.to_endpoint(c.to_profile(cfg.profiles)) for c in cfg.served_candidates}
     names = set(cfg.roles().bound().values()) | ({cfg.reference} if cfg.reference else set())
-    used = lookup(names, cfg.endpoints, given=given, served=served, notes=notes, started=started_endpoints)
+    used = lookup(names, cfg.endpoints, given=given, served=served, notes=notes, started=live_endpoints)
     if run_servers is not None and (
         clash := sorted(c.name for c in cfg.served_candidates if c.name in used and used[c.name] is not served[c.name])
     ):
@@ -418,16 +418,6 @@ async def _run_all(
 
 
 PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often (CUPID_PROGRESS_S sets it; 0: every unit)
-
-
-def quiet() -> bool:
-    """`cupid -q` (CUPID_VERBOSITY=-1): no progress, bar or lines; results, warnings and errors only."""
-    return os.environ.get("CUPID_VERBOSITY", "0") == "-1"
-
-
-def verbose() -> bool:
-    """`cupid -v` (CUPID_VERBOSITY=1): a progress line for every unit, on a terminal too, and each retry."""
-    return os.environ.get("CUPID_VERBOSITY", "0") == "1"
 
 
 class PlainProgress:

@@ -248,7 +248,7 @@ def _one(statistic: Statistic, name: str) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def only(statistic: Statistic, name: str) -> Statistic:
-    """`statistic` reduced to its figure `name` (a test of one figure pays for no other)."""
+    """`statistic` reduced to its figure `name` (a test of one figure reports no other)."""
     return lambda sums: {name: statistic(sums)[name]}
 
 
@@ -389,6 +389,12 @@ def prf_row(counts: MatchCounts) -> list[float]:
     ]
 
 
+def micro_f1(sums: np.ndarray) -> np.ndarray:
+    """Micro F1 from sums of `PRF_COLUMNS`: F1 of the ratios of summed counts (the published aggregate)."""
+    s = np.asarray(sums, dtype=float)
+    return _f1(ratio(s[..., 0], s[..., 1]), ratio(s[..., 2], s[..., 3]))
+
+
 def prf(sums: np.ndarray) -> dict[str, np.ndarray]:
     """Micro (ratios of summed counts) and macro (summed per-unit scores over units) P/R/F1, from sums of
     `PRF_COLUMNS`."""
@@ -398,7 +404,7 @@ def prf(sums: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "micro_precision": p,
         "micro_recall": r,
-        "micro_f1": _f1(p, r),
+        "micro_f1": micro_f1(s),
         "macro_precision": ratio(s[..., 4], units),
         "macro_recall": ratio(s[..., 5], units),
         "macro_f1": ratio(s[..., 6], units),

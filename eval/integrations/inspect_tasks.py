@@ -245,9 +245,8 @@ class TaskJudges:
         structured_output: bool,
         cache: str | None,
     ) -> TaskJudges:
-        from cupid.serving import (
-            resolve as endpoint,  # the one resolver: a name, a running profile, or a base URL
-        )
+        from cupid.serving import resolve  # the one resolver: a name, a running profile, or a base URL
+        from cupid.serving.servers import live_endpoints
 
         defaults = read_yaml(DEFAULT_RUN)
         names = {role: given or defaults.get(role) for role, given in roles.items()}
@@ -256,9 +255,10 @@ class TaskJudges:
             if name is None:
                 raise ConfigError(f"the {role} role needs an endpoint: -T {role}=NAME|URL")
             url = name.startswith(("http://", "https://"))
-            bound[role] = endpoint(
+            bound[role] = resolve(
                 name,
                 endpoints_file=endpoints_file,
+                started=live_endpoints,
                 **({"structured_output": True} if url and structured_output else {}),  # type: ignore[arg-type]
             )
         return cls(spec, bound, names, cache)

@@ -47,7 +47,7 @@ from cupid.eval.benchmark import (
 from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher import PREFERENCE_HEADER, parse
 from cupid.serving import DEFAULT_FILE, Client, Endpoint, EndpointLike, open_cache, per_loop, resolve
-from cupid.serving.servers import started_endpoints
+from cupid.serving.servers import live_endpoints
 
 REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
 MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words
@@ -292,7 +292,7 @@ def reward(
         raise ConfigError(f"reward: metric {metric!r} for {task}: expected one of {', '.join(spec.reward_metrics)}")
     given = {"matcher": matcher, "decomposer": decomposer, "judge": judge}
     endpoints = tuple(
-        (role, resolve(given[role], endpoints_file=endpoints_file, started=started_endpoints)) for role in spec.roles
+        (role, resolve(given[role], endpoints_file=endpoints_file, started=live_endpoints)) for role in spec.roles
     )
     judges = Judges(task, metric, endpoints, str(cache) if cache else None, max_concurrency)
     return functools.partial(FUNCTIONS[(task, metric)][1 if blocking else 0], judges=judges)
@@ -318,9 +318,7 @@ def reward_dataset(
 
     instances = cupid_data.load(source).filter(types, limit).instances
     summarizing = (
-        resolve(summarizer, endpoints_file=endpoints_file, started=started_endpoints)
-        if summarizer is not None
-        else None
+        resolve(summarizer, endpoints_file=endpoints_file, started=live_endpoints) if summarizer is not None else None
     )
     return datasets.Dataset.from_list(dataset_rows(instances, task, setting, summarizer=summarizing, cache=cache))
 
@@ -342,7 +340,7 @@ def dataset_rows(
         )
     if (role := SETTING_SPECS[setting].built_by) is not None and summarizer is None:
         raise ConfigError(
-            f"reward_dataset: the {setting} setting needs the {role}'s answers to build its prompts: pass {role}="
+            f"reward_dataset: the {setting} setting needs the {role}'s answers to build its prompts: pass summarizer="
         )
     spec = TASKS[task]
     logs = blocking(lambda: _logs(instances, setting, summarizer, cache))

@@ -12,7 +12,7 @@ anything starts (and tested for 1, 2 and 8 GPUs without any):
 - on CPU (vLLM's CPU build) there is one slot: candidates take turns beside the judges.
 
 A server is pinned to its GPUs with CUDA_VISIBLE_DEVICES, so vLLM numbers them from 0 inside it. The plan's
-servers, started on first need, are a `serving.run_servers.RunServers`.
+servers, started on first need, are a `serving.fleet.run_servers.RunServers`.
 """
 
 from __future__ import annotations

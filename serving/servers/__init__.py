@@ -1,8 +1,8 @@
 """The servers this project starts (`cupid serve`): serve profiles and their vLLM arguments, the engines, a server's
 life (up, down, status, its records, ports, probes, logs and watchdog), the instant test server and the tiny model.
 The client side (`serving.client`, `serving.registry`, `serving.endpoint`, `serving.cache`) never imports this room:
-what it must know of these servers (the ones running, how to start one) is handed to it (`started_endpoints`,
-`how_to_start`)."""
+what it must know of these servers (the ones running, how to start one) is handed to it (`lifecycle.live_endpoints`,
+`profiles.start_hint`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ EXPORTS = {
     "lora_rank_for": "cupid.serving.servers.vllm_args",
     "port_free": "cupid.serving.servers.ports",
     "start": "cupid.serving.servers.instant",
-    "started_endpoints": "cupid.serving.servers.lifecycle",
+    "live_endpoints": "cupid.serving.servers.lifecycle",
     "taken": "cupid.serving.servers.ports",
     "vllm_build": "cupid.serving.servers.engines",
     "vllm_defaults": "cupid.serving.servers.vllm_args",
@@ -40,11 +40,11 @@ __all__ = [
     "engine_env",
     "free_port",
     "get_engine",
+    "live_endpoints",
     "llm_kwargs",
     "lora_rank_for",
     "port_free",
     "start",
-    "started_endpoints",
     "taken",
     "vllm_build",
     "vllm_defaults",
@@ -54,7 +54,7 @@ __getattr__, __dir__ = lazy(__name__, EXPORTS)
 if TYPE_CHECKING:
     from cupid.serving.servers.engines import VLLM_INSTALL, Engine, get_engine, vllm_build
     from cupid.serving.servers.instant import PREFERENCE, start
-    from cupid.serving.servers.lifecycle import started_endpoints
+    from cupid.serving.servers.lifecycle import live_endpoints
     from cupid.serving.servers.ports import free_port, port_free, taken
     from cupid.serving.servers.profiles import Profile
     from cupid.serving.servers.state import ServerRecord

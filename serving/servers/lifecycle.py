@@ -173,12 +173,6 @@ def endpoint_fields(base_url: str, engine: str, api_key_env: str | None) -> dict
     }
 
 
-def started_endpoints() -> dict[str, Endpoint]:
-    """The servers `cupid serve` started and that answer, by name (`live_endpoints`), asked only where there are
-    server records: what a role's name resolves to first (`registry.lookup`'s `started`)."""
-    return live_endpoints() if records() else {}
-
-
 def live_endpoints() -> dict[str, Endpoint]:
     """Endpoints for the servers answering now, by server name (a profile's name), by served name and by
     each LoRA adapter it serves, so an evaluation can name a running profile without an entry in

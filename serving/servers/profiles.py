@@ -5,7 +5,7 @@ arguments under vLLM's own names, checked by vLLM's parser when the profile load
 --profile NAME` turns it into `vllm serve` flags, and the offline executor (`serving.offline`) into
 `vllm.LLM(...)` arguments, so a served run and an offline run load the model the same way
 (`serving.servers.vllm_args`). The fields beside it are what vLLM has no argument for (where the server listens, its
-adapters, the environment). Several profiles on the GPUs here are planned in `serving.plan`.
+adapters, the environment). Several profiles on the GPUs here are planned in `serving.fleet.gpu_memory`.
 
 Scale-out is vLLM's own, asked for in `vllm:`: tensor and pipeline parallelism split one copy of a
 model over GPUs (the largest model that fits), data parallelism runs several copies behind one API

@@ -184,10 +184,8 @@ def micro_f1(run):
 
 
 def headline(sums):
-    """The headline alone, computed as `prf` computes it (the simulation asks for nothing else: 3 of its 7 ratios;
-    `test_the_headline_is_prfs_micro_f1` holds that the two agree)."""
-    s = np.asarray(sums, dtype=float)
-    return {"micro_f1": stats._f1(stats.ratio(s[..., 0], s[..., 1]), stats.ratio(s[..., 2], s[..., 3]))}
+    """The headline alone (the simulation asks for nothing else: `prf`'s micro F1, 3 of its 7 ratios)."""
+    return {"micro_f1": stats.micro_f1(sums)}
 
 
 def test_the_headline_is_prfs_micro_f1():

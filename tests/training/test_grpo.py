@@ -322,3 +322,15 @@ def test_generation_through_a_vllm_trl_does_not_support_is_refused_with_the_way_
     assert re.search(supported, said), said
     assert "Set grpo.use_vllm: false" in said and "Traceback" not in result.output
     assert grpo.vllm_unsupported() is not None  # TRL's own word, read the same way twice (its warning is not once-only)
+
+
+def test_a_plan_with_the_trainers_peak_given_needs_no_prompt_length_and_one_without_either_is_refused():
+    from pydantic import ValidationError
+
+    from cupid.training.grpo_memory import MemoryPlan, policy_gib
+
+    given = MemoryPlan(gpus=1, gpu_gib=79.6, policy_training_gib=30)
+    estimate = policy_gib(given, "org/unknown", 16, None, "x.yaml")  # no shape is read: the recipe's figure is used
+    assert estimate.gib == 30 and "memory.policy_training_gib 30.0" in estimate.line()
+    with pytest.raises(ValidationError, match="prompt_tokens: needed to compute the trainer's peak"):
+        MemoryPlan(gpus=1, gpu_gib=79.6)

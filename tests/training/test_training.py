@@ -693,3 +693,16 @@ def test_the_7b_recipe_picks_its_micro_batch_by_gpu_memory_and_keeps_its_effecti
         (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
         with pytest.raises(ConfigError, match=r"padded tokens, over the 8,192 measured to fit .* lower "):
             config.load(tmp_path / "longer.yaml")
+
+
+def test_a_diverged_loss_is_written_nan_in_the_reports_free_form_fields_too():
+    """The reports are written as json.dumps wrote their dicts: a NaN stays NaN (pydantic's JSON mode would make the
+    ones inside `dict[str, Any]` fields null)."""
+    import math
+
+    from cupid.training.sft import SftReport
+
+    fields = {name: 0 for name, f in SftReport.model_fields.items() if f.annotation is int}
+    report = SftReport.model_construct(**fields, logged_losses=[{"step": 1, "loss": math.nan}], loss_before={"x": 1.0})
+    text = json.dumps(report.model_dump(mode="json", include={"logged_losses", "loss_before"}))
+    assert text == '{"loss_before": {"x": 1.0}, "logged_losses": [{"step": 1, "loss": NaN}]}'

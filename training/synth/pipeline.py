@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.common import ConfigError, write_atomic
+from cupid.common import ConfigError, quiet, write_atomic
 from cupid.eval.benchmark import OutputDir, Requests
 from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher import prompts
@@ -223,7 +223,7 @@ async def _run_all(
         TextColumn("{task.fields[failed]} failed"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=console, transient=False, disable=quiet()) as progress:
         bar = progress.add_task("personas", total=len(todo), failed=0)
         failed = 0
 
