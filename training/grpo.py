@@ -19,7 +19,7 @@ import gc
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -175,7 +175,17 @@ def reward_funcs(cfg: GrpoRunConfig) -> list[Any]:
     return [rewarding]
 
 
-def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None = None) -> tuple[Any, Any, list[Any]]:
+class Checked(NamedTuple):
+    """What `check` built on its way: TRL's GRPOConfig, peft's LoraConfig, the reward functions, the memory plan's
+    lines (none for a CPU recipe)."""
+
+    args: Any
+    lora: Any
+    funcs: list[Any]
+    memory_plan: list[str]
+
+
+def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None = None) -> Checked:
     """Everything checked before the model loads but the data (`prompts`): TRL's and peft's arguments, the reward's
     endpoints, the memory plan. `funcs`: reward functions in place of the config's (a stand-in where no judge is
     served)."""
@@ -193,8 +203,7 @@ def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None 
             "seen with vLLM 0.32.0 and TRL 1.16.0). Set grpo.use_vllm: false (the trainer's model generates; the 7B "
             "recipe's batch took ~50 s a step on an H100), or train in an environment with a vLLM that TRL supports"
         )
-    memory_plan(cfg, args, lora)
-    return args, lora, funcs
+    return Checked(args, lora, funcs, memory_plan(cfg, args, lora))
 
 
 def vllm_unsupported() -> str | None:
@@ -281,7 +290,7 @@ def train(
     """Train, write `<out>/adapter` and `<out>/grpo_report.json` (then the evaluations into it); return the report.
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
-    args, lora, funcs = check(cfg, track, funcs)
+    args, lora, funcs, _ = check(cfg, track, funcs)
     for judges in _judges_of(funcs):  # before the data and the policy load
         require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints}, profiles.start_hint())
     dataset = prompts(cfg, args)

@@ -219,7 +219,7 @@ def grpo(
     if track is not None:
         _guarded(lambda: require_tracker(track))  # type: ignore[arg-type]
     if dry_run:
-        args, lora, funcs = _guarded(lambda: grpo_run.check(cfg, track))
+        args, lora, funcs, plan = _guarded(lambda: grpo_run.check(cfg, track))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
         names = " + ".join(map(grpo_run.reward_name, funcs))
         if local_path(cfg.data.source) is not None:
@@ -233,7 +233,7 @@ def grpo(
             soft_wrap=True,
         )
         console.print(f"grpo: TRL's GRPOConfig accepts {given}", highlight=False, soft_wrap=True)
-        for line in grpo_run.memory_plan(cfg, args, lora) or ["memory plan: none (a CPU recipe: no `memory:`)"]:
+        for line in plan or ["memory plan: none (a CPU recipe: no `memory:`)"]:
             console.print(line, highlight=False, soft_wrap=True)
         return
     report = _guarded(lambda: grpo_run.train(cfg, err, track))
