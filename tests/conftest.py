@@ -87,7 +87,6 @@ LONGEST_FIRST = (  # by the time each file took in a fresh clone's run (the comm
     "test_synth.py",
     "test_track.py",
     "test_stats.py",
-    "test_train_cli_paths.py",
     "test_api.py",
     "test_compare.py",
     "test_nightly.py",

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from cupid.common import ConfigError, ServeError
 from cupid.eval.benchmark import DataError, local_path
+from cupid.serving import Endpoint
 from cupid.training import AgreementReport, LabellingError, LabelReport, SftReport, agreement, config, pipeline
 
 app = typer.Typer(
@@ -29,6 +30,13 @@ err = Console(stderr=True, soft_wrap=True)  # errors name files and rows: never 
 ConfigOption = typer.Option(..., "--config", "-c", help="training config YAML (configs/train/*.yaml)")
 ForceOption = typer.Option(False, "--force", help="allow kixlab/CUPID (the benchmark's test split) as input to label")
 OutOption = typer.Option(None, "--out", help="run directory (overrides the config's `out`)")
+RunningOption = typer.Option(
+    None,
+    "--running",
+    help="a vLLM server of the base model that loads adapters at run time (a URL, an endpoint's name or a `cupid "
+    "serve` server's): the check asks the base and the adapter there instead of starting a server of its own (on one "
+    "GPU, a second copy of the base would not fit); the export is still served by the check",
+)
 
 
 def _load(path: str, force: bool = False, out: str | None = None) -> config.TrainConfig:
@@ -38,6 +46,14 @@ def _load(path: str, force: bool = False, out: str | None = None) -> config.Trai
     if out:
         overrides["out"] = out
     return config.load(path, overrides)
+
+
+def _running(spec: str | None) -> Endpoint | None:
+    if spec is None:
+        return None
+    from cupid.api import endpoint
+
+    return _guarded(lambda: endpoint(spec))
 
 
 def _guarded(action: Callable[[], Any]) -> Any:
@@ -103,9 +119,15 @@ def _print_check(report: AgreementReport | None) -> None:
             console.print(f"[yellow]{which} failed:[/yellow] {n} x {what}", highlight=False)
     for server in report.servers:
         listed = ", ".join(m["id"] for m in server.get("listed", []))
+        # a server the check found running (`--running`) was not started by it: its adapter was loaded into it
+        how = (
+            f"running, adapters loaded at run time: {', '.join(server['adapters']) or 'none'}"
+            if server.get("loaded_at_run_time")
+            else f"{server['engine']} {server['device']}"
+        )
+        started = "" if server.get("loaded_at_run_time") else f"started in {server['start_s']}s, "
         console.print(
-            f"server {server['name']} ({server['engine']} {server['device']}): served {listed}; "
-            f"started in {server['start_s']}s, answered in {server.get('ask_s', '-')}s",
+            f"server {server['name']} ({how}): served {listed}; {started}answered in {server.get('ask_s', '-')}s",
             highlight=False,
         )
 
@@ -116,6 +138,7 @@ def run(
     force: bool = ForceOption,
     out: str | None = OutOption,
     skip_check: bool = typer.Option(False, "--skip-check", help="stop after the export"),
+    running: str | None = RunningOption,
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
@@ -151,7 +174,8 @@ def run(
         ):
             console.print(line, highlight=False, soft_wrap=True)
         return
-    reports = _guarded(lambda: pipeline.run(cfg, err, stages))
+    base = _running(running)
+    reports = _guarded(lambda: pipeline.run(cfg, err, stages, running=base))
     _print_labelling(reports.label)
     _print_sft(reports.sft)
     if reports.export is not None:
@@ -190,10 +214,11 @@ def export(config_path: str = ConfigOption, out: str | None = OutOption) -> None
 
 
 @app.command()
-def check(config_path: str = ConfigOption, out: str | None = OutOption) -> None:
+def check(config_path: str = ConfigOption, out: str | None = OutOption, running: str | None = RunningOption) -> None:
     """Serve base and export, run each as the matcher on the validation split, compare with the teacher."""
     cfg = _guarded(lambda: _load(config_path, out=out))
-    _print_check(_guarded(lambda: agreement.check(cfg, err)))
+    base = _running(running)
+    _print_check(_guarded(lambda: agreement.check(cfg, err, base)))
 
 
 @app.command()

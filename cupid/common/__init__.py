@@ -1,6 +1,7 @@
 """What every layer shares and none owns: reading and validating configuration (`config`), the project's errors
 (`errors`), running async code from blocking code (`aio`), a run directory's soundness (one writer, atomic writes:
-`files`) and whether the Hugging Face Hub answers (`hub`). It imports nothing else of the project."""
+`files`), whether the Hugging Face Hub answers (`hub`) and the TLS context of one-off requests (`tls`). It imports
+nothing else of the project."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ EXPORTS = {
     "read_yaml": "cupid.common.config",
     "state_dir": "cupid.common.files",
     "validate": "cupid.common.config",
+    "tls_context": "cupid.common.tls",
     "write_atomic": "cupid.common.files",
 }
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "read_yaml",
     "set_verbosity",
     "state_dir",
+    "tls_context",
     "validate",
     "verbose",
     "write_atomic",
@@ -65,4 +68,5 @@ if TYPE_CHECKING:
     from cupid.common.errors import LOG_TAIL, ServeError, failure_line
     from cupid.common.files import DiskFull, disk_full, hold, read_json, state_dir, write_atomic
     from cupid.common.processes import alive
+    from cupid.common.tls import tls_context
     from cupid.common.verbosity import VARIABLE, quiet, set_verbosity, verbose

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from cupid.common import alive
+from cupid.common import alive, tls_context
 from cupid.serving.endpoint import bearer
 
 if TYPE_CHECKING:
@@ -21,7 +21,10 @@ def healthy(
     """Every path (server-absolute, e.g. `/health`, `/v1/models`) answers 200."""
     root, headers = base_url.removesuffix("/v1"), bearer(api_key)
     try:
-        return all(httpx.get(root + path, timeout=timeout, headers=headers).status_code == 200 for path in paths)
+        return all(
+            httpx.get(root + path, timeout=timeout, headers=headers, verify=tls_context()).status_code == 200
+            for path in paths
+        )
     except httpx.HTTPError:
         return False
 
@@ -34,7 +37,9 @@ def ready(profile: Profile, engine: Engine, timeout: float = 2.0) -> bool:
     if not engine.lists_served_model:
         return True
     try:
-        listed = httpx.get(profile.base_url + "/models", timeout=timeout, headers=bearer(key)).json()
+        listed = httpx.get(
+            profile.base_url + "/models", timeout=timeout, headers=bearer(key), verify=tls_context()
+        ).json()
         return profile.served in {m.get("id") for m in listed.get("data", [])}
     except (httpx.HTTPError, ValueError, AttributeError):
         return False

@@ -1,10 +1,12 @@
 """`scripts/gpu_train_check.py`, the GPU training check, in its CPU form: run as a user runs it (a process of its own,
 the package from the checkout), every stage passes, and each reports what it measured (no GPU memory on CPU): the
 fine-tune on examples at the recipe's max_length, GRPO changing the adapter under a reward that varies. With a constant
-reward the GRPO stage fails: nothing was learnt."""
+reward the GRPO stage fails: nothing was learnt. The failing forms call the script's `main` in this process (what they
+check is its verdict; a process of their own would import torch, transformers and TRL again, ~8 s of a core each)."""
 
 import json
 import re
+import runpy
 import subprocess
 import sys
 
@@ -12,10 +14,18 @@ import yaml
 
 from tests.conftest import REPO
 
+SCRIPT = REPO / "scripts" / "gpu_train_check.py"
+
+
+def check_here(capsys, *args: str) -> tuple[int, str]:
+    """The script's `main` with `args`, in this process: its exit status and what it printed."""
+    code = runpy.run_path(str(SCRIPT))["main"](list(args))
+    return code, capsys.readouterr().out
+
 
 def test_the_gpu_training_check_passes_in_its_cpu_form(tmp_path, random_model_dir):
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_train_check.py"), "--shape", "tiny", "--out", str(tmp_path),
+        [sys.executable, str(SCRIPT), "--shape", "tiny", "--out", str(tmp_path),
          "--tokenizer", str(random_model_dir), "--examples", "16"],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -36,47 +46,39 @@ def test_the_gpu_training_check_passes_in_its_cpu_form(tmp_path, random_model_di
     assert stages["grpo"]["frac_reward_zero_std"] == [0.0]  # the vowels' share varies within every group
 
 
-def test_a_grpo_stage_that_learns_nothing_fails_the_check(tmp_path, random_model_dir):
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_train_check.py"), "--shape", "tiny", "--out", str(tmp_path),
-         "--tokenizer", str(random_model_dir), "--stages", "grpo", "--reward", "constant"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+def test_a_grpo_stage_that_learns_nothing_fails_the_check(tmp_path, random_model_dir, capsys):
+    code, out = check_here(capsys, "--shape", "tiny", "--out", str(tmp_path), "--tokenizer", str(random_model_dir),
+                           "--stages", "grpo", "--reward", "constant")  # fmt: skip
+    assert code == 1, out[-3000:]
     stages = json.loads((tmp_path / "gpu_train_check.json").read_text())
     assert list(stages) == ["model", "grpo"] and not stages["grpo"]["ok"]
     assert "nothing was learnt (constant reward): every group's rewards were all alike" in stages["grpo"]["error"]
-    assert result.stdout.strip().splitlines()[-1] == "gpu_train_check: 1 of 2 stages passed; failed: grpo"
+    assert out.strip().splitlines()[-1] == "gpu_train_check: 1 of 2 stages passed; failed: grpo"
 
 
-def test_a_failed_stage_fails_the_check(tmp_path, random_model_dir):
+def test_a_failed_stage_fails_the_check(tmp_path, random_model_dir, capsys):
     (tmp_path / "not-a-tokenizer").mkdir()
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_train_check.py"), "--shape", "tiny", "--out", str(tmp_path),
-         "--tokenizer", str(tmp_path / "not-a-tokenizer"), "--examples", "4"],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert result.returncode == 1
+    code, out = check_here(capsys, "--shape", "tiny", "--out", str(tmp_path), "--tokenizer",
+                           str(tmp_path / "not-a-tokenizer"), "--examples", "4")  # fmt: skip
+    assert code == 1
     stages = json.loads((tmp_path / "gpu_train_check.json").read_text())
     # Every stage ran as far as it could and recorded its own reason (the match data need the tokenizer too).
     assert list(stages) == ["model", "match_data", "sft", "export", "grpo"] and not any(
         s["ok"] for s in stages.values()
     )
     assert all(s["error"] for s in stages.values())
-    assert result.stdout.strip().splitlines()[-1].startswith("gpu_train_check: 0 of 5 stages passed; failed: model")
+    assert out.strip().splitlines()[-1].startswith("gpu_train_check: 0 of 5 stages passed; failed: model")
 
 
 def test_a_max_length_that_leaves_no_completion_is_refused_by_name(tmp_path, random_model_dir):
     """Examples whose prompts alone reach sft.max_length keep no completion token: `cupid train sft` says so, with the
     count and the longest example, and exits 2 before the model loads (TRL would drop them all and stop on an empty
     sampler, naming neither)."""
-    import runpy
-
     from typer.testing import CliRunner
 
     from cupid.cli import app
 
-    check = runpy.run_path(str(REPO / "scripts" / "gpu_train_check.py"))
+    check = runpy.run_path(str(SCRIPT))
     made = check["match_data"](tmp_path / "data", 4, random_model_dir, 512)
     cfg = check["sft_config"]("tiny", random_model_dir, tmp_path / "data", tmp_path / "sft", 1)
     config_path = tmp_path / "sft" / "sft.yaml"

@@ -4,12 +4,14 @@ The chain is real end to end, on the tiny random-weight model (its mechanics are
 eval runner over HTTP synthesizes match data from the bundled sample (the instant-answer server plays
 candidate, decomposer and teacher: a small model cannot answer in CUPID's formats, see
 test_tiny_model_as_candidate_gives_no_match_data), TRL trains a LoRA on the model loaded in
-bitsandbytes 4-bit NF4, the adapter is merged and saved, and the check serves with real vLLM on CPU:
-the base and the trained adapter on the session's `tiny_server` (tests/conftest.py, shared with
-other files), which loads the adapter at run time, then the merged export, the file's only vLLM
-start. (What `make train` does instead, a server of its own for base and adapter, is checked on the
-commands it would run.) The check is asserted on what it records (parsed answers scored, failures
-counted with reasons), never on agreement values.
+bitsandbytes 4-bit NF4 (label and fine-tune through the API), `cupid train export` merges and saves the
+adapter, and `cupid train check --running` serves with real vLLM on CPU: the base and the trained adapter
+on the session's `tiny_server` (tests/conftest.py, shared with other files), which loads the adapter at
+run time, then the merged export, the file's only vLLM start. (What `make train` does instead, a server
+of its own for base and adapter, is checked on the commands it would run.) The check is asserted on what
+it records (parsed answers scored, failures counted with reasons), never on agreement values. Each stage's
+command refuses what comes before its stage (exit 2, one line naming the path and the command to run
+first, nothing started or written).
 What the fine-tune teaches needs a model that follows instructions: trained 4 steps on the chain's 4
 examples, SmolLM2-135M learns PrefMatcher's answer format (its adapter's and its export's answers
 parse), not good labels (tests/training/test_training_smol.py, beside this file on another worker); that
@@ -24,11 +26,13 @@ import os
 import re
 import shutil
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from click.testing import Result
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -52,24 +56,54 @@ def _load(path: Path, **overrides) -> config.TrainConfig:
 
 @pytest.fixture(scope="module")
 def chain(random_model_dir, tmp_path_factory, request):
-    """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory; its check asks the base and
-    the adapter on the session's tiny server (the same model directory, run-time LoRA loading on), asked for only
-    then: another worker may have started it meanwhile."""
+    """`make train CONFIG=configs/train/tiny.yaml`, once, into a temporary run directory: label and fine-tune through
+    the API (`pipeline.run`), then export and check as a user runs them (`cupid train export`, `cupid train check
+    --running`: the base and the adapter on the session's tiny server, the same model directory with run-time LoRA
+    loading on, asked for only then: another worker may have started it meanwhile). Returns the config, its file,
+    the stages' reports (the export's and the check's as their files hold them) and the two commands' results."""
     work = tmp_path_factory.mktemp("train")
-    cfg = _load(
-        TINY, out=str(work / "run"), base_model=str(random_model_dir), labelling__cache=str(work / "cache.sqlite")
-    )
+    recipe = yaml.safe_load(TINY.read_text())
+    recipe |= {"base_model": str(random_model_dir), "out": str(work / "run")}
+    recipe["labelling"]["cache"] = str(work / "cache.sqlite")
+    path = work / "tiny.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    cfg = config.load(path)
     # The chain's own state directory, only while it runs: a module-long setting would be undone after the
     # session's `tiny_server` set its own (the state directory of the session server, shared by the workers).
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(_home(cfg)))
-        reports = pipeline.run(cfg, Console(stderr=True), stages=pipeline.STAGES[:-1])
+        reports = pipeline.run(cfg, Console(stderr=True), stages=("label", "sft"))
+        exported = _invoke("train", "export", "-c", str(path))
+    assert exported.exit_code == 0, exported.output
     running = request.getfixturevalue("tiny_server")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CUPID_HOME", str(_home(cfg)))
-        checked = pipeline.run(cfg, Console(stderr=True), stages=("check",), running=Endpoint(**running))
-    print(f"tiny chain wall time (s): {reports.wall_s} {checked.wall_s}")
-    return cfg, reports.model_copy(update={"check": checked.check})
+        checked = _invoke("train", "check", "-c", str(path), "--running", running["base_url"])
+    assert checked.exit_code == 0, checked.output
+    files = {
+        "export": export.ExportReport.model_validate_json((cfg.out_dir / "export_report.json").read_text()),
+        "check": agreement.AgreementReport.model_validate(json.loads((cfg.out_dir / "agreement.json").read_text())),
+    }
+    return Chain(cfg, path, reports.model_copy(update=files), exported, checked, running["base_url"])
+
+
+@dataclass(frozen=True)
+class Chain:
+    cfg: config.TrainConfig
+    path: Path  # the config file the commands were given
+    reports: pipeline.PipelineReport
+    exported: Result  # `cupid train export`
+    checked: Result  # `cupid train check --running`
+    running_url: str  # the session server's, where the base and the adapter were asked
+
+
+runner = CliRunner()
+
+
+def _invoke(*args: str) -> Result:
+    result = runner.invoke(cupid_app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
 
 
 def _home(cfg: config.TrainConfig) -> Path:
@@ -81,7 +115,7 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
-    cfg, reports = chain
+    cfg, reports = chain.cfg, chain.reports
     report = reports.label
     assert report.runs["instant"]["n_scored"] == 6 and report.runs["instant"]["n_failed"] == 0
     # 6 instances x 2 directions; consistent and contrastive share the ground truth, so 4 prompts repeat.
@@ -113,7 +147,7 @@ def test_match_data_is_prefmatcher_chat_split_by_persona(chain):
 
 
 def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_model_dir):
-    cfg, reports = chain
+    cfg, reports = chain.cfg, chain.reports
     report = reports.sft
     assert report.loss_after["train"] < report.loss_before["train"]
     assert report.peak_gpu_memory_gib is None and report.gpu_memory_gib is None  # on CPU: no GPU to measure
@@ -151,7 +185,7 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
 
 
 def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
-    cfg, reports = chain
+    cfg, reports = chain.cfg, chain.reports
     report = reports.export
     out = Path(report.export)
     assert report.method.startswith("dequantize-then-merge")
@@ -169,7 +203,7 @@ def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
 
 
 def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_failures(chain):
-    cfg, reports = chain
+    cfg, reports = chain.cfg, chain.reports
     report = reports.check
     answers = _rows(cfg.out_dir / "agreement_answers.jsonl")
     assert Counter(r["model"] for r in answers) == {"base": 4, "adapter": 4, "trained": 4}
@@ -206,7 +240,7 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
 def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(
     chain, monkeypatch
 ):
-    cfg, reports = chain
+    cfg, reports = chain.cfg, chain.reports
     monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's own server had its record
     names = agreement.served_names(cfg)
     on_base, merged = reports.check.servers  # the session server (no start), then one vLLM start
@@ -237,10 +271,133 @@ def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_ex
     assert state.find(merged["name"]) is None
 
 
+def test_export_writes_a_loadable_merged_model_and_names_it(chain, random_model_dir):
+    """`cupid train export` as a user runs it: stdout is the report written beside the run, as JSON (a pipe to jq
+    reads it); stderr says where it went."""
+    out, result = chain.cfg.out_dir, chain.exported
+    export_dir = out / "export"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "generation_config.json"):
+        assert (export_dir / name).is_file(), name
+    assert not (out / "export.partial").exists()
+    report = json.loads((out / "export_report.json").read_text())
+    assert json.loads(result.stdout) == report
+    assert report["export"] == str(export_dir) and report["adapter"] == str(out / "adapter")
+    assert report["base_model"] == str(random_model_dir) and report["dtype"] == "float32"
+    assert report["method"].startswith("dequantize-then-merge")  # tiny.yaml trains in NF4
+    assert report["merge_check"]["same_next_token"] and report["merge_check"]["max_abs_logit_diff"] < 1e-3
+    assert f"-> {export_dir} (float32" in result.stderr
+    assert report["serve"]["merged"] == f"vllm serve {export_dir} --served-model-name prefmatcher-tiny"
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    merged = AutoConfig.from_pretrained(export_dir)
+    base = AutoConfig.from_pretrained(random_model_dir)
+    assert (merged.model_type, merged.hidden_size, merged.num_hidden_layers) == (
+        base.model_type,
+        base.hidden_size,
+        base.num_hidden_layers,
+    )
+    assert not hasattr(merged, "quantization_config")
+    tok = AutoTokenizer.from_pretrained(export_dir)
+    assert tok.convert_tokens_to_ids(report["end_of_turn_token"]) in report["eos_token_id"]
+    model = AutoModelForCausalLM.from_pretrained(export_dir)  # the merged weights, plain (no peft, no bitsandbytes)
+    assert model.dtype == torch.float32 and not any("lora" in name for name, _ in model.named_parameters())
+
+
+def test_check_prints_the_agreement_it_writes_and_leaves_no_server(chain, monkeypatch):
+    """`cupid train check --running URL`: the table printed is the file's figures, a line per failure and per server."""
+    out, result = chain.cfg.out_dir, chain.checked
+    report = json.loads((out / "agreement.json").read_text())
+    trained = report["trained"]
+    assert trained["model"] == str((out / "export").resolve()) and trained["served_as"] == "train-prefmatcher-tiny"
+    # the export of 4 steps on the random-weight base, unconstrained: its noise is never the matcher's JSON
+    assert (trained["n_examples"], trained["n_parsed"], trained["n_failed"]) == (4, 0, 4), trained["failures"]
+    answers = [json.loads(line) for line in (out / "agreement_answers.jsonl").read_text().splitlines()]
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+    for which in ("base", "adapter", "trained"):
+        block = report[which]
+        assert sum(a["error"] is None for a in answers if a["model"] == which) == block["n_parsed"]
+        # The printed table is the file's figures: `which  n/4  accuracy  alpha  alpha  failed`
+        row = next(line for line in result.stdout.splitlines() if line.strip("│ ").startswith(which))
+        cells = [c.strip() for c in row.strip("│ ").split("│")]
+        assert cells == [
+            which,
+            f"{block['n_parsed']}/4",
+            fmt(block["accuracy"]),
+            fmt(block["alpha_interval"]),
+            fmt(block["alpha_ordinal"]),
+            str(block["n_failed"]),
+        ], row
+        for what, n in block["failures"].items():
+            assert f"{which} failed: {n} x {what}" in " ".join(result.stdout.split())
+    on_base, server = report["servers"]
+    assert on_base["name"] == chain.running_url and on_base["loaded_at_run_time"]
+    printed = " ".join(result.stdout.split())
+    adapter = agreement.served_names(chain.cfg)["adapter"]
+    assert f"server {chain.running_url} (running, adapters loaded at run time: {adapter}): served " in printed
+    assert f"answered in {on_base['ask_s']}s" in printed and "started in" not in printed.split("server train-")[0]
+    assert server["left_running"] == [] and server["name"] == "train-prefmatcher-tiny"
+    assert (
+        f"server train-prefmatcher-tiny (vllm cpu): served train-prefmatcher-tiny; started in {server['start_s']}s, "
+        f"answered in {server['ask_s']}s"
+    ) in " ".join(result.stdout.split())
+    monkeypatch.setenv("CUPID_HOME", str(_home(chain.cfg)))
+    assert _invoke("serve", "status").stdout.strip() == "no servers"  # stopped before the command returned
+
+
+def test_export_before_training_names_the_missing_adapter_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    result = _invoke("train", "export", "-c", str(TINY), "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert f"error: {out / 'adapter'}: no trained adapter here; run `cupid train sft --config {TINY}` first" in (
+        result.stderr
+    )
+    assert result.stdout == "" and "Traceback" not in result.output
+    assert not (out / "export").exists() and not (out / "export_report.json").exists()
+
+
+def test_check_before_labelling_names_the_missing_match_data(tmp_path):
+    out = tmp_path / "run"
+    result = _invoke("train", "check", "-c", str(TINY), "--out", str(out))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"error: {out / 'data' / 'validation.jsonl'}: match-data file not found (`cupid train label` makes it)" in (
+        result.stderr
+    )
+
+
+def test_check_before_export_names_the_missing_export_and_starts_no_server(chain, tmp_path, cupid_home):
+    out = tmp_path / "run"
+    out.mkdir()
+    for part in ("data", "adapter"):  # what label and sft left, without an export
+        shutil.copytree(chain.cfg.out_dir / part, out / part)
+    result = _invoke("train", "check", "-c", str(chain.path), "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert (
+        f"error: {out / 'export'}: no exported model here; run `cupid train export --config {chain.path}` first"
+        in result.stderr
+    )
+    assert "Traceback" not in result.output and not (out / "agreement.json").exists()
+    assert _invoke("serve", "status").stdout.strip() == "no servers"
+    assert not (cupid_home / "servers").exists() or not any((cupid_home / "servers").glob("*.json"))
+
+
+def test_check_running_names_a_server_that_does_not_answer_and_starts_nothing(chain, tmp_path, cupid_home):
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    out = tmp_path / "run"
+    out.mkdir()
+    for part in ("data", "adapter", "export"):  # all a check needs, but the server it was pointed at
+        (out / part).symlink_to(chain.cfg.out_dir / part, target_is_directory=True)
+    result = _invoke("train", "check", "-c", str(chain.path), "--out", str(out), "--running", dead)
+    assert result.exit_code == 2, result.output
+    assert f"error: {dead}/models: nothing answers" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output and not (out / "agreement.json").exists()
+    assert not (cupid_home / "servers").exists() or not any((cupid_home / "servers").glob("*.json"))
+
+
 def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
     """What `make train` runs (no server of the base at hand): one server for base + adapter as a LoRA module, at
     --max-lora-rank of the trained adapter, then the export; each command checked as vLLM's parser reads it."""
-    cfg, _ = chain
+    cfg = chain.cfg
     names = agreement.served_names(cfg)
     adapter = str((cfg.out_dir / "adapter").resolve())
     lora, merged = agreement.plan(cfg)
@@ -263,7 +420,7 @@ def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_a
 
 
 def test_check_refuses_a_running_server_of_another_model_before_loading_anything(chain, tiny_server):
-    cfg, _ = chain
+    cfg = chain.cfg
     other = _load(TINY, out=str(cfg.out_dir), base_model=str(cfg.out_dir / "export"))
     with pytest.raises(
         ServeError, match=r"serves 'tiny-random-llama' from .*tiny-random-LlamaForCausalLM, not the base model .*export"
@@ -296,7 +453,7 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, random_model
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cfg, _ = chain
+    cfg = chain.cfg
     served = [r["raw"] for r in _rows(cfg.out_dir / "agreement_answers.jsonl") if r["model"] == "adapter"]
     tok = AutoTokenizer.from_pretrained(random_model_dir, padding_side="left")
     base = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
@@ -312,7 +469,7 @@ def test_vllm_serves_the_trained_adapter_as_peft_computes_it(chain, random_model
 
 
 def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
-    cfg, _ = chain
+    cfg = chain.cfg
     copy = tmp_path / "run"
     for part in ("data", "checkpoints"):
         shutil.copytree(cfg.out_dir / part, copy / part)
@@ -538,7 +695,7 @@ def test_check_server_settings_that_cannot_work_are_refused_when_the_config_load
 
 
 def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, random_model_dir, monkeypatch):
-    cfg, _ = chain
+    cfg = chain.cfg
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "home"))
     copy = tmp_path / "run"
     shutil.copytree(cfg.out_dir / "data", copy / "data")
