@@ -19,7 +19,7 @@ import yaml
 
 from cupid.eval.workflows import run_nightly
 from cupid.serving.servers import free_port, probes
-from tests.conftest import REPO, TINY_NAME, write_endpoints
+from tests.conftest import RANDOM_KV_GIB, REPO, TINY_NAME, write_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,8 @@ def night_parts(tmp_path_factory, random_model_dir):
     root = tmp_path_factory.mktemp("night")
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
     (root / "profiles").mkdir()
-    judge = {**shipped, "model": str(random_model_dir), "served_name": TINY_NAME, "port": free_port()}
+    judge = {**shipped, "model": str(random_model_dir), "served_name": TINY_NAME, "port": free_port(),
+             "cpu_kvcache_space_gib": RANDOM_KV_GIB}  # fmt: skip
     (root / "profiles/judge.yaml").write_text(yaml.safe_dump(judge))
 
     from peft import LoraConfig, get_peft_model

@@ -22,7 +22,7 @@ from cupid.common import ConfigError, ServeError
 from cupid.matcher import schemas
 from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
 from cupid.serving.servers import Profile, lifecycle, ports, server_log, state, watchdog
-from tests.conftest import REPO, TINY_LORA_RANK, TINY_NAME, free_port
+from tests.conftest import RANDOM_KV_GIB, REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
 runner = CliRunner()
 
@@ -68,7 +68,7 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     assert record.profile == tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK})  # as served
     assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record.command and record.env == {
-        "VLLM_CPU_KVCACHE_SPACE": "3",
+        "VLLM_CPU_KVCACHE_SPACE": str(RANDOM_KV_GIB),
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
@@ -352,7 +352,14 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, rando
     profiles_dir.mkdir(parents=True)
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
     (profiles_dir / "tiny.yaml").write_text(
-        yaml.safe_dump({**shipped, "model": str(random_model_dir), "served_name": TINY_NAME})
+        yaml.safe_dump(
+            {
+                **shipped,
+                "model": str(random_model_dir),
+                "served_name": TINY_NAME,
+                "cpu_kvcache_space_gib": RANDOM_KV_GIB,
+            }
+        )
     )
     dead = f"http://127.0.0.1:{free_port()}/v1"
     endpoints = tmp_path / "endpoints.yaml"
