@@ -210,7 +210,11 @@ def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_
     otherwise. The group here ignores SIGTERM, as vLLM's engine does while it is being built."""
 
     def watched(answered: bool) -> tuple[subprocess.Popen, subprocess.Popen]:
-        server = subprocess.Popen(["bash", "-c", "trap '' TERM; while :; do sleep 0.1; done"], start_new_session=True)
+        server = subprocess.Popen(
+            ["bash", "-c", "trap '' TERM; echo deaf; while :; do sleep 0.1; done"],
+            start_new_session=True, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert server.stdout.readline() == b"deaf\n"  # SIGTERM ignored from here on (a busy CPU once raced it)
         guard = watchdog.start_watchdog(server.pid, subprocess.PIPE, starting_grace_s=0.5)
         if answered:
             guard.stdin.write(b"ready\n")
@@ -227,6 +231,7 @@ def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_
             for proc in (server, guard):
                 proc.kill()
                 proc.wait()
+            server.stdout.close()
 
 
 def test_likely_causes():
