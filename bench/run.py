@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from cupid.common import ServeError, read_yaml, tls_context
+from cupid.common import ServeError, http_post, read_yaml
 from cupid.eval.benchmark import RunConfig, RunDir, run
 from cupid.eval.benchmark import data as cupid_data
 from cupid.serving import ChatRequest, Client, Endpoint, load_endpoints
@@ -157,7 +157,7 @@ def start(profile: Profile) -> tuple[ServerRecord, dict[str, float]]:
         "max_tokens": 1,
         "temperature": 0.0,
     }
-    httpx.post(record.base_url + "/chat/completions", json=body, timeout=600, verify=tls_context()).raise_for_status()
+    http_post(record.base_url + "/chat/completions", json=body, timeout=600).raise_for_status()
     return record, {"ready_s": round(ready, 1), "first_answer_s": round(time.perf_counter() - started, 1)}
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, read_yaml, tls_context, validate
+from cupid.common import ConfigError, http_get, read_yaml, validate
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"
@@ -80,9 +80,7 @@ def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOU
 
     def why(endpoint: Endpoint) -> str | None:
         try:
-            httpx.get(
-                endpoint.url + "/models", timeout=timeout, headers=bearer(endpoint.api_key()), verify=tls_context()
-            )
+            http_get(endpoint.url + "/models", timeout=timeout, headers=bearer(endpoint.api_key()))
         except httpx.HTTPError as e:
             return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         return None
@@ -170,9 +168,7 @@ def _served_model(base_url: str) -> str:
 
     url = base_url.rstrip("/") + "/models"
     try:
-        listed = [
-            m["id"] for m in httpx.get(url, timeout=10, verify=tls_context()).json()["data"] if m.get("parent") is None
-        ]
+        listed = [m["id"] for m in http_get(url, timeout=10).json()["data"] if m.get("parent") is None]
     except httpx.TransportError as e:
         raise ConfigError(
             f"{url}: nothing answers ({type(e).__name__}: {e}): "

@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.common import ConfigError, ServeError, tls_context
+from cupid.common import ConfigError, ServeError, http_get
 from cupid.eval.results import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
 from cupid.serving import Client, Endpoint, RequestFailed, bearer
@@ -158,11 +157,7 @@ def served_names(cfg: TrainConfig) -> dict[str, str]:
 
 def _listed(base_url: str, api_key: str | None) -> list[dict[str, Any]]:
     """What the server's /v1/models lists (vLLM: the base, then each LoRA module with its path and parent)."""
-    data = (
-        httpx.get(base_url + "/models", headers=bearer(api_key), timeout=30, verify=tls_context())
-        .json()
-        .get("data", [])
-    )
+    data = http_get(base_url + "/models", headers=bearer(api_key), timeout=30).json().get("data", [])
     return [{"id": m.get("id"), "root": m.get("root"), "parent": m.get("parent")} for m in data]
 
 

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
-from cupid.common import ConfigError, tls_context
+from cupid.common import ConfigError, http_get
 from cupid.eval.benchmark import INFERENCE, RunConfig, RunDir, UnitRecord, matcher_dialect
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark import run as run_eval
@@ -267,7 +267,7 @@ def _endpoints_file(syn: Labelling, work: Path) -> Iterator[Path]:
 def _reachable(name: str, url: str) -> str | None:
     """None if something answers HTTP at the endpoint (any status: a 401 is still a server)."""
     try:
-        httpx.get(url.rstrip("/") + "/models", timeout=10.0, verify=tls_context())
+        http_get(url.rstrip("/") + "/models", timeout=10.0)
         return None
     except httpx.HTTPError as e:
         return f"endpoint '{name}' ({url}) cannot be reached: {type(e).__name__}: {e}"

@@ -1,7 +1,7 @@
 """What every layer shares and none owns: reading and validating configuration (`config`), the project's errors
 (`errors`), running async code from blocking code (`aio`), a run directory's soundness (one writer, atomic writes:
-`files`), whether the Hugging Face Hub answers (`hub`) and the TLS context of one-off requests (`tls`). It imports
-nothing else of the project."""
+`files`), whether the Hugging Face Hub answers (`hub`) and the one-off HTTP requests, on one TLS context (`tls`).
+It imports nothing else of the project."""
 
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ EXPORTS = {
     "disk_full": "cupid.common.files",
     "failure_line": "cupid.common.errors",
     "hold": "cupid.common.files",
+    "http_get": "cupid.common.tls",
+    "http_post": "cupid.common.tls",
     "load_model": "cupid.common.config",
     "locate": "cupid.common.config",
     "read_json": "cupid.common.files",
     "read_yaml": "cupid.common.config",
     "state_dir": "cupid.common.files",
     "validate": "cupid.common.config",
-    "tls_context": "cupid.common.tls",
     "write_atomic": "cupid.common.files",
 }
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "disk_full",
     "failure_line",
     "hold",
+    "http_get",
+    "http_post",
     "load_model",
     "locate",
     "quiet",
@@ -55,7 +58,6 @@ __all__ = [
     "read_yaml",
     "set_verbosity",
     "state_dir",
-    "tls_context",
     "validate",
     "verbose",
     "write_atomic",
@@ -68,5 +70,5 @@ if TYPE_CHECKING:
     from cupid.common.errors import LOG_TAIL, ServeError, failure_line
     from cupid.common.files import DiskFull, disk_full, hold, read_json, state_dir, write_atomic
     from cupid.common.processes import alive
-    from cupid.common.tls import tls_context
+    from cupid.common.tls import http_get, http_post
     from cupid.common.verbosity import VARIABLE, quiet, set_verbosity, verbose

@@ -1,18 +1,29 @@
-"""One TLS context per process for the one-off requests (health probes, model lists, adapter loads).
+"""The one-off requests (health probes, model lists, adapter loads), with one TLS context per process.
 
 `httpx.get` builds a client, and with it a TLS context that loads the CA bundle, on every call, even for a plain
 `http://` address: ~20 ms of a core each. A server's start polls its health every 0.2 s, so the polls cost more than
-a tenth of a core beside the server they wait for; with this context a poll costs ~0.2 ms."""
+a tenth of a core beside the server they wait for; through these a poll costs ~0.2 ms."""
 
 from __future__ import annotations
 
 import functools
 import ssl
+from typing import Any
+
+import httpx
 
 
 @functools.cache
-def tls_context() -> ssl.SSLContext:
-    """httpx's own default (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built once: pass it as `verify=`."""
-    import httpx
-
+def _tls_context() -> ssl.SSLContext:
+    """httpx's own default (its CA bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built once."""
     return httpx.create_ssl_context()
+
+
+def http_get(url: str, **kwargs: Any) -> httpx.Response:
+    """`httpx.get` on the process's TLS context."""
+    return httpx.get(url, verify=_tls_context(), **kwargs)
+
+
+def http_post(url: str, **kwargs: Any) -> httpx.Response:
+    """`httpx.post` on the process's TLS context."""
+    return httpx.post(url, verify=_tls_context(), **kwargs)

@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from cupid.common import tls_context
+from cupid.common import http_get
 from cupid.matcher import prompts
 from cupid.serving.servers.ports import free_port
 
@@ -185,7 +185,7 @@ def start(*args: str) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
-            if httpx.get(url + "/health", verify=tls_context()).status_code == 200:
+            if http_get(url + "/health").status_code == 200:
                 break
         except httpx.HTTPError:
             time.sleep(0.05)

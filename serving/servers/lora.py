@@ -9,18 +9,17 @@ from typing import Any
 
 import httpx
 
-from cupid.common import ServeError, tls_context
+from cupid.common import ServeError, http_post
 from cupid.serving.endpoint import bearer
 
 
 def _lora_call(base_url: str, action: str, body: dict[str, Any], api_key: str | None, timeout: float = 120) -> None:
     try:
-        response = httpx.post(
+        response = http_post(
             f"{base_url}/{action}_lora_adapter",
             json=body,
             headers=bearer(api_key),
             timeout=timeout,
-            verify=tls_context(),
         )
     except httpx.HTTPError as e:
         raise ServeError(f"{base_url}: {action}_lora_adapter failed: {e}") from e

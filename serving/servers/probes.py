@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from cupid.common import alive, tls_context
+from cupid.common import alive, http_get
 from cupid.serving.endpoint import bearer
 
 if TYPE_CHECKING:
@@ -21,10 +21,7 @@ def healthy(
     """Every path (server-absolute, e.g. `/health`, `/v1/models`) answers 200."""
     root, headers = base_url.removesuffix("/v1"), bearer(api_key)
     try:
-        return all(
-            httpx.get(root + path, timeout=timeout, headers=headers, verify=tls_context()).status_code == 200
-            for path in paths
-        )
+        return all(http_get(root + path, timeout=timeout, headers=headers).status_code == 200 for path in paths)
     except httpx.HTTPError:
         return False
 
@@ -37,9 +34,7 @@ def ready(profile: Profile, engine: Engine, timeout: float = 2.0) -> bool:
     if not engine.lists_served_model:
         return True
     try:
-        listed = httpx.get(
-            profile.base_url + "/models", timeout=timeout, headers=bearer(key), verify=tls_context()
-        ).json()
+        listed = http_get(profile.base_url + "/models", timeout=timeout, headers=bearer(key)).json()
         return profile.served in {m.get("id") for m in listed.get("data", [])}
     except (httpx.HTTPError, ValueError, AttributeError):
         return False
