@@ -285,23 +285,6 @@ def test_the_policys_training_memory_is_computed_from_the_recipe_and_matches_the
         grpo_memory.shape_of("org/unknown", "x.yaml")
 
 
-def test_a_dry_run_is_quiet_about_an_optional_kernel_it_does_not_need():
-    """On a CPU with AVX512-BF16, bitsandbytes warns that the Hub's `kernels` package is missing, though its own
-    kernels serve (on another CPU it never says it: this test then holds nothing more than the output's first line)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    cupid = Path(sys.executable).parent / "cupid"
-    done = subprocess.run(
-        [str(cupid), "train", "grpo", "-c", str(REPO / "configs" / "train" / "grpo-tiny.yaml"), "--dry-run"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "kernels-community" not in done.stdout + done.stderr
-    assert done.stdout.splitlines()[0].startswith(f"{REPO / 'configs' / 'train' / 'grpo-tiny.yaml'}: valid")
-
-
 def test_generation_through_a_vllm_trl_does_not_support_is_refused_with_the_way_out(tmp_path):
     """TRL 1.16 supports vLLM 0.22-0.31 and only warns above; with this project's 0.32 its colocated generation stops at
     the first weight sync, mid-run (vLLM's load_weights: 'Parameter' object has no attribute 'weight_loader', seen on
