@@ -13,15 +13,18 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from inspect_ai.log import EvalLog, read_eval_log
 
 from cupid.common import ConfigError
 from cupid.eval.benchmark import INFERENCE, MIN_PERSONAS, RunConfig, RunDir, UnitRecord, build_tasks, load
 from cupid.eval.integrations import inspect_tasks
 from cupid.serving import Client, load_endpoints
 from tests.conftest import write_endpoints
+
+if TYPE_CHECKING:
+    from inspect_ai.log import EvalLog  # imported where read: inspect_ai takes ~1 s to import
 
 BIN = Path(sys.executable).parent
 RUN_ONLY = ("roles", "requests", "wall_s", "inspect_logs")  # what says how a run was made, not what it found
@@ -42,6 +45,8 @@ def cupid(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def logs(directory: Path) -> dict[str, EvalLog]:
+    from inspect_ai.log import read_eval_log
+
     found = [read_eval_log(str(p)) for p in sorted(directory.glob("*.eval"))]
     return {log.eval.task: log for log in found}
 

@@ -7,7 +7,6 @@ import json
 import pickle
 
 import pytest
-from trl.trainer.utils import get_callable_name, is_async_callable
 
 import cupid
 from cupid.common import ConfigError
@@ -67,6 +66,11 @@ def trl_call(func, dataset, completions, logged=None):
 
 
 def test_rewards_equal_the_f1_the_run_recorded_in_plain_and_chat_form(scored):
+    from trl.trainer.utils import (
+        get_callable_name,
+        is_async_callable,
+    )  # here, not at collection: it imports torch and transformers
+
     records, matcher, decomposer, cache = scored
     dataset = cupid.reward_dataset("sample", limit=N)
     assert list(dataset["current_checklist"]) == [r.gt_checklist for r in records]
@@ -121,6 +125,8 @@ def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_
 
 
 def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_url, cupid_home):
+    from trl.trainer.utils import get_callable_name
+
     judge = Endpoint(base_url=instant_url, model="judge")
     endpoints = tmp_path / "endpoints.yaml"
     endpoints.write_text(
@@ -153,6 +159,8 @@ def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_
 
 
 def test_the_generation_reward_and_the_dataset_are_checked():
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
     with pytest.raises(cupid.api.ConfigError, match="metric 'f1' for generation"):
         cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"), metric="f1")
     with pytest.raises(
