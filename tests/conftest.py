@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,6 +229,12 @@ def tiny_server(tiny_profile, session_home):
             record.write()
     yield {"base_url": record.base_url, "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}
     mp.undo()  # the server stays up for the other workers; the controller stops it
+
+
+def heeds_ctrl_c() -> None:
+    """`preexec_fn` of a child a test interrupts: as from a terminal. pytest-xdist's workers ignore SIGINT and a child
+    inherits that: it would never see the Ctrl-C the test sends, and run to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark import RunConfig, run
-from tests.conftest import REPO, running_instant, write_endpoints
+from tests.conftest import REPO, heeds_ctrl_c, running_instant, write_endpoints
 
 USAGE = 2
 
@@ -202,11 +202,10 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     assert "units/s" in lines[0] and "━" not in done.stderr  # no bar drawn into a file
     # The candidate now answers every request with a 503, retried: interrupted mid-run, the 12 units stay.
     (tmp_path / "run" / "run.json").unlink()  # another candidate: the same directory, a run of its own
-    # As from a terminal: pytest-xdist's workers ignore SIGINT, and a child would inherit that and never see Ctrl-C.
     verbose = [sys.executable, "-m", "cupid", "-v", *base[3:]]  # -v: each retried request is a line
     proc = subprocess.Popen([*verbose, "--candidate", "busy", "--setting", "oracle"], stderr=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509  # fmt: skip
+                            preexec_fn=heeds_ctrl_c)  # noqa: PLW1509  # fmt: skip
     try:
         deadline = time.monotonic() + 240  # a loaded machine (the suite's training beside it) imports slowly
         while not (tmp_path / "run" / "run.json").exists() and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import yaml
 
 from cupid.eval.workflows import run_nightly
 from cupid.serving.servers import free_port, probes
-from tests.conftest import RANDOM_KV_GIB, REPO, TINY_NAME, write_endpoints
+from tests.conftest import RANDOM_KV_GIB, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -169,12 +169,10 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
 
 def test_an_interrupted_night_stops_the_server_it_was_starting(night_parts, tmp_path, cupid_home):
     config = night_config(night_parts, tmp_path, ["judge"], tmp_path / "fresh-cache.sqlite")
-    # As from a terminal: pytest-xdist's workers ignore SIGINT, and a child inherits that (the night then ran to its
-    # end, and this test passed on a night that was never interrupted).
     night = subprocess.Popen(
         [sys.executable, "-m", "cupid", "nightly", "--config", str(config)], cwd=REPO,
         env={**os.environ, "CUPID_HOME": str(cupid_home)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509
+        preexec_fn=heeds_ctrl_c,  # noqa: PLW1509
     )  # fmt: skip
     record = cupid_home / "servers" / "judge.json"
     deadline = time.monotonic() + 120
