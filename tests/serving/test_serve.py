@@ -22,7 +22,7 @@ from cupid.common import ConfigError, ServeError
 from cupid.matcher import schemas
 from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
 from cupid.serving.servers import Profile, lifecycle, ports, server_log, state, watchdog
-from tests.conftest import RANDOM_KV_GIB, REPO, TINY_LORA_RANK, TINY_NAME, free_port
+from tests.conftest import RANDOM_KV_GIB, RANDOM_RESERVED_CORES, REPO, TINY_LORA_RANK, TINY_NAME, free_port
 
 runner = CliRunner()
 
@@ -69,11 +69,11 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record.command and record.env == {
         "VLLM_CPU_KVCACHE_SPACE": str(RANDOM_KV_GIB),
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": str(RANDOM_RESERVED_CORES),
         "VLLM_REGEX_COMPILATION_TIMEOUT_S": "120",
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
+        "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - RANDOM_RESERVED_CORES)),
     }
     # `uni`: the model runs inside the engine process, no worker process beside it
     assert [p for p in children(record.pid) if "Worker" in psutil.Process(p).name()] == []
@@ -363,6 +363,7 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, rando
                 "model": str(random_model_dir),
                 "served_name": TINY_NAME,
                 "cpu_kvcache_space_gib": RANDOM_KV_GIB,
+                "cpu_reserved_cores": RANDOM_RESERVED_CORES,
             }
         )
     )
