@@ -6,7 +6,8 @@ A reader's directory is made for the blocks: the repository's configs, its endpo
 entries pointing at the suite's own vLLM server (the random-weight model, where a reader has SmolLM2 on :8011), and
 the runs the examples name (`runs/a`, `runs/b`, `runs/model-a`, `runs/model-b`, `runs/demo`: the instant server's
 answers on 16 personas, the same answers under two names). Shell blocks run with `bash -e` and `cupid` on PATH,
-Python blocks with the project's interpreter; each must exit 0."""
+Python blocks with the project's interpreter; each must exit 0, and say nothing of bitsandbytes' optional kernel; the
+GRPO dry runs (run nowhere else in the suite) must each print their recipe's verdict, the first first."""
 
 from __future__ import annotations
 
