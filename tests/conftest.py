@@ -47,6 +47,8 @@ RANDOM_KV_GIB = 1
 # profile field says), a server of it answered the same requests in the same time for ~30% less CPU, which the suite's
 # other worker gets.
 RANDOM_RESERVED_CORES = 1
+# A serve profile's fields for the random-weight model, in every profile that serves it.
+RANDOM_SERVING = {"cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": RANDOM_RESERVED_CORES}
 # The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
 TINY_LORA_RANK = vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
 _controller: dict = {}  # the controller's own: the shared directory and its end of the FIFO
@@ -182,14 +184,13 @@ def cupid_home(tmp_path, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def tiny_profile(random_model_dir):
     """The shipped `tiny` profile (vLLM's CPU build, eager) on the random-weight model (its KV cache and threads sized
-    for it, `RANDOM_KV_GIB`, `RANDOM_RESERVED_CORES`), on the session server's port."""
+    for it, `RANDOM_SERVING`), on the session server's port."""
     shipped = profiles.load("tiny", REPO / "configs" / "serve")
     update = {
         "model": str(random_model_dir),
         "served_name": TINY_NAME,
         "port": int(os.environ["CUPID_TEST_TINY_PORT"]),
-        "cpu_kvcache_space_gib": RANDOM_KV_GIB,
-        "cpu_reserved_cores": RANDOM_RESERVED_CORES,
+        **RANDOM_SERVING,
     }
     return shipped.model_copy(update=update)
 

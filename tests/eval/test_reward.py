@@ -66,10 +66,8 @@ def trl_call(func, dataset, completions, logged=None):
 
 
 def test_rewards_equal_the_f1_the_run_recorded_in_plain_and_chat_form(scored):
-    from trl.trainer.utils import (
-        get_callable_name,
-        is_async_callable,
-    )  # here, not at collection: it imports torch and transformers
+    # TRL's utils here, not at collection: importing them imports torch and transformers
+    from trl.trainer.utils import get_callable_name, is_async_callable
 
     records, matcher, decomposer, cache = scored
     dataset = cupid.reward_dataset("sample", limit=N)

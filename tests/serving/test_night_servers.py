@@ -19,7 +19,7 @@ import yaml
 
 from cupid.eval.workflows import run_nightly
 from cupid.serving.servers import free_port, probes
-from tests.conftest import RANDOM_KV_GIB, RANDOM_RESERVED_CORES, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
+from tests.conftest import RANDOM_SERVING, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def night_parts(tmp_path_factory, random_model_dir):
     shipped = yaml.safe_load((REPO / "configs/serve/tiny.yaml").read_text())
     (root / "profiles").mkdir()
     judge = {**shipped, "model": str(random_model_dir), "served_name": TINY_NAME, "port": free_port(),
-             "cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": RANDOM_RESERVED_CORES}  # fmt: skip
+             **RANDOM_SERVING}  # fmt: skip
     (root / "profiles/judge.yaml").write_text(yaml.safe_dump(judge))
 
     from peft import LoraConfig, get_peft_model

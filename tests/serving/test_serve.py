@@ -22,7 +22,15 @@ from cupid.common import ConfigError, ServeError
 from cupid.matcher import schemas
 from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
 from cupid.serving.servers import Profile, lifecycle, ports, server_log, state, watchdog
-from tests.conftest import RANDOM_KV_GIB, RANDOM_RESERVED_CORES, REPO, TINY_LORA_RANK, TINY_NAME, free_port
+from tests.conftest import (
+    RANDOM_KV_GIB,
+    RANDOM_RESERVED_CORES,
+    RANDOM_SERVING,
+    REPO,
+    TINY_LORA_RANK,
+    TINY_NAME,
+    free_port,
+)
 
 runner = CliRunner()
 
@@ -362,8 +370,7 @@ def test_vllm_offline_run_on_cpu_then_the_same_answers_over_http(tmp_path, rando
                 **shipped,
                 "model": str(random_model_dir),
                 "served_name": TINY_NAME,
-                "cpu_kvcache_space_gib": RANDOM_KV_GIB,
-                "cpu_reserved_cores": RANDOM_RESERVED_CORES,
+                **RANDOM_SERVING,
             }
         )
     )
