@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -49,9 +50,16 @@ RANDOM_KV_GIB = 1
 RANDOM_RESERVED_CORES = 1
 # A serve profile's fields for the random-weight model, in every profile that serves it.
 RANDOM_SERVING = {"cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": RANDOM_RESERVED_CORES}
-# The session server loads LoRA adapters at run time (the training check's, of configs/train/tiny.yaml's rank).
-TINY_LORA_RANK = vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
 _controller: dict = {}  # the controller's own: the shared directory and its end of the FIFO
+
+
+@functools.cache
+def tiny_lora_rank() -> int:
+    """The --max-lora-rank of the session server, which loads LoRA adapters at run time (the training check's, of
+    configs/train/tiny.yaml's rank). Asked when first needed, not at import: reading vLLM's ranks imports vLLM (~20 s
+    of a core in a fresh install, where it compiles), and the controller imports this module alone, before any
+    worker starts."""
+    return vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
 
 
 def pytest_configure(config):
@@ -101,6 +109,9 @@ LONGEST_FIRST = (  # by the time each file took in a fresh clone's run (the comm
     "test_api.py",
     "test_compare.py",
     "test_nightly.py",
+    "test_types.py",  # one mypy process, ~11 s of one core: unordered, it came last while the other worker idled
+    "test_cli_mistakes.py",
+    "test_prepare_tiny.py",
 )
 
 
@@ -230,7 +241,9 @@ def tiny_server(tiny_profile, session_home):
         if record is None or not probes.healthy(record.base_url):
             with pytest.MonkeyPatch.context() as tie:
                 tie.setattr(watchdog, "tie", _tie_to_controller)  # from its first moment: not to this worker
-                record = lifecycle.up(tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK}), tied=True)
+                record = lifecycle.up(
+                    tiny_profile.model_copy(update={"runtime_lora_rank": tiny_lora_rank()}), tied=True
+                )
             record.tied_to = int(os.environ["CUPID_TEST_CONTROLLER"])
             record.write()
     yield {"base_url": record.base_url, "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}

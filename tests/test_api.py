@@ -16,7 +16,7 @@ from cupid.common import ConfigError
 from cupid.eval.benchmark import MatchItem, Requests, RunConfig, StageError, StageFailed, run
 from cupid.serving import Endpoint
 from cupid.serving.servers import lora
-from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
+from tests.conftest import REPO, tiny_lora_rank, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
 
@@ -108,7 +108,7 @@ def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    get_peft_model(base, LoraConfig(r=TINY_LORA_RANK, target_modules=["q_proj", "v_proj"])).save_pretrained(
+    get_peft_model(base, LoraConfig(r=tiny_lora_rank(), target_modules=["q_proj", "v_proj"])).save_pretrained(
         tmp_path / "adapter"
     )
     url = tiny_server["base_url"]

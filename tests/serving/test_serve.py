@@ -27,9 +27,9 @@ from tests.conftest import (
     RANDOM_RESERVED_CORES,
     RANDOM_SERVING,
     REPO,
-    TINY_LORA_RANK,
     TINY_NAME,
     free_port,
+    tiny_lora_rank,
 )
 
 runner = CliRunner()
@@ -73,7 +73,7 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     record = rows["tiny"]
     assert record.alive and record.healthy and record.base_url == tiny_server["base_url"]
     assert record.profile.engine == "vllm" and record.profile.device == "cpu" and record.profile.served == TINY_NAME
-    assert record.profile == tiny_profile.model_copy(update={"runtime_lora_rank": TINY_LORA_RANK})  # as served
+    assert record.profile == tiny_profile.model_copy(update={"runtime_lora_rank": tiny_lora_rank()})  # as served
     assert record.command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in record.command and record.env == {
         "VLLM_CPU_KVCACHE_SPACE": str(RANDOM_KV_GIB),
@@ -86,7 +86,7 @@ def test_real_tiny_server_answers_and_is_recorded(tiny_server, tiny_profile, ses
     # `uni`: the model runs inside the engine process, no worker process beside it
     assert [p for p in children(record.pid) if "Worker" in psutil.Process(p).name()] == []
     command = record.command  # adapters load at run time, up to the rank configs/train/tiny.yaml trains
-    assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == str(TINY_LORA_RANK) == "8"
+    assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == str(tiny_lora_rank()) == "8"
     assert record.tied_to == int(os.environ["CUPID_TEST_CONTROLLER"])  # one server for all workers: the controller's
     listed = httpx.get(tiny_server["base_url"] + "/models").json()
     # The base model (an adapter the training check loads meanwhile on another worker lists after it, as its child).

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher import PREFERENCE_HEADER
-from tests.conftest import REPO, TINY_LORA_RANK, write_endpoints
+from tests.conftest import REPO, tiny_lora_rank, write_endpoints
 
 
 def short_sample(path):
@@ -97,7 +97,7 @@ def trained(tmp_path_factory, instant_url, tiny_server, tiny_profile, random_mod
     tmp = tmp_path_factory.mktemp("grpo")
     (tmp / "profiles").mkdir()
     served = tiny_profile.model_dump(mode="json", exclude_unset=True, exclude={"name"})
-    (tmp / "profiles" / "tiny.yaml").write_text(yaml.safe_dump({**served, "runtime_lora_rank": TINY_LORA_RANK}))
+    (tmp / "profiles" / "tiny.yaml").write_text(yaml.safe_dump({**served, "runtime_lora_rank": tiny_lora_rank()}))
     endpoints = write_endpoints(
         tmp / "endpoints.yaml",
         instant={"base_url": instant_url, "model": "instant"},
