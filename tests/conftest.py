@@ -223,8 +223,11 @@ def running_in_group(pgid: int) -> list[int]:
 def _tie_to_controller(pid: int) -> None:
     """The server's watchdog (`serving.servers.watchdog`), reading the controller's FIFO instead of a pipe from this
     worker (nothing writes `ready` into it: should the controller die, the session server gets the starting grace before
-    SIGKILL)."""
-    with open(Path(os.environ[SHARED]) / "controller-alive", "rb") as alive:
+    SIGKILL). Opened without waiting for a writer: a plain open of a FIFO blocks until one opens it, so a controller
+    killed while the server was starting left a worker blocked here and the server untied, running on after the run."""
+    fd = os.open(Path(os.environ[SHARED]) / "controller-alive", os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(fd, True)  # the watchdog's reads wait for the controller's end; with no writer they end at once
+    with os.fdopen(fd, "rb") as alive:
         watchdog.start_watchdog(pid, alive)
 
 
