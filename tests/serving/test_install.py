@@ -59,3 +59,41 @@ def test_what_make_runs_writes_the_bytecode_cache_where_the_environment_says_nev
     plain = subprocess.run(["python3", "-c", "import sys; print(sys.dont_write_bytecode)"], env=env,
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert plain.stdout.strip() == "True"  # the probe can fail: outside make the variable holds
+
+
+def test_the_install_gives_uv_the_indexes_constraints_and_certificate_pip_is_given(tmp_path, monkeypatch):
+    """uv reads no pip.conf: scripts/uv_pip.py reads pip's configuration through `pip config list`, merged as pip
+    merges it (the install section over [global], PIP_* variables over both), and passes each value on as uv's flag;
+    an option it does not translate, or no uv, runs pip itself with the same arguments."""
+    import os
+
+    monkeypatch.syspath_prepend(REPO / "scripts")  # a script runs as a top-level module
+    import uv_pip as script
+
+    conf = tmp_path / "pip.conf"  # PIP_CONFIG_FILE is read after the machine's files: its values win
+    conf.write_text(
+        "[global]\nextra-index-url = file:///a/simple file:///b/simple\nconstraint = /etc/c.txt\ncert = /etc/ca.pem\n"
+        "find-links = /wheels\n[install]\nfind-links = /mine\n"
+    )
+    for name in [name for name in os.environ if name.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("PIP_CONSTRAINT", "/env/c.txt")
+    config = script.pip_configuration()
+    assert config["extra-index-url"] == "file:///a/simple file:///b/simple" and config["find-links"] == "/mine"
+    assert config["constraint"] == "/env/c.txt" and config["cert"] == "/etc/ca.pem"
+
+    config = {"extra-index-url": "file:///a/simple file:///b/simple", "find-links": "/mine", "constraint": "/c.txt",
+              "cert": "/etc/ca.pem", "disable-pip-version-check": "1", "config-file": str(conf)}  # fmt: skip
+    command, env, why = script.uv_command(["install", "-q", "-e", ".[cpu]"], config, "/venv/bin/uv")
+    assert why == "" and command[:3] == ["/venv/bin/uv", "pip", "install"] and command[5:8] == ["-q", "-e", ".[cpu]"]
+    assert list(zip(command[8::2], command[9::2], strict=True)) == [
+        ("--index-strategy", "unsafe-best-match"), ("--extra-index-url", "file:///a/simple"),
+        ("--extra-index-url", "file:///b/simple"), ("--find-links", "/mine"), ("--constraint", "/c.txt"),
+    ]  # fmt: skip
+    assert env == {"SSL_CERT_FILE": "/etc/ca.pem"}
+
+    command, env, why = script.uv_command(["install", "-q", "torch"], {**config, "only-binary": ":all:"}, "/uv")
+    assert "only-binary" in why and command[1:] == ["-m", "pip", "install", "--no-compile", "-q", "torch"] and not env
+    command, _, why = script.uv_command(["uninstall", "-q", "triton"], config, None)
+    assert "uv is not installed" in why and command[1:] == ["-m", "pip", "uninstall", "-y", "-q", "triton"]
