@@ -76,9 +76,10 @@ def main() -> int:
         print(f"usage: {sys.argv[0]} install|uninstall ARGS...", file=sys.stderr)
         return 2
     uv = shutil.which("uv", path=os.path.dirname(sys.executable))
-    command, environment, why = uv_command(args, pip_configuration(), uv)
+    config = pip_configuration() if args[0] == "install" else {}  # an uninstall reads no index
+    command, environment, why = uv_command(args, config, uv)
     if why:
-        print(f"{os.path.basename(sys.argv[0])}: installing with pip: {why}", file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])}: running pip: {why}", file=sys.stderr)
     return subprocess.run(command, env={**os.environ, **environment}, check=False).returncode
 
 
