@@ -30,17 +30,23 @@ ENVIRONMENT = {"cert": "SSL_CERT_FILE", "timeout": "UV_HTTP_TIMEOUT", "default-t
 # Options that change nothing uv resolves or installs (config-file: where pip found the settings listed).
 IGNORED = {"config-file", "disable-pip-version-check", "no-input", "progress-bar", "root-user-action", "retries",
            "no-cache-dir", "cache-dir", "no-color", "no-warn-script-location", "quiet", "verbose"}  # fmt: skip
+# What pip needs that uv does by default: no byte-compiling at install (Python writes each module's bytecode when first
+# imported, see the Makefile); no question before uninstalling.
+PIP_ONLY = {"install": ["--no-compile"], "uninstall": ["-y"]}
 # pip's precedence: the install command's section over [global], PIP_* variables (`:env:`) over both.
 SECTIONS = ("global", "install", ":env:")
 
 
-def pip_configuration() -> dict[str, str]:
-    """pip's settings for `pip install`, merged as pip merges them."""
+def pip_configuration() -> dict[str, str] | None:
+    """pip's settings for `pip install`, merged as pip merges them; None where pip cannot list them (a broken
+    pip.conf: pip itself then runs, and says what is wrong with it)."""
     listed = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
-    ).stdout
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    )
+    if listed.returncode != 0:
+        return None
     found: dict[str, dict[str, str]] = {section: {} for section in SECTIONS}
-    for line in listed.splitlines():
+    for line in listed.stdout.splitlines():
         key, _, value = line.partition("=")
         section, _, name = key.rpartition(".")
         if section in found:
@@ -48,17 +54,16 @@ def pip_configuration() -> dict[str, str]:
     return {name: value for section in SECTIONS for name, value in found[section].items()}
 
 
-def uv_command(args: list[str], config: dict[str, str], uv: str | None) -> tuple[list[str], dict[str, str], str]:
-    """The command to run, the environment variables to add, and why pip runs where it does ("" for uv)."""
-    pip = [sys.executable, "-m", "pip", *args]
-    if args[:1] == ["install"]:
-        pip.insert(4, "--no-compile")  # Python writes each module's bytecode when first imported (see the Makefile)
-    elif args[:1] == ["uninstall"]:
-        pip.insert(4, "-y")
-    untranslated = sorted(set(config) - set(FLAGS) - set(ENVIRONMENT) - IGNORED)
+def uv_command(args: list[str], config: dict[str, str] | None, uv: str | None) -> tuple[list[str], dict[str, str], str]:
+    """The command to run for `args` (install|uninstall, then pip's own arguments), the environment variables to add,
+    and why pip runs where it does ("" for uv)."""
+    pip = [sys.executable, "-m", "pip", args[0], *PIP_ONLY[args[0]], *args[1:]]
     if uv is None:
         return pip, {}, "uv is not installed in this venv"
-    if untranslated and args[:1] == ["install"]:
+    if config is None:
+        return pip, {}, "`pip config list` failed"
+    untranslated = sorted(set(config) - set(FLAGS) - set(ENVIRONMENT) - IGNORED)
+    if untranslated:
         return pip, {}, f"pip's configuration sets {', '.join(untranslated)}, which this does not pass on to uv"
     command = [uv, "pip", args[0], "--python", sys.executable, *args[1:]]
     environment: dict[str, str] = {}
@@ -72,7 +77,7 @@ def uv_command(args: list[str], config: dict[str, str], uv: str | None) -> tuple
 
 def main() -> int:
     args = sys.argv[1:]
-    if args[:1] not in (["install"], ["uninstall"]):
+    if not args or args[0] not in PIP_ONLY:
         print(f"usage: {sys.argv[0]} install|uninstall ARGS...", file=sys.stderr)
         return 2
     uv = shutil.which("uv", path=os.path.dirname(sys.executable))

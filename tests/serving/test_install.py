@@ -95,5 +95,9 @@ def test_the_install_gives_uv_the_indexes_constraints_and_certificate_pip_is_giv
 
     command, env, why = script.uv_command(["install", "-q", "torch"], {**config, "only-binary": ":all:"}, "/uv")
     assert "only-binary" in why and command[1:] == ["-m", "pip", "install", "--no-compile", "-q", "torch"] and not env
+    conf.write_text("[global\nindex-url = file:///a/simple\n")  # pip cannot read it: pip runs, and says why
+    assert script.pip_configuration() is None
+    command, _, why = script.uv_command(["install", "-q", "torch"], None, "/uv")
+    assert "pip config list" in why and command[1:] == ["-m", "pip", "install", "--no-compile", "-q", "torch"]
     command, _, why = script.uv_command(["uninstall", "-q", "triton"], config, None)
     assert "uv is not installed" in why and command[1:] == ["-m", "pip", "uninstall", "-y", "-q", "triton"]
