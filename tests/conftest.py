@@ -41,12 +41,12 @@ REPO = Path(__file__).resolve().parents[1]
 TINY_NAME = "tiny-random-llama"  # the session server's served name
 SHARED = "CUPID_TEST_SHARED"
 # The shipped tiny profile's KV cache (3 GiB: SmolLM2-135M's 8 full-length requests) holds ~6M tokens of the
-# random-weight model (2 layers of 64): 1 GiB still holds ~2M, and each vLLM start of it faults in 2 GiB fewer (~1.7 s
-# of a core).
+# random-weight model (2 layers of 64): 1 GiB still holds ~2M, and each vLLM start of it faults in 2 GiB fewer, which
+# saves CPU at every start (docs/performance.md).
 RANDOM_KV_GIB = 1
 # Its matrices are 64 wide: a second OpenMP thread only synchronizes with the first. On one (a core reserved, as the
-# profile field says), a server of it answered the same requests in the same time for ~30% less CPU, which the suite's
-# other worker gets.
+# profile field says), a server of it answered the same requests in the same time for less CPU, which the suite's
+# other worker gets (docs/performance.md).
 RANDOM_RESERVED_CORES = 1
 # A serve profile's fields for the random-weight model, in every profile that serves it.
 RANDOM_SERVING = {"cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": RANDOM_RESERVED_CORES}
@@ -56,8 +56,8 @@ _controller: dict = {}  # the controller's own: the shared directory and its end
 @functools.cache
 def tiny_lora_rank() -> int:
     """The --max-lora-rank of the session server, which loads LoRA adapters at run time (the training check's, of
-    configs/train/tiny.yaml's rank). Asked when first needed, not at import: reading vLLM's ranks imports vLLM (~20 s
-    of a core in a fresh install, where it compiles), and the controller imports this module alone, before any
+    configs/train/tiny.yaml's rank). Asked when first needed, not at import: reading vLLM's ranks imports vLLM (slow,
+    the more so in a fresh install, where it compiles), and the controller imports this module alone, before any
     worker starts."""
     return vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
 
@@ -78,18 +78,19 @@ def pytest_configure(config):
         }
     )
     # Two workers, the session server, a training run and a server a test owns compute at once on 2 cores. An
-    # OpenMP thread that finds its partner descheduled spins by default (libgomp): two 2-thread torch processes
-    # took 12.3 s where one alone took 3.3 s; with passive waits 7.7 s. Inherited by workers, servers, training.
+    # OpenMP thread that finds its partner descheduled spins by default (libgomp): two 2-thread torch processes side
+    # by side took far longer than twice one alone, which passive waits cut (docs/performance.md). Inherited by
+    # workers, servers, training.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # numpy's OpenBLAS runs its own threads, which spin as well (OMP_WAIT_POLICY is libgomp's): the simulated
-    # comparisons (3000 bootstraps of a (2000, 252) @ (252, 8) product) took 23.6 s and 28.8 CPU-s beside one busy
-    # process with a thread per core, 13.0 s and 12.4 CPU-s with one thread. Products that small gain nothing from a
-    # second thread even alone. torch keeps its own threads (it does not use OpenBLAS).
+    # comparisons (3000 bootstraps of a (2000, 252) @ (252, 8) product) took nearly twice as long beside one busy
+    # process with a thread per core as with one thread (docs/performance.md). Products that small gain nothing from
+    # a second thread even alone. torch keeps its own threads (it does not use OpenBLAS).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # glibc maps each allocation over 32 MB afresh and unmaps it when freed, so a training step's logits and gradients
-    # fault in new zeroed pages every time: the GPU training check's CPU form spent 11 s of its 36 s of CPU in the
-    # kernel, 4.4M page faults. Kept in the heap instead (no size mapped apart, nothing handed back): 4.6 s, 1.5M
-    # faults, 6.0 GB of peak memory against 5.3. Read by each process as it starts: workers, servers, training.
+    # fault in new zeroed pages every time: the GPU training check's CPU form spent a third of its CPU in the kernel.
+    # Kept in the heap instead (no size mapped apart, nothing handed back), less than half that, for a somewhat higher
+    # peak memory (docs/performance.md). Read by each process as it starts: workers, servers, training.
     os.environ.setdefault(
         "GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184"
     )
@@ -116,7 +117,7 @@ LONGEST_FIRST = (  # by the time each file took in a fresh clone's run (the comm
     "test_api.py",
     "test_compare.py",
     "test_nightly.py",
-    "test_types.py",  # one mypy process, ~11 s of one core: unordered, it came last while the other worker idled
+    "test_types.py",  # one mypy process on one core: unordered, it came last while the other worker idled
     "test_cli_mistakes.py",
     "test_prepare_tiny.py",
 )
