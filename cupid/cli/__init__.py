@@ -39,7 +39,7 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if value:
         try:
-            typer.echo(f"cupid {installed_version('cupid')}")
+            typer.echo(f"cupid {installed_version('cupid-eval')}")
         except PackageNotFoundError:
             typer.echo("cupid (not installed: run from a checkout)")
         raise typer.Exit()
