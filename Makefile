@@ -67,8 +67,9 @@ setup-dev: $(VENV)/.setup-dev
 tiny-model: setup
 	$(CUPID) serve prepare-tiny
 
+# The demo (`cupid demo`, which runs from any directory): serve the tiny model, both tasks on the sample, the tables.
 demo: setup
-	scripts/demo.sh
+	$(CUPID) demo
 
 # The house rules first (ruff's lint, E501 included, and its formatter at 120 columns, pyproject.toml; a second each),
 # then a worker per core this process may use (2 to 8: the suite is CPU-bound, a third worker on 2 cores made it slower,

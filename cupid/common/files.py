@@ -30,6 +30,17 @@ def state_dir() -> Path:
     return Path(os.environ.get("CUPID_HOME", ".cupid")).resolve()
 
 
+PREPARED = "prepared:"  # a model this project prepares (`cupid serve prepare-tiny`), by name: `prepared:NAME`
+
+
+def prepared_model(model: str) -> str:
+    """Where a shipped profile or recipe finds a model the project prepares: `prepared:NAME` is
+    `<state>/models/NAME`, under CUPID_HOME wherever the command runs; any other model (a Hub id, a path) as given."""
+    if model.startswith(PREPARED):
+        return str(state_dir() / "models" / model.removeprefix(PREPARED))
+    return model
+
+
 class DirectoryBusy(ConfigError):
     """Another process holds the directory; the message names it."""
 

@@ -1,0 +1,63 @@
+"""The command as a user meets it after `pip install cupid-eval`: run from a directory of their own, with the state
+under CUPID_HOME. Shipped profiles and recipes name the models the project prepares (`prepared:NAME`), found under
+the state directory wherever the command runs; `cupid demo --dry-run` writes only under its --out."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cupid.common import prepared_model, read_yaml
+from cupid.serving.servers import profiles
+
+CUPID = [sys.executable, "-m", "cupid"]
+
+
+def cupid(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUPID_HOME": str(home), "COLUMNS": "300"}
+    return subprocess.run([*CUPID, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_shipped_profiles_and_recipes_name_prepared_models_never_a_path_from_the_working_directory():
+    tiny = profiles.load("tiny")
+    assert tiny.model == "prepared:SmolLM2-135M-Instruct"
+    for path in ("configs/train/grpo-tiny.yaml", "configs/train/grpo-qwen2.5-7b.yaml"):
+        recipe = read_yaml(path)
+        assert not str(recipe.get("policy", "")).startswith("."), path
+        assert not str(recipe["reward"].get("cache", "")).startswith("."), path
+
+
+def test_a_prepared_model_is_found_under_cupid_home_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(tmp_path)
+    assert prepared_model("prepared:SmolLM2-135M-Instruct") == str(
+        tmp_path / "state" / "models" / "SmolLM2-135M-Instruct"
+    )
+    assert profiles.load("tiny").model_path() == str(tmp_path / "state" / "models" / "SmolLM2-135M-Instruct")
+    assert prepared_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_serving_the_tiny_profile_unprepared_names_the_state_directory_and_the_command(tmp_path):
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    done = cupid("serve", "up", "--profile", "tiny", cwd=work, home=home)
+    assert done.returncode == 2, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert f"{home}/models/SmolLM2-135M-Instruct not found" in out and "cupid serve prepare-tiny" in out, out
+    assert "Traceback" not in out and not list(work.iterdir())
+
+
+def test_the_demo_dry_run_from_an_empty_directory_writes_only_its_requests_under_out(tmp_path):
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    done = cupid("demo", "--dry-run", "--out", str(tmp_path / "out"), cwd=work, home=home)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert f"{home}/models/SmolLM2-135M-Instruct" in done.stderr and "serve profile 'tiny'" in done.stderr
+    assert files_under(tmp_path) == [tmp_path / "out" / "requests.jsonl"]
+    assert len((tmp_path / "out" / "requests.jsonl").read_text().splitlines()) == 12  # 6 instances, both tasks
