@@ -286,3 +286,39 @@ def test_the_report_and_the_view_link_each_other_only_where_the_other_exists(wor
     assert CliRunner().invoke(app, ["report", run_dir, "--out", str(first)]).exit_code == 0
     assert 'href="report.html"' in (first / "view.html").read_text()  # the report's run updated the view's link
     assert 'href="view.html"' in (first / "report.html").read_text()
+
+
+WITHOUT = """import sys
+class Missing:  # these libraries as an install without their extra has them: not there
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {missing!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Missing())
+from cupid.cli import app
+sys.argv[0] = "cupid"
+app()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "missing", "extra"),
+    [
+        (["train", "run", "--config", "configs/train/tiny.yaml", "--dry-run"], ("trl", "peft"), "train"),
+        (["train", "grpo", "--config", "configs/train/grpo-tiny.yaml", "--dry-run"], ("trl", "peft"), "train"),
+        (["track", "--help"], ("mlflow",), None),  # help needs no tracker: no refusal there
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path, args, missing, extra):
+    script = tmp_path / "without.py"
+    script.write_text(WITHOUT.format(missing=set(missing)))
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    if extra is None:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode == USAGE, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: this command needs trl, which the [{extra}] extra installs: pip install 'cupid-eval[{extra}]'"
+    ]
