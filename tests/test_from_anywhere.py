@@ -61,3 +61,35 @@ def test_the_demo_dry_run_from_an_empty_directory_writes_only_its_requests_under
     assert f"{home}/models/SmolLM2-135M-Instruct" in done.stderr and "serve profile 'tiny'" in done.stderr
     assert files_under(tmp_path) == [tmp_path / "out" / "requests.jsonl"]
     assert len((tmp_path / "out" / "requests.jsonl").read_text().splitlines()) == 12  # 6 instances, both tasks
+
+
+def cuda_torchvision(root: Path) -> Path:
+    """A torchvision as the package index gives it beside a CPU torch: its build label is not torch's (`0.28.0`, not
+    `+cpu`), and importing it fails as the real one does there. On PYTHONPATH, it stands in for the 7 MB download."""
+    (root / "torchvision").mkdir(parents=True)
+    (root / "torchvision" / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n'
+    )
+    info = root / "torchvision-0.28.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n")
+    (info / "RECORD").write_text("")
+    return root
+
+
+def test_doctor_reports_each_part_and_the_one_command_that_fixes_a_cuda_torchvision_beside_cpu_torch(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    healthy = cupid("doctor", cwd=work, home=tmp_path / "state")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    for part in ("cupid-eval", "torch", "vLLM", "transformers", "training", "GPU", "torch companions"):
+        assert part in healthy.stdout
+    assert healthy.stdout.strip().endswith("ok: nothing broken")
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state"), "PYTHONPATH": str(cuda_torchvision(tmp_path / "tv"))}
+    for args in (["doctor"], ["serve", "prepare-tiny"]):  # prepare-tiny: transformers' import meets torchvision
+        done = subprocess.run(
+            [*CUPID, *args], cwd=work, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        out = done.stdout + done.stderr
+        assert done.returncode in (1, 2) and "Traceback" not in out, out
+        assert "pip uninstall -y torchvision" in out.splitlines()[-1], out

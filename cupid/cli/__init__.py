@@ -13,6 +13,7 @@ import typer
 
 from cupid.cli.compare import main as compare_main
 from cupid.cli.demo import main as demo_main
+from cupid.cli.doctor import main as doctor_main
 from cupid.cli.errors import CupidGroup
 from cupid.cli.eval import app as eval_app
 from cupid.cli.import_inspect import main as import_inspect_main
@@ -76,6 +77,7 @@ app.add_typer(meta_app, name="meta")
 app.add_typer(synth_app, name="synth")
 app.add_typer(train_app, name="train")
 app.command("demo")(demo_main)
+app.command("doctor")(doctor_main)
 app.command("report")(report_main)
 app.command("view")(view_main)
 app.command("compare")(compare_main)
