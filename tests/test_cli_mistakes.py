@@ -5,6 +5,7 @@ scheme and the conveniences promise: `--debug` shows the traceback, `--version`,
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -391,3 +392,28 @@ def test_a_url_is_a_role_on_the_command_line_and_judges_get_their_roles_answer_c
     asked = [request for model, request in rows if model == "instant"]
     assert len(asked) == 6 and all("max_tokens" not in request for request in asked)
     assert len(judged) >= 5 and {request["max_tokens"] for request in judged} == {JUDGE_MAX_TOKENS["matcher"]}
+
+
+def test_a_smaller_limit_on_a_finished_run_is_refused_in_one_line_and_changes_nothing(world, tmp_path):
+    """The world's run scored all 12 sample instances; the same run with --limit 2 would write a summary of 2 while its
+    records (which compare reads) hold 12."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(world["run"], run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    common = world["common"]
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", common["endpoints"], "--candidate",
+               "instant", "--decomposer", "instant", "--matcher", "pm", "--task", "inference", "--setting", "standard",
+               "--cache", common["cache"], "--out", str(run_dir)]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(world["home"] / "state")}
+    done = subprocess.run([*command, "--limit", "2"], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == USAGE, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        (
+            f"error: {run_dir} holds 10 unit(s) of instances this run leaves out (a smaller --limit or fewer --type "
+            "than the run that wrote them): its summary would not count them where compare and report read them; run "
+            "it with the same --limit and --type, or give another --out"
+        )
+    ]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    again = subprocess.run(command, capture_output=True, text=True, env=env, check=False)  # as before: all answered
+    assert again.returncode == 0, again.stderr
