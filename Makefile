@@ -12,7 +12,7 @@ CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
 .PHONY: setup setup-dev demo test check bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install \
-  check-gpu-train
+  check-gpu-train check-install
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -94,6 +94,13 @@ check: setup-dev
 # whose tests load nothing from the network; run it when a pin in pyproject.toml changes.
 check-gpu-install: setup-dev
 	$(PY) scripts/check_gpu_install.py
+
+# What a user gets from `pip install "cupid-eval[cpu]"`: the built wheel into a fresh environment by plain pip, then
+# `cupid doctor`, the demo's model and `cupid demo` from an empty directory with CUPID_HOME set; it prints the
+# install's time and size (scripts/check_install.sh). It downloads what the package index has (GBs): not in `make test`.
+CHECK_INSTALL_DIR ?= /tmp/cupid-check-install
+check-install: $(PY)
+	scripts/check_install.sh $(PY) $(CHECK_INSTALL_DIR)
 
 # Every training path that needs no vLLM on this box's GPU: the 7B recipe's QLoRA fine-tune and export, and GRPO with a
 # stand-in reward, on random weights in Qwen2.5-7B's shape (scripts/gpu_train_check.py; its CPU form is in make test).
