@@ -46,13 +46,21 @@ def _running() -> bool:
 
 
 def run_demo(
-    out: str | Path = OUT, *, limit: int | None = None, dry_run: bool = False, console: Console | None = None
+    out: str | Path = OUT,
+    *,
+    limit: int | None = None,
+    port: int | None = None,
+    dry_run: bool = False,
+    console: Console | None = None,
 ) -> Demo:
-    """Prepare, serve, run, stop (see the module). `dry_run`: check the profile and the run config, write the
-    candidate requests to `<out>/requests.jsonl`, prepare and start nothing."""
+    """Prepare, serve, run, stop (see the module). `port`: where the server it starts listens (the profile's, 8011,
+    by default); the run's endpoints follow the server wherever it runs. `dry_run`: check the profile and the run
+    config, write the candidate requests to `<out>/requests.jsonl`, prepare and start nothing."""
     console = console or Console(stderr=True)
     cfg = demo_config(out, limit)
     profile = profiles.load(PROFILE, cfg.profiles)
+    if port is not None:
+        profile = profiles.override(profile, {"port": port}, "--port")
     if dry_run:
         requests = Path(out) / "requests.jsonl"
         write_requests(cfg, str(requests), console=console)
