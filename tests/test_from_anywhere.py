@@ -5,6 +5,7 @@ the state directory wherever the command runs; `cupid demo --dry-run` writes onl
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,23 @@ def test_doctor_reports_each_part_and_the_one_command_that_fixes_a_cuda_torchvis
         out = done.stdout + done.stderr
         assert done.returncode in (1, 2) and "Traceback" not in out, out
         assert "pip uninstall -y torchvision" in out.splitlines()[-1], out
+
+
+def test_the_demo_on_a_taken_port_says_so_in_one_line_and_another_port_is_taken_up(tmp_path):
+    home, work = tmp_path / "state", tmp_path / "work"
+    work.mkdir()
+    prepared = home / "models" / "SmolLM2-135M-Instruct"  # as prepare-tiny leaves it (the demo stops before loading it)
+    prepared.mkdir(parents=True)
+    (prepared / "config.json").write_text('{"dtype": "bfloat16"}')
+    (prepared / "model.safetensors").write_bytes(b"")
+    (prepared / "tokenizer.json").write_text("{}")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = cupid("demo", "--port", str(port), cwd=work, home=home)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: port {port} on 127.0.0.1 is taken"), done.stderr
+    assert "Traceback" not in done.stderr and not list(work.iterdir())
+    planned = cupid("demo", "--port", "8611", "--dry-run", "--out", str(tmp_path / "out"), cwd=work, home=home)
+    assert "serve profile 'tiny' on :8611" in planned.stderr, planned.stderr
