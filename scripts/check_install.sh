@@ -16,12 +16,13 @@ start=$(date +%s)
 "$dir/env/bin/pip" install -q "${wheel}[cpu]"
 install_s=$(( $(date +%s) - start ))
 size=$(du -sh "$dir/env" | cut -f1)
+echo "pip install cupid-eval[cpu]: ${install_s} s, the environment ${size}"
 cd "$dir/work"
 export CUPID_HOME="$dir/home"
 cupid="$dir/env/bin/cupid"
 "$cupid" --version
 if ! "$cupid" doctor; then
-  fix=$("$cupid" doctor | tail -1 | sed 's/.*: //')
+  fix=$("$cupid" doctor | tail -1 | sed 's/.*: //' || true)  # its last line names the fix
   echo "+ $fix"
   "$dir/env/bin/python" -m $fix
   "$cupid" doctor

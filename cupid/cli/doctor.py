@@ -21,7 +21,8 @@ def main() -> None:
     console.print(table)
     for need in install.NEEDS:
         if gaps := install.missing(need):
-            print(f"{need.commands}: needs {', '.join(gaps)}: pip install 'cupid-eval[{need.extra}]'")
+            needed = ", ".join(gap.replace("|", " or ") for gap in gaps)
+            print(f"{need.commands}: needs {needed}: pip install 'cupid-eval[{need.extra}]'")
     if line := install.mismatch_line():
         print(f"broken: {line}")
         raise typer.Exit(1)
