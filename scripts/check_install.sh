@@ -27,9 +27,9 @@ if ! "$cupid" doctor; then
   "$dir/env/bin/python" -m $fix
   "$cupid" doctor
 fi
-if ! "$cupid" serve prepare-tiny 2>"$dir/prepare.err"; then
-  cat "$dir/prepare.err"
-  fix=$(sed -n 's/.*: pip /pip /p' "$dir/prepare.err" | tail -1)
+if ! "$cupid" serve prepare-tiny >"$dir/prepare.out" 2>&1; then
+  cat "$dir/prepare.out"
+  fix=$(sed -n 's/.*: pip /pip /p' "$dir/prepare.out" | tail -1)
   echo "+ $fix"
   "$dir/env/bin/python" -m $fix
   "$cupid" serve prepare-tiny
