@@ -103,8 +103,9 @@ CHECK_INSTALL_DIR ?= /tmp/cupid-check-install
 check-install: $(PY)
 	scripts/check_install.sh $(PY) $(CHECK_INSTALL_DIR)
 
-# Every training path that needs no vLLM on this box's GPU: the 7B recipe's QLoRA fine-tune and export, and GRPO with a
-# stand-in reward, on random weights in Qwen2.5-7B's shape (scripts/gpu_train_check.py; its CPU form is in make test).
+# Every training path that needs no vLLM on this box's GPU: the 7B recipe's QLoRA fine-tune (Liger's kernels on, then
+# off, each side timed in a process of its own) and export, and GRPO with a stand-in reward, on random weights in
+# Qwen2.5-7B's shape (scripts/gpu_train_check.py; its CPU form is in make test). setup-dev on CUDA brings liger-kernel.
 check-gpu-train: setup-dev
 	$(PY) scripts/gpu_train_check.py
 
