@@ -41,6 +41,11 @@ class Endpoint(BaseModel):
         description="the matcher's prompt format: prefmatcher (the fine-tuned judge) or fewshot (general models); "
         "default: prefmatcher for a model whose name contains `prefmatcher`, else fewshot",
     )
+    profile: str | None = Field(
+        default=None,
+        description="the serve profile whose server this is: where `cupid serve` runs that profile, the endpoint "
+        "follows it (its address), whatever base_url says",
+    )
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")
 
     @property

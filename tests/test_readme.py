@@ -33,6 +33,7 @@ REASONS = (
     "a reference of commands and options, with placeholders",
     "the test suite itself",
     "starts a vLLM server of its own",
+    "needs the package index",
 )
 RUNS = ("a", "b", "model-a", "model-b", "demo")
 

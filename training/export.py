@@ -90,7 +90,7 @@ def export_dir(cfg: TrainConfig) -> Path:
     return cfg.out_dir / "export"
 
 
-def _logits(model, tokenizer, messages) -> Any:
+def probe_logits(model, tokenizer, messages) -> Any:
     import torch
 
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
@@ -124,7 +124,7 @@ def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
         # The function that was trained: the adapter on the (quantized) base, exactly as in training.
         with_adapter = PeftModel.from_pretrained(model, adapter)
         with_adapter.eval()
-        reference = _logits(with_adapter, tokenizer, probe)
+        reference = probe_logits(with_adapter, tokenizer, probe)
         model = with_adapter.unload()  # the untouched base again
     method = "merge into the unquantized base"
     if cfg.quantization.active:
@@ -134,7 +134,7 @@ def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
     model = model.to(dtype)
     model.eval()
     if probe is not None:
-        merged = _logits(model, tokenizer, probe)
+        merged = probe_logits(model, tokenizer, probe)
         check = {
             "max_abs_logit_diff": round(float((merged - reference).abs().max()), 5),
             "same_next_token": bool((merged[0, -1].argmax() == reference[0, -1].argmax()).item()),

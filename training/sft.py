@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -56,6 +60,7 @@ class SftReport(BaseModel):
     throughput: list[dict[str, Any]]  # one row per log: step, loss, learning_rate, num_tokens, tokens_per_s
     mean_tokens_per_s: float | None
     peak_gpu_memory_gib: float | None  # torch.cuda.max_memory_allocated; null on CPU
+    liger: dict[str, Any]  # use_liger_kernel, why, and what of the model's module training replaced (then put back)
     gpu_memory_gib: float | None
     train_runtime_s: float
     wall_s: float
@@ -87,6 +92,53 @@ def precision(cfg: TrainConfig) -> str:
     if cfg.sft.precision != "auto":
         return cfg.sft.precision
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def liger(cfg: TrainConfig) -> tuple[bool, str]:
+    """Whether the fine-tune runs Liger's kernels (TRL's `use_liger_kernel`), and why (`choose_liger`), from what
+    this machine has: CUDA, and then whether liger-kernel imports (on CPU it is never imported)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return choose_liger(cfg.sft.args.get("use_liger_kernel"), cuda, _liger_kernel() if cuda else None, cfg.source)
+
+
+def _liger_kernel() -> str | ImportError:
+    """liger-kernel's version where it imports (triton and its kernels load), else the ImportError."""
+    from importlib.metadata import version
+
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError as e:
+        return e
+    return version("liger-kernel")
+
+
+def choose_liger(given: Any, cuda: bool, liger_kernel: str | ImportError | None, source: str) -> tuple[bool, str]:
+    """The one decision on Liger's kernels: on CUDA where liger-kernel imports (`liger_kernel`, its version), unless
+    the config's `sft:` says `use_liger_kernel: false`; never on CPU: they are triton kernels, and the CPU install has
+    no triton. Asked for (`true`) where they cannot run: a ConfigError naming the file and the key.
+    TRL (1.16) applies Liger's layer kernels only (RoPE, RMSNorm, SwiGLU): its own fused LM head stands where
+    Liger's fused cross-entropy would, so the full logits are never materialised either way."""
+    where = f"{source}: sft.use_liger_kernel"
+    if given is not None and not isinstance(given, bool):
+        raise ConfigError(f"{where}: TRL's SFTConfig declares bool, not {given!r}")
+    if given is False:
+        return False, "the config says use_liger_kernel: false"
+    if not cuda:
+        if given:
+            raise ConfigError(
+                f"{where}: true, but there is no CUDA GPU here and Liger's kernels are triton's, CUDA only: "
+                "remove it (Liger is chosen where it runs) or set it to false"
+            )
+        return False, "no CUDA GPU (Liger's kernels are triton's, CUDA only)"
+    if not isinstance(liger_kernel, str):
+        if given:
+            raise ConfigError(
+                f"{where}: true, but liger-kernel does not import ({liger_kernel}): install the package's gpu extra"
+            )
+        return False, f"liger-kernel does not import ({liger_kernel}); the package's gpu extra brings it"
+    return True, f"CUDA, and liger-kernel {liger_kernel} imports"
 
 
 def load_base(base: str, cfg: TrainConfig, dtype):
@@ -136,18 +188,50 @@ def keep_cpu_weights_unpacked(model) -> int:
     return len(modules)
 
 
+@contextmanager
+def module_kept(module: ModuleType) -> Iterator[list[str]]:
+    """A model's transformers module (`modeling_qwen2`) as it was before, its classes' `forward` included: Liger's
+    kernels patch it process-wide (its RMSNorm, MLP and RoPE; its fused cross-entropy, the causal LM's forward), and
+    the export and the agreement check that follow in this process must load their models as a fresh process does.
+    Yields the names the block replaced there, each put back when it ends."""
+    names = dict(vars(module))
+    classes = {name: value for name, value in names.items() if isinstance(value, type)}
+    forwards = {name: cls.__dict__.get("forward") for name, cls in classes.items()}
+    replaced: list[str] = []
+    try:
+        yield replaced
+    finally:
+        for name in sorted(set(names) | set(vars(module))):
+            if vars(module).get(name) is not names.get(name):
+                replaced.append(name)
+                if name in names:
+                    setattr(module, name, names[name])
+                else:
+                    delattr(module, name)
+        for name, cls in classes.items():
+            if cls.__dict__.get("forward") is not forwards[name]:
+                replaced.append(f"{name}.forward")
+                if forwards[name] is None:
+                    delattr(cls, "forward")
+                else:
+                    setattr(cls, "forward", forwards[name])  # noqa: B010 (a class of any shape)
+
+
 def _throughput_callback(console: Console):
     from transformers import TrainerCallback
 
     class Throughput(TrainerCallback):
-        """One line per log: step, loss, learning rate and tokens/s since the previous log."""
+        """One line per log: step, loss, learning rate and tokens/s since the previous log; each row also holds its
+        seconds since training began, so a steady-state rate can leave out the first steps."""
 
         def __init__(self):
             self.rows: list[dict[str, Any]] = []
             self._last: tuple[float, float] | None = None
+            self._began = time.monotonic()
 
         def on_train_begin(self, args, state, control, **kwargs):
             self._last = None
+            self._began = time.monotonic()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
@@ -163,6 +247,7 @@ def _throughput_callback(console: Console):
                 "learning_rate": logs.get("learning_rate"),
                 "num_tokens": tokens,
                 "tokens_per_s": round(rate, 1) if rate else None,
+                "seconds": round(now - self._began, 3),
             }
             self.rows.append(row)
             rate_text = f"{rate:,.0f} tokens/s" if rate else "tokens/s from the next log"
@@ -238,7 +323,8 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
     from trl import SFTConfig
 
     prec = prec or precision(cfg)
-    given = cfg.sft.for_gpu(gpu_gib())
+    use_liger, _ = liger(cfg)
+    given = cfg.sft.for_gpu(gpu_gib(), use_liger) | {"use_liger_kernel": use_liger}
     defaults = {
         **CHAIN_DEFAULTS,
         "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
@@ -294,6 +380,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
     val_path = ddir / "validation.jsonl"
     val_examples = read_examples(val_path) if val_path.is_file() else []
     prec = precision(cfg)
+    use_liger, why_liger = liger(cfg)
     args = sft_config(cfg, prec)  # TRL checks the `sft:` arguments before the data and the model are loaded
 
     import datasets
@@ -341,7 +428,8 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
         f"{quantized} "
         f"base, LoRA r={lora.r}: {n_trainable:,} trainable of {n_total:,} parameters; {n_kept} examples "
         f"({train_tokens:,} tokens, {completion_tokens:,} in completions), "
-        f"{n_long} over max_length {args.max_length}; {prec}",
+        f"{n_long} over max_length {args.max_length}; {prec}; Liger's kernels {'on' if use_liger else 'off'} "
+        f"({why_liger})",
         highlight=False,
     )
 
@@ -356,11 +444,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
         return out
 
     last = get_last_checkpoint(str(checkpoints)) if s.resume and checkpoints.is_dir() else None
-    before = losses()
-    started = time.monotonic()
-    result = trainer.train(resume_from_checkpoint=last)
-    wall = time.monotonic() - started
-    after = losses()
+    with module_kept(sys.modules[type(model).__module__]) as replaced:
+        before = losses()
+        started = time.monotonic()
+        result = trainer.train(resume_from_checkpoint=last)
+        wall = time.monotonic() - started
+        after = losses()
 
     adapter_dir = out / "adapter"
     trainer.save_model(str(adapter_dir))
@@ -390,6 +479,7 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
         throughput=throughput.rows,
         mean_tokens_per_s=round(sum(rates) / len(rates), 1) if rates else None,
         peak_gpu_memory_gib=peak_gpu_gib(),
+        liger={"use_liger_kernel": use_liger, "why": why_liger, "replaced_in_module": replaced},
         gpu_memory_gib=round(gib, 1) if (gib := gpu_gib()) else None,
         train_runtime_s=round(result.metrics.get("train_runtime", wall), 2),
         wall_s=round(wall, 2),

@@ -33,11 +33,14 @@ EXPORTS = {
     "read_json": "cupid.common.files",
     "read_yaml": "cupid.common.config",
     "state_dir": "cupid.common.files",
+    "prepared_model": "cupid.common.files",
+    "PREPARED": "cupid.common.files",
     "validate": "cupid.common.config",
     "write_atomic": "cupid.common.files",
 }
 __all__ = [
     "LOG_TAIL",
+    "PREPARED",
     "VARIABLE",
     "ConfigError",
     "DiskFull",
@@ -53,6 +56,7 @@ __all__ = [
     "http_post",
     "load_model",
     "locate",
+    "prepared_model",
     "quiet",
     "read_json",
     "read_yaml",
@@ -68,7 +72,16 @@ if TYPE_CHECKING:
     from cupid.common.aio import PerLoop, blocking
     from cupid.common.config import ConfigError, describe, load_model, locate, read_yaml, validate
     from cupid.common.errors import LOG_TAIL, ServeError, failure_line
-    from cupid.common.files import DiskFull, disk_full, hold, read_json, state_dir, write_atomic
+    from cupid.common.files import (
+        PREPARED,
+        DiskFull,
+        disk_full,
+        hold,
+        prepared_model,
+        read_json,
+        state_dir,
+        write_atomic,
+    )
     from cupid.common.processes import alive
     from cupid.common.tls import http_get, http_post
     from cupid.common.verbosity import VARIABLE, quiet, set_verbosity, verbose

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cupid.common import ConfigError, read_json, write_atomic
+from cupid.common.install import DISTRIBUTION
 from cupid.eval.benchmark import TASKS, RunDir, RunIdentity, Summary, UnitRecord, cells, figure_name, summary_metrics
 from cupid.eval.results import report, view
 from cupid.eval.results.compare import Row
@@ -148,7 +149,7 @@ def _params(summary: Summary | None, identity: RunIdentity) -> dict[str, str]:
     if summary is not None and summary.candidate_constrained:
         params["candidate_constrained"] = ",".join(summary.candidate_constrained)
     params.update({f"serve.{name}": fp for name, fp in ((summary.serve_profiles if summary else None) or {}).items()})
-    params["cupid_version"] = importlib.metadata.version("cupid")
+    params["cupid_version"] = importlib.metadata.version(DISTRIBUTION)
     return params
 
 
