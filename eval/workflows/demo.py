@@ -73,7 +73,9 @@ def run_demo(
     console.print(f"demo: the tiny model in {tiny_model.ensure()}", highlight=False)
     started = not _running()
     if started:
-        console.print(f"demo: starting profile '{PROFILE}' on :{profile.port} (~40 s on 2 cores)", highlight=False)
+        console.print(
+            f"demo: starting profile '{PROFILE}' on :{profile.port} (vLLM starts slowly on CPU)", highlight=False
+        )
         profile.check_local_files()
         lifecycle.up(profile, tied=True)  # stopped below, and with this process however it ends
     try:
