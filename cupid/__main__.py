@@ -1,4 +1,4 @@
-"""The `cupid` command (`cupid` and `python -m cupid`): the CLI, with a Ctrl-C at any moment, its start (its
+"""The `cupid` command (`cupid` and `python -m cupid`): the CLI, with a Ctrl-C at any moment, its start (the
 imports) included, one line and exit 130, never a traceback."""
 
 import sys
