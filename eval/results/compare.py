@@ -85,6 +85,7 @@ class Row(Difference):
     metric: str
     p_holm: float | None = None
     headline: bool = False
+    unresolved: str | None = None  # why its p-value cannot say whether it is under its family's smallest threshold
 
     @property
     def regression(self) -> bool:
@@ -210,24 +211,34 @@ def task_rows(
                 confidence=GATE_CONFIDENCE,
             )
         for metric, d in differences.items():
-            rows.append(
-                Row(
-                    task=spec.name,
-                    setting=setting,
-                    instance_type=group,
-                    metric=metric,
-                    headline=headline and group is None and metric == spec.headline[0],
-                    **d.model_dump(),
-                )
+            row = Row(
+                task=spec.name,
+                setting=setting,
+                instance_type=group,
+                metric=metric,
+                headline=headline and group is None and metric == spec.headline[0],
+                **d.model_dump(),
             )
+            row.carry_tail(d)
+            rows.append(row)
     return rows
 
 
 def holm_family(rows: list[Row]) -> None:
-    """Holm across the rows that have a p-value (one family): each one's `p_holm`, and its `detectable` for a family
-    of that size at its test's level (the gate's, for a studentized headline)."""
-    tested = [(row, row.p_value) for row in rows if row.p_value is not None]
-    for (row, _), p in zip(tested, holm([p for _, p in tested])):
+    """Holm across the rows that have a p-value (one family): each p-value first resolved for the family's smallest
+    threshold (`Difference.resolve`; where it cannot be, `unresolved` says why), then each one's `p_holm`, and its
+    `detectable` for a family of that size at its test's level (the gate's, for a studentized headline)."""
+    tested = [row for row in rows if row.p_value is not None]
+    for row in tested:
+        level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
+        smallest = (1 - level) / len(tested)
+        row.unresolved = (
+            None
+            if row.resolve(smallest)
+            else f"{row.name}: its p-value cannot go under the smallest Holm threshold of its family "
+            f"({smallest:.2g}, {len(tested)} tests) at {row.resamples} resamples"
+        )
+    for row, p in zip(tested, holm([row.p_value for row in tested])):
         row.p_holm = p
         level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
         row.detectable = stats.detectable(row.se, row.personas, len(tested), level)
@@ -305,6 +316,7 @@ def compare_runs(
         no_verdict += _untestable(spec, headline_setting, ran, rows, common, left_out)
         unanswered += _more_unanswered(spec.name, [s for x, _, s in in_task if x.setting == headline_setting])
     adjust(rows)
+    no_verdict += [row.unresolved for row in rows if row.headline and row.unresolved]
     differs, accepted = differences(a, b), []
     for allowed, option, reasons in (
         (allow_partial, "allow_partial", partial),
