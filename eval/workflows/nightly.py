@@ -7,18 +7,17 @@ check or does not start is a `DID NOT RUN` row with its reason and the others ru
 candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
-Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it
-joined, or the later night `baseline:` names), each on the units both ran and decided as `cupid compare`'s gate
-decides (`eval.results.compare`: paired, personas resampled, the candidate's own failures against it, a verdict
-only on the same evaluation): a drift too slow for one night to show is seen against the baseline. REGRESSION is a
-task's headline figure (inference: micro F1, generation: the mean judge score, in the headline setting) that dropped
-beyond `margin` at the gate's level, Holm across every headline test of the night (candidates x tasks x {previous,
-baseline}), or a candidate that left more than 1% more units unanswered. A comparison that is not the same
-evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a baseline whose
-setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and only if it
-was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
-4 a regression, 8 no verdict (2 stays a usage or configuration error).
-"""
+Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it joined,
+or the later night `baseline:` names; kept across nights it skips, read from its newest entry), each on the units both
+ran and decided as `cupid compare`'s gate decides (`eval.results.compare`: paired, personas resampled, the candidate's
+own failures against it, a verdict only on the same evaluation): a drift too slow for one night to show is seen against
+the baseline. REGRESSION is a task's headline figure (inference: micro F1, generation: the mean judge score, in the
+headline setting) that dropped beyond `margin` at the gate's level, Holm across every headline test of the night
+(candidates x tasks x {previous, baseline}), or a candidate that left more than 1% more units unanswered. A comparison
+that is not the same evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a
+baseline whose setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and
+only if it was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
+4 a regression, 8 no verdict (2 stays a usage or configuration error)."""
 
 from __future__ import annotations
 
@@ -57,6 +56,7 @@ from cupid.eval.results import (
     assemble,
     compare_runs,
     holm_family,
+    margin_question,
     run_dir_of,
     write_leaderboard,
 )
@@ -102,7 +102,8 @@ class NightlyConfig(BaseModel):
     margin: float = Field(
         0.0,
         ge=0,
-        description="the drop a headline may show before it is a regression, in its shown units (as --margin)",
+        description="the drop a headline may show before it is a regression, in points of its shown figure (F1 "
+        "points, judge-score points; 2 is 2 points, not a fraction), as `cupid compare --margin`",
     )
 
     @field_validator("headline_setting")
@@ -492,6 +493,8 @@ def _run_night(
     config_path: str | Path,
     console: Console,
 ) -> tuple[Leaderboard, int]:
+    if question := margin_question(cfg.margin):
+        console.print(f"nightly: did you mean a fraction? margin: {question}", highlight=False)
     prev_dir = previous_night(root, night)
     previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
