@@ -300,7 +300,7 @@ def compare_runs(
         pairs.append((vx, vy, (x.scored, y.scored)))
     rows: list[Row] = []
     no_verdict, partial, unanswered = _empty(a, b, headline_setting), [], []
-    allowed: dict[str, int] = {}
+    units_allowed: dict[str, int] = {}
     for spec in TASKS.values():
         ran = {
             side: {r.setting for r in records.values() if r.task == spec.name}
@@ -320,7 +320,7 @@ def compare_runs(
         no_verdict += _untestable(spec, headline_setting, ran, rows, common, left_out)
         headline_units = [s for x, _, s in in_task if x.setting == headline_setting]
         unanswered += _more_unanswered(spec.name, headline_units)
-        allowed[spec.name] = unanswered_allowed(len(headline_units))
+        units_allowed[spec.name] = unanswered_allowed(len(headline_units))
     adjust(rows)
     no_verdict += [row.unresolved for row in rows if row.headline and row.unresolved]
     differs, accepted = differences(a, b), []
@@ -346,8 +346,8 @@ def compare_runs(
         personas=len({x.persona_id for x, _, _ in pairs}),
         headline_setting=headline_setting,
         margin=margin,
-        margin_units={task: TASKS[task].points for task in allowed},
-        unanswered_allowed=allowed,
+        margin_units={task: TASKS[task].points for task in units_allowed},
+        unanswered_allowed=units_allowed,
         differs=differs,
         partial=partial,
         accepted=accepted,

@@ -1,6 +1,6 @@
 """The gate's level under skewed persona-level changes: the studentized bootstrap at `GATE_PERSONAS` and the gate's
 level, on CUPID-shaped runs simulated as in test_stats.py, null pairs calibrated to exactly no change in micro F1.
-Its own file, so that it runs beside test_stats.py's simulations on another worker (~90 s on 2 cores)."""
+Its own file, so that it runs beside test_stats.py's simulations on another worker (~45 s on 2 cores)."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ import pytest
 from cupid.eval.benchmark import paired, stats
 from tests.eval.test_stats import headline, heavy_tailed, micro_f1, simulate
 
-pytestmark = pytest.mark.slow  # ~90 s: the whole suite runs it, `make check` does not
+pytestmark = pytest.mark.slow  # ~45 s: the whole suite runs it, `make check` does not
 
 
 def lognormal(rng, n):
@@ -21,21 +21,13 @@ def tenth(rng, n):
     return np.where(rng.uniform(size=n) < 0.1, 2.7, -0.3) + rng.normal(0, 0.3, n)
 
 
-def twentieth(rng, n):
-    """A twentieth of the personas gain a lot, the rest lose a little: the 5/95 mixture."""
-    return np.where(rng.uniform(size=n) < 0.05, 5.7, -0.3) + rng.normal(0, 0.3, n)
-
-
 SKEWED = {
     "t(3)": heavy_tailed,
     "lognormal": lognormal,
     "lognormal, mirrored": lambda rng, n: -lognormal(rng, n),
     "a tenth gain a lot": tenth,
     "a tenth lose a lot": lambda rng, n: -tenth(rng, n),
-    "a twentieth gain a lot": twentieth,
-    "a twentieth lose a lot": lambda rng, n: -twentieth(rng, n),
 }
-FAMILY = 80  # a night of 20 candidates x 2 tasks x {previous, baseline}: p-values resolved past the 2,000 resamples
 
 
 def shifted(law, shift):
@@ -56,10 +48,7 @@ def null_shift(law):
 def test_the_gate_keeps_its_level_under_skewed_changes_in_both_directions():
     # The gate's own test (the studentized bootstrap at its level, at its minimum of personas): 2,000 null pairs per
     # law, each calibrated to exactly no change in micro F1; one-sided 2.5% promised, <= 3.5% held on either side.
-    # Each p-value is also resolved for a family of `FAMILY` tests (resampled past its floor where it sits near it),
-    # and flagged at that family's smallest Holm threshold: a family of that many null tests flags about
-    # `FAMILY` x that rate (the union bound), which must stay at the gate's level.
-    rates, family_flags = {}, 0
+    rates = {}
     for name, law in SKEWED.items():
         change, rng = shifted(law, null_shift(law)), np.random.default_rng(53)
         flags = {"below": 0, "above": 0}
@@ -68,12 +57,7 @@ def test_the_gate_keeps_its_level_under_skewed_changes_in_both_directions():
             d = paired(names, a, b, headline, studentized=True, confidence=stats.GATE_CONFIDENCE)["micro_f1"]
             flags["below"] += d.high < 0
             flags["above"] += d.low > 0
-            assert d.resolve((1 - stats.GATE_CONFIDENCE) / FAMILY)
-            family_flags += d.p_value < (1 - stats.GATE_CONFIDENCE) / FAMILY
         rates[name] = {side: count / 2000 for side, count in flags.items()}
         print(f"one-sided false flags at {stats.GATE_PERSONAS} personas, {name}: {rates[name]}")
     assert all(rate <= 0.035 for law in rates.values() for rate in law.values()), rates
     assert all(sum(law.values()) >= 0.02 for law in rates.values()), rates  # a test that fires (3.5% two-sided)
-    pairs = 2000 * len(SKEWED)
-    print(f"p-values under the smallest threshold of a family of {FAMILY}: {family_flags} of {pairs}")
-    assert FAMILY * family_flags / pairs <= 1 - stats.GATE_CONFIDENCE, family_flags
