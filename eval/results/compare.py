@@ -241,7 +241,7 @@ def holm_family(rows: list[Row]) -> None:
             else f"{row.name}: its p-value cannot go under the smallest Holm threshold of its family "
             f"({smallest:.2g}, {len(tested)} tests) at {row.resamples} resamples"
         )
-    for row, p in zip(tested, holm([row.p_value for row in tested])):
+    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None])):
         row.p_holm = p
         level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
         row.detectable = stats.detectable(row.se, row.personas, len(tested), level)
