@@ -27,6 +27,7 @@ EXPORTS = {
     "correlate": "cupid.eval.results.meta",
     "f1_table": "cupid.eval.results.meta",
     "holm_family": "cupid.eval.results.compare",
+    "margin_question": "cupid.eval.results.compare",
     "krippendorff_alpha": "cupid.eval.results.meta",
     "labels_from": "cupid.eval.results.meta",
     "leaderboard_markdown": "cupid.eval.results.leaderboard",
@@ -63,6 +64,7 @@ __all__ = [
     "labels_from",
     "leaderboard_markdown",
     "log",
+    "margin_question",
     "of_run",
     "read",
     "read_table",
@@ -84,6 +86,7 @@ if TYPE_CHECKING:
         adjust,
         compare_runs,
         holm_family,
+        margin_question,
         task_rows,
     )
     from cupid.eval.results.leaderboard import (

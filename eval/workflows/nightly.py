@@ -7,18 +7,17 @@ check or does not start is a `DID NOT RUN` row with its reason and the others ru
 candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
-Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it
-joined, or the later night `baseline:` names), each on the units both ran and decided as `cupid compare`'s gate
-decides (`eval.results.compare`: paired, personas resampled, the candidate's own failures against it, a verdict
-only on the same evaluation): a drift too slow for one night to show is seen against the baseline. REGRESSION is a
-task's headline figure (inference: micro F1, generation: the mean judge score, in the headline setting) that dropped
-beyond `margin` at the gate's level, Holm across every headline test of the night (candidates x tasks x {previous,
-baseline}), or a candidate that left more than 1% more units unanswered. A comparison that is not the same
-evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a baseline whose
-setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and only if it
-was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
-4 a regression, 8 no verdict (2 stays a usage or configuration error).
-"""
+Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it joined,
+or the later night `baseline:` names; kept across nights it skips, read from its newest entry), each on the units both
+ran and decided as `cupid compare`'s gate decides (`eval.results.compare`: paired, personas resampled, the candidate's
+own failures against it, a verdict only on the same evaluation): a drift too slow for one night to show is seen against
+the baseline. REGRESSION is a task's headline figure (inference: micro F1, generation: the mean judge score, in the
+headline setting) that dropped beyond `margin` at the gate's level, Holm across every headline test of the night
+(candidates x tasks x {previous, baseline}), or a candidate that left more than 1% more units unanswered. A comparison
+that is not the same evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a
+baseline whose setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and
+only if it was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
+4 a regression, 8 no verdict (2 stays a usage or configuration error)."""
 
 from __future__ import annotations
 
@@ -57,11 +56,13 @@ from cupid.eval.results import (
     assemble,
     compare_runs,
     holm_family,
+    margin_question,
     run_dir_of,
     write_leaderboard,
 )
 from cupid.eval.results import require as require_tracker
 from cupid.eval.results import track as tracking
+from cupid.eval.results.leaderboard import FIRST_NIGHT
 from cupid.serving import open_cache
 from cupid.serving.fleet import Gpu, RunServers, ServedModel, plan_servers
 
@@ -101,7 +102,8 @@ class NightlyConfig(BaseModel):
     margin: float = Field(
         0.0,
         ge=0,
-        description="the drop a headline may show before it is a regression, in its shown units (as --margin)",
+        description="the drop a headline may show before it is a regression, in points of its shown figure (F1 "
+        "points, judge-score points; 2 is 2 points, not a fraction), as `cupid compare --margin`",
     )
 
     @field_validator("headline_setting")
@@ -175,6 +177,28 @@ def previous_night(root: Path, night: str) -> Path | None:
     return max(earlier, key=lambda d: d.name, default=None)
 
 
+def latest_entries(root: Path, night: str, models: list[str]) -> dict[str, Entry]:
+    """Each candidate's entry in the newest earlier night (of those that ran) that records a baseline for it: a
+    candidate that skipped a night, or several, keeps its baseline. A candidate with none has never run."""
+    nights = (
+        sorted((d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night), reverse=True)
+        if root.exists()
+        else []
+    )
+    found: dict[str, Entry] = {}
+    for night_dir in nights:
+        if len(found) == len(models):
+            break
+        try:
+            board = Leaderboard.read(night_dir / "leaderboard.json") if _ran(night_dir) else None
+        except ConfigError:  # a file this version cannot read: an older night says no more of it
+            continue
+        for entry in board.models if board else []:
+            if entry.model in models and entry.model not in found and entry.baseline is not None:
+                found[entry.model] = entry
+    return found
+
+
 def _ran(night_dir: Path) -> bool:
     try:
         return not json.loads((night_dir / "leaderboard.json").read_text()).get("error")
@@ -193,10 +217,10 @@ def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
     return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
 
 
-def baseline_of(fixed: str | None, before: Entry | None) -> str | None:
-    """The night a candidate is compared with besides the previous one: the one it records (its first night, or
-    the night its setup last changed), unless `baseline:` names a later one."""
-    recorded = before.baseline if before else None
+def baseline_of(fixed: str | None, latest: Entry | None) -> str | None:
+    """The night a candidate is compared with besides the previous one: the one its newest entry records (`latest`:
+    its first night, or the night its setup last changed), unless `baseline:` names a later one."""
+    recorded = latest.baseline if latest else None
     return fixed if fixed and (recorded is None or recorded < fixed) else recorded
 
 
@@ -209,14 +233,20 @@ def compare(
     headline_setting: str = HEADLINE_SETTING,
     last_night: str | None = None,
     margin: float = 0.0,
+    first: bool | None = None,
 ) -> None:
     """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
     since its baseline night's, paired on the units both scored; what changed besides the candidate, and why a
-    comparison has no verdict. Regressions, and whether tonight becomes the baseline (`baseline_pending`), are
-    decided for the whole night (`flag_regressions`)."""
+    comparison has no verdict. `first`: the candidate never ran before (default: it is not in last night's
+    leaderboard). Regressions, and whether tonight becomes the baseline (`baseline_pending`), are decided for the
+    whole night (`flag_regressions`)."""
     entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
     entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
     entry.no_verdict, entry.baseline_no_verdict, entry.unanswered, entry.baseline_pending = [], [], [], None
+    first = before is None if first is None else first
+    entry.no_previous = None
+    if not first and (before is None or before.status == "error"):
+        entry.no_previous = f"{'not in' if before is None else 'did not run on'} {last_night}: no test since last night"
     if before is not None:
         entry.previous = before.metrics
         if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting, margin):
@@ -224,10 +254,10 @@ def compare(
             entry.setup_changed = comparison.differs
             entry.no_verdict = comparison.no_verdict
             entry.unanswered += [f"since {last_night}: {why}" for why in comparison.unanswered]
-    if baseline is None or before is None:
-        entry.baseline, entry.baseline_pending = baseline, "the candidate's first night"
+    if baseline is None or first:
+        entry.baseline, entry.baseline_pending = baseline, FIRST_NIGHT
         return
-    if baseline == night or baseline == last_night:
+    if baseline == night or (baseline == last_night and before is not None):
         return  # the baseline is tonight, or last night: one comparison serves both
     comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting, margin)
     if comparison is None:
@@ -262,6 +292,8 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
     for entry, side, row in tests:
         if row.regression:
             (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
+        if row.unresolved:
+            (entry.no_verdict if side == "previous" else entry.baseline_no_verdict).append(row.unresolved)
     for entry in entries:
         if entry.baseline_pending is None:
             continue
@@ -461,6 +493,8 @@ def _run_night(
     config_path: str | Path,
     console: Console,
 ) -> tuple[Leaderboard, int]:
+    if question := margin_question(cfg.margin):
+        console.print(f"nightly: did you mean a fraction? margin: {question}", highlight=False)
     prev_dir = previous_night(root, night)
     previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
@@ -479,14 +513,16 @@ def _run_night(
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         run_servers.stop_all()  # each says what it stopped
 
+    latest = latest_entries(root, night, [e.model for e in entries])
     for entry in entries:
         before = previous.get(entry.model)
-        baseline = baseline_of(cfg.baseline, before)
+        baseline = baseline_of(cfg.baseline, latest.get(entry.model))
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             entry.baseline = baseline
             continue
         compare(entry, before, baseline, night, root, cfg.headline_setting,
-                last_night=prev_dir.name if prev_dir else None, margin=cfg.margin)  # fmt: skip
+                last_night=prev_dir.name if prev_dir else None, margin=cfg.margin,
+                first=entry.model not in latest)  # fmt: skip
     flag_regressions(entries, night)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
