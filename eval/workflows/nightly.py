@@ -16,8 +16,9 @@ headline setting) that dropped beyond `margin` at the gate's level, Holm across 
 (candidates x tasks x {previous, baseline}), or a candidate that left more than 1% more units unanswered. A comparison
 that is not the same evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a
 baseline whose setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and
-only if it was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
-4 a regression, 8 no verdict (2 stays a usage or configuration error)."""
+only if it was not flagged and its test since last night has a verdict. Exit status, bits: 1 failures (failed
+instances or a run or the suite that could not start), 4 a regression, 8 no verdict (2 stays a usage or configuration
+error)."""
 
 from __future__ import annotations
 
@@ -275,8 +276,10 @@ def compare(
 def flag_regressions(entries: list[Entry], night: str) -> None:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
     its baseline where that comparison has a verdict, one Holm family (the night's false alarms stay under
-    1 - confidence whatever its size). Then tonight becomes the baseline of each candidate that asked for one
-    (`baseline_pending`) and was not flagged."""
+    1 - confidence whatever its size as far as the p-values are calibrated so far out: under skewed persona-level
+    changes at 80 personas they are not, bench/gate_family_level.py). Then tonight becomes the baseline of each
+    candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last night (unless its
+    setup changed since, which is why it asked)."""
     tests = [
         (entry, side, row)
         for entry in entries
@@ -299,6 +302,8 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
             continue
         if entry.regressions or entry.baseline_regressions or entry.unanswered:
             entry.baseline_no_verdict.append("tonight was flagged: it does not become the baseline")
+        elif entry.no_verdict and not entry.setup_changed:  # fail closed: a night no test could clear
+            entry.baseline_no_verdict.append("no verdict since last night: tonight does not become the baseline")
         else:
             entry.baseline, entry.baseline_set = night, entry.baseline_pending
         entry.baseline_pending = None
