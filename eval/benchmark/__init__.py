@@ -14,6 +14,7 @@ EXPORTS = {
     "Dataset": "cupid.eval.benchmark.data",
     "Difference": "cupid.eval.benchmark.stats",
     "Executor": "cupid.eval.benchmark.runner",
+    "FAMILY_LEVEL": "cupid.eval.benchmark.stats",
     "GATE_CONFIDENCE": "cupid.eval.benchmark.stats",
     "GATE_PERSONAS": "cupid.eval.benchmark.stats",
     "GENERATION": "cupid.eval.benchmark.tasks",
@@ -88,6 +89,7 @@ EXPORTS = {
 }
 __all__ = [
     "CONFIDENCE",
+    "FAMILY_LEVEL",
     "GATE_CONFIDENCE",
     "GATE_PERSONAS",
     "GENERATION",
@@ -200,6 +202,7 @@ if TYPE_CHECKING:
     from cupid.eval.benchmark.stages import StageFailed, constraint
     from cupid.eval.benchmark.stats import (
         CONFIDENCE,
+        FAMILY_LEVEL,
         GATE_CONFIDENCE,
         GATE_PERSONAS,
         MIN_PERSONAS,

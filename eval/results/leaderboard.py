@@ -13,7 +13,16 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from cupid.common import ConfigError, write_atomic
-from cupid.eval.benchmark import GATE_CONFIDENCE, MIN_PERSONAS, N_RESAMPLES, TASKS, Interval, Requests, RunIdentity
+from cupid.eval.benchmark import (
+    FAMILY_LEVEL,
+    GATE_CONFIDENCE,
+    MIN_PERSONAS,
+    N_RESAMPLES,
+    TASKS,
+    Interval,
+    Requests,
+    RunIdentity,
+)
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, Row
 
 EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
@@ -223,8 +232,8 @@ def leaderboard_markdown(board: Leaderboard) -> str:
             "on the units both nights ran (the candidate's own failures as empty answers). 95% intervals, personas "
             f"resampled (none under {MIN_PERSONAS} personas); a change's interval is paired. **REGRESSION**: a task's "
             f"headline figure (micro F1, the mean judge score) dropped at p < {1 - GATE_CONFIDENCE:.3f}, Holm across "
-            "every headline test of the night (candidates x tasks x {previous, baseline}): a night's false alarms "
-            f"stay under {1 - GATE_CONFIDENCE:.1%}. "
+            "every headline test of the night (candidates x tasks x {previous, baseline}). "
+            f"{FAMILY_LEVEL} "
             "F1 in % (micro: the published aggregate)."
         ),
         "",

@@ -276,8 +276,8 @@ def compare(
 def flag_regressions(entries: list[Entry], night: str) -> None:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
     its baseline where that comparison has a verdict, one Holm family (the night's false alarms stay under
-    1 - confidence whatever its size as far as the p-values are calibrated so far out: under skewed persona-level
-    changes at 80 personas they are not, bench/gate_family_level.py). Then tonight becomes the baseline of each
+    1 - confidence whatever its size as far as the p-values are calibrated so far out: how far, `stats.FAMILY_LEVEL`,
+    which the leaderboard prints). Then tonight becomes the baseline of each
     candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last night (unless its
     setup changed since, which is why it asked)."""
     tests = [

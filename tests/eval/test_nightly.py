@@ -110,6 +110,8 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     assert f1 in drifting.regressions and second.regressions == [f"drifting: {f1}"]
     assert [e.model for e in second.models] == ["steady", "drifting"]  # ranked by F1
     board = (tmp_path / "nightly" / "2025-03-02" / "leaderboard.md").read_text()
+    # How far the family-wise level holds, stated where the verdict is read (the console prints the same page).
+    assert stats.FAMILY_LEVEL in board and "8-16% (80 tests) for 1.75% nominal" in board
     drifting_row = next(line for line in board.splitlines() if "| drifting |" in line)
     assert (
         "**REGRESSION**" in drifting_row
