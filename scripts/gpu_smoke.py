@@ -72,7 +72,7 @@ async def check_answer(client: Client, example: dict, max_tokens: int, free: boo
     except parse.ParseError as e:
         print(f"\nFAILED: the answer does not parse as the matcher's labels: {e.message}")
         return False
-    agree = sum(m.label == item["label"] for m, item in zip(matches, example["checklist"]))
+    agree = sum(m.label == item["label"] for m, item in zip(matches, example["checklist"], strict=True))
     print(f"\nOK: the answer parses; {agree}/{len(items)} labels agree with the example's human labels")
     return True
 

@@ -146,7 +146,7 @@ class VllmBackend:
                 ),
             )
             elapsed = time.perf_counter() - started
-            for (i, _, _), output in zip(todo, outputs):
+            for (i, _, _), output in zip(todo, outputs, strict=True):
                 completion = output.outputs[0]
                 usage = _usage(len(output.prompt_token_ids or []), len(completion.token_ids))
                 results[i] = Answer(completion.text, completion.finish_reason, usage, elapsed, cached=False)
@@ -295,7 +295,7 @@ class Batcher:
                 except Exception as e:  # noqa: BLE001 - the engine failed this batch: each request records why
                     results = [RequestFailed("engine_error", f"{type(e).__name__}: {e}") for _ in batch]
                 self.batch_sizes.append(len(batch))
-                for (_, future), result in zip(batch, results):
+                for (_, future), result in zip(batch, results, strict=True):
                     if future.done():  # the caller was cancelled
                         continue
                     if isinstance(result, BaseException):

@@ -86,7 +86,7 @@ def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOU
         return None
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
-        reasons = dict(zip(endpoints, pool.map(why, endpoints.values())))
+        reasons = dict(zip(endpoints, pool.map(why, endpoints.values()), strict=True))
     return {name: reason for name, reason in reasons.items() if reason is not None}
 
 

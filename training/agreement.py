@@ -89,7 +89,7 @@ async def _answers(endpoint: Endpoint, examples: list[MatchExample]) -> list[dic
 async def _ask_all(endpoints: dict[str, Endpoint], examples: list[MatchExample]) -> dict[str, list[dict[str, Any]]]:
     """Every model of one server at once: the server batches base and adapter requests together."""
     results = await asyncio.gather(*(_answers(e, examples) for e in endpoints.values()))
-    return dict(zip(endpoints, results))
+    return dict(zip(endpoints, results, strict=True))
 
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = [
         ((str(n), "validation", "teacher-model", i), t, m)
         for n, r in parsed
-        for i, (t, m) in enumerate(zip(r["teacher"], r["labels"]))
+        for i, (t, m) in enumerate(zip(r["teacher"], r["labels"], strict=True))
     ]
     teacher = {key: Labelled(canonical_label(t)) for key, t, _ in pairs}
     model = {key: Labelled(canonical_label(m)) for key, _, m in pairs}
@@ -117,7 +117,10 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     agreed = by_level["ordinal"]  # accuracy and confusion are the same at every level
     out["accuracy"] = None if agreed.accuracy is None else round(agreed.accuracy, 4)
     out["confusion"] = {
-        f"{a} -> {b}": n for a, row in zip(LABELS, agreed.confusion) for b, n in zip(LABELS, row) if n
+        f"{a} -> {b}": n
+        for a, row in zip(LABELS, agreed.confusion, strict=True)
+        for b, n in zip(LABELS, row, strict=True)
+        if n
     }  # teacher -> model
     if pairs and agreed.alpha is None:
         out["alpha_undefined"] = "a single label value throughout: alpha is undefined"
@@ -354,10 +357,12 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
 
 
 def table(report: AgreementReport) -> list[tuple[str, ...]]:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     rows: list[tuple[str, ...]] = []
     for which in MODELS:
         if (r := report.block(which)) is not None:
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"
             rows.append(
                 (
                     which,

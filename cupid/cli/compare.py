@@ -59,7 +59,7 @@ def main(
         )
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(comparison.model_dump_json(indent=2))
     else:

@@ -20,6 +20,6 @@ def main(
         summary = import_logs(list(logs), out)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     typer.echo(markdown(summary))
     typer.echo(f"run directory: {out}")

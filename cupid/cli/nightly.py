@@ -46,7 +46,7 @@ def main(
         board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed, track=track)  # type: ignore[arg-type]
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(EXIT_USAGE) from None
     if dry_run:
         return
     typer.echo(leaderboard_markdown(board))

@@ -24,5 +24,5 @@ def main(
         page = build(run_dirs, target)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     typer.echo(str(page))

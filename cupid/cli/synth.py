@@ -62,7 +62,7 @@ def synth(
         summary = run(cfg, console=err)
     except (ConfigError, ValueError) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     for pid, failure in summary["failures"].items():
         err.print(f"[yellow]failed {pid}[/yellow] at {failure['step']}: {failure['reason']}", highlight=False)
     requests = summary["requests"]

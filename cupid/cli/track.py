@@ -25,9 +25,9 @@ def main(
         runs = [run for path in paths for run in read(path)]
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]
-    for run, run_id in zip(runs, ids):
+    for run, run_id in zip(runs, ids, strict=True):
         typer.echo(f"{run.name}: {to} run {run_id}" if run_id else f"{run.name}: not logged")
     if None in ids:
         raise typer.Exit(1)

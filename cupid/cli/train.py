@@ -7,7 +7,7 @@ the stages before them left in the run directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
@@ -63,7 +63,7 @@ def _guarded(action: Callable[[], Any]) -> Any:
         err.print(
             f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True
         )  # whole lines: paths stay greppable
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _print_labelling(report: LabelReport | None) -> None:
@@ -152,8 +152,13 @@ def run(
         from cupid.training import sft as sft_stage
 
         args, lora, bnb = _guarded(lambda: sft_stage.check(cfg))
-        value = lambda v: v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v  # str enums, sets
-        accepts = lambda built, keys: ", ".join(f"{k}={value(getattr(built, k))}" for k in keys)
+
+        def value(v: Any) -> Any:  # str enums, sets
+            return v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v
+
+        def accepts(built: Any, keys: Iterable[str]) -> str:
+            return ", ".join(f"{k}={value(getattr(built, k))}" for k in keys)
+
         console.print(
             f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True
         )

@@ -78,9 +78,9 @@ class InferenceScorer:
             *(self.ask_matcher(f"match_{d}", *asked[d]) for d in DIRECTIONS),
             return_exceptions=True,  # let both finish: the one that succeeded is cached for the resume
         )
-        scoring.matcher_answers = {d: a for d, a in zip(DIRECTIONS, answers) if isinstance(a, str)}
+        scoring.matcher_answers = {d: a for d, a in zip(DIRECTIONS, answers, strict=True) if isinstance(a, str)}
         labelled = {}
-        for direction, outcome in zip(DIRECTIONS, answers):
+        for direction, outcome in zip(DIRECTIONS, answers, strict=True):
             if isinstance(outcome, BaseException):
                 raise outcome
             labelled[direction] = parsed(f"match_{direction}", parse.matches, outcome, asked[direction][1])

@@ -258,7 +258,10 @@ async def arun(
     `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
     `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
-    say = lambda m: console.print(m, highlight=False)
+
+    def say(m: str) -> None:
+        console.print(m, highlight=False)
+
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
         own = None

@@ -134,7 +134,8 @@ def _rows(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -
             f"cupid reward ({judges.task}): the dataset has no column {missing[0]!r} (cupid.reward_dataset gives it)"
         )
     rows = [
-        tuple(tuple(v) if isinstance(v, list) else v for v in values) for values in zip(*(columns[n] for n in names))
+        tuple(tuple(v) if isinstance(v, list) else v for v in values)
+        for values in zip(*(columns[n] for n in names), strict=True)
     ]
     return [(answer_of(c), row) for c, row in zip(completions, rows, strict=True)]
 
@@ -192,7 +193,7 @@ async def cupid_inference_format(
     """`form` of each answer; None where the judges failed on it (as the judge reward is)."""
     asked = _rows(judges, completions, columns)
     judged, _ = await _judged(judges, asked)
-    return [None if r is None else form(answer) for (answer, _), r in zip(asked, judged)]
+    return [None if r is None else form(answer) for (answer, _), r in zip(asked, judged, strict=True)]
 
 
 def format_reward(judge_reward: functools.partial[Any]) -> functools.partial[Any]:
@@ -345,7 +346,7 @@ def dataset_rows(
     spec = TASKS[task]
     logs = blocking(lambda: _logs(instances, setting, summarizer, cache))
     rows = []
-    for instance, log in zip(instances, logs):
+    for instance, log in zip(instances, logs, strict=True):
         rows.append(
             {
                 "prompt": spec.messages(log, instance, setting),
@@ -372,7 +373,7 @@ async def _logs(
         outcomes = await asyncio.gather(*(history.log(i, setting) for i in instances), return_exceptions=True)
     finally:
         await client.close_with_cache()
-    for instance, outcome in zip(instances, outcomes):
+    for instance, outcome in zip(instances, outcomes, strict=True):
         if isinstance(outcome, StageFailed):
             raise ConfigError(f"reward_dataset: {instance.key}: {outcome}") from None
         if isinstance(outcome, BaseException):

@@ -227,7 +227,7 @@ def holm_family(rows: list[Row]) -> None:
     """Holm across the rows that have a p-value (one family): each one's `p_holm`, and its `detectable` for a family
     of that size at its test's level (the gate's, for a studentized headline)."""
     tested = [(row, row.p_value) for row in rows if row.p_value is not None]
-    for (row, _), p in zip(tested, holm([p for _, p in tested])):
+    for (row, _), p in zip(tested, holm([p for _, p in tested]), strict=True):
         row.p_holm = p
         level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
         row.detectable = stats.detectable(row.se, row.personas, len(tested), level)

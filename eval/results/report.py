@@ -225,7 +225,7 @@ def _errorbars(ax, xs: list[Interval], ys: list[Interval], labels: list[str], sc
             return [[0.0], [0.0]]
         return [[scale * (v.estimate - v.low)], [scale * (v.high - v.estimate)]]
 
-    for x, y, label in zip(xs, ys, labels):
+    for x, y, label in zip(xs, ys, labels, strict=True):
         ax.errorbar(
             scale_x * x.estimate,
             scale_y * y.estimate,

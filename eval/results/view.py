@@ -111,7 +111,7 @@ def load_run(path: str | Path) -> LoadedRun:
 def _labels(runs: list[LoadedRun]) -> None:
     """A run's label: its candidate, or its directory where candidates repeat."""
     names = [r.roles.get("candidate") or r.path.name for r in runs]
-    for run, name in zip(runs, names):
+    for run, name in zip(runs, names, strict=True):
         run.label = name if names.count(name) == 1 else f"{name} ({run.path})"
 
 

@@ -24,8 +24,13 @@ async def arun_and_log(cfg: RunConfig, *, console: Console | None = None, **opti
         track.require(cfg.track)
     result = await arun(cfg, console=console, **options)
     if cfg.track:
-        make = lambda: [track.of_run(result.out, records=result.records, summary=result.summary)]
-        say = lambda m: console.print(m, highlight=False, markup=False)
+
+        def make() -> list[Any]:
+            return [track.of_run(result.out, records=result.records, summary=result.summary)]
+
+        def say(m: str) -> None:
+            console.print(m, highlight=False, markup=False)
+
         await asyncio.to_thread(track.log_after, make, cfg.track, say)
     return result
 

@@ -127,7 +127,7 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
     if twice := sorted({n for n in names if names.count(n) > 1}):
         raise ConfigError(f"{where}: models lists '{twice[0]}' twice")
     configs = {}
-    for name, model in zip(names, cfg.models):
+    for name, model in zip(names, cfg.models, strict=True):
         try:
             configs[name] = RunConfig(**cfg.run, candidate=model, out=str(run_dir_of(night_dir, name)))
         except ValidationError as e:

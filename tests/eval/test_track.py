@@ -232,7 +232,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
         json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()),
     ]
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], order_by=["tags.`cupid.night` ASC"])
-    assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"])) == [
+    assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"], strict=True)) == [
         ("2025-03-01", "instant"),
         ("2025-03-01", "untrained"),
         ("2025-03-02", "instant"),

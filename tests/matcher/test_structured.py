@@ -28,7 +28,10 @@ def admits(fields: dict, text: str) -> bool:
 
 
 def labelled(labels):
-    return [{"index": i, "entry": item, "label": label} for i, (item, label) in enumerate(zip(ITEMS, labels), start=1)]
+    return [
+        {"index": i, "entry": item, "label": label}
+        for i, (item, label) in enumerate(zip(ITEMS, labels, strict=True), start=1)
+    ]
 
 
 def test_prefmatcher_pattern_keeps_the_fence_it_was_trained_to_write():
@@ -156,7 +159,7 @@ def test_every_role_held_to_its_format_on_the_real_tiny_model(tiny_server):
                 *[client.chat("t", messages, **fields) for messages, fields, _ in asks.values()]
             )
 
-    answers = dict(zip(asks, asyncio.run(ask_all())))
+    answers = dict(zip(asks, asyncio.run(ask_all()), strict=True))
     for role, answer in answers.items():
         assert answer.finish_reason == "stop", (role, answer.content)
         asks[role][2](answer.content)  # raises ParseError if it does not parse

@@ -602,7 +602,7 @@ def test_every_step_asks_for_its_shape_where_the_endpoint_enforces_it(tmp_path, 
         assert len(bodies) > 40  # persona, 8 factors, changed preference, 9 checklists, 13 requests, dialogues
         if structured:
             regexes = [b["structured_outputs"]["regex"] for b in bodies]
-            assert all(b["max_tokens"] >= schemas.width(r) for b, r in zip(bodies, regexes))
+            assert all(b["max_tokens"] >= schemas.width(r) for b, r in zip(bodies, regexes, strict=True))
             assert {r for r in regexes} >= {shaped("factor", cfg.max_tokens), shaped("judge", cfg.max_tokens)}
         else:
             assert not any("structured_outputs" in b for b in bodies)

@@ -313,7 +313,10 @@ def test_check_prints_the_agreement_it_writes_and_leaves_no_server(chain, monkey
     # the export of 4 steps on the random-weight base, unconstrained: its noise is never the matcher's JSON
     assert (trained["n_examples"], trained["n_parsed"], trained["n_failed"]) == (4, 0, 4), trained["failures"]
     answers = [json.loads(line) for line in (out / "agreement_answers.jsonl").read_text().splitlines()]
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.3f}"
+
     for which in ("base", "adapter", "trained"):
         block = report[which]
         assert sum(a["error"] is None for a in answers if a["model"] == which) == block["n_parsed"]
@@ -634,9 +637,12 @@ def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_
     for name, recorded in before.items():
         cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
         lora, bnb = lora_config(cfg), bnb_config(cfg, torch.float32)
-        plain = lambda v: (
-            sorted(v) if isinstance(v, set) else str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
-        )
+
+        def plain(v):
+            return (
+                sorted(v) if isinstance(v, set) else str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+            )
+
         assert {k: plain(getattr(lora, k)) for k in recorded["LoraConfig"]} == recorded["LoraConfig"], name
         assert {k: plain(getattr(bnb, k)) for k in recorded["BitsAndBytesConfig"]} == recorded["BitsAndBytesConfig"], (
             name

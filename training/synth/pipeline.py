@@ -149,9 +149,9 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     )
     checklists: list[list[str]] = both[0]
     requests: dict[int, str] = both[1]
-    for factor, items in zip(factors, checklists):
+    *factor_checklists, changed_checklist = checklists  # the last is the changed preference's
+    for factor, items in zip(factors, factor_checklists, strict=True):
         factor.checklist = items
-    changed_checklist = checklists[-1]
 
     def preference_of(role: str, factor_index: int) -> tuple[str | None, list[str]]:
         if role == "final":
@@ -174,7 +174,7 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
             for s in prior
         )
     )
-    by_position = {s.position: d for s, d in zip(prior, dialogues)}
+    by_position = {s.position: d for s, d in zip(prior, dialogues, strict=True)}
     sessions = []
     for s in slots:
         preference, items = preference_of(s.role, s.factor_index)
