@@ -28,12 +28,16 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.fleet import Plan, gpu_memory
-from cupid.serving.servers import VLLM_INSTALL, Profile, lifecycle, profiles, vllm_args, vllm_build
+from cupid.serving.fleet import gpu_memory
+from cupid.serving.fleet.gpu_memory import Plan
+from cupid.serving.servers import lifecycle, profiles, vllm_args
+from cupid.serving.servers.engines import VLLM_INSTALL, vllm_build
+from cupid.serving.servers.profiles import Profile
 
 EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, http_get, read_yaml, validate
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.tls import http_get
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"

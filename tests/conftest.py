@@ -34,8 +34,9 @@ import pytest
 import yaml
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.serving.servers import free_port, lifecycle, probes, profiles, state, tiny_model, vllm_args, watchdog
-from cupid.serving.servers import start as start_instant
+from cupid.serving.servers import lifecycle, probes, profiles, state, tiny_model, vllm_args, watchdog
+from cupid.serving.servers.instant import start as start_instant
+from cupid.serving.servers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_NAME = "tiny-random-llama"  # the session server's served name

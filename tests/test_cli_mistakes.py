@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import RunConfig, run
+from cupid.eval.benchmark.runner import RunConfig, run
 from tests.conftest import REPO, heeds_ctrl_c, running_instant, write_endpoints
 
 USAGE = 2
@@ -244,8 +244,9 @@ def test_a_profile_name_resolves_to_the_server_that_runs_under_it(world, tmp_pat
     sends to the server that runs, and says which it used (the file's port is held by something else)."""
     from urllib.parse import urlparse
 
-    from cupid.serving.servers import Profile, state
-    from cupid.serving.servers import start as start_instant
+    from cupid.serving.servers import state
+    from cupid.serving.servers.instant import start as start_instant
+    from cupid.serving.servers.profiles import Profile
 
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
     proc, url = start_instant()

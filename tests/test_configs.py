@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from cupid.common import read_yaml, validate
-from cupid.eval.benchmark import RunConfig
-from cupid.serving import load_endpoints
+from cupid.common.config import read_yaml, validate
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.serving.registry import load_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 

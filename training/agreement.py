@@ -31,12 +31,18 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.common import ConfigError, ServeError, http_get
-from cupid.eval.results import LABELS, Labelled, agree, canonical_label
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.common.tls import http_get
+from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
-from cupid.serving import Client, Endpoint, RequestFailed, bearer
-from cupid.serving.fleet import Placed, RunServers
-from cupid.serving.servers import Profile, get_engine, state
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.endpoint import Endpoint, bearer
+from cupid.serving.fleet.placement import Placed
+from cupid.serving.fleet.run_servers import RunServers
+from cupid.serving.servers import state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
 from cupid.training.config import TrainConfig
 from cupid.training.export import adapter_dir, export_dir
 from cupid.training.matchdata import MatchExample, data_dir, read_examples

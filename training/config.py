@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.common import ConfigError, read_yaml, validate
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import Endpoint
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.endpoint import Endpoint
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
 
@@ -278,7 +278,8 @@ class Agreement(_Section):
         default."""
         from pydantic import ValidationError
 
-        from cupid.serving.servers import Profile, free_port
+        from cupid.serving.servers.ports import free_port
+        from cupid.serving.servers.profiles import Profile
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
         if adapters:

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
 from cupid.training.config import TrainConfig
 from cupid.training.matchdata import data_dir, read_examples
 from cupid.training.sft import load_base, resolve_base
@@ -75,7 +75,7 @@ def end_of_turn_token(tokenizer) -> str:
 
 def _lora_rank(cfg: TrainConfig) -> int:
     """--max-lora-rank for serving the adapter: the check's, or the smallest rank vLLM accepts that fits."""
-    from cupid.serving.servers import lora_rank_for
+    from cupid.serving.servers.vllm_args import lora_rank_for
 
     if cfg.agreement.max_lora_rank >= cfg.lora.r:
         return cfg.agreement.max_lora_rank

@@ -24,14 +24,19 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.common import ConfigError, read_yaml, validate
-from cupid.eval.benchmark import INFERENCE, TASKS, Interval, RunConfig, RunDir, TaskName, UnitRecord
+from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark import run as run_eval
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.eval.integrations.reward import Judges, format_reward, reward, reward_dataset, value
-from cupid.serving import require_reachable
-from cupid.serving.fleet import ServedModel
-from cupid.serving.servers import lora_rank_for, profiles
+from cupid.serving.fleet.servers import ServedModel
+from cupid.serving.registry import require_reachable
+from cupid.serving.servers import profiles
+from cupid.serving.servers.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
 from cupid.training.grpo_memory import MemoryPlan
 

@@ -26,12 +26,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from rich.console import Console
 
-from cupid.common import ConfigError, http_get
-from cupid.eval.benchmark import INFERENCE, RunConfig, RunDir, UnitRecord, matcher_dialect
+from cupid.common.config import ConfigError
+from cupid.common.tls import http_get
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark import run as run_eval
-from cupid.matcher import LABELS, prompts
-from cupid.serving import cache_path, load_endpoints, require
+from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.matcher import prompts
+from cupid.matcher.prompts import LABELS
+from cupid.serving.cache import cache_path
+from cupid.serving.registry import load_endpoints, require
 from cupid.training.config import Labelling, TrainConfig, is_test_split
 
 Direction = Literal["infer_to_gt", "gt_to_infer"]
@@ -251,7 +258,7 @@ def _endpoints_file(syn: Labelling, work: Path) -> Iterator[Path]:
     proc = None
     try:
         if syn.instant_server:
-            from cupid.serving.servers import start
+            from cupid.serving.servers.instant import start
 
             proc, url = start()
             entries["instant"] = {"base_url": url, "model": "instant", "max_retries": 0, "timeout_s": 60}

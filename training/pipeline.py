@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 from rich.console import Console
 
-from cupid.serving import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.training import agreement, export, matchdata, sft
 from cupid.training.agreement import AgreementReport
 from cupid.training.config import TrainConfig

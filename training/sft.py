@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
 from cupid.training import trl_args
 from cupid.training.config import TrainConfig, chain_sft_args
 from cupid.training.matchdata import data_dir, read_examples

@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import SETTINGS, RecordError
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare, print_comparison
 
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.common import ConfigError
-from cupid.eval.results import LABELS, agree, correlate, f1_table, labels_from, read_table
+from cupid.common.config import ConfigError
+from cupid.eval.results.meta import LABELS, agree, correlate, f1_table, labels_from, read_table
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Meta-evaluation: matcher agreement and model-wise correlation."

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from cupid.common import ConfigError
-from cupid.eval.results import build
+from cupid.common.config import ConfigError
+from cupid.eval.results.report import build
 
 RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl)")
 

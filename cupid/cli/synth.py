@@ -7,8 +7,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from cupid.common import ConfigError, read_yaml, validate
-from cupid.training.synth import SynthConfig, run
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.training.synth.config import SynthConfig
+from cupid.training.synth.pipeline import run
 
 DEFAULT_CONFIG = "configs/synth/tiny.yaml"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RecordError
-from cupid.eval.results import log, read, require
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.results.track import log, read, require
 
 PathsArgument = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)")
 

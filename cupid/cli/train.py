@@ -16,10 +16,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.common import ConfigError, ServeError
-from cupid.eval.benchmark import DataError, local_path
-from cupid.serving import Endpoint
-from cupid.training import AgreementReport, LabellingError, LabelReport, SftReport, agreement, config, pipeline
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.eval.benchmark.data import DataError, local_path
+from cupid.serving.endpoint import Endpoint
+from cupid.training import agreement, config, pipeline
+from cupid.training.agreement import AgreementReport
+from cupid.training.matchdata import LabellingError, LabelReport
+from cupid.training.sft import SftReport
 
 app = typer.Typer(
     no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement."
@@ -82,7 +86,7 @@ def _print_labelling(report: LabelReport | None) -> None:
 
 
 def agreement_labels() -> tuple[str, ...]:
-    from cupid.matcher import LABELS
+    from cupid.matcher.prompts import LABELS
 
     return LABELS
 
@@ -242,7 +246,7 @@ def grpo(
 ) -> None:
     """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter
     beside the base."""
-    from cupid.eval.results import require as require_tracker
+    from cupid.eval.results.track import require as require_tracker
     from cupid.training import grpo as grpo_run
 
     cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))

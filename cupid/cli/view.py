@@ -10,10 +10,10 @@ from pathlib import Path
 import typer
 
 from cupid.cli.errors import EXIT_USAGE
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RecordError
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import RecordError
 from cupid.eval.results.view import build, default_out
-from cupid.serving.servers import taken
+from cupid.serving.servers.ports import taken
 
 
 def serve(page: Path, port: int) -> None:

@@ -11,8 +11,11 @@ from typing import Any
 from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.records import DIRECTIONS, Scoring
 from cupid.eval.benchmark.stages import ask, constraint, parsed, stage_by_stage
-from cupid.matcher import MatchCounts, MatcherDialect, parse, prompts, schemas
-from cupid.serving import Client, Endpoint
+from cupid.matcher import parse, prompts, schemas
+from cupid.matcher.prompts import MatcherDialect
+from cupid.matcher.scores import MatchCounts
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
 
 
 def matcher_dialect(endpoint: Endpoint) -> MatcherDialect:

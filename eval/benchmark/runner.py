@@ -19,7 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.common import ConfigError, DiskFull, blocking, disk_full, hold, quiet, verbose
+from cupid.common.aio import blocking
+from cupid.common.config import ConfigError
+from cupid.common.files import DiskFull, disk_full, hold
+from cupid.common.verbosity import quiet, verbose
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.figures import Table
 from cupid.eval.benchmark.history import History
@@ -31,10 +34,15 @@ from cupid.eval.benchmark.stages import Roles
 from cupid.eval.benchmark.summary import Requests, Summary, markdown, summarize, tables
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import Client, Endpoint, lookup, missing_keys, open_cache, open_client, renamed_no_cache
-from cupid.serving.fleet import RunServers, ServedModel, plan_servers, profile_fingerprints
-from cupid.serving.servers import live_endpoints
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import open_cache, renamed_no_cache
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
+from cupid.serving.fleet.servers import ServedModel
+from cupid.serving.offline import open_client
+from cupid.serving.registry import lookup, missing_keys
+from cupid.serving.servers.lifecycle import live_endpoints
 
 Tracker = Literal[
     "mlflow", "wandb"

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from pydantic import BaseModel
 
-from cupid.matcher import MatchCounts
+from cupid.matcher.scores import MatchCounts
 
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95

@@ -31,23 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, PerLoop, blocking
-from cupid.eval.benchmark import (
-    INFERENCE,
-    SETTING_SPECS,
-    TASKS,
-    History,
-    Judging,
-    Scoring,
-    StageFailed,
-    TaskName,
-    open_judges,
-    plain_log,
-)
+from cupid.common.aio import PerLoop, blocking
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
-from cupid.matcher import PREFERENCE_HEADER, parse
-from cupid.serving import DEFAULT_FILE, Client, Endpoint, EndpointLike, open_cache, per_loop, resolve
-from cupid.serving.servers import live_endpoints
+from cupid.eval.benchmark.history import History, plain_log
+from cupid.eval.benchmark.judges import Judging, open_judges
+from cupid.eval.benchmark.records import Scoring
+from cupid.eval.benchmark.settings import SETTING_SPECS
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
+from cupid.matcher import parse
+from cupid.matcher.parse import PREFERENCE_HEADER
+from cupid.serving.cache import open_cache
+from cupid.serving.client import Client, per_loop
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.servers.lifecycle import live_endpoints
 
 REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
 MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words

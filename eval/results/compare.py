@@ -41,24 +41,14 @@ from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
-from cupid.eval.benchmark import (
-    CONFIDENCE,
-    GATE_CONFIDENCE,
-    GATE_PERSONAS,
-    INSTANCE_TYPES,
-    MIN_PERSONAS,
-    SETTINGS,
-    TASKS,
-    Difference,
-    Run,
-    RunDir,
-    TaskSpec,
-    UnitRecord,
-    cell_name,
-    figure_name,
-    holm,
-    stats,
-)
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.grid import cell_name, figure_name
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.benchmark.stats import CONFIDENCE, GATE_CONFIDENCE, GATE_PERSONAS, MIN_PERSONAS, Difference, holm
+from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 from cupid.eval.results.view import default_out
 
 HEADLINE_SETTING = "standard"

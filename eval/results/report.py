@@ -19,8 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import GENERATION, INFERENCE, TASKS, Interval, Run, RunDir, TaskSpec, failure_counts, groups
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.grid import groups
+from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import failure_counts
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.eval.results.view import link_report
 
 FIGURE_SETTING = "standard"
@@ -401,7 +405,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
     import jinja2
 
-    from cupid.eval.benchmark import MIN_PERSONAS, N_RESAMPLES
+    from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES
 
     run_dirs = [str(p) for p in run_dirs]
     runs = [load_run(p) for p in run_dirs]

@@ -26,9 +26,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import SETTINGS, TASKS, Run, RunDir, RunIdentity, Summary, UnitRecord
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import Run, RunDir, RunIdentity
+from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.benchmark.summary import Summary
+from cupid.eval.benchmark.tasks import TASKS
 
 TASKS_ORDER = tuple(TASKS)
 RECENT_S = 120  # a run whose records changed this recently is "in progress"; older, it stopped before the end

@@ -1,22 +1,3 @@
-"""Workflows over the rooms they join: a night (`nightly`: the fleet's servers, a run per candidate, the comparison
+"""Workflows over the packages they join: a night (`nightly`: the fleet's servers, a run per candidate, the comparison
 with the last night and the leaderboard) and a logged run (`logged_run`: a run, then its tracker). Above benchmark,
 results and the fleet; nothing below imports them."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from cupid.common.faces import lazy
-
-# What the rest of the package uses of this room, by the module that defines it (imported on first use)
-EXPORTS = {
-    "arun_and_log": "cupid.eval.workflows.logged_run",
-    "run_and_log": "cupid.eval.workflows.logged_run",
-    "run_nightly": "cupid.eval.workflows.nightly",
-}
-__all__ = ["arun_and_log", "run_and_log", "run_nightly"]
-__getattr__, __dir__ = lazy(__name__, EXPORTS)
-
-if TYPE_CHECKING:
-    from cupid.eval.workflows.logged_run import arun_and_log, run_and_log
-    from cupid.eval.workflows.nightly import run_nightly

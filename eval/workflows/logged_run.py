@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from cupid.common import blocking
-from cupid.eval.benchmark import RunConfig, RunResult, arun
+from cupid.common.aio import blocking
+from cupid.eval.benchmark.runner import RunConfig, RunResult, arun
 from cupid.eval.results import track
 
 

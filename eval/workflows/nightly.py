@@ -34,36 +34,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 from rich.markup import escape
 
-from cupid.common import ConfigError, ServeError, describe, failure_line, hold, load_model
-from cupid.eval.benchmark import (
-    SETTINGS,
-    TASKS,
-    Interval,
-    RunConfig,
-    RunDir,
-    Tracker,
-    UnitRecord,
-    cells,
-    failure_counts,
-    figure_name,
-)
-from cupid.eval.benchmark import run as run_eval
-from cupid.eval.results import (
-    HEADLINE_SETTING,
-    Comparison,
-    Entry,
-    Leaderboard,
-    Row,
-    assemble,
-    compare_runs,
-    holm_family,
-    run_dir_of,
-    write_leaderboard,
-)
-from cupid.eval.results import require as require_tracker
+from cupid.common.config import ConfigError, describe, load_model
+from cupid.common.errors import ServeError, failure_line
+from cupid.common.files import hold
+from cupid.eval.benchmark.grid import cells, figure_name
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, Tracker
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import failure_counts
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import track as tracking
-from cupid.serving import open_cache
-from cupid.serving.fleet import Gpu, RunServers, ServedModel, plan_servers
+from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
+from cupid.eval.results.leaderboard import Entry, Leaderboard, assemble, run_dir_of, write_leaderboard
+from cupid.eval.results.track import require as require_tracker
+from cupid.serving.cache import open_cache
+from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.run_servers import RunServers, plan_servers
+from cupid.serving.fleet.servers import ServedModel
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -491,7 +481,7 @@ def _run_night(
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)
     if cfg.report:
-        from cupid.eval.results import build
+        from cupid.eval.results.report import build
 
         ran = [c.out for c in configs.values() if c.out and RunDir(c.out).has_records]
         if ran:

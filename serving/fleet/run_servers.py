@@ -13,14 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.serving.client import ManagedServer
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet import gpu_memory
 from cupid.serving.fleet.gpu_memory import Gpu
 from cupid.serving.fleet.placement import Placed, place
 from cupid.serving.fleet.servers import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
-from cupid.serving.servers import Profile, profiles
+from cupid.serving.servers import profiles
+from cupid.serving.servers.profiles import Profile
 
 
 @dataclass

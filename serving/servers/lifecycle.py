@@ -15,12 +15,13 @@ import threading
 import time
 from typing import Any
 
-from cupid.common import ServeError
+from cupid.common.errors import ServeError
+from cupid.common.processes import alive
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import watchdog
 from cupid.serving.servers.engines import get_engine
 from cupid.serving.servers.ports import port_free, taken
-from cupid.serving.servers.probes import alive, group_alive, healthy, ready
+from cupid.serving.servers.probes import group_alive, healthy, ready
 from cupid.serving.servers.profiles import Profile
 from cupid.serving.servers.server_log import startup_failure
 from cupid.serving.servers.state import ServerRecord, ServerStatus, find, record_path, records, server_dir

@@ -25,7 +25,8 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationInfo, model_validator
 
-from cupid.common import ConfigError, ServeError, locate, read_yaml, validate
+from cupid.common.config import ConfigError, locate, read_yaml, validate
+from cupid.common.errors import ServeError
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import Hint, how_to_start, local
 from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults

@@ -9,9 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import INFERENCE, RunConfig, UnitRecord, run
-from cupid.eval.results import EXIT_NO_VERDICT, EXIT_REGRESSION
-from cupid.matcher import MatchCounts, macro, micro
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
+from cupid.matcher.scores import MatchCounts, macro, micro
 from tests.conftest import sample_copies, write_endpoints
 
 
@@ -130,7 +132,7 @@ SOME = r"\(case sample-\d+-(0|1|2|3)\)"  # 4 copies of 4 personas: 16 of 108 ans
 
 
 def instant_with(*args):
-    from cupid.serving.servers import start as start_instant
+    from cupid.serving.servers.instant import start as start_instant
 
     return start_instant(*args)
 

@@ -4,7 +4,7 @@ drift."""
 import typer.main
 
 from cupid.cli import app
-from cupid.eval.benchmark import RunConfig
+from cupid.eval.benchmark.runner import RunConfig
 
 RUN = typer.main.get_command(app).commands["eval"].commands["run"]  # type: ignore[attr-defined]
 OPTIONS = {p.name: p for p in RUN.params}
@@ -31,7 +31,7 @@ def test_a_cache_is_spelled_one_way_and_the_old_no_cache_still_works_with_its_ne
     reward; the old `no_cache: true` still turns it off, with a warning naming `cache: null`."""
     import pytest
 
-    from cupid.serving import cache_path
+    from cupid.serving.cache import cache_path
 
     roles = {"candidate": "c", "decomposer": "d", "matcher": "m"}
     assert RunConfig(**roles).cache == "default" and cache_path("default").name == "cache.sqlite"

@@ -23,7 +23,7 @@ import json
 
 import pytest
 
-from cupid.eval.benchmark import RunConfig, run
+from cupid.eval.benchmark.runner import RunConfig, run
 from tests.conftest import write_endpoints
 
 INFERRED = [

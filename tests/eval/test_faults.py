@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import DiskFull, hold
-from cupid.eval.benchmark import RunConfig, RunDir, run
+from cupid.common.files import DiskFull, hold
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, run
 from tests.conftest import REPO, write_endpoints
 
 

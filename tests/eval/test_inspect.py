@@ -17,10 +17,16 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import INFERENCE, MIN_PERSONAS, RunConfig, RunDir, UnitRecord, build_tasks, load
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.data import load
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, build_tasks
+from cupid.eval.benchmark.stats import MIN_PERSONAS
+from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations import inspect_tasks
-from cupid.serving import Client, load_endpoints
+from cupid.serving.client import Client
+from cupid.serving.registry import load_endpoints
 from tests.conftest import write_endpoints
 
 if TYPE_CHECKING:

@@ -10,11 +10,14 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError
-from cupid.eval.benchmark import Interval, Requests
-from cupid.eval.results import Leaderboard, leaderboard
-from cupid.eval.workflows import nightly, run_nightly
-from cupid.serving.servers import start as start_instant
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import Requests
+from cupid.eval.results import leaderboard
+from cupid.eval.results.leaderboard import Leaderboard
+from cupid.eval.workflows import nightly
+from cupid.eval.workflows.nightly import run_nightly
+from cupid.serving.servers.instant import start as start_instant
 from tests.conftest import sample_copies, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
@@ -246,7 +249,7 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
 def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_night_with_its_reason(
     tmp_path, instant_url, cupid_home
 ):
-    from cupid.common import hold
+    from cupid.common.files import hold
 
     endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip

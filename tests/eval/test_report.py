@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import RunConfig, run
-from cupid.eval.results import build
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.results.report import build
 from tests.conftest import sample_copies, write_endpoints
 from tests.run_records import generation, inference, scoring, write_run
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
-from cupid.eval.benchmark import holm, intervals, mean_score, paired, prf, prf_row, stats
-from cupid.matcher import MatchCounts, macro, micro
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.stats import holm, intervals, mean_score, paired, prf, prf_row
+from cupid.matcher.scores import MatchCounts, macro, micro
 
 PERFECT = MatchCounts(2.0, 2, 3.0, 3)  # P = R = F1 = 1
 MISSED = MatchCounts(0.0, 2, 0.0, 3)  # P = R = F1 = 0
@@ -270,8 +271,9 @@ def scores(rng, n_personas, lower=0.0):
 
 def every_setting(rng, drop=0.0, lower=0.0):
     """The rows of one comparison of two whole runs (inference in 3 settings, generation in 4), adjusted."""
-    from cupid.eval.benchmark import GENERATION, INFERENCE, INSTANCE_TYPES
-    from cupid.eval.results import adjust, task_rows
+    from cupid.eval.benchmark.data import INSTANCE_TYPES
+    from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
+    from cupid.eval.results.compare import adjust, task_rows
 
     names = [f"p{i:03d}" for i in np.repeat(np.arange(N_PERSONAS), PER_PERSONA)]
     types = list(INSTANCE_TYPES) * N_PERSONAS

@@ -16,7 +16,10 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import GENERATION, INFERENCE, INSTANCE_TYPES, MIN_PERSONAS, UnitRecord
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.stats import MIN_PERSONAS
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
 from tests.conftest import REPO, sample_copies, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
@@ -201,7 +204,7 @@ def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_pat
 
 
 def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_url, mlflow_store, cupid_home):
-    from cupid.eval.workflows import run_nightly
+    from cupid.eval.workflows.nightly import run_nightly
 
     mlflow = mlflow_store
     endpoints = write_endpoints(
@@ -271,9 +274,10 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
 
 
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
-    from cupid.eval.benchmark import Summary
-    from cupid.eval.results import of_run
-    from cupid.serving.fleet import ServedModel, profile_fingerprints
+    from cupid.eval.benchmark.summary import Summary
+    from cupid.eval.results.track import of_run
+    from cupid.serving.fleet.run_servers import profile_fingerprints
+    from cupid.serving.fleet.servers import ServedModel
 
     model = tmp_path / "model"
     model.mkdir()

@@ -8,12 +8,15 @@ import re
 
 import pytest
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RunConfig, constraint, run
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.stages import constraint
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import Client, Endpoint, load_endpoints
-from cupid.training import completion_text
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import load_endpoints
+from cupid.training.matchdata import completion_text
 from tests.conftest import REPO, write_endpoints
 
 ITEMS = ["Is the plan short?", 'Does it say "hi"?', "Is the tone polite, même en français?"]

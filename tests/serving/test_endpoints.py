@@ -1,7 +1,7 @@
 import pytest
 
-from cupid.common import ConfigError
-from cupid.serving import load_endpoints, missing_keys
+from cupid.common.config import ConfigError
+from cupid.serving.registry import load_endpoints, missing_keys
 from tests.conftest import REPO, write_endpoints
 
 

@@ -13,18 +13,14 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError, ServeError
-from cupid.serving.fleet import Gpu, Plan, parse_nvidia_smi
-from cupid.serving.servers import (
-    Profile,
-    ServerRecord,
-    engine_env,
-    get_engine,
-    llm_kwargs,
-    profiles,
-    state,
-    vllm_defaults,
-)
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.serving.fleet.gpu_memory import Gpu, Plan, parse_nvidia_smi
+from cupid.serving.servers import profiles, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.state import ServerRecord
+from cupid.serving.servers.vllm_args import engine_env, llm_kwargs, vllm_defaults
 from tests.conftest import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
@@ -598,7 +594,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
 
 def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
-    from cupid.serving.servers import Engine, free_port, lifecycle, state
+    from cupid.serving.servers import lifecycle, state
+    from cupid.serving.servers.engines import Engine
+    from cupid.serving.servers.ports import free_port
 
     class Sleeper(Engine):
         name = "sleeper"

@@ -18,10 +18,15 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.matcher import schemas
-from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
-from cupid.serving.servers import Profile, lifecycle, ports, server_log, state, watchdog
+from cupid.serving import offline
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers import lifecycle, ports, server_log, state, watchdog
+from cupid.serving.servers.profiles import Profile
 from tests.conftest import (
     RANDOM_KV_GIB,
     RANDOM_RESERVED_CORES,

@@ -23,7 +23,7 @@ import httpx
 import psutil
 import yaml
 
-from cupid.serving import Client
+from cupid.serving.client import Client
 from cupid.serving.servers import lifecycle
 from tests.conftest import REPO, free_port, running_in_group
 

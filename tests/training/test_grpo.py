@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark import data as cupid_data
-from cupid.matcher import PREFERENCE_HEADER
+from cupid.matcher.parse import PREFERENCE_HEADER
 from tests.conftest import REPO, tiny_lora_rank, write_endpoints
 
 
@@ -201,7 +201,7 @@ def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):
 
 
 def test_a_run_that_learnt_nothing_says_why():
-    from cupid.training import learnt
+    from cupid.training.grpo import learnt
 
     alike = [{"frac_reward_zero_std": 1.0, "loss": 0.0}, {"frac_reward_zero_std": 1.0}]
     assert "every group's rewards were all alike" in learnt(alike, changed=4)
@@ -267,8 +267,9 @@ def test_the_policys_training_memory_is_computed_from_the_recipe_and_matches_the
     """The estimate from the 7B shape, LoRA r 16, 8 sequences of the sample's ~1.4k tokens (384 of them the
     completion) and checkpointing is within 10% above the 25.3 GiB an H100 measured (scripts/gpu_train_check.py); it
     grows with what it is computed from, and a policy of unknown shape is refused with the way out."""
-    from cupid.common import ConfigError
-    from cupid.training import QWEN_7B, grpo_memory, policy_estimate
+    from cupid.common.config import ConfigError
+    from cupid.training import grpo_memory
+    from cupid.training.grpo_memory import QWEN_7B, policy_estimate
 
     measured = policy_estimate(QWEN_7B, lora_r=16, batch=8, prompt_tokens=1400 - 384, completion_tokens=384,
                                checkpointing=True).gib  # fmt: skip

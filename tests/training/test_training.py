@@ -37,14 +37,18 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cupid.cli import app as cupid_app
-from cupid.common import ConfigError, ServeError
-from cupid.eval.benchmark import DataError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import DataError
 from cupid.matcher import parse, prompts
-from cupid.serving import Endpoint
-from cupid.serving.servers import free_port, get_engine, probes, state
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers import probes, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.ports import free_port
 from cupid.serving.servers.vllm_args import engine_env, vllm_args
-from cupid.training import LabellingError, agreement, config, export, matchdata, pipeline, sft
+from cupid.training import agreement, config, export, matchdata, pipeline, sft
+from cupid.training.matchdata import LabellingError
 from tests.conftest import REPO, TINY_NAME, running_in_group, write_endpoints
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
@@ -529,7 +533,7 @@ def _write_config(path: Path, **sections) -> Path:
 def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one(tmp_path):
     """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it; an unknown name or a
     value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with TRL's message."""
-    from cupid.training import sft_config
+    from cupid.training.sft import sft_config
 
     extra = {
         "neftune_noise_alpha": 5,
@@ -605,7 +609,7 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
 def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_trl_arguments():
     """What each shipped config gave SFTConfig when `sft:` was a copy of its fields (recorded then in
     tests/data/sft_args_before_trl_passthrough.json), it gives now as TRL's own arguments."""
-    from cupid.training import sft_config
+    from cupid.training.sft import sft_config
 
     before = json.loads((REPO / "tests" / "data" / "sft_args_before_trl_passthrough.json").read_text())
     # 10 steps of 1 taught the format as 10 of 2 did, at half the cost; 4 of 1 at 6e-3 teach it as 10 of 1 at 2e-3
@@ -631,7 +635,7 @@ def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_
     bitsandbytes' names."""
     import torch
 
-    from cupid.training import bnb_config, lora_config
+    from cupid.training.sft import bnb_config, lora_config
 
     before = json.loads((REPO / "tests" / "data" / "lora_bnb_args_before_passthrough.json").read_text())
     for name, recorded in before.items():
@@ -650,7 +654,7 @@ def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_
 
 
 def test_lora_and_quantization_are_checked_by_peft_and_against_bitsandbytes_signature(tmp_path):
-    from cupid.training import bnb_config, check, lora_config
+    from cupid.training.sft import bnb_config, check, lora_config
 
     old = config.load(_write_config(tmp_path / "old.yaml", lora={"alpha": 16}))  # the project's old name: peft's now
     with pytest.raises(ConfigError, match=r"old\.yaml: lora: peft's LoraConfig refuses it: .*'alpha'"):

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import renamed_no_cache
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import renamed_no_cache
 
 Role = Literal["generator", "user_simulator", "assistant_simulator"]
 

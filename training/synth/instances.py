@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from cupid.eval.benchmark import INSTANCE_TYPES, Dataset, validate_rows
-from cupid.training.synth.dialogue import Message, Turn
+from cupid.eval.benchmark.data import INSTANCE_TYPES, Dataset, Message, validate_rows
+from cupid.training.synth.dialogue import Turn
 from cupid.training.synth.factors import PAIR, Factor, Slot, draw_slots
 from cupid.training.synth.personas import Template
 from cupid.training.synth.sessions import FINAL, Positions, draw_positions

@@ -25,11 +25,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.common import ConfigError, quiet, write_atomic
-from cupid.eval.benchmark import OutputDir, Requests
+from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
+from cupid.common.verbosity import quiet
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.rundir import OutputDir
+from cupid.eval.benchmark.summary import Requests
 from cupid.matcher import prompts
-from cupid.serving import Client, load_endpoints, missing_keys, open_cache, require
+from cupid.serving.cache import open_cache
+from cupid.serving.client import Client
+from cupid.serving.registry import load_endpoints, missing_keys, require
 from cupid.training.synth import tables
 from cupid.training.synth.ask import Asker, StepFailed, all_of
 from cupid.training.synth.config import Role, SynthConfig
