@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from cupid.eval.results.compare import Comparison, compare
     from cupid.matcher.parse import MatchItem
     from cupid.serving.endpoint import Endpoint
-    from cupid.serving.fleet.servers import ServedModel
+    from cupid.serving.fleet.on_demand import ServedModel
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ from cupid.matcher.parse import MatchItem  # noqa: F401 (the API)
 from cupid.serving.cache import cache_path
 from cupid.serving.client import per_loop
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.fleet.servers import ServedModel
+from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
 from cupid.serving.servers.lifecycle import live_endpoints
 

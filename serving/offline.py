@@ -39,7 +39,6 @@ from cupid.serving.servers import lifecycle, profiles, vllm_args
 from cupid.serving.servers.engines import VLLM_INSTALL, vllm_build
 from cupid.serving.servers.profiles import Profile
 
-EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 # What an offline answer does not carry (log-probabilities, more than one choice), or what the chat API gives in
@@ -364,7 +363,7 @@ class OfflineClient(Client):
         await super().aclose()
 
 
-def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
+def vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
     """Which profile answers each model name; refuses up front a set of models that cannot share the GPU."""
     build = vllm_build()
     if build is None:
@@ -395,7 +394,7 @@ def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[s
     return load
 
 
-def _transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
+def transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
     served = {p.served: p for p in profiles.load_all(directory).values()} if directory.is_dir() else {}
 
     def load(model: str) -> tuple[str, Callable[[], Backend]]:
@@ -408,29 +407,3 @@ def _transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable
         return path, lambda: TransformersBackend(path)
 
     return load
-
-
-def open_client(
-    executor: str,
-    endpoints: dict[str, Endpoint],
-    cache: Cache | None = None,
-    refresh: bool = False,
-    concurrency: int | None = None,
-    profiles_dir: str | Path = profiles.DEFAULT_DIR,
-    servers: dict | None = None,
-    roles: dict[str, str] | None = None,
-) -> Client:
-    """The client for an executor: `http` (servers), `vllm-offline` (in-process vLLM, GPU) or
-    `transformers-offline` (in-process transformers, CPU). Raises ConfigError when it cannot run here."""
-    if executor == "http":
-        return Client(
-            endpoints, cache, refresh=refresh, concurrency=concurrency, servers=servers, roles=roles,
-            down_hint=profiles.start_hint(profiles_dir),
-        )  # fmt: skip
-    if executor == "vllm-offline":
-        loader = _vllm_loader(endpoints, Path(profiles_dir))
-    elif executor == "transformers-offline":
-        loader = _transformers_loader(Path(profiles_dir))
-    else:
-        raise ConfigError(f"unknown executor {executor!r} (known: {', '.join(EXECUTORS)})")
-    return OfflineClient(endpoints, cache, refresh=refresh, concurrency=concurrency, loader=loader)

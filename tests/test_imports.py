@@ -131,7 +131,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the client side of serving: it never imports the servers this project starts (below: its own test)
     ("cupid.serving.endpoint", "cupid.serving.cache", "cupid.serving.registry", "cupid.serving.client"),
     ("cupid.serving.servers",),  # the servers this project starts
-    ("cupid.serving.offline", "cupid.serving.fleet"),  # an engine in this process; the servers a run brings
+    ("cupid.serving.offline", "cupid.serving.executors", "cupid.serving.fleet"),  # engine, run client, servers
     ("cupid.eval.benchmark",),  # tasks, the runner, a run's files and figures
     ("cupid.eval.results", "cupid.eval.integrations"),  # what is read from finished runs; inspect-ai, TRL's reward
     ("cupid.eval.workflows",),  # a night, a logged run: above the packages they join

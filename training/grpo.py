@@ -33,7 +33,7 @@ from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.eval.integrations.reward import Judges, format_reward, reward, reward_dataset, value
-from cupid.serving.fleet.servers import ServedModel
+from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.registry import require_reachable
 from cupid.serving.servers import profiles
 from cupid.serving.servers.vllm_args import lora_rank_for

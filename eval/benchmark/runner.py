@@ -38,9 +38,9 @@ from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import open_cache, renamed_no_cache
 from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint
+from cupid.serving.executors import open_client
+from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
-from cupid.serving.fleet.servers import ServedModel
-from cupid.serving.offline import open_client
 from cupid.serving.registry import lookup, missing_keys
 from cupid.serving.servers.lifecycle import live_endpoints
 

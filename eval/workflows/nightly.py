@@ -52,8 +52,8 @@ from cupid.eval.results.leaderboard import Entry, Leaderboard, assemble, run_dir
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
-from cupid.serving.fleet.servers import ServedModel
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 

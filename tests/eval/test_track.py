@@ -276,8 +276,8 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
     from cupid.eval.benchmark.summary import Summary
     from cupid.eval.results.track import of_run
+    from cupid.serving.fleet.on_demand import ServedModel
     from cupid.serving.fleet.run_servers import profile_fingerprints
-    from cupid.serving.fleet.servers import ServedModel
 
     model = tmp_path / "model"
     model.mkdir()

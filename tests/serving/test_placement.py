@@ -14,9 +14,9 @@ from cupid.cli import app
 from cupid.common.config import ConfigError
 from cupid.common.errors import ServeError
 from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.on_demand import ServedModel, fingerprint
 from cupid.serving.fleet.placement import SHARED_CEILING
 from cupid.serving.fleet.run_servers import judge_profiles, plan_servers
-from cupid.serving.fleet.servers import ServedModel, fingerprint
 from cupid.serving.servers.vllm_args import engine_env, vllm_args, vllm_defaults
 from tests.conftest import REPO
 

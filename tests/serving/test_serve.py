@@ -21,7 +21,7 @@ from cupid.cli import app
 from cupid.common.config import ConfigError
 from cupid.common.errors import ServeError
 from cupid.matcher import schemas
-from cupid.serving import offline
+from cupid.serving import executors, offline
 from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.endpoint import Endpoint
@@ -327,11 +327,11 @@ def test_cpu_environment_imports_transformers_cleanly_beside_vllms_cpu_build():
 def test_offline_executor_names(tmp_path):
     endpoints = {"prefmatcher": Endpoint(base_url="http://localhost:8000/v1", model="kixlab/prefmatcher-7b")}
     with pytest.raises(ConfigError, match="unknown executor 'vllm'.*http, vllm-offline, transformers-offline"):
-        offline.open_client("vllm", endpoints)
+        executors.open_client("vllm", endpoints)
     with pytest.raises(
         ConfigError, match="profile 'prefmatcher' runs on cuda, but this environment has vLLM's cpu build"
     ):
-        offline.open_client("vllm-offline", endpoints)
+        executors.open_client("vllm-offline", endpoints)
 
 
 def test_request_fields_map_to_sampling_params_or_fail_clearly():
@@ -429,7 +429,7 @@ def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, rando
     structured = schemas.matcher("prefmatcher", ["a?", "b?"])
 
     async def offline_run():
-        client = offline.open_client("transformers-offline", endpoints, cache, profiles_dir=profiles_dir)
+        client = executors.open_client("transformers-offline", endpoints, cache, profiles_dir=profiles_dir)
         try:
             jobs = [client.chat("tiny", q) for q in questions + questions[:2]]
             jobs.append(client.chat("tiny", questions[0], **structured))
