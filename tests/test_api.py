@@ -20,7 +20,7 @@ from cupid.eval.benchmark.summary import Requests
 from cupid.matcher.parse import MatchItem
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import lora
-from tests.conftest import REPO, tiny_lora_rank, write_endpoints
+from tests.helpers import REPO, tiny_lora_rank, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
 

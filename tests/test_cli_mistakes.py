@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark.runner import RunConfig, run
-from tests.conftest import REPO, heeds_ctrl_c, running_instant, write_endpoints
+from tests.helpers import REPO, heeds_ctrl_c, running_instant, write_endpoints
 
 USAGE = 2
 

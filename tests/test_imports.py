@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 Graph = dict[str, set[str]]  # module -> the package's modules it imports
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, sample_copies, write_endpoints
+from tests.helpers import REPO, sample_copies, write_endpoints
 
 MARKER = re.compile(r"^\*Not run by tests/test_readme\.py: (?P<why>.+)\.\*$")
 REASONS = (

@@ -36,7 +36,8 @@ HEADLESS_SETTLE_S = 5.0
 TIE_ENV = "CUPID_TIE_SERVERS"
 
 # Counted work: where this variable names a file, every vLLM engine start (a server, or an offline engine in
-# this process) appends a line to it, so a test run can say how many it paid for (tests/conftest.py prints them).
+# this process) appends a line to it, so a test run can say how many it paid for (tests/plugins/session_server.py
+# prints them).
 STARTS_ENV = "CUPID_VLLM_STARTS"
 
 

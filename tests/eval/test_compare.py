@@ -14,7 +14,7 @@ from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
 from cupid.matcher.scores import MatchCounts, macro, micro
-from tests.conftest import sample_copies, write_endpoints
+from tests.helpers import sample_copies, write_endpoints
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import json
 import pytest
 
 from cupid.eval.benchmark.runner import RunConfig, run
-from tests.conftest import write_endpoints
+from tests.helpers import write_endpoints
 
 INFERRED = [
     "Does the response satisfy: Updates should be brief?",

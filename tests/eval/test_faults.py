@@ -14,7 +14,7 @@ from cupid.cli import app
 from cupid.common.files import DiskFull, hold
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, run
-from tests.conftest import REPO, write_endpoints
+from tests.helpers import REPO, write_endpoints
 
 
 @pytest.fixture

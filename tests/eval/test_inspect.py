@@ -27,7 +27,7 @@ from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations import inspect_tasks
 from cupid.serving.client import Client
 from cupid.serving.registry import load_endpoints
-from tests.conftest import write_endpoints
+from tests.helpers import write_endpoints
 
 if TYPE_CHECKING:
     from inspect_ai.log import EvalLog  # imported where read: inspect_ai takes ~1 s to import

@@ -17,7 +17,7 @@ from cupid.eval.results.meta import (
     read_table,
     run_labels,
 )
-from tests.conftest import REPO
+from tests.helpers import REPO
 from tests.run_records import inference, scoring, write_run
 
 PAPER_TABLE = REPO / "tests" / "data" / "paper_table1_table11.csv"

@@ -18,7 +18,7 @@ from cupid.eval.results.leaderboard import Leaderboard
 from cupid.eval.workflows import nightly
 from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.servers.instant import start as start_instant
-from tests.conftest import sample_copies, write_endpoints
+from tests.helpers import sample_copies, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
 

@@ -12,7 +12,7 @@ from cupid.eval.benchmark.history import relevant_sessions
 from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.matcher import prompts
 from cupid.serving.servers.instant import start as start_instant
-from tests.conftest import TINY_NAME, write_endpoints
+from tests.helpers import TINY_NAME, write_endpoints
 
 SETTINGS = ["standard", "oracle", "oracle-preference", "summary"]
 

@@ -20,7 +20,7 @@ from cupid.eval.benchmark.data import INSTANCE_TYPES
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.stats import MIN_PERSONAS
 from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
-from tests.conftest import REPO, sample_copies, write_endpoints
+from tests.helpers import REPO, sample_copies, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
 EXPERIMENT = "cupid-tests"

@@ -19,7 +19,7 @@ from cupid.cli import app
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.results import report
 from cupid.eval.results.view import build
-from tests.conftest import REPO, write_endpoints
+from tests.helpers import REPO, write_endpoints
 from tests.run_records import inference, write_run
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -2,7 +2,7 @@ import pytest
 
 from cupid.common.config import ConfigError
 from cupid.serving.registry import load_endpoints, missing_keys
-from tests.conftest import REPO, write_endpoints
+from tests.helpers import REPO, write_endpoints
 
 
 def test_project_endpoints():

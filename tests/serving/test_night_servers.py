@@ -20,7 +20,7 @@ import yaml
 from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.servers import probes
 from cupid.serving.servers.ports import free_port
-from tests.conftest import RANDOM_SERVING, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
+from tests.helpers import RANDOM_SERVING, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from cupid.serving.fleet.on_demand import ServedModel, fingerprint
 from cupid.serving.fleet.placement import SHARED_CEILING
 from cupid.serving.fleet.run_servers import judge_profiles, plan_servers
 from cupid.serving.servers.vllm_args import engine_env, vllm_args, vllm_defaults
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
 JUDGES = {

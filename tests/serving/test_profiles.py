@@ -21,7 +21,7 @@ from cupid.serving.servers.engines import get_engine
 from cupid.serving.servers.profiles import Profile
 from cupid.serving.servers.state import ServerRecord
 from cupid.serving.servers.vllm_args import engine_env, llm_kwargs, vllm_defaults
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
 H100 = [Gpu(0, "NVIDIA H100 80GB HBM3", 81559, 0)]

@@ -26,14 +26,14 @@ from cupid.serving.cache import Cache
 from cupid.serving.client import Client, RequestFailed
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import lifecycle, ports, server_log, state, watchdog
+from cupid.serving.servers.ports import free_port
 from cupid.serving.servers.profiles import Profile
-from tests.conftest import (
+from tests.helpers import (
     RANDOM_KV_GIB,
     RANDOM_RESERVED_CORES,
     RANDOM_SERVING,
     REPO,
     TINY_NAME,
-    free_port,
     tiny_lora_rank,
 )
 

@@ -2,9 +2,9 @@
 the server outliving that command, `status`, `up` again, the live endpoint a run resolves, a request, `logs`, the GPU
 smoke script on the running server, then `down`, which stops the engine processes too.
 
-The suite ties every server it starts to its own process (CUPID_TIE_SERVERS=1, tests/conftest.py); this test starts
-one without that tie, and stops it in a `finally` (by its process group where `down` could not), so that none
-outlives the suite.
+The suite ties every server it starts to its own process (CUPID_TIE_SERVERS=1, tests/plugins/session_server.py);
+this test starts one without that tie, and stops it in a `finally` (by its process group where `down` could not), so
+that none outlives the suite.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import yaml
 
 from cupid.serving.client import Client
 from cupid.serving.servers import lifecycle
-from tests.conftest import REPO, free_port, running_in_group
+from cupid.serving.servers.ports import free_port
+from tests.helpers import REPO, running_in_group
 
 CUPID = [sys.executable, "-m", "cupid"]
 

@@ -13,7 +13,7 @@ import sys
 
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_train_check.py"
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from cupid.cli import app
 from cupid.eval.benchmark import data as cupid_data
 from cupid.matcher.parse import PREFERENCE_HEADER
-from tests.conftest import REPO, tiny_lora_rank, write_endpoints
+from tests.helpers import REPO, tiny_lora_rank, write_endpoints
 
 
 def short_sample(path):

@@ -38,7 +38,7 @@ from cupid.training.synth.personas import read_description, template
 from cupid.training.synth.personas import shape as persona_shape
 from cupid.training.synth.pipeline import SynthesisDir, persona_id, run
 from cupid.training.synth.sessions import FINAL, layout, request_shape
-from tests.conftest import write_endpoints
+from tests.helpers import write_endpoints
 
 REPO = Path(__file__).resolve().parents[2]
 ATTRS = tables.attributes()

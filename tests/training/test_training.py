@@ -49,7 +49,7 @@ from cupid.serving.servers.ports import free_port
 from cupid.serving.servers.vllm_args import engine_env, vllm_args
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
-from tests.conftest import REPO, TINY_NAME, running_in_group, write_endpoints
+from tests.helpers import REPO, TINY_NAME, running_in_group, write_endpoints
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
 
