@@ -98,7 +98,7 @@ def match_data(dest: Path, n_examples: int, tokenizer_dir: Path, max_length: int
 
     from cupid.eval.benchmark import data as cupid_data
     from cupid.matcher import prompts
-    from cupid.training.matchdata import completion_text, prompt_key
+    from cupid.training.examples import completion_text, prompt_key
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     rows, lengths = [], []

@@ -58,9 +58,9 @@ class Labelling(_Section):
 # checkpoints in the run directory, the precision `precision` picks, the loss on the answer only (the matcher's
 # completion), no packing (see sft._loss), no tracker inside the trainer and no evaluation in it (the chain measures the
 # loss itself). LoraConfig: a causal LM's adapter. BitsAndBytesConfig: the compute dtype `precision` picks.
-def chain_sft_args(out_dir: Path, precision: str) -> dict[str, Any]:
+def chain_sft_args(checkpoints: Path, precision: str) -> dict[str, Any]:
     return {
-        "output_dir": str(out_dir / "checkpoints"),
+        "output_dir": str(checkpoints),
         "bf16": precision == "bf16",
         "fp16": False,
         "completion_only_loss": True,

@@ -16,7 +16,7 @@ from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import load_endpoints
-from cupid.training.matchdata import completion_text
+from cupid.training.examples import completion_text
 from tests.helpers import REPO, write_endpoints
 
 ITEMS = ["Is the plan short?", 'Does it say "hi"?', "Is the tone polite, même en français?"]

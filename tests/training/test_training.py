@@ -49,6 +49,7 @@ from cupid.serving.servers.ports import free_port
 from cupid.serving.servers.vllm_args import engine_env, vllm_args
 from cupid.training import agreement, config, export, matchdata, pipeline, sft
 from cupid.training.matchdata import LabellingError
+from cupid.training.traindir import TrainDir
 from tests.helpers import REPO, TINY_NAME, running_in_group, write_endpoints
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
@@ -635,7 +636,8 @@ def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_
     bitsandbytes' names."""
     import torch
 
-    from cupid.training.sft import bnb_config, lora_config
+    from cupid.training.base_model import bnb_config
+    from cupid.training.sft import lora_config
 
     before = json.loads((REPO / "tests" / "data" / "lora_bnb_args_before_passthrough.json").read_text())
     for name, recorded in before.items():
@@ -654,7 +656,8 @@ def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_
 
 
 def test_lora_and_quantization_are_checked_by_peft_and_against_bitsandbytes_signature(tmp_path):
-    from cupid.training.sft import bnb_config, check, lora_config
+    from cupid.training.base_model import bnb_config
+    from cupid.training.sft import check, lora_config
 
     old = config.load(_write_config(tmp_path / "old.yaml", lora={"alpha": 16}))  # the project's old name: peft's now
     with pytest.raises(ConfigError, match=r"old\.yaml: lora: peft's LoraConfig refuses it: .*'alpha'"):
@@ -711,7 +714,7 @@ def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, ran
     shutil.copytree(cfg.out_dir / "data", copy / "data")
     (copy / "export").symlink_to(cfg.out_dir / "export", target_is_directory=True)  # the export, but no adapter/
     moved = _load(TINY, out=str(copy), base_model=str(random_model_dir))
-    assert not export.adapter_dir(moved).exists()
+    assert not TrainDir.of(moved).adapter.exists()
     with pytest.raises(
         ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"
     ):
