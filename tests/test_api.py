@@ -436,7 +436,7 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
     each_closed_once(6)
 
 
-def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_is_named(tmp_path, instant_url):
+def test_an_endpoint_that_does_not_answer_fails_at_once(tmp_path, instant_url):
     import time
 
     from cupid.common.config import ConfigError
@@ -467,6 +467,8 @@ def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_i
     with pytest.raises(ConfigError, match=rf"^matcher 'matcher' at {closed} does not answer"):
         pm.labels("Prefers short answers", ["Is the answer short?"])
 
+
+def test_a_misspelt_keyword_of_evaluate_is_named():
     with pytest.raises(TypeError, match=r"evaluate\(\) got an unexpected keyword argument 'endpoints'; did you mean "
                                         r"'endpoints_file'\?"):  # fmt: skip
         cupid.evaluate("cand", matcher="pm", endpoints="file.yaml")

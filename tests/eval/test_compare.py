@@ -321,9 +321,7 @@ def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
         ),
     ],
 )
-def test_a_comparison_that_is_not_the_same_evaluation_has_no_verdict_unless_accepted_by_name(
-    gate_runs, b, reason, option
-):
+def test_different_evaluations_have_no_verdict_unless_accepted_by_name(gate_runs, b, reason, option):
     result, comparison = gate(gate_runs["a"], gate_runs[b])
     assert result.exit_code == EXIT_NO_VERDICT, result.output
     assert any(why.startswith(reason) for why in comparison["no_verdict"]), comparison["no_verdict"]

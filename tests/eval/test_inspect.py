@@ -139,7 +139,7 @@ def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(b
     assert not [name for name in metrics if name.endswith(("_low", "_high"))]
 
 
-def test_a_failed_stage_is_an_unscored_sample_with_its_reason_counted_out_as_the_cli_counts_it(both_ways):
+def test_a_failed_stage_is_an_unscored_sample_counted_as_the_cli_counts_it(both_ways):
     generation = logs(both_ways / "logs")["cupid/generation"]
     cli = {(r.key, r.task): r for r in RunDir(both_ways / "run").read()}
     summary = json.loads((both_ways / "run" / "summary.json").read_text())["generation"]
@@ -266,7 +266,7 @@ def test_the_summary_setting_asks_the_candidate_with_the_runners_summaries(tmp_p
     )  # the summaries, the judge
 
 
-def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_arguments():
+def test_a_task_asks_the_runners_prompt_with_the_shipped_judges():
     built = inspect_tasks.inference(setting="oracle", types=["changing", "contrastive"])
     meta = built.metadata["cupid"]
     assert meta["roles"] == {
@@ -284,12 +284,15 @@ def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_
     for sample in built.dataset:  # the request the runner sends, message for message
         sent = runner.plain_request(instances[sample.id], "oracle").body()["messages"]
         assert [(m.role, m.text) for m in sample.input] == [(m["role"], m["content"]) for m in sent]
-    # the summary setting takes the shipped run's summarizer; a setting or type the task has not is refused
+    # the summary setting takes the shipped run's summarizer
     assert (
         inspect_tasks.inference(setting="summary")
         .metadata["cupid"]["roles"]["summarizer"]
         .startswith("qwen2.5-7b-instruct")
     )
+
+
+def test_a_task_refuses_a_setting_or_instance_type_it_has_not():
     with pytest.raises(ConfigError, match="oracle-preference"):
         inspect_tasks.inference(setting="oracle-preference")
     with pytest.raises(ConfigError, match="sometimes"):

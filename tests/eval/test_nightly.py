@@ -246,14 +246,16 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
     assert set(board["with_failures"]) == {"untrained", "misnamed", "no-such-endpoint"}
 
 
-def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_night_with_its_reason(
-    tmp_path, instant_url, cupid_home
-):
-    from cupid.common.files import hold
-
+def _instant_suite(tmp_path, instant_url):
     endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
-    config = suite(tmp_path, "n", endpoints, ["instant"])
+    return suite(tmp_path, "n", endpoints, ["instant"])
+
+
+def test_a_night_already_running_is_not_run_twice(tmp_path, instant_url, cupid_home):
+    from cupid.common.files import hold
+
+    config = _instant_suite(tmp_path, instant_url)
     with (
         hold(tmp_path / "nightly" / "2025-03-01"),  # tonight's night, started by the first cron run
         pytest.raises(ConfigError, match=r"2025-03-01 is in use by another run \(pid \d+"),
@@ -261,6 +263,9 @@ def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_nigh
         run_nightly(config, "2025-03-01")
     assert not (tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").exists()  # the running night's to write
 
+
+def test_a_bad_cache_stops_the_night_with_its_reason(tmp_path, instant_url, cupid_home):
+    config = _instant_suite(tmp_path, instant_url)
     (tmp_path / "cache.sqlite").write_text("not a cache")
     with pytest.raises(ConfigError, match="request cache"):
         run_nightly(config, "2025-03-02")

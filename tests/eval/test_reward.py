@@ -212,9 +212,7 @@ def test_the_datasets_prompts_are_the_runners_requests(tmp_path, instant_url):
     )
 
 
-def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_the_judges_failed(
-    scored, instant_url, tmp_path
-):
+def test_the_format_reward_grades_the_form_of_what_the_judges_scored(scored, instant_url, tmp_path):
     from trl.trainer.utils import get_callable_name
 
     from cupid.eval.integrations.reward import format_reward

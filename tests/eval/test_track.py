@@ -67,9 +67,7 @@ def expected_metrics(summary: dict) -> dict[str, float]:
     return expected
 
 
-def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps_one_run(
-    tmp_path, tiny_server, mlflow_store, cupid_home
-):
+def test_a_tiny_run_tracked_in_mlflow_twice_is_one_run_with_its_files(tmp_path, tiny_server, mlflow_store, cupid_home):
     mlflow = mlflow_store
     endpoints = write_endpoints(
         tmp_path / "ep.yaml",

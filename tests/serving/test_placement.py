@@ -58,7 +58,7 @@ def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_le
     assert plan.problems == []
 
 
-def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_of_it():
+def test_two_gpus_put_judges_on_the_first_and_candidates_in_turn_on_the_second():
     plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR)
     assert [j.placed.gpus for j in plan.judges] == [(0,), (0,)]
     assert [c.placed.gpus for c in plan.candidates()] == [(1,)] * 3

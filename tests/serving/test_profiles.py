@@ -242,7 +242,7 @@ def test_any_vllm_argument_reaches_the_command_and_vllms_parser_checks_it_at_loa
     assert len(list((tmp_path / "cache" / "cupid" / "vllm-args").iterdir())) == 1  # refusals are not remembered
 
 
-def test_every_shipped_profile_builds_the_command_line_it_built_before_the_vllm_mapping(shipped):
+def test_every_shipped_profile_builds_its_command_line_from_before_the_mapping(shipped):
     """The shipped profiles, rewritten with `vllm:`, start vLLM exactly as before (flags in any order): recorded
     from the earlier form in tests/data/serve_commands_before_vllm_mapping.json."""
     from dataclasses import fields

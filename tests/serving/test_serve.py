@@ -217,7 +217,7 @@ def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_
     assert gone(tree), f"still running: {[p for p in tree if psutil.pid_exists(p)]}"
 
 
-def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_starting_the_short_one():
+def test_the_watchdog_grace_is_full_once_a_server_answered_short_while_starting():
     """When its owner ends, the watchdog SIGTERMs the server's group, then SIGKILLs what is left after the grace: the
     long one (15 s) only where the owner wrote `ready` (the server answered), the starting grace (here 0.5 s)
     otherwise. The group here ignores SIGTERM, as vLLM's engine does while it is being built."""

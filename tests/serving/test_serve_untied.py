@@ -56,9 +56,7 @@ def _answers(url: str) -> list[str] | None:
     return [m["id"] for m in response.json()["data"]] if response.status_code == 200 else None
 
 
-def test_a_server_from_up_to_down_outlives_its_command_and_serves_runs_and_the_smoke_script(
-    tiny_profile, cupid_home, tmp_path
-):
+def test_a_served_model_lives_from_up_to_down_across_commands(tiny_profile, cupid_home, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     # the shipped tiny profile on the random-weight model, on a port of its own, named apart from its served name

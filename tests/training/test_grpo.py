@@ -263,7 +263,7 @@ def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refuse
     assert missing.exit_code == 2 and "judges_gpu 1: the recipe has 1 GPU(s)" in missing.output
 
 
-def test_the_policys_training_memory_is_computed_from_the_recipe_and_matches_the_h100():
+def test_the_policys_training_memory_from_the_recipe_matches_the_h100():
     """The estimate from the 7B shape, LoRA r 16, 8 sequences of the sample's ~1.4k tokens (384 of them the
     completion) and checkpointing is within 10% above the 25.3 GiB an H100 measured (scripts/gpu_train_check.py); it
     grows with what it is computed from, and a policy of unknown shape is refused with the way out."""
@@ -308,7 +308,7 @@ def test_generation_through_a_vllm_trl_does_not_support_is_refused_with_the_way_
     assert grpo.vllm_unsupported() is not None  # TRL's own word, read the same way twice (its warning is not once-only)
 
 
-def test_a_plan_with_the_trainers_peak_given_needs_no_prompt_length_and_one_without_either_is_refused():
+def test_a_memory_plan_needs_the_trainers_peak_or_a_prompt_length():
     from pydantic import ValidationError
 
     from cupid.training.grpo_memory import MemoryPlan, policy_gib

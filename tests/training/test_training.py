@@ -207,7 +207,7 @@ def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
     assert (cfg.out_dir / "adapter" / "adapter_model.safetensors").is_file()  # kept for --enable-lora serving
 
 
-def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_failures(chain):
+def test_check_counts_unparsed_answers_of_each_model_as_failures(chain):
     cfg, reports = chain.cfg, chain.reports
     report = reports.check
     answers = _rows(cfg.out_dir / "agreement_answers.jsonl")
@@ -242,9 +242,7 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
     )
 
 
-def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(
-    chain, monkeypatch
-):
+def test_check_uses_the_running_base_server_for_the_adapter_then_the_export(chain, monkeypatch):
     cfg, reports = chain.cfg, chain.reports
     monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's own server had its record
     names = agreement.served_names(cfg)
@@ -402,7 +400,7 @@ def test_check_running_names_a_server_that_does_not_answer_and_starts_nothing(ch
     assert not (cupid_home / "servers").exists() or not any((cupid_home / "servers").glob("*.json"))
 
 
-def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
+def test_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
     """What `make train` runs (no server of the base at hand): one server for base + adapter as a LoRA module, at
     --max-lora-rank of the trained adapter, then the export; each command checked as vLLM's parser reads it."""
     cfg = chain.cfg
@@ -607,7 +605,7 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
         config.load(_write_config(tmp_path / "owned.yaml", sft={"output_dir": "elsewhere"}))
 
 
-def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_trl_arguments():
+def test_shipped_configs_give_the_trainer_the_recipe_they_gave_before():
     """What each shipped config gave SFTConfig when `sft:` was a copy of its fields (recorded then in
     tests/data/sft_args_before_trl_passthrough.json), it gives now as TRL's own arguments."""
     from cupid.training.sft import sft_config
@@ -630,7 +628,7 @@ def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_tr
         )
 
 
-def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_before_their_own_names():
+def test_shipped_configs_give_peft_and_bitsandbytes_their_previous_arguments():
     """What each shipped config gave LoraConfig and BitsAndBytesConfig when `lora:` and `quantization:` had names of
     their own (recorded then in tests/data/lora_bnb_args_before_passthrough.json), it gives now under peft's and
     bitsandbytes' names."""
@@ -655,7 +653,7 @@ def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_
         )
 
 
-def test_lora_and_quantization_are_checked_by_peft_and_against_bitsandbytes_signature(tmp_path):
+def test_lora_and_quantization_are_checked_by_peft_and_bitsandbytes(tmp_path):
     from cupid.training.base_model import bnb_config
     from cupid.training.sft import check, lora_config
 
@@ -828,7 +826,7 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
     assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
 
 
-def test_the_7b_recipe_picks_its_micro_batch_by_gpu_memory_and_keeps_its_effective_batch(tmp_path):
+def test_the_7b_recipe_sizes_its_micro_batch_by_gpu_memory_at_one_effective_batch(tmp_path):
     """An 80 GB card takes 8 x 4 without checkpointing, a 24 GB one 16 x 2 with it, a smaller one (or none) the recipe
     as written: 32 examples an optimizer step on every card, so the optimisation is the paper's. On the 80 GB card the
     micro-batch times the recipe's max_length stays within the padded tokens measured to fit there (8 x ~1,000 at

@@ -22,7 +22,7 @@ class Temperatures(BaseModel):
 
 
 class MaxTokens(BaseModel):
-    """Answer caps per step: small ones keep CPU runs short, large ones leave strong models room.
+    """Answer caps per step: small ones keep CPU runs short, large ones give strong models space.
 
     Where the endpoint enforces structured output, a step's shape is sized so that its longest answer
     fits the cap at one character per token (`matcher.schemas.constrained`): the cap is then the
