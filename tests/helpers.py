@@ -20,12 +20,12 @@ from cupid.serving.servers.instant import start as start_instant
 REPO = Path(__file__).resolve().parents[1]
 TINY_NAME = "tiny-random-llama"  # the session server's served name
 # The shipped tiny profile's KV cache (3 GiB: SmolLM2-135M's 8 full-length requests) holds ~6M tokens of the
-# random-weight model (2 layers of 64): 1 GiB still holds ~2M, and each vLLM start of it faults in 2 GiB fewer (~1.7 s
-# of a core).
+# random-weight model (2 layers of 64): 1 GiB still holds ~2M, and each vLLM start of it faults in 2 GiB fewer, which
+# saves CPU at every start (docs/performance.md).
 RANDOM_KV_GIB = 1
 # Its matrices are 64 wide: a second OpenMP thread only synchronizes with the first. On one (a core reserved, as the
-# profile field says), a server of it answered the same requests in the same time for ~30% less CPU, which the suite's
-# other worker gets.
+# profile field says), a server of it answered the same requests in the same time for less CPU, which the suite's
+# other worker gets (docs/performance.md).
 RANDOM_RESERVED_CORES = 1
 # A serve profile's fields for the random-weight model, in every profile that serves it.
 RANDOM_SERVING = {"cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": RANDOM_RESERVED_CORES}
@@ -34,8 +34,8 @@ RANDOM_SERVING = {"cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": 
 @functools.cache
 def tiny_lora_rank() -> int:
     """The --max-lora-rank of the session server, which loads LoRA adapters at run time (the training check's, of
-    configs/train/tiny.yaml's rank). Asked when first needed, not at import: reading vLLM's ranks imports vLLM (~20 s
-    of a core in a fresh install, where it compiles), and the controller imports this module alone, before any
+    configs/train/tiny.yaml's rank). Asked when first needed, not at import: reading vLLM's ranks imports vLLM (slow,
+    the more so in a fresh install, where it compiles), and the controller imports this module alone, before any
     worker starts."""
     return vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
 

@@ -205,8 +205,8 @@ def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None 
         raise ConfigError(
             f"{cfg.source}: grpo.use_vllm: {why} TRL's generation through this vLLM fails: colocated, at its first "
             "weight sync into the engine (vLLM's load_weights: 'Parameter' object has no attribute 'weight_loader', "
-            "seen with vLLM 0.32.0 and TRL 1.16.0). Set grpo.use_vllm: false (the trainer's model generates; the 7B "
-            "recipe's batch took ~50 s a step on an H100), or train in an environment with a vLLM that TRL supports"
+            "seen with vLLM 0.32.0 and TRL 1.16.0). Set grpo.use_vllm: false (the trainer's model generates, "
+            "slower than vLLM would), or train in an environment with a vLLM that TRL supports"
         )
     return Checked(args, lora, funcs, memory_plan(cfg, args, lora))
 

@@ -1,8 +1,9 @@
 """The one-off requests (health probes, model lists, adapter loads), with one TLS context per process.
 
 `httpx.get` builds a client, and with it a TLS context that loads the CA bundle, on every call, even for a plain
-`http://` address: ~20 ms of a core each. A server's start polls its health every 0.2 s, so the polls cost more than
-a tenth of a core beside the server they wait for; through these a poll costs ~0.2 ms."""
+`http://` address, which costs CPU on every call. A server's start polls its health every 0.2 s, so those polls took a
+noticeable share of a core beside the server they wait for; through these a poll reuses the one context
+(docs/performance.md has the figures)."""
 
 from __future__ import annotations
 

@@ -132,9 +132,9 @@ def detectable(se: float | None, personas: int, tests: int = 1, confidence: floa
 
 @functools.lru_cache(maxsize=256)
 def _t_quantile(q: float, df: int) -> float:
-    """Student's t quantile (scipy's ufunc: `scipy.stats.t.ppf` costs ~0.1 ms a call in argument checks, and a
+    """Student's t quantile (scipy's ufunc: `scipy.stats.t.ppf` spends each call in argument checks, and a
     comparison asks the same few quantiles for every row)."""
-    from scipy.special import stdtrit  # its import costs ~0.3 s: only where a difference is tested
+    from scipy.special import stdtrit  # its import is slow: only where a difference is tested
 
     return float(stdtrit(df, q))
 
@@ -350,8 +350,9 @@ def _t_test(difference: float, se: float, df: int, confidence: float) -> tuple[f
 
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values (family-wise error over the given tests), in the given order. Written out rather than
-    taken from statsmodels' `multipletests`, whose Holm branch runs a full `gc.collect()` on every call: 80 ms in a
-    test process, once per comparison (a nightly makes dozens); tests/eval/test_stats.py checks the two agree."""
+    taken from statsmodels' `multipletests`, whose Holm branch runs a full `gc.collect()` on every call, slow in a
+    process holding many objects, once per comparison (a nightly makes dozens); tests/eval/test_stats.py checks the
+    two agree."""
     if not p_values:
         return []
     p = np.asarray(p_values, dtype=float)

@@ -33,7 +33,7 @@ from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank
 
 DEFAULT_DIR = Path("configs/serve")
 # Validation context of a profile read back from a server record's JSON, as the server ran it: not checked again (the
-# checks may import vLLM's parser, ~10 s of a core).
+# checks may import vLLM's parser, which is slow).
 AS_SERVED = "as_served"
 
 # vLLM's arguments that shape a server over copies and nodes (`Profile._cluster_problem` checks them together).
@@ -140,7 +140,7 @@ class Profile(BaseModel):
         return self
 
     # Defined after `_consistent`, so it wraps it: pydantic re-runs a model's after-validators on an instance handed
-    # to a field (`ServerRecord(profile=...)`), and those may import vLLM's parser (~10 s of a core).
+    # to a field (`ServerRecord(profile=...)`), and those may import vLLM's parser, which is slow.
     @model_validator(mode="wrap")
     @classmethod
     def _made(cls, data: Any, handler: ModelWrapValidatorHandler[Profile]) -> Profile:

@@ -32,7 +32,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DIR_NAME = "SmolLM2-135M-Instruct"
 RANDOM_DIR_NAME = "tiny-random-LlamaForCausalLM"
 # Sized to the least vLLM's CPU attention takes: head size 32 (of 32, 64, 80, ... 512), 2 layers; the
-# embedding of SmolLM2's 49,152-token vocabulary is most of its ~3.2M parameters.
+# embedding of SmolLM2's 49,152-token vocabulary is most of its parameters.
 RANDOM_CONFIG = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -111,7 +111,7 @@ def ensure_random(dest: Path | None = None, seed: int = 0) -> Path:
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     # The tokenizer alone, from the converted directory when it is there, else from the GGUF: converting the
-    # weights as well (`ensure`) took 37 s of a core, the GGUF's tokenizer alone ~9 s.
+    # weights as well (`ensure`) takes several times as long as reading the GGUF's tokenizer alone.
     converted = dest.parent / DIR_NAME
     if is_converted(converted):
         tokenizer = AutoTokenizer.from_pretrained(converted)

@@ -109,7 +109,7 @@ def vllm_defaults() -> dict[str, Any]:
     """vLLM's own defaults of its arguments (`vllm serve`'s parser), the LoRA ranks it accepts (`lora_ranks`,
     vllm/config/lora.py `MaxLoRARanks`) and the chat request's sampling fields (`sampling_fields`: those
     `SamplingParams` shares), read from the installed vLLM, never typed here: a default that moves
-    between releases moves here too. Reading them imports vLLM (~10 s of a core), so they are kept per release
+    between releases moves here too. Reading them imports vLLM, which is slow, so they are kept per release
     beside the checked arguments."""
     version = _vllm_version()
     if version is None:
@@ -176,7 +176,7 @@ def _vllm_parser() -> Any:
 def check_vllm_args(args: list[str]) -> None:
     """vLLM's parser reads these flags as `vllm serve` would: an unknown name is refused with vLLM's closest
     one, a value of the wrong type or outside its choices with vLLM's message. Without vLLM installed nothing
-    is checked here (the server is started elsewhere). Importing vLLM's parser takes ~10 s of a core, so a
+    is checked here (the server is started elsewhere). Importing vLLM's parser is slow, so a
     mapping that passed is remembered per vLLM release (`~/.cache/cupid/vllm-args/`)."""
     version = _vllm_version()
     if version is None or not args:
@@ -219,7 +219,7 @@ def engine_env(profile: VllmProfile) -> dict[str, str]:
         # The model inside the engine process, as `uni` says: vLLM's CPU build swaps `uni` for its multiprocessing
         # executor (a worker process of its own) unless V1 multiprocessing is off, which its API server ignores for
         # the engine process and `vllm.LLM` honours (no process at all). Each spawned process imports vLLM afresh,
-        # ~12 s of a core here: a tiny server started in 31-33 s instead of 40, at the same decode rate. Nothing
+        # which is slow: without it a tiny server starts sooner, at the same decode rate (docs/performance.md). Nothing
         # binds OpenMP threads then, and vLLM drops to one torch thread unless OMP_NUM_THREADS is set: every core
         # this process may use, less the reserved ones.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

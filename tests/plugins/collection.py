@@ -23,7 +23,7 @@ LONGEST_FIRST = (  # by the time each file took in a fresh clone's run (the comm
     "test_api.py",
     "test_compare.py",
     "test_nightly.py",
-    "test_types.py",  # one mypy process, ~11 s of one core: unordered, it came last while the other worker idled
+    "test_types.py",  # one mypy process on one core: unordered, it came last while the other worker idled
     "test_cli_mistakes.py",
     "test_prepare_tiny.py",
 )

@@ -43,7 +43,8 @@ def test_the_gpu_install_check_names_each_pin_that_moves(monkeypatch):
 def test_what_make_runs_writes_the_bytecode_cache_where_the_environment_says_never(tmp_path):
     """Every recipe of the Makefile runs without PYTHONDONTWRITEBYTECODE (set on the CI machines), so each module's
     bytecode is cached the first time any of its processes imports it: without a cache every process recompiles what
-    it imports (a vLLM start took 88 s instead of 35). The Makefile's own recipes, asked through a probe target."""
+    it imports (a vLLM start then takes over twice as long).
+    The Makefile's own recipes, asked through a probe target."""
     import os
     import subprocess
 
