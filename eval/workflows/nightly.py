@@ -7,23 +7,21 @@ check or does not start is a `DID NOT RUN` row with its reason and the others ru
 candidate needs (the nightly file, the judges, the cache) stops a night before it starts, and that night's
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
-Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it
-joined, or the later night `baseline:` names), each on the units both ran and decided as `cupid compare`'s gate
-decides (`eval.results.compare`: paired, personas resampled, the candidate's own failures against it, a verdict
-only on the same evaluation): a drift too slow for one night to show is seen against the baseline. REGRESSION is a
-task's headline figure (inference: micro F1, generation: the mean judge score, in the headline setting) that dropped
-beyond `margin` at the gate's level, Holm across every headline test of the night (candidates x tasks x {previous,
-baseline}), or a candidate that left more than 1% more units unanswered. A comparison that is not the same
-evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a baseline whose
-setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and only if it
-was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
+Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it joined,
+or the later night `baseline:` names), each on the units both ran and decided as `cupid compare`'s gate decides
+(`eval.results.compare`: paired, personas resampled, the candidate's own failures against it, a verdict only on the same
+evaluation; `eval.results.regressions` reads the finished runs): a drift too slow for one night to show is seen against
+the baseline. REGRESSION is a task's headline figure (inference: micro F1, generation: the mean judge score, in the
+headline setting) that dropped beyond `margin` at the gate's level, Holm across every headline test of the night
+(candidates x tasks x {previous, baseline}), or a candidate that left more than 1% more units unanswered. A comparison
+that is not the same evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a
+baseline whose setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and
+only if it was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
 4 a regression, 8 no verdict (2 stays a usage or configuration error).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import traceback
 from datetime import date as Date
@@ -37,25 +35,28 @@ from rich.markup import escape
 from cupid.common.config import ConfigError, describe, load_model
 from cupid.common.errors import ServeError, failure_line
 from cupid.common.files import hold
-from cupid.eval.benchmark.grid import cells, figure_name
-from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.settings import SETTINGS
-from cupid.eval.benchmark.stats import Interval
-from cupid.eval.benchmark.summary import failure_counts
-from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import track as tracking
-from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
+from cupid.eval.results.compare import HEADLINE_SETTING
 from cupid.eval.results.leaderboard import Entry, Leaderboard, assemble, run_dir_of, write_leaderboard
+from cupid.eval.results.regressions import (
+    NIGHT_DATE,
+    baseline_of,
+    compare,
+    failures_by_setting,
+    flag_regressions,
+    metrics,
+    previous_night,
+    primary_metric,
+)
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.fleet.gpu_memory import Gpu
 from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
-
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 class NightlyConfig(BaseModel):
@@ -125,141 +126,7 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
     return configs
 
 
-# ---------------------------------------------------------------- metrics of one run
-
-
-def metrics(records: list[UnitRecord]) -> dict[str, Interval]:
-    """`<task>/<setting>/<name>` for each task's headline estimates (inference: `micro_f1`, `macro_f1`;
-    generation: `mean_score`), each with its bootstrap interval over the scored instances; a metric with no
-    scored instance is absent."""
-    result: dict[str, Interval] = {}
-    for task, setting, _, chosen in cells([r for r in records if r.task in TASKS], by_type=False):
-        intervals = TASKS[task].intervals(chosen)
-        result |= {figure_name(task, setting, None, n): intervals[n] for n in TASKS[task].headline if n in intervals}
-    return result
-
-
-def failures_by_setting(records: list[UnitRecord]) -> dict[str, int]:
-    """Failed records by `task/setting stage: reason` (from the records, so a run cut short still counts)."""
-    return dict(sorted((f"{f.task}/{f.setting} {f.stage}: {f.reason}", n) for f, n in failure_counts(records).items()))
-
-
-def primary_metric(cfg: RunConfig) -> str:
-    """The leaderboard's ranking column: the first declared task's primary metric (inference: micro F1, the
-    published aggregate) in its first setting."""
-    task = next(spec for name, spec in TASKS.items() if cfg.units_of(name))
-    return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.headline[0]}"
-
-
 # ---------------------------------------------------------------- one night
-
-
-def previous_night(root: Path, night: str) -> Path | None:
-    """The latest earlier dated directory that holds the leaderboard of a night that ran (one that did not start
-    has nothing to compare with)."""
-    earlier = (
-        [d for d in root.iterdir() if d.is_dir() and _DATE.match(d.name) and d.name < night and _ran(d)]
-        if root.exists()
-        else []
-    )
-    return max(earlier, key=lambda d: d.name, default=None)
-
-
-def _ran(night_dir: Path) -> bool:
-    try:
-        return not json.loads((night_dir / "leaderboard.json").read_text()).get("error")
-    except (OSError, ValueError):
-        return False
-
-
-def _comparison(before: str | None, after: str | None, headline_setting: str, margin: float) -> Comparison | None:
-    """Two runs of a candidate compared, where both have records."""
-    if not (before and after and RunDir(before).has_records and RunDir(after).has_records):
-        return None
-    return compare_runs(RunDir(before).load(), RunDir(after).load(), headline_setting, margin=margin)
-
-
-def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
-    return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
-
-
-def baseline_of(fixed: str | None, before: Entry | None) -> str | None:
-    """The night a candidate is compared with besides the previous one: the one it records (its first night, or
-    the night its setup last changed), unless `baseline:` names a later one."""
-    recorded = before.baseline if before else None
-    return fixed if fixed and (recorded is None or recorded < fixed) else recorded
-
-
-def compare(
-    entry: Entry,
-    before: Entry | None,
-    baseline: str | None,
-    night: str,
-    root: Path,
-    headline_setting: str = HEADLINE_SETTING,
-    last_night: str | None = None,
-    margin: float = 0.0,
-) -> None:
-    """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
-    since its baseline night's, paired on the units both scored; what changed besides the candidate, and why a
-    comparison has no verdict. Regressions, and whether tonight becomes the baseline (`baseline_pending`), are
-    decided for the whole night (`flag_regressions`)."""
-    entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
-    entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
-    entry.no_verdict, entry.baseline_no_verdict, entry.unanswered, entry.baseline_pending = [], [], [], None
-    if before is not None:
-        entry.previous = before.metrics
-        if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting, margin):
-            entry.change = _changes(entry, comparison)
-            entry.setup_changed = comparison.differs
-            entry.no_verdict = comparison.no_verdict
-            entry.unanswered += [f"since {last_night}: {why}" for why in comparison.unanswered]
-    if baseline is None or before is None:
-        entry.baseline, entry.baseline_pending = baseline, "the candidate's first night"
-        return
-    if baseline == night or baseline == last_night:
-        return  # the baseline is tonight, or last night: one comparison serves both
-    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting, margin)
-    if comparison is None:
-        entry.baseline_no_verdict = [f"no run of {baseline}"]
-        entry.baseline_pending = f"no run of {baseline}"
-    elif comparison.differs:
-        entry.baseline_no_verdict = [f"its setup changed since {baseline}"]
-        entry.baseline_pending = f"its setup changed since {baseline}: " + "; ".join(comparison.differs)
-    else:
-        entry.baseline_change = _changes(entry, comparison)
-        entry.baseline_no_verdict = comparison.no_verdict
-        entry.unanswered += [f"since the baseline ({baseline}): {why}" for why in comparison.unanswered]
-
-
-def flag_regressions(entries: list[Entry], night: str) -> None:
-    """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
-    its baseline where that comparison has a verdict, one Holm family (the night's false alarms stay under
-    1 - confidence whatever its size). Then tonight becomes the baseline of each candidate that asked for one
-    (`baseline_pending`) and was not flagged."""
-    tests = [
-        (entry, side, row)
-        for entry in entries
-        for side, changes, no_verdict in (
-            ("previous", entry.change, entry.no_verdict),
-            ("baseline", entry.baseline_change, entry.baseline_no_verdict),
-        )
-        if not no_verdict
-        for row in changes.values()
-        if row.headline and row.gated
-    ]
-    holm_family([row for _, _, row in tests])
-    for entry, side, row in tests:
-        if row.regression:
-            (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
-    for entry in entries:
-        if entry.baseline_pending is None:
-            continue
-        if entry.regressions or entry.baseline_regressions or entry.unanswered:
-            entry.baseline_no_verdict.append("tonight was flagged: it does not become the baseline")
-        else:
-            entry.baseline, entry.baseline_set = night, entry.baseline_pending
-        entry.baseline_pending = None
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
@@ -381,7 +248,7 @@ def run_nightly(
     if track := track or cfg.track:
         require_tracker(track)
     night = night or Date.today().isoformat()
-    if not _DATE.match(night):
+    if not NIGHT_DATE.match(night):
         raise ConfigError(f"--date {night!r}: expected YYYY-MM-DD")
     root = Path(cfg.out)
     night_dir = root / night
