@@ -8,7 +8,8 @@ from rich.console import Console
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.benchmark.settings import SETTINGS
-from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare, print_comparison
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare
+from cupid.eval.results.verdict import print_comparison
 
 
 def main(

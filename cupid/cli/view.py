@@ -12,7 +12,8 @@ import typer
 from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import RecordError
-from cupid.eval.results.view import build, default_out
+from cupid.eval.results.pages import default_out
+from cupid.eval.results.view import build
 from cupid.serving.servers.ports import taken
 
 

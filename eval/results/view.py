@@ -278,11 +278,6 @@ def _html_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def default_out(run_dirs: list[str]) -> Path:
-    """Beside the report (`cupid report`'s default folder), so each links to the other by name."""
-    return Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path("runs/report")
-
-
 def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write `view.html` into `out`; return its path. It links to the report in `out` where there is one."""
     run_dirs = [str(p) for p in run_dirs]
