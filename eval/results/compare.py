@@ -256,22 +256,7 @@ def compare_runs(
     comparison that is not the same evaluation (see the module's docstring)."""
     records_a, records_b = {r.unit: r for r in a.records}, {r.unit: r for r in b.records}
     common = [u for u in records_a if u in records_b and u[1] in TASKS]
-    failed: Counter[str] = Counter()
-    no_answer: Counter[str] = Counter()
-    left_out: Counter[str] = Counter()
-    pairs = []
-    for u in common:
-        x, y = records_a[u], records_b[u]
-        scored = (x.scored, y.scored)
-        if scored != (True, True):
-            failed[{(False, False): "both", (False, True): "a_only", (True, False): "b_only"}[scored]] += 1
-        spec = TASKS[x.task]
-        vx, vy = spec.for_verdict(x, y), spec.for_verdict(y, x)
-        if vx is None or vy is None:
-            left_out[cell_name(x.task, x.setting, None)] += 1
-            continue
-        no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
-        pairs.append((vx, vy, (x.scored, y.scored)))
+    pairs, failed, no_answer, left_out = _pairs(records_a, records_b, common)
     rows: list[Row] = []
     no_verdict, partial, unanswered = _empty(a, b, headline_setting), [], []
     for spec in TASKS.values():
@@ -326,6 +311,31 @@ def compare_runs(
         units=units,
         view="cupid view " + " ".join(paths),
     )
+
+
+def _pairs(
+    records_a: dict[Any, UnitRecord], records_b: dict[Any, UnitRecord], common: list[Any]
+) -> tuple[list[tuple[UnitRecord, UnitRecord, tuple[bool, bool]]], Counter[str], Counter[str], Counter[str]]:
+    """The units both runs hold, as each task's verdict sees them (a unit the candidate failed is scored as no answer):
+    the pairs, with which side was scored; the failures by side; the units each side left unanswered; and the units
+    left out because a judge failed on them, by cell."""
+    failed: Counter[str] = Counter()
+    no_answer: Counter[str] = Counter()
+    left_out: Counter[str] = Counter()
+    pairs = []
+    for u in common:
+        x, y = records_a[u], records_b[u]
+        scored = (x.scored, y.scored)
+        if scored != (True, True):
+            failed[{(False, False): "both", (False, True): "a_only", (True, False): "b_only"}[scored]] += 1
+        spec = TASKS[x.task]
+        vx, vy = spec.for_verdict(x, y), spec.for_verdict(y, x)
+        if vx is None or vy is None:
+            left_out[cell_name(x.task, x.setting, None)] += 1
+            continue
+        no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
+        pairs.append((vx, vy, (x.scored, y.scored)))
+    return pairs, failed, no_answer, left_out
 
 
 def _empty(a: Run, b: Run, setting: str) -> list[str]:
