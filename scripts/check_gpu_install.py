@@ -64,7 +64,8 @@ def problems(resolved: dict[str, str]) -> list[str]:
         found.append(f"torch resolves to {resolved.get('torch')}, not 2.13.0")
     if not Version("5.16.1") <= Version(resolved.get("transformers", "0")) < Version("5.20"):
         found.append(f"transformers resolves to {resolved.get('transformers')}, outside [5.16.1, 5.20)")
-    if missing := {"trl", "peft", "bitsandbytes", "accelerate", "mlflow", "wandb", "inspect-ai"} - resolved.keys():
+    wanted = {"trl", "peft", "bitsandbytes", "accelerate", "liger-kernel", "mlflow", "wandb", "inspect-ai"}
+    if missing := wanted - resolved.keys():
         found.append(f"not resolved: {', '.join(sorted(missing))}")
     return found
 

@@ -4,7 +4,7 @@
 prepared command for a bare CUDA machine (no registry, no Hub, no vLLM); `--shape tiny` is its CPU form, which the
 suite runs.
 
-    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape (minutes)
+    python scripts/gpu_train_check.py --tokenizer DIR [--out DIR]              # CUDA: the 7B shape
     python scripts/gpu_train_check.py --shape tiny                             # CPU: the tests' random-weight shape
 
 The model is made where it trains (on the GPU: 7.62B parameters in bf16, no download) with the tokenizer of
@@ -19,8 +19,19 @@ answer 1.0, and the stage then fails, as it must (nothing learnt). Each stage pr
 memory; the exit status is 1 when a stage failed (the others still run where they can; GRPO fails when it took fewer
 steps than asked or learnt nothing, `grpo_report.json`'s `nothing_learnt`), 0 when all passed.
 
+The QLoRA stage is an A/B: the fine-tune with Liger's kernels as the chain chooses them (on where CUDA and
+liger-kernel are; on CUDA the stage fails when they are not chosen), then with `use_liger_kernel: false`, each in a
+process of its own (Liger patches the model's classes process-wide, and a process's first steps pay its warm-up), on
+the same data and micro-batch (the recipe's tier for this GPU, or with `--card-gib 79.2` an 80 GB card's on a larger
+one), `--warmup-steps` then `--timed-steps` optimizer steps (2 and 8 on the 7B shape; 1 and 1 on CPU, whose two sides
+both run without Liger). Each side's tokens/s is over the timed steps only; `gpu_train_check.json` holds
+both, their ratio and each side's peak. The chosen side exports after training in its own process, as `cupid train
+run` does; the export stage fails unless the merge check holds there and the export loaded for evaluation there gives
+exactly the logits it gives in this process, where no Liger ran.
+
 On a machine with torch, transformers, peft and accelerate but no registry: carry the package as installed (`pip
 install --target DIR --no-deps` of the project's wheel and of trl, datasets, dill, multiprocess, bitsandbytes,
+liger-kernel,
 pydantic, pydantic-core, annotated-types, typing-inspection, tenacity and krippendorff, built for that Python), put
 DIR on PYTHONPATH, and run this file from the checkout (it reads `configs/train/` there, else the package's copy).
 """
@@ -29,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 import traceback
@@ -63,7 +76,11 @@ def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
         model = Qwen2ForCausalLM(config).to(torch.bfloat16 if cuda else torch.float32)
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
-    return {"parameters": sum(p.numel() for p in model.parameters())}
+    parameters = sum(p.numel() for p in model.parameters())
+    del model
+    if cuda:
+        torch.cuda.empty_cache()  # the QLoRA sides train in processes of their own: this one holds nothing back
+    return {"parameters": parameters}
 
 
 FILLER = " Keep every detail of the earlier sessions in view."
@@ -137,14 +154,33 @@ def match_data(dest: Path, n_examples: int, tokenizer_dir: Path, max_length: int
     return {"train_examples": len(train), "max_length": max_length, "tokens": [min(lengths), max(lengths)]}
 
 
-def sft_config(shape: str, model: Path, data: Path, out: Path, steps: int) -> Any:
-    """The shipped recipe (the 7B's, or the tiny chain's), on the made model and data, for `steps` optimizer steps."""
+def sft_config(
+    shape: str,
+    model: Path,
+    data: Path,
+    out: Path,
+    steps: int,
+    *,
+    liger_off: bool = False,
+    batch: dict[str, Any] | None = None,
+    card_gib: float | None = None,
+) -> Any:
+    """The shipped recipe (the 7B's, or the tiny chain's), on the made model and data, for `steps` optimizer steps,
+    each logged; Liger's kernels as the chain chooses them, or off (`liger_off`); the micro-batch `batch` where given
+    (the other side's), else the recipe's tier for this GPU, among those for a card of at most `card_gib` GiB."""
     from cupid.training import config
 
     recipe = read_yaml(f"configs/train/{recipe_name(shape)}.yaml")
     recipe |= {"name": "gpu-train-check", "out": str(out), "base_model": str(model), "match_data": str(data)}
     recipe.pop("labelling", None)
-    recipe["sft"] |= {"max_steps": steps, "save_steps": 10_000, "measure_loss_on": []}
+    recipe["sft"] |= {"max_steps": steps, "save_steps": 10_000, "measure_loss_on": [], "logging_steps": 1}
+    if liger_off:
+        recipe["sft"]["use_liger_kernel"] = False
+    if batch:
+        recipe["sft"] |= batch
+        recipe["sft"].pop("by_gpu_memory", None)
+    elif card_gib:
+        recipe["sft"]["by_gpu_memory"] = [e for e in recipe["sft"].get("by_gpu_memory", []) if e["min_gib"] <= card_gib]
     recipe["agreement"] = {"enabled": False}
     path = out / "sft.yaml"
     out.mkdir(parents=True, exist_ok=True)
@@ -202,6 +238,92 @@ def grpo_config(shape: str, model: Path, out: Path, steps: int) -> Any:
     return grpo.load(path)
 
 
+BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
+SIDES = ("chosen", "off")  # Liger's kernels as the chain chooses them (on where CUDA and liger-kernel are), and off
+
+
+def steady_tokens_per_s(throughput: list[dict[str, Any]], warmup_steps: int) -> float | None:
+    """Tokens a second from the end of the warm-up steps to the last step (a ratio of sums over the timed steps; the
+    first steps pay for the process's warm-up)."""
+    rows = {row["step"]: row for row in throughput}
+    last = max(rows, default=0)
+    if warmup_steps not in rows or last <= warmup_steps:
+        return None
+    start, end = rows[warmup_steps], rows[last]
+    return round((end["num_tokens"] - start["num_tokens"]) / (end["seconds"] - start["seconds"]), 1)
+
+
+def one_side(config_path: Path, warmup_steps: int, export_too: bool) -> int:
+    """One side of the A/B, in a process of its own: the fine-tune, and where asked the export after it in this same
+    process (as `cupid train run` runs them), then the export loaded for evaluation here, its logits on the probe
+    saved for a fresh process to compare. Writes `side.json` beside the config."""
+    from cupid.training import config, export, sft
+
+    cfg = config.load(config_path)
+    report = sft.train(cfg)
+    batch = report.hyperparameters["sft_config"]
+    figures: dict[str, Any] = {
+        "pid": os.getpid(),
+        **report.liger,
+        "tokens_per_s": steady_tokens_per_s(report.throughput, warmup_steps),
+        "warmup_steps": warmup_steps,
+        "timed_steps": report.optimizer_steps - warmup_steps,
+        "peak_gpu_memory_gib": report.peak_gpu_memory_gib,
+        "optimizer_steps": report.optimizer_steps,
+        "trainable_parameters": report.trainable_parameters,
+        "loss_after": report.loss_after,
+        "logged_losses": report.logged_losses,
+        **{
+            k: batch[k]
+            for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
+        },
+    }
+    if export_too:
+        figures["export"] = export.export(cfg).model_dump(mode="json")
+        figures["export"]["probe_logits"] = str(evaluation_logits(cfg, config_path.parent / "probe_logits.pt"))
+    (config_path.parent / "side.json").write_text(json.dumps(figures, indent=2, default=str))
+    return 0
+
+
+def evaluation_logits(cfg: Any, dest: Path | None = None) -> Any:
+    """The export loaded for evaluation in this process, its logits on the first validation prompt (saved to
+    `dest` where given)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cupid.training import export
+    from cupid.training.examples import read_examples
+    from cupid.training.traindir import TrainDir
+
+    run = TrainDir.of(cfg)
+    where = run.export
+    model = AutoModelForCausalLM.from_pretrained(
+        where, dtype=getattr(torch, cfg.export.dtype), device_map={"": 0} if torch.cuda.is_available() else None
+    )
+    probe = [m.model_dump() for m in read_examples(run.split("validation"))[0].prompt]
+    logits = export.probe_logits(model.eval(), AutoTokenizer.from_pretrained(where), probe)
+    del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if dest is not None:
+        torch.save(logits, dest)
+        return dest
+    return logits
+
+
+def run_side(side: str, cfg: Any, warmup_steps: int, export_too: bool) -> dict[str, Any]:
+    """One side in a process of its own (its output in `side.log`): its figures, or its log's end as the error."""
+    here = Path(cfg.source).parent
+    command = [sys.executable, __file__, "--side-config", cfg.source, "--warmup-steps", str(warmup_steps)]
+    done = subprocess.run(
+        command + (["--side-export"] if export_too else []), capture_output=True, text=True, check=False
+    )
+    (here / "side.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not (here / "side.json").is_file():
+        raise RuntimeError(f"the {side} side exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
+    return json.loads((here / "side.json").read_text())
+
+
 def stage(name: str, results: dict[str, Any], work: Callable[[], dict[str, Any]]) -> None:
     """Run one stage: its time, peak GPU memory and figures, or its error; never raises."""
     import torch
@@ -228,18 +350,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, default=None, help="a directory with the tokenizer's files")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_train_check"))
     parser.add_argument("--examples", type=int, default=256, help="match examples (the sample's, repeated)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="default: 8 (7B shape), 2 (tiny)")
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="QLoRA steps left out of tokens/s; default: 2 (7B shape), 1 (tiny)",
+    )
+    parser.add_argument("--timed-steps", type=int, default=None, help="QLoRA steps timed; default: 8 (7B), 1 (tiny)")
+    parser.add_argument(
+        "--card-gib", type=float, default=None, help="time the recipe's tier for a card of this many GiB (80 GB: 79.2)"
+    )
+    parser.add_argument("--side-config", type=Path, default=None, help=argparse.SUPPRESS)  # one side, in its process
+    parser.add_argument("--side-export", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: 2 (7B shape), 1 (tiny)")
     parser.add_argument("--reward", choices=list(REWARDS), default="vowels", help="GRPO's stand-in reward")
     parser.add_argument(
         "--stages", default="sft,export,grpo", help="which of sft, export, grpo to run (the model is always made)"
     )
     a = parser.parse_args(argv)
+    warmup_steps = a.warmup_steps if a.warmup_steps is not None else 1 if a.shape == "tiny" else 2
+    if warmup_steps < 1 or (a.timed_steps is not None and a.timed_steps < 1):
+        parser.error("--warmup-steps and --timed-steps: at least 1 (the timing starts at the end of a step)")
+    if a.side_config:
+        return one_side(a.side_config, warmup_steps, a.side_export)
     from cupid.serving.servers import tiny_model
-    from cupid.training import export, grpo, sft
+    from cupid.training import grpo
 
     tokenizer = a.tokenizer or tiny_model.ensure_random()
-    sft_steps = a.sft_steps or (2 if a.shape == "tiny" else 8)
+    timed_steps = a.timed_steps or (1 if a.shape == "tiny" else 8)
     grpo_steps = a.grpo_steps or (1 if a.shape == "tiny" else 2)
     model_dir = a.out / "model"
     results: dict[str, Any] = {}
@@ -248,22 +386,55 @@ def main(argv: list[str] | None = None) -> int:
     max_length = int(read_yaml(f"configs/train/{recipe_name(a.shape)}.yaml")["sft"]["max_length"])
     if "sft" in wanted:
         stage("match_data", results, lambda: match_data(a.out / "data", a.examples, tokenizer, max_length))
-    train_cfg: list[Any] = []
+    sides: dict[str, Any] = {}
 
     def fine_tune() -> dict[str, Any]:
-        train_cfg.append(sft_config(a.shape, model_dir, a.out / "data", a.out / "sft", sft_steps))
-        report = sft.train(train_cfg[0])
-        keys = ("trainable_parameters", "mean_tokens_per_s", "peak_gpu_memory_gib", "optimizer_steps", "loss_after")
-        batch = {
-            k: report.hyperparameters["sft_config"][k]
-            for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
+        """The A/B: QLoRA with Liger's kernels as chosen, then off, each in a process of its own on the same data;
+        the chosen side also exports, as `cupid train run` does after training."""
+        import torch
+
+        steps, batch = warmup_steps + timed_steps, None
+        for side in SIDES:  # the off side on the chosen side's micro-batch: Liger is the one difference
+            cfg = sft_config(a.shape, model_dir, a.out / "data", a.out / f"sft-{side}", steps, liger_off=side == "off",
+                             batch=batch, card_gib=a.card_gib)  # fmt: skip
+            figures = run_side(side, cfg, warmup_steps, "export" in wanted and side == "chosen")
+            sides[side] = {"cfg": cfg, "figures": figures}
+            batch = {k: figures[k] for k in BATCH_KEYS}
+        chosen, off = (sides[side]["figures"] for side in SIDES)
+        if torch.cuda.is_available() and not chosen["use_liger_kernel"]:
+            raise RuntimeError(f"Liger's kernels are not chosen on this GPU: {chosen['why']}")
+        for side, figures in zip(SIDES, (chosen, off), strict=True):
+            if figures["replaced_in_module"] and not figures["use_liger_kernel"]:
+                raise RuntimeError(f"the {side} side ran without Liger, yet {figures['replaced_in_module']} changed")
+        ratio = chosen["tokens_per_s"] / off["tokens_per_s"] if chosen["tokens_per_s"] and off["tokens_per_s"] else None
+        return {
+            "chosen": {k: v for k, v in chosen.items() if k != "export"},
+            "off": off,
+            "tokens_per_s_ratio": round(ratio, 3) if ratio else None,
         }
-        return {k: getattr(report, k) for k in keys} | batch
 
     if "sft" in wanted:
         stage("sft", results, fine_tune)
+
+    def exported() -> dict[str, Any]:
+        """The chosen side's export (made in its training process): its merge check holds, and the export loaded for
+        evaluation there gives the logits it gives here, in a process where no Liger ran."""
+        import torch
+
+        cfg, figures = sides["chosen"]["cfg"], sides["chosen"]["figures"]["export"]
+        if not figures["merge_check"].get("same_next_token"):
+            raise RuntimeError(f"the merge check fails: {figures['merge_check']}")
+        there, here = torch.load(figures["probe_logits"]), evaluation_logits(cfg)
+        figures["logits_as_in_a_fresh_process"] = {
+            "same": bool(torch.equal(there, here)),
+            "max_abs_diff": float((there - here).abs().max()),
+        }
+        if not figures["logits_as_in_a_fresh_process"]["same"]:
+            raise RuntimeError(f"the export loaded after training differs: {figures['logits_as_in_a_fresh_process']}")
+        return figures
+
     if "export" in wanted:
-        stage("export", results, lambda: export.export(train_cfg[0]).model_dump(mode="json"))
+        stage("export", results, exported)
 
     def reinforce() -> dict[str, Any]:
         cfg = grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps)

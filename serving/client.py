@@ -23,7 +23,7 @@ from cupid.common.aio import PerLoop
 from cupid.common.errors import failure_line
 from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoint import Endpoint, bearer
-from cupid.serving.registry import EndpointDown, Hint, down_message, unreachable
+from cupid.serving.registry import EndpointDown, Hint, Problem, down_message, unreachable
 
 log = logging.getLogger(__name__)  # each retry, at INFO (`cupid -v` shows it)
 
@@ -132,7 +132,7 @@ class Client:
         # to it, whether it answers; one that does not stops the run (`EndpointDown`) instead of failing each unit.
         # A run answered from the cache asks nothing; `down_hint` says what to do then.
         self.roles, self.down_hint = roles, down_hint
-        self._answering: dict[str, asyncio.Future[dict[str, str]]] = {}
+        self._answering: dict[str, asyncio.Future[dict[str, Problem]]] = {}
 
     def limit(self, name: str) -> int:
         return self.concurrency or self.endpoints[name].max_concurrency

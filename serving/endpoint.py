@@ -31,6 +31,11 @@ class Endpoint(BaseModel):
         description="as candidate, its answers are constrained to the task's answer format (recorded with the run)",
     )
     matcher_prompt: Literal["prefmatcher", "fewshot"] | None = None
+    profile: str | None = Field(
+        default=None,
+        description="the serve profile whose server this is: where `cupid serve` runs that profile, the endpoint "
+        "follows it (its address), whatever base_url says",
+    )
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")
 
     @property

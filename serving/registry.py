@@ -14,6 +14,7 @@ from cupid.common.tls import http_get
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"
+URL_SCHEMES = ("http://", "https://")  # a name that starts so is a base URL
 
 Started = Callable[[], Mapping[str, Endpoint]]
 """The servers `cupid serve` started, by name (`serving.servers.lifecycle.live_endpoints`): handed to the resolver
@@ -48,9 +49,10 @@ def lookup(
     object (the Python API's), a server running under `cupid serve up` (by its profile name, its served name or an
     adapter's: what runs, on its actual port, so a running profile needs no entry and a stale entry cannot point
     elsewhere; where the endpoints file has an entry of that name too, the entry's settings on the running server's
-    address and model; asked of `started`), an entry of the endpoints file, or a server this run brings (`served`).
-    `notes` gets a line for each name where a running server and the file's entry disagree: the run says which it
-    used. `started` is required, None included, so that no caller forgets the running servers by leaving it out."""
+    address and model; asked of `started`), an entry of the endpoints file, a base URL (the one model it serves), or a
+    server this run brings (`served`). `notes` gets a line for each name where a running server and the file's entry
+    disagree: the run says which it used. `started` is required, None included, so that no caller forgets the running
+    servers by leaving it out."""
     names = sorted(set(names))
     given, file = dict(given or {}), load_endpoints(path)
     asked = [name for name in names if name not in given]
@@ -66,29 +68,65 @@ def lookup(
                     f"'{name}': the server `cupid serve` runs at {live[name].url} is used, not {path}'s entry "
                     f"({entry.url})"
                 )
-    known = {**(served or {}), **file, **running, **given}
+    # An entry that belongs to a profile (`profile:`, e.g. `tiny-constrained` on `tiny`'s server) follows that
+    # profile's running server wherever it listens, its own model and settings kept.
+    for name in (n for n in asked if n not in live and n in file and file[n].profile in live):
+        entry, server = file[name], live[str(file[name].profile)]
+        running[name] = entry.model_copy(update={"base_url": server.base_url})
+        if entry.url != server.url and notes is not None:
+            notes.append(
+                f"'{name}': profile '{entry.profile}' runs at {server.url} (`cupid serve`): used, not {path}'s entry "
+                f"({entry.url})"
+            )
+    # A base URL as a name (`--candidate http://host:8000/v1`), as the Python API takes one: the model it serves.
+    urls = {n: resolve(n, started=None) for n in asked if n.startswith(URL_SCHEMES) and n not in file}
+    known = {**(served or {}), **file, **urls, **running, **given}
     return {name: require(known, name, path) for name in names}
 
 
 REACH_TIMEOUT_S = 3.0  # a server that is up answers its model list in milliseconds
+API_PATH = "/v1"  # where an OpenAI-compatible server's API lives under its address (vLLM, OpenAI)
+ANY_MODEL = "*"  # listed by a server that answers under any model name (a router's wildcard route, the instant server)
+
+Problem = tuple[str, str | None]
+"""Why a run cannot send to an endpoint, and what to do (None: how to start its server, the run's `Hint`)."""
 
 
-def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOUT_S) -> dict[str, str]:
-    """Each endpoint where nothing answers its model list (`GET <base_url>/models`, as `cupid serve status` asks), and
-    why: refused, unknown host, no answer in `timeout`. Any HTTP answer, an error included (401 without a key), is a
-    server that answers. Asked side by side."""
+def endpoint_problem(endpoint: Endpoint, timeout: float = REACH_TIMEOUT_S) -> Problem | None:
+    """Ask the endpoint's model list (`GET <base_url>/models`, as `cupid serve status` does) what a first request would
+    meet: nothing answering; no model list where the base URL lacks its API path (a 404 on every request); a model the
+    server does not serve (a 404 on every request, vLLM's "model does not exist"). Any other answer, an error included
+    (401 without a key), or a list this cannot read, is a server to send to."""
     import httpx
 
-    def why(endpoint: Endpoint) -> str | None:
-        try:
-            http_get(endpoint.url + "/models", timeout=timeout, headers=bearer(endpoint.api_key()))
-        except httpx.HTTPError as e:
-            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        return None
+    try:
+        answer = http_get(endpoint.url + "/models", timeout=timeout, headers=bearer(endpoint.api_key()))
+    except httpx.HTTPError as e:
+        return f"does not answer ({type(e).__name__}: {e})" if str(e) else f"does not answer ({type(e).__name__})", None
+    if answer.status_code == 404:
+        fix = (
+            f"its base_url lacks the API path: {endpoint.url}{API_PATH}"
+            if not endpoint.url.endswith(API_PATH)
+            else "check its base_url's API path"
+        )
+        return f"has no model list at {endpoint.url}/models (HTTP 404)", fix
+    try:
+        served = [str(m["id"]) for m in answer.json()["data"]] if answer.status_code == 200 else []
+    except (ValueError, KeyError, TypeError):
+        served = []
+    if served and endpoint.model not in served and ANY_MODEL not in served:
+        return (
+            f"does not serve model '{endpoint.model}' (it serves: {', '.join(served)})",
+            "set its model to one of them",
+        )
+    return None
 
+
+def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOUT_S) -> dict[str, Problem]:
+    """Each endpoint a first request would fail on, and why (`endpoint_problem`); asked side by side."""
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
-        reasons = dict(zip(endpoints, pool.map(why, endpoints.values()), strict=True))
-    return {name: reason for name, reason in reasons.items() if reason is not None}
+        found = dict(zip(endpoints, pool.map(lambda e: endpoint_problem(e, timeout), endpoints.values()), strict=True))
+    return {name: problem for name, problem in found.items() if problem is not None}
 
 
 def local(endpoint: Endpoint) -> bool:
@@ -110,16 +148,17 @@ class EndpointDown(ConfigError):
     """An endpoint a run must send to does not answer: the run stops at once, before sending to it."""
 
 
-def down_message(down: Mapping[str, str], endpoints: Mapping[str, Endpoint], roles: Mapping[str, str] | None = None,
-                 hint: Hint | None = None) -> str:  # fmt: skip
-    """`matcher 'pm' at URL does not answer (why): how to start it; nothing was sent to it`, for each endpoint down.
-    `roles`: role -> endpoint name; `hint`: what to do (default: `how_to_start`)."""
+def down_message(down: Mapping[str, Problem], endpoints: Mapping[str, Endpoint],
+                 roles: Mapping[str, str] | None = None, hint: Hint | None = None) -> str:  # fmt: skip
+    """`matcher 'pm' at URL does not answer (why): how to start it; nothing was sent to it`, for each endpoint a run
+    cannot send to (`unreachable`). `roles`: role -> endpoint name; `hint`: what to do about a server that does not
+    answer (default: `how_to_start`)."""
     lines = []
-    for name, reason in down.items():
+    for name, (what, fix) in down.items():
         playing = ", ".join(role for role, used in (roles or {}).items() if used == name) or "endpoint"
         lines.append(
-            f"{playing} '{name}' at {endpoints[name].url} does not answer ({reason}): "
-            f"{(hint or how_to_start)(endpoints[name])}; nothing was sent to it"
+            f"{playing} '{name}' at {endpoints[name].url} {what}: "
+            f"{fix or (hint or how_to_start)(endpoints[name])}; nothing was sent to it"
         )
     return "; ".join(lines)
 
@@ -156,7 +195,7 @@ def resolve(
     `matcher_prompt="prefmatcher"`, ...); a name is looked up (`lookup`, with `started`)."""
     if isinstance(spec, Endpoint):
         return spec.model_copy(update=fields) if fields else spec
-    if spec.startswith(("http://", "https://")):
+    if spec.startswith(URL_SCHEMES):
         return Endpoint.model_validate({"base_url": spec, "model": model or _served_model(spec), **fields})
     found = lookup([spec], endpoints_file, started=started)[spec]
     return found.model_copy(update=fields) if fields else found
@@ -169,7 +208,11 @@ def _served_model(base_url: str) -> str:
 
     url = base_url.rstrip("/") + "/models"
     try:
-        listed = [m["id"] for m in http_get(url, timeout=10).json()["data"] if m.get("parent") is None]
+        listed = [
+            m["id"]
+            for m in http_get(url, timeout=10).json()["data"]
+            if m.get("parent") is None and m["id"] != ANY_MODEL
+        ]
     except httpx.TransportError as e:
         raise ConfigError(
             f"{url}: nothing answers ({type(e).__name__}: {e}): "

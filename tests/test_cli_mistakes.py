@@ -5,7 +5,9 @@ scheme and the conveniences promise: `--debug` shows the traceback, `--version`,
 
 import json
 import os
+import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 
@@ -14,7 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
+from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.stages import JUDGE_MAX_TOKENS
 from tests.helpers import REPO, heeds_ctrl_c, running_instant, write_endpoints
 
 USAGE = 2
@@ -287,3 +291,129 @@ def test_the_report_and_the_view_link_each_other_only_where_the_other_exists(wor
     assert CliRunner().invoke(app, ["report", run_dir, "--out", str(first)]).exit_code == 0
     assert 'href="report.html"' in (first / "view.html").read_text()  # the report's run updated the view's link
     assert 'href="view.html"' in (first / "report.html").read_text()
+
+
+WITHOUT = """import sys
+class Missing:  # these libraries as an install without their extra has them: not there
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {missing!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Missing())
+from cupid.cli import app
+sys.argv[0] = "cupid"
+app()
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "missing", "extra"),
+    [
+        (["train", "run", "--config", "configs/train/tiny.yaml", "--dry-run"], ("trl", "peft"), "train"),
+        (["train", "grpo", "--config", "configs/train/grpo-tiny.yaml", "--dry-run"], ("trl", "peft"), "train"),
+        (["track", "--help"], ("mlflow",), None),  # help needs no tracker: no refusal there
+    ],
+)
+def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path, args, missing, extra):
+    script = tmp_path / "without.py"
+    script.write_text(WITHOUT.format(missing=set(missing)))
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    if extra is None:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode == USAGE, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: this command needs trl, which the [{extra}] extra installs: pip install 'cupid-eval[{extra}]'"
+    ]
+
+
+@pytest.mark.parametrize("mistake", ["model", "api_path"])
+def test_an_endpoint_the_server_cannot_answer_is_refused_before_any_request(
+    tmp_path, instant_url, tiny_server, mistake
+):
+    """vLLM answers both with a 404 on every request: the run's pre-check asks its model list first, and says which
+    models it serves or where its API is, in one line, exit 2, no unit run."""
+    url = tiny_server["base_url"]
+    wrong = {"model": "SmolLM2-135M", "base_url": url} if mistake == "model" else {**tiny_server, "base_url": url[:-3]}
+    endpoints = write_endpoints(
+        tmp_path / "endpoints.yaml", instant={"base_url": instant_url, "model": "instant"}, wrong=wrong
+    )
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", str(endpoints), "--candidate", "wrong",
+               "--decomposer", "instant", "--matcher", "instant", "--task", "inference", "--limit", "3",
+               "--no-cache", "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert done.returncode == USAGE, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    if mistake == "model":
+        assert (
+            f"candidate 'wrong' at {url} does not serve model 'SmolLM2-135M' (it serves: {tiny_server['model']}" in last
+        )
+    else:
+        assert f"has no model list at {url[:-3]}/models (HTTP 404): its base_url lacks the API path: {url}" in last
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not RunDir(tmp_path / "run").records()  # no unit ran
+
+
+def test_an_endpoint_of_a_profile_follows_its_running_server(tmp_path, tiny_server, session_home):
+    """`tiny-constrained` (the shipped endpoints file, `profile: tiny`) with the session's `tiny` server running on a
+    port of its own, not the file's 8011: the run asks that server, never 8011, and refuses the entry's model, which
+    the session's server (the random-weight model) does not serve."""
+    assert not tiny_server["base_url"].startswith("http://127.0.0.1:8011")
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--config", "configs/eval/tiny.yaml", "--task",
+               "inference", "--limit", "3", "--no-cache", "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(session_home)}
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert done.returncode == USAGE, done.stdout + done.stderr
+    assert (
+        f"candidate 'tiny-constrained' at {tiny_server['base_url']} does not serve model 'smollm2-135m-instruct' "
+        f"(it serves: {tiny_server['model']}"
+    ) in done.stderr, done.stderr
+    assert "8011" not in done.stderr.strip().splitlines()[-1] and "Traceback" not in done.stderr
+
+
+def test_a_url_is_a_role_on_the_command_line_and_judges_get_their_roles_answer_cap(tmp_path, instant_url):
+    """`--candidate http://...` as `cupid.evaluate` takes it (the model the server serves), and judges whose endpoint
+    sets no `max_tokens` ask with their role's cap, where the candidate's requests carry none."""
+    endpoints = write_endpoints(tmp_path / "endpoints.yaml", pm={"base_url": instant_url, "model": "local-prefmatcher"})
+    cache = tmp_path / "cache.sqlite"
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", str(endpoints), "--candidate", instant_url,
+               "--decomposer", "pm", "--matcher", "pm", "--judge", "pm", "--task", "both", "--limit", "3", "--cache",
+               str(cache), "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 failed, 0 invalid rows, 6 scored of 6" in done.stdout, done.stdout
+    with sqlite3.connect(cache) as db:
+        rows = [(model, json.loads(request)) for model, request in db.execute("SELECT model, request FROM responses")]
+    judged = [request for model, request in rows if model == "local-prefmatcher"]
+    asked = [request for model, request in rows if model == "instant"]
+    assert len(asked) == 6 and all("max_tokens" not in request for request in asked)
+    assert len(judged) >= 5 and {request["max_tokens"] for request in judged} == {JUDGE_MAX_TOKENS["matcher"]}
+
+
+def test_a_smaller_limit_on_a_finished_run_is_refused_changing_nothing(world, tmp_path):
+    """The world's run scored all 12 sample instances; the same run with --limit 2 would write a summary of 2 while its
+    records (which compare reads) hold 12."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(world["run"], run_dir)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    common = world["common"]
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", common["endpoints"], "--candidate",
+               "instant", "--decomposer", "instant", "--matcher", "pm", "--task", "inference", "--setting", "standard",
+               "--cache", common["cache"], "--out", str(run_dir)]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(world["home"] / "state")}
+    done = subprocess.run([*command, "--limit", "2"], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == USAGE, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        (
+            f"error: {run_dir} holds 10 unit(s) of instances this run leaves out (a smaller --limit or fewer --type "
+            "than the run that wrote them): its summary would not count them where compare and report read them; run "
+            "it with the same --limit and --type, or give another --out"
+        )
+    ]
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+    again = subprocess.run(command, capture_output=True, text=True, env=env, check=False)  # as before: all answered
+    assert again.returncode == 0, again.stderr

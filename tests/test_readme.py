@@ -31,6 +31,7 @@ REASONS = (
     "needs an API key",
     "a reference of commands and options, with placeholders",
     "the test suite itself",
+    "needs the package index",
 )
 RUNS = ("a", "b", "model-a", "model-b", "demo")
 

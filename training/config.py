@@ -141,6 +141,11 @@ class GpuBatch(_Section):
         description="padded tokens of one micro-batch (micro-batch x its longest example) measured to fit such a GPU",
     )
     peak_gib: float | None = Field(default=None, gt=0, description="the peak measured at max_tokens")
+    liger: bool = Field(
+        default=False,
+        description="measured with Liger's kernels (TRL's use_liger_kernel): chosen only where the fine-tune uses "
+        "them (`sft.liger`); an entry measured without them holds either way",
+    )
 
     def line(self, gib: float, max_length: int) -> str:
         """What was chosen for a GPU of `gib` GiB, and why (`cupid train run --dry-run` prints it)."""
@@ -149,6 +154,7 @@ class GpuBatch(_Section):
         measured = (
             f"; {tokens:,} padded tokens a micro-batch (x max_length {max_length}), {self.max_tokens:,} measured to fit"
             + (f" at a peak of {self.peak_gib} GiB" if self.peak_gib else "")
+            + (" with Liger's kernels" if self.liger else "")
             if self.max_tokens
             else "; not measured at max_length"
         )
@@ -204,6 +210,11 @@ class Sft(_Passthrough):
                     f"{entry.gradient_accumulation_steps} = {got} examples a step, the recipe's is "
                     f"{self.effective_batch()}: the optimisation would change"
                 )
+            if entry.peak_gib and entry.peak_gib >= entry.min_gib:
+                raise ValueError(
+                    f"{where}: its peak, {entry.peak_gib} GiB, does not fit the smallest GPU it is for: measured "
+                    "not to fit, so raise min_gib above the peak or give a smaller micro-batch"
+                )
             if entry.max_tokens and (tokens := entry.per_device_train_batch_size * max_length) > entry.max_tokens:
                 raise ValueError(
                     f"{where}: micro-batch {entry.per_device_train_batch_size} x max_length {max_length} = {tokens:,} "
@@ -213,14 +224,17 @@ class Sft(_Passthrough):
                 )
         return self
 
-    def gpu_batch(self, gib: float | None) -> GpuBatch | None:
-        """The micro-batch for a GPU of `gib` GiB (None: no GPU, or none listed for it: the arguments as given)."""
-        return next((e for e in sorted(self.by_gpu_memory, key=lambda e: -e.min_gib) if gib and gib >= e.min_gib), None)
+    def gpu_batch(self, gib: float | None, liger: bool = False) -> GpuBatch | None:
+        """The micro-batch for a GPU of `gib` GiB (None: no GPU, or none listed for it: the arguments as given): the
+        largest tier the GPU holds, one measured with Liger's kernels only where `liger` (they are on), and of two
+        for the same GPU the one measured as the fine-tune runs."""
+        fits = [e for e in self.by_gpu_memory if gib and gib >= e.min_gib and (liger or not e.liger)]
+        return min(fits, key=lambda e: (-e.min_gib, e.liger != liger), default=None)
 
-    def for_gpu(self, gib: float | None) -> dict[str, Any]:
+    def for_gpu(self, gib: float | None, liger: bool = False) -> dict[str, Any]:
         """The SFTConfig arguments for a GPU of `gib` GiB (None: no GPU, the arguments as given)."""
-        chosen = self.gpu_batch(gib)
-        return self.args | (chosen.model_dump(exclude={"min_gib", "max_tokens", "peak_gib"}) if chosen else {})
+        chosen = self.gpu_batch(gib, liger)
+        return self.args | (chosen.model_dump(exclude={"min_gib", "max_tokens", "peak_gib", "liger"}) if chosen else {})
 
 
 class Export(_Section):

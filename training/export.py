@@ -81,7 +81,7 @@ def _lora_rank(cfg: TrainConfig) -> int:
     return lora_rank_for(cfg.lora.r)
 
 
-def _logits(model, tokenizer, messages) -> Any:
+def probe_logits(model, tokenizer, messages) -> Any:
     import torch
 
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
@@ -159,7 +159,7 @@ def merged_model(
         # The function that was trained: the adapter on the (quantized) base, exactly as in training.
         with_adapter = PeftModel.from_pretrained(model, adapter)
         with_adapter.eval()
-        reference = _logits(with_adapter, tokenizer, probe)
+        reference = probe_logits(with_adapter, tokenizer, probe)
         model = with_adapter.unload()  # the untouched base again
     method = "merge into the unquantized base"
     if cfg.quantization.active:
@@ -169,7 +169,7 @@ def merged_model(
     model = model.to(dtype)
     model.eval()
     if probe is not None:
-        merged = _logits(model, tokenizer, probe)
+        merged = probe_logits(model, tokenizer, probe)
         check = {
             "max_abs_logit_diff": round(float((merged - reference).abs().max()), 5),
             "same_next_token": bool((merged[0, -1].argmax() == reference[0, -1].argmax()).item()),

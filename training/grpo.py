@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.files import prepared_model
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
@@ -97,7 +98,9 @@ class Evaluation(_Section):
 class GrpoRunConfig(_Section):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     out: str = Field(description="run directory: checkpoints, adapter, report, evaluations")
-    policy: str = Field(min_length=1, description="local model directory or Hub id")
+    policy: str = Field(
+        min_length=1, description="local model directory, Hub id or prepared:NAME (<state>/models/NAME)"
+    )
     lora: dict[str, Any] = Field(default_factory=lambda: {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
                                  description="peft's LoraConfig arguments")  # fmt: skip
     data: Data = Field(default_factory=Data)
@@ -254,7 +257,7 @@ def memory_plan(cfg: GrpoRunConfig, args: Any, lora: Any) -> list[str]:
     if cfg.memory is None:
         return []
     evaluated = cfg.evaluate.profile if cfg.evaluate.enabled and not cfg.evaluate.runtime_lora else None
-    estimate = grpo_memory.policy_gib(cfg.memory, cfg.policy, int(lora.r), args, cfg.source)
+    estimate = grpo_memory.policy_gib(cfg.memory, prepared_model(cfg.policy), int(lora.r), args, cfg.source)
     return grpo_memory.check(cfg.memory, args, estimate, evaluated, cfg.evaluate.profiles, cfg.source)
 
 
@@ -303,7 +306,7 @@ def train(
     from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(cfg.policy)
+    model = AutoModelForCausalLM.from_pretrained(prepared_model(cfg.policy))
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, peft_config=lora)
     initial = _trainable(trainer.model)
     names = " + ".join(map(reward_name, funcs))

@@ -14,9 +14,12 @@ Decisions, each following the recipe (spec §5) unless the config says otherwise
 from __future__ import annotations
 
 import math
+import sys
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -58,6 +61,7 @@ class SftReport(BaseModel):
     throughput: list[dict[str, Any]]  # one row per log: step, loss, learning_rate, num_tokens, tokens_per_s
     mean_tokens_per_s: float | None
     peak_gpu_memory_gib: float | None  # torch.cuda.max_memory_allocated; null on CPU
+    liger: dict[str, Any]  # use_liger_kernel, why, and what of the model's module training replaced (then put back)
     gpu_memory_gib: float | None
     train_runtime_s: float
     wall_s: float
@@ -72,18 +76,97 @@ def precision(cfg: TrainConfig) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
+def liger(cfg: TrainConfig) -> tuple[bool, str]:
+    """Whether the fine-tune runs Liger's kernels (TRL's `use_liger_kernel`), and why (`choose_liger`), from what
+    this machine has: CUDA, and then whether liger-kernel imports (on CPU it is never imported)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return choose_liger(cfg.sft.args.get("use_liger_kernel"), cuda, _liger_kernel() if cuda else None, cfg.source)
+
+
+def _liger_kernel() -> str | ImportError:
+    """liger-kernel's version where it imports (triton and its kernels load), else the ImportError."""
+    from importlib.metadata import version
+
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError as e:
+        return e
+    return version("liger-kernel")
+
+
+def choose_liger(given: Any, cuda: bool, liger_kernel: str | ImportError | None, source: str) -> tuple[bool, str]:
+    """The one decision on Liger's kernels: on CUDA where liger-kernel imports (`liger_kernel`, its version), unless
+    the config's `sft:` says `use_liger_kernel: false`; never on CPU: they are triton kernels, and the CPU install has
+    no triton. Asked for (`true`) where they cannot run: a ConfigError naming the file and the key.
+    TRL (1.16) applies Liger's layer kernels only (RoPE, RMSNorm, SwiGLU): its own fused LM head stands where
+    Liger's fused cross-entropy would, so the full logits are never materialised either way."""
+    where = f"{source}: sft.use_liger_kernel"
+    if given is not None and not isinstance(given, bool):
+        raise ConfigError(f"{where}: TRL's SFTConfig declares bool, not {given!r}")
+    if given is False:
+        return False, "the config says use_liger_kernel: false"
+    if not cuda:
+        if given:
+            raise ConfigError(
+                f"{where}: true, but there is no CUDA GPU here and Liger's kernels are triton's, CUDA only: "
+                "remove it (Liger is chosen where it runs) or set it to false"
+            )
+        return False, "no CUDA GPU (Liger's kernels are triton's, CUDA only)"
+    if not isinstance(liger_kernel, str):
+        if given:
+            raise ConfigError(
+                f"{where}: true, but liger-kernel does not import ({liger_kernel}): install the package's gpu extra"
+            )
+        return False, f"liger-kernel does not import ({liger_kernel}); the package's gpu extra brings it"
+    return True, f"CUDA, and liger-kernel {liger_kernel} imports"
+
+
+@contextmanager
+def module_kept(module: ModuleType) -> Iterator[list[str]]:
+    """A model's transformers module (`modeling_qwen2`) as it was before, its classes' `forward` included: Liger's
+    kernels patch it process-wide (its RMSNorm, MLP and RoPE; its fused cross-entropy, the causal LM's forward), and
+    the export and the agreement check that follow in this process must load their models as a fresh process does.
+    Yields the names the block replaced there, each put back when it ends."""
+    names = dict(vars(module))
+    classes = {name: value for name, value in names.items() if isinstance(value, type)}
+    forwards = {name: cls.__dict__.get("forward") for name, cls in classes.items()}
+    replaced: list[str] = []
+    try:
+        yield replaced
+    finally:
+        for name in sorted(set(names) | set(vars(module))):
+            if vars(module).get(name) is not names.get(name):
+                replaced.append(name)
+                if name in names:
+                    setattr(module, name, names[name])
+                else:
+                    delattr(module, name)
+        for name, cls in classes.items():
+            if cls.__dict__.get("forward") is not forwards[name]:
+                replaced.append(f"{name}.forward")
+                if forwards[name] is None:
+                    delattr(cls, "forward")
+                else:
+                    setattr(cls, "forward", forwards[name])  # noqa: B010 (a class of any shape)
+
+
 def _throughput_callback(console: Console):
     from transformers import TrainerCallback
 
     class Throughput(TrainerCallback):
-        """One line per log: step, loss, learning rate and tokens/s since the previous log."""
+        """One line per log: step, loss, learning rate and tokens/s since the previous log; each row also holds its
+        seconds since training began, so a steady-state rate can leave out the first steps."""
 
         def __init__(self):
             self.rows: list[dict[str, Any]] = []
             self._last: tuple[float, float] | None = None
+            self._began = time.monotonic()
 
         def on_train_begin(self, args, state, control, **kwargs):
             self._last = None
+            self._began = time.monotonic()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
@@ -99,6 +182,7 @@ def _throughput_callback(console: Console):
                 "learning_rate": logs.get("learning_rate"),
                 "num_tokens": tokens,
                 "tokens_per_s": round(rate, 1) if rate else None,
+                "seconds": round(now - self._began, 3),
             }
             self.rows.append(row)
             rate_text = f"{rate:,.0f} tokens/s" if rate else "tokens/s from the next log"
@@ -174,7 +258,8 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
     from trl import SFTConfig
 
     prec = prec or precision(cfg)
-    given = cfg.sft.for_gpu(gpu_gib())
+    use_liger, _ = liger(cfg)
+    given = cfg.sft.for_gpu(gpu_gib(), use_liger) | {"use_liger_kernel": use_liger}
     defaults = {
         **CHAIN_DEFAULTS,
         "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
@@ -207,6 +292,10 @@ class Built:
     n_validation_examples: int
     n_over_max_length: int
     throughput: Any  # the callback's rows
+    model_module: Any = None
+    use_liger: bool = False
+    why_liger: str = ""
+    replaced_in_module: list[str] = field(default_factory=list)  # what training replaced in the model's module
     trainable_parameters: int = 0
     total_parameters: int = 0
     train_tokens: int = 0
@@ -232,6 +321,7 @@ def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
     val_path = run.split("validation")
     val_examples = read_examples(val_path) if val_path.is_file() else []
     prec = precision(cfg)
+    use_liger, why_liger = liger(cfg)
     args = sft_config(cfg, prec)  # TRL checks the `sft:` arguments before the data and the model are loaded
 
     import datasets
@@ -246,8 +336,9 @@ def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
     tokenizer = AutoTokenizer.from_pretrained(base)
     n_long = check_lengths(_lengths(tokenizer, train_examples), args.max_length, str(cfg.source))
     throughput = _throughput_callback(console)
+    model = load_base(base, cfg, dtype)
     trainer = SFTTrainer(
-        model=load_base(base, cfg, dtype),
+        model=model,
         args=args,
         train_dataset=data["train"],
         eval_dataset=data["validation"] if val_examples else None,
@@ -256,6 +347,8 @@ def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
         callbacks=[throughput],
     )
     built = Built(trainer, tokenizer, base, args, prec, len(train_examples), len(val_examples), n_long, throughput)
+    built.use_liger, built.why_liger = use_liger, why_liger
+    built.model_module = sys.modules[type(model).__module__]  # what Liger's kernels patch, put back after training
     built.trainable_parameters, built.total_parameters = trainer.model.get_nb_trainable_parameters()
     built.train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
     built.completion_tokens = sum(sum(label != -100 for label in ls) for ls in trainer.train_dataset["labels"])
@@ -270,7 +363,8 @@ def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
     console.print(
         f"[bold]sft[/bold]: {base}, {quantized} base, LoRA r={cfg.lora.r}: {built.trainable_parameters:,} trainable of "
         f"{built.total_parameters:,} parameters; {len(trainer.train_dataset)} examples ({built.train_tokens:,} tokens, "
-        f"{built.completion_tokens:,} in completions), {n_long} over max_length {args.max_length}; {prec}",
+        f"{built.completion_tokens:,} in completions), {n_long} over max_length {args.max_length}; {prec}; "
+        f"Liger's kernels {'on' if use_liger else 'off'} ({why_liger})",
         highlight=False,
     )
     return built
@@ -285,11 +379,12 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
     built = build_trainer(cfg, run, console)
     checkpoints = run.checkpoints
     last = get_last_checkpoint(str(checkpoints)) if cfg.sft.resume and checkpoints.is_dir() else None
-    before = built.losses(cfg.sft.measure_loss_on)
-    started = time.monotonic()
-    result = built.trainer.train(resume_from_checkpoint=last)
-    wall = time.monotonic() - started
-    after = built.losses(cfg.sft.measure_loss_on)
+    with module_kept(built.model_module) as built.replaced_in_module:
+        before = built.losses(cfg.sft.measure_loss_on)
+        started = time.monotonic()
+        result = built.trainer.train(resume_from_checkpoint=last)
+        wall = time.monotonic() - started
+        after = built.losses(cfg.sft.measure_loss_on)
     built.trainer.save_model(str(run.adapter))
     built.tokenizer.save_pretrained(str(run.adapter))
     report = sft_report(cfg, run, built, last, (before, after), result.metrics.get("train_runtime", wall), wall)
@@ -335,6 +430,11 @@ def sft_report(
         throughput=built.throughput.rows,
         mean_tokens_per_s=round(sum(rates) / len(rates), 1) if rates else None,
         peak_gpu_memory_gib=peak_gpu_gib(),
+        liger={
+            "use_liger_kernel": built.use_liger,
+            "why": built.why_liger,
+            "replaced_in_module": built.replaced_in_module,
+        },
         gpu_memory_gib=round(gib, 1) if (gib := gpu_gib()) else None,
         train_runtime_s=round(runtime_s, 2),
         wall_s=round(wall_s, 2),

@@ -12,6 +12,8 @@ from importlib.metadata import version as installed_version
 import typer
 
 from cupid.cli.compare import main as compare_main
+from cupid.cli.demo import main as demo_main
+from cupid.cli.doctor import main as doctor_main
 from cupid.cli.errors import CupidGroup
 from cupid.cli.eval import app as eval_app
 from cupid.cli.import_inspect import main as import_inspect_main
@@ -39,7 +41,7 @@ app = typer.Typer(
 def _version(value: bool) -> None:
     if value:
         try:
-            typer.echo(f"cupid {installed_version('cupid')}")
+            typer.echo(f"cupid {installed_version('cupid-eval')}")
         except PackageNotFoundError:
             typer.echo("cupid (not installed: run from a checkout)")
         raise typer.Exit()
@@ -74,6 +76,8 @@ app.add_typer(eval_app, name="eval")
 app.add_typer(meta_app, name="meta")
 app.add_typer(synth_app, name="synth")
 app.add_typer(train_app, name="train")
+app.command("demo")(demo_main)
+app.command("doctor")(doctor_main)
 app.command("report")(report_main)
 app.command("view")(view_main)
 app.command("compare")(compare_main)

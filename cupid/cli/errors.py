@@ -8,6 +8,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
+from cupid.common import install
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.data import DataError
 from cupid.eval.benchmark.records import RecordError
@@ -32,6 +33,38 @@ def user_error_line(e: BaseException) -> str:
     return str(e)
 
 
+# The extra that brings each optional library (pyproject.toml): a command that needs one that is missing says which
+# extra to install, in one line (`CupidGroup`), instead of an import's traceback.
+EXTRA_OF = {
+    "trl": "train", "peft": "train", "bitsandbytes": "train", "accelerate": "train",
+    "vllm": "cpu", "torch": "cpu", "transformers": "cpu", "gguf": "cpu",  # or gpu on a CUDA box
+    "mlflow": "track", "wandb": "track", "inspect_ai": "inspect",
+}  # fmt: skip
+
+
+def missing_extra_line(e: ModuleNotFoundError) -> str | None:
+    """`needs <module>, which the <extra> extra installs: pip install 'cupid-eval[<extra>]'`, for a library an extra
+    brings; None for any other missing module (a bug, or a broken install: its traceback)."""
+    top = (e.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        return None
+    extra = EXTRA_OF[top]
+    box = " ([gpu] on a CUDA box)" if extra == "cpu" else ""
+    return f"this command needs {top}, which the [{extra}] extra installs: pip install 'cupid-eval[{extra}]'{box}"
+
+
+def torch_mismatch_line(e: BaseException) -> str | None:
+    """The fix, where an import failed on torch's companions built for another torch (`install.torch_mismatch`): the
+    error, or one it came from, names torchvision (`operator torchvision::nms does not exist`)."""
+    chain, seen = [], e
+    while seen is not None and len(chain) < 20:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not any("torchvision" in str(x) or "torchaudio" in str(x) for x in chain):
+        return None
+    return install.mismatch_line()
+
+
 def debugging() -> bool:
     return os.environ.get("CUPID_DEBUG", "") not in ("", "0")
 
@@ -46,4 +79,14 @@ class CupidGroup(TyperGroup):
             if debugging():
                 raise
             typer.echo(f"error: {user_error_line(e)}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except ModuleNotFoundError as e:
+            if debugging() or (line := missing_extra_line(e) or torch_mismatch_line(e)) is None:
+                raise
+            typer.echo(f"error: {line}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except (ImportError, RuntimeError) as e:
+            if debugging() or (line := torch_mismatch_line(e)) is None:
+                raise
+            typer.echo(f"error: {line}", err=True)
             raise typer.Exit(EXIT_USAGE) from None

@@ -73,7 +73,11 @@ RunDirsArgument = typer.Argument(None, help="run directories: one F1 per (candid
 @app.command("correlate")
 def correlate_cmd(
     run_dirs: list[str] = RunDirsArgument,
-    table: str | None = typer.Option(None, "--table", help="CSV with a `model` column and one F1 column per matcher"),
+    table: str | None = typer.Option(
+        None,
+        "--table",
+        help="CSV with a `model` column and one F1 column per matcher; `paper`: the paper's Tables 1 and 11 (shipped)",
+    ),
     columns: tuple[str, str] | None = typer.Option(None, "--columns", help="the two columns (matchers) to correlate"),
     setting: str = typer.Option("standard", help="runs: the setting whose F1 is used"),
     aggregate: str = typer.Option("micro", help="runs: micro (published numbers) or macro F1"),

@@ -25,4 +25,7 @@ def main(
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: no report written in {target}", err=True)
+        raise typer.Exit(130) from None
     typer.echo(str(page))

@@ -168,7 +168,8 @@ def run(
         )
         quantized = f"BitsAndBytesConfig accepts {accepts(bnb, cfg.quantization.args)}" if bnb else "none (plain LoRA)"
         gib = sft_stage.gpu_gib()
-        chosen = cfg.sft.gpu_batch(gib)
+        use_liger, why_liger = sft_stage.liger(cfg)
+        chosen = cfg.sft.gpu_batch(gib, use_liger)
         batch = (
             chosen.line(gib, args.max_length)
             if chosen and gib
@@ -178,6 +179,7 @@ def run(
         for line in (
             f"sft: TRL's SFTConfig accepts {accepts(args, cfg.sft.args)}",
             f"sft: {batch}",
+            f"sft: Liger's kernels (use_liger_kernel) {'on' if use_liger else 'off'}: {why_liger}",
             f"lora: peft's LoraConfig accepts {accepts(lora, cfg.lora.args)}",
             f"quantization: {quantized}",
         ):

@@ -30,6 +30,17 @@ def state_dir() -> Path:
     return Path(os.environ.get("CUPID_HOME", ".cupid")).resolve()
 
 
+PREPARED = "prepared:"  # a model this project prepares (`cupid serve prepare-tiny`), by name: `prepared:NAME`
+
+
+def prepared_model(model: str) -> str:
+    """Where a shipped profile or recipe finds a model the project prepares: `prepared:NAME` is
+    `<state>/models/NAME`, under CUPID_HOME wherever the command runs; any other model (a Hub id, a path) as given."""
+    if model.startswith(PREPARED):
+        return str(state_dir() / "models" / model.removeprefix(PREPARED))
+    return model
+
+
 class DirectoryBusy(ConfigError):
     """Another process holds the directory; the message names it."""
 
@@ -84,14 +95,14 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
-def write_atomic(path: str | Path, text: str) -> None:
+def write_atomic(path: str | Path, text: str | bytes) -> None:
     """Replace `path` whole: a reader, a crash or a full disk sees the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(temp, path)

@@ -9,7 +9,7 @@ from typing import Any
 
 from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.records import Scoring
-from cupid.eval.benchmark.stages import ask, constraint, parsed, stage_by_stage
+from cupid.eval.benchmark.stages import ask, judge_params, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 
@@ -40,6 +40,6 @@ class GenerationScorer:
 
     async def _stages(self, preference: str, checklist: list[str], request: str, answer: str, scoring: Scoring) -> None:
         messages = prompts.judge(preference, checklist, request, answer)
-        fmt = constraint(self.client, self.judge, schemas.judge)
+        fmt = judge_params(self.client, "judge", self.judge, schemas.judge)
         scoring.judge_answer = await ask(self.client, "judge", self.judge, messages, **fmt)
         scoring.score = parsed("judge", parse.score, scoring.judge_answer)

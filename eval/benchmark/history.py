@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.settings import SETTING_SPECS
-from cupid.eval.benchmark.stages import StageFailed, ask, constraint, parsed
+from cupid.eval.benchmark.stages import StageFailed, ask, judge_params, parsed
 from cupid.matcher import parse, prompts, schemas
 from cupid.serving.client import Client
 
@@ -47,6 +47,6 @@ class History:
         """One request per session: identical sessions across instances cost one call (cache, in-flight dedup)."""
         if self.summarizer is None:
             raise StageFailed("summarize", "no_summarizer", "the summary setting needs a summarizer endpoint")
-        fmt = constraint(self.client, self.summarizer, schemas.summarizer)
+        fmt = judge_params(self.client, "summarizer", self.summarizer, schemas.summarizer)
         answer = await ask(self.client, "summarize", self.summarizer, prompts.summarizer(session), **fmt)
         return parsed("summarize", parse.session_summary, answer)

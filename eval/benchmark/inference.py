@@ -10,7 +10,7 @@ from typing import Any
 
 from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.records import DIRECTIONS, Scoring
-from cupid.eval.benchmark.stages import ask, constraint, parsed, stage_by_stage
+from cupid.eval.benchmark.stages import ask, judge_params, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
 from cupid.matcher.prompts import MatcherDialect
 from cupid.matcher.scores import MatchCounts
@@ -35,11 +35,13 @@ class InferenceScorer:
     matcher_dialect: MatcherDialect
 
     async def ask_decomposer(self, preference: str) -> str:
-        fmt = constraint(self.client, self.decomposer, schemas.decomposer)
+        fmt = judge_params(self.client, "decomposer", self.decomposer, schemas.decomposer)
         return await ask(self.client, "decompose", self.decomposer, prompts.decomposer(preference), **fmt)
 
     async def ask_matcher(self, stage: str, preference: str, items: list[str]) -> str:
-        fmt = constraint(self.client, self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap))
+        fmt = judge_params(
+            self.client, "matcher", self.matcher, lambda cap: schemas.matcher(self.matcher_dialect, items, cap)
+        )
         return await ask(
             self.client, stage, self.matcher, prompts.matcher(preference, items, self.matcher_dialect), **fmt
         )

@@ -349,6 +349,16 @@ async def _run(
         latest: dict[tuple[str, str, str], UnitRecord] = {}
         if out is not None:
             planned = UnitPlan(n_instances=len(dataset.instances), settings={t: cfg.units_of(t) for t in cfg.tasks})
+            planned_cells = {(t, s) for t, _, s in units}
+            cut = {
+                k for k in set(out.records()) - {(i.key, t, s) for t, i, s in units} if (k[1], k[2]) in planned_cells
+            }
+            if cut:  # instances of this run's tasks and settings it would leave out: a smaller --limit, fewer --type
+                raise ConfigError(
+                    f"{out.path} holds {len(cut)} unit(s) of instances this run leaves out (a smaller --limit or fewer "
+                    "--type than the run that wrote them): its summary would not count them where compare and report "
+                    "read them; run it with the same --limit and --type, or give another --out"
+                )
             out.claim(_identity(cfg, used).model_copy(update={"plan": planned}))
             latest = out.records()
         done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}

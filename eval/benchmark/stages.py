@@ -60,6 +60,21 @@ def constraint(
     return build(max_tokens if max_tokens is not None else settings.max_tokens) if settings.structured_output else {}
 
 
+# Each judge role's answer cap where its endpoint sets no `max_tokens`: a judge's answer is a checklist, a list of
+# labels, a score or a session's summary, well within it; without one, a small model that never stops ran for minutes
+# a unit on a CPU (vLLM's own cap is the model's whole window).
+JUDGE_MAX_TOKENS = {"decomposer": 1024, "matcher": 1024, "judge": 1024, "summarizer": 1024}
+
+
+def judge_params(
+    client: Client, role: str, endpoint: str, build: Callable[[int | None], dict[str, Any]]
+) -> dict[str, Any]:
+    """A judge's request fields: its answer cap (the endpoint's, else its role's) and its answer format where the
+    endpoint enforces one (`constraint`), sized to that cap."""
+    cap = client.endpoints[endpoint].max_tokens or JUDGE_MAX_TOKENS[role]
+    return {"max_tokens": cap, **constraint(client, endpoint, build, cap)}
+
+
 async def ask(client: Client, stage: str, endpoint: str, messages: list[dict[str, str]], **params: Any) -> str:
     try:
         return (await client.chat(endpoint, messages, **params)).content

@@ -14,6 +14,7 @@ Installed with the `inspect` extra; inspect finds these tasks through the `inspe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inspect_ai import Task, task
@@ -22,6 +23,7 @@ from inspect_ai.hooks import Hooks, RunEnd, hooks
 from inspect_ai.model import ChatMessage, ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, GenerateConfig
 from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric, scorer
 from inspect_ai.solver import Generate, Solver, TaskState, solver
+from inspect_ai.util import registry_info
 
 from cupid.common.aio import PerLoop
 from cupid.common.config import ConfigError, read_yaml
@@ -44,12 +46,25 @@ from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE
 
 DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
+PREFIX = "cupid"  # inspect's namespace for these tasks: the entry point's name in pyproject.toml
 METADATA_KEY = (
     "cupid"  # the task's metadata (the log's `eval.metadata`) under this key: what `import-inspect` rebuilds a run from
 )
 
 
-@task
+def _cupid_task(func: Callable[..., Task]) -> Callable[..., Task]:
+    """inspect's `@task`, under the name `cupid/<function>` however the package is installed. inspect prefixes a task
+    with its import package where it finds the package installed: in site-packages (a wheel), or as an editable install
+    of a distribution named like the package. The distribution is `cupid-eval`, so a checkout's editable install is
+    neither, and would register a bare `inference` that `inspect eval cupid/inference` does not find: there the
+    prefix is given by name."""
+    registered = task(func)
+    if registry_info(registered).name.startswith(f"{PREFIX}/"):
+        return registered
+    return task(name=f"{PREFIX}/{func.__name__}")(func)
+
+
+@_cupid_task
 def inference(
     data: str = "sample",
     setting: str = "standard",
@@ -100,7 +115,7 @@ def inference(
     )
 
 
-@task
+@_cupid_task
 def generation(
     data: str = "sample",
     setting: str = "standard",

@@ -224,9 +224,14 @@ def f1_table(run_dirs: Iterable[str | Path], setting: str = "standard", aggregat
     return table
 
 
+# The paper's model-wise F1 under GPT-4o and PrefMatcher (its Tables 1 and 11), shipped: `--table paper`.
+PAPER_TABLE = Path(__file__).with_name("paper_table1_table11.csv")
+
+
 def read_table(path: str | Path) -> F1Table:
-    """A CSV with a `model` column and one numeric column per matcher (empty cells are left out)."""
-    path = Path(path)
+    """A CSV with a `model` column and one numeric column per matcher (empty cells are left out); `paper`: the
+    paper's (`PAPER_TABLE`)."""
+    path = PAPER_TABLE if str(path) == "paper" else Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")
     table = F1Table()

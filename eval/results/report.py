@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
 from cupid.eval.benchmark.grid import groups
 from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.stats import Interval
@@ -415,10 +416,6 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     f1, gen = model_points(runs)
     figures = [figure3(runs), figure4(f1), figure5(f1, gen)]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    for fig in figures:
-        if fig.png:
-            (out / f"{fig.name}.png").write_bytes(fig.png)
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     html = env.from_string(TEMPLATE).render(
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -430,7 +427,17 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
         view=(out / "view.html").exists(),
         view_command=f"cupid view {' '.join(shlex.quote(str(d)) for d in run_dirs)} --out {shlex.quote(str(out))}",
     )
+    # Everything computed before anything is written; then each file whole, the page last: an interrupted or failed
+    # write takes back the files this build added, so a report directory holds a whole report or what it held before.
     page = out / "report.html"
-    page.write_text(html, encoding="utf-8")
+    files = {out / f"{fig.name}.png": fig.png for fig in figures if fig.png} | {page: html}
+    added = [path for path in files if not path.exists()]
+    try:
+        for path, content in files.items():
+            write_atomic(path, content)
+    except BaseException:
+        for path in added:
+            path.unlink(missing_ok=True)
+        raise
     link_report(out)
     return page

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cupid.common.config import ConfigError
 from cupid.common.files import read_json, write_atomic
+from cupid.common.install import DISTRIBUTION
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity
@@ -153,7 +154,7 @@ def _params(summary: Summary | None, identity: RunIdentity) -> dict[str, str]:
     if summary is not None and summary.candidate_constrained:
         params["candidate_constrained"] = ",".join(summary.candidate_constrained)
     params.update({f"serve.{name}": fp for name, fp in ((summary.serve_profiles if summary else None) or {}).items()})
-    params["cupid_version"] = importlib.metadata.version("cupid")
+    params["cupid_version"] = importlib.metadata.version(DISTRIBUTION)
     return params
 
 

