@@ -74,8 +74,7 @@ def run_demo(
     started = not _running()
     if started:
         console.print(
-            f"demo: starting profile '{PROFILE}' on :{profile.port} (vLLM's CPU build takes a while to start)",
-            highlight=False,
+            f"demo: starting profile '{PROFILE}' on :{profile.port} (vLLM starts slowly on CPU)", highlight=False
         )
         profile.check_local_files()
         lifecycle.up(profile, tied=True)  # stopped below, and with this process however it ends
