@@ -20,3 +20,24 @@ def test_run_configs_are_valid(path):
     endpoints = load_endpoints(REPO / cfg.endpoints)
     for name in [*cfg.roles().bound().values(), cfg.reference]:
         assert name is None or name in endpoints, f"{path.name}: no endpoint '{name}'"
+
+
+def test_the_exit_codes_are_stated_as_the_code_defines_them():
+    """The nightly file, the README's table and `cupid nightly --help` state the codes the verdicts exit with."""
+    from typer.testing import CliRunner
+
+    from cupid.cli import app
+    from cupid.cli.errors import EXIT_USAGE
+    from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
+    from cupid.eval.results.leaderboard import EXIT_FAILURES
+
+    stated = f"{EXIT_FAILURES} failures; {EXIT_REGRESSION} a regression; {EXIT_NO_VERDICT} no verdict ({EXIT_USAGE}:"
+    assert stated in (REPO / "configs/eval/nightly.yaml").read_text()
+    readme = (REPO / "README.md").read_text()
+    table = {EXIT_FAILURES: "the work failed", EXIT_USAGE: "a usage", EXIT_REGRESSION: "a regression"}
+    for code, meaning in {**table, EXIT_NO_VERDICT: "no verdict"}.items():
+        assert f"\n| {code} | {meaning}" in readme, code
+    night = f"{EXIT_FAILURES} failures, {EXIT_REGRESSION} a regression, {EXIT_NO_VERDICT} no verdict"
+    assert night in " ".join(readme.split())
+    said = " ".join(CliRunner().invoke(app, ["nightly", "--help"]).output.replace("│", " ").split())
+    assert f"{night} ({EXIT_USAGE}:" in said

@@ -28,6 +28,15 @@ and ten personas may hold none of them, so the gate asks `GATE_PERSONAS`, and at
 still runs about a point over its nominal level on one side: the gate tests at `GATE_CONFIDENCE`
 (tests/eval/test_gate_level.py measures the false alarms there, per law, in both directions).
 
+A bootstrap-t p-value from B resamples cannot go under 2/(B + 1), and a Holm family of m tests asks its smallest one
+to go under (1 - confidence)/m: at 2,000 resamples a nightly of 36 headline tests could flag nothing. So a family
+resolves its p-values (`Difference.resolve`, called by the family's Holm): one the first resamples put near its
+floor (fewer than `RESOLVE_TAIL` resamples beyond the observed t) draws further resamples, in rounds that double
+their number, until `RESOLVE_TAIL` lie beyond it or its floor is under half the family's smallest threshold; a
+p-value well above its floor draws none. The cost is a few tests' worth per test near the floor, whatever the family's
+size (at most `MAX_RESAMPLES` each); a p-value still at a floor over the smallest threshold there is stated as
+unresolved, and the family has no verdict on it.
+
 Draws from a fixed seed over the personas in sorted order: the same units give the same interval whatever order a
 run wrote them in. Under `MIN_PERSONAS` personas there is no interval and no p-value: their fields are None, in
 every file and table, never a number.
@@ -40,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 from cupid.matcher.scores import MatchCounts
 
@@ -54,6 +63,9 @@ GATE_PERSONAS = 80  # fewer, and the gate gives no verdict: skewed changes push 
 # level under skewed changes at `GATE_PERSONAS` (tests/eval/test_gate_level.py), and the gate promises 2.5% a side
 # within 3.5%.
 GATE_CONFIDENCE = 0.965
+RESOLVE_TAIL = 20  # resamples beyond the observed t that state a p-value to within ~a quarter of itself
+MAX_RESAMPLES = 200_000  # a test's most: resolves a family of up to ~1,700 tests at the gate's level
+_ROUND = 8_000  # resamples drawn at once while resolving (~16 MB of draws at 252 personas)
 
 Statistic = Callable[[np.ndarray], dict[str, np.ndarray]]
 """Named figures from column sums: an array (..., k) of sums of the units' k columns to arrays (...)."""
@@ -109,10 +121,35 @@ class Difference(BaseModel):
     personas: int
     null: float = 0.0  # the difference tested against (a gate's margin: -margin)
     studentized: bool = False  # interval and p from the bootstrap-t (the gate's test), else the t law
+    resamples: int | None = None  # the resamples a bootstrap-t p-value rests on (None: exact, or the t law's)
+    _tail: _Tail | None = PrivateAttr(default=None)  # what resolving the p-value further needs
 
     @property
     def resolved(self) -> bool:
         return self.personas >= MIN_PERSONAS and self.p_value is not None
+
+    @property
+    def floor(self) -> float | None:
+        """The smallest p-value its resamples can state, 2/(resamples + 1); None for a p-value with none (exact, or
+        the t law's)."""
+        return 2 / (self.resamples + 1) if self.resamples else None
+
+    def resolve(self, threshold: float) -> bool:
+        """Resample a bootstrap-t p-value further where it sits near its floor, until `RESOLVE_TAIL` resamples lie
+        beyond the observed t or the floor is under half of `threshold` (the smallest Holm threshold of the family
+        it enters), at most `MAX_RESAMPLES`. False where its floor is still at or over `threshold` near it: it cannot
+        say whether it is under. Idempotent; a difference read back from a file is taken as it is."""
+        tail = self._tail
+        if tail is None:
+            return True
+        while tail.beyond() < RESOLVE_TAIL and tail.resamples < MAX_RESAMPLES and tail.floor() >= threshold / 2:
+            tail.draw(min(tail.resamples, _ROUND, MAX_RESAMPLES - tail.resamples))
+        self.p_value, self.resamples = tail.p_value(), tail.resamples
+        return tail.beyond() >= RESOLVE_TAIL or tail.floor() < threshold
+
+    def carry_tail(self, other: Difference) -> None:
+        """Take `other`'s means to resolve (a row built from a difference's fields)."""
+        self._tail = other._tail
 
     @property
     def gated(self) -> bool:
@@ -218,11 +255,11 @@ def paired(
     for name in point_a:
         difference = float(point_b[name] - point_a[name])
         se = _se(samples_b[name] - samples_a[name], n_personas)
-        low = high = p = None
+        low = high = p = tail = None
         if resolved and studentized:
-            one = _one(statistic, name)
-            t_star, se_lin = _studentized(one, weights, sums_a, sums_b, samples_b[name] - samples_a[name] - difference)
-            low, high, p = _bootstrap_t(difference, se_lin, t_star, null, confidence)
+            low, high, p, tail = _bootstrap_t(
+                _one(statistic, name), weights, sums_a, sums_b, difference, null, confidence, seed
+            )
         elif resolved:
             low, high, p = _t_test(difference - null, se, n_personas - 1, confidence)
             low, high = low + null, high + null
@@ -239,7 +276,9 @@ def paired(
             personas=n_personas,
             null=null,
             studentized=studentized and resolved,
+            resamples=tail.resamples if tail else None,
         )
+        out[name]._tail = tail
     return out
 
 
@@ -302,33 +341,72 @@ def _linearized_se(
     return np.sqrt(np.maximum(spread, 0.0) / (n - 1))
 
 
-def _studentized(
+@dataclass
+class _Tail:
+    """A bootstrap-t test's resamples so far, and what drawing more needs: the figure, both runs' per-persona sums,
+    the columns it reads, the estimate, its standard error and the observed t."""
+
+    f: Callable[[np.ndarray], np.ndarray]
+    sums_a: np.ndarray
+    sums_b: np.ndarray
+    columns: list[int]
+    difference: float
+    observed: float  # (difference - null) / se
+    seed: int
+    at_or_above: int = 0  # resamples whose t is >= the observed
+    at_or_below: int = 0
+    resamples: int = 0
+
+    def t_star(self, weights: np.ndarray) -> np.ndarray:
+        """Each resample's t, (its difference - the estimate) / its own standard error."""
+        centred = self.f(weights @ self.sums_b) - self.f(weights @ self.sums_a) - self.difference
+        per_resample = _linearized_se(self.f, weights, self.sums_a, self.sums_b, self.columns)
+        safe = np.where(per_resample > 1e-12, per_resample, 1.0)
+        return np.where(per_resample > 1e-12, centred / safe, 0.0)
+
+    def count(self, t_star: np.ndarray) -> None:
+        self.at_or_above += int((t_star >= self.observed).sum())
+        self.at_or_below += int((t_star <= self.observed).sum())
+        self.resamples += len(t_star)
+
+    def draw(self, count: int) -> None:
+        """`count` more resamples, from a stream of their own (the seed and how many came before)."""
+        n = self.sums_a.shape[0]
+        rng = np.random.default_rng([self.seed, self.resamples])
+        self.count(self.t_star(rng.multinomial(n, np.full(n, 1.0 / n), size=count).astype(float)))
+
+    def beyond(self) -> int:
+        return min(self.at_or_above, self.at_or_below)
+
+    def floor(self) -> float:
+        return 2 / (self.resamples + 1)
+
+    def p_value(self) -> float:
+        """Two-sided: the observed t's place among the resamples, (count + 1) / (resamples + 1) each side."""
+        return min(1.0, 2 * (self.beyond() + 1) / (self.resamples + 1))
+
+
+def _bootstrap_t(
     f: Callable[[np.ndarray], np.ndarray],
     weights: np.ndarray,
     sums_a: np.ndarray,
     sums_b: np.ndarray,
-    centred: np.ndarray,
-) -> tuple[np.ndarray, float]:
-    """Each resample's t statistic, (its difference - the estimate) / its own standard error, and the estimate's
-    standard error (`centred`: each resample's difference minus the estimate)."""
+    difference: float,
+    null: float,
+    confidence: float,
+    seed: int,
+) -> tuple[float, float, float, _Tail | None]:
+    """The bootstrap-t interval, the two-sided p-value for `null` and the test's resamples (to resolve it further);
+    with no spread, the difference is certain (and the p-value exact)."""
     columns = _read_columns(f, sums_a, sums_b)
-    se_lin = float(_linearized_se(f, np.ones(sums_a.shape[0]), sums_a, sums_b, columns))
-    per_resample = _linearized_se(f, weights, sums_a, sums_b, columns)
-    safe = np.where(per_resample > 1e-12, per_resample, 1.0)
-    return np.where(per_resample > 1e-12, centred / safe, 0.0), se_lin if se_lin > 1e-12 else 0.0
-
-
-def _bootstrap_t(
-    difference: float, se: float, t_star: np.ndarray, null: float, confidence: float
-) -> tuple[float, float, float]:
-    """The bootstrap-t interval and the two-sided p-value for `null`: the observed t's place among the resamples'
-    ((count + 1) / (resamples + 1) each side). With no spread, the difference is certain."""
-    if se == 0:
-        return difference, difference, 1.0 if difference == null else 0.0
+    se = float(_linearized_se(f, np.ones(sums_a.shape[0]), sums_a, sums_b, columns))
+    if se <= 1e-12:
+        return difference, difference, 1.0 if difference == null else 0.0, None
+    tail = _Tail(f, sums_a, sums_b, columns, difference, (difference - null) / se, seed)
+    t_star = tail.t_star(weights)
+    tail.count(t_star)
     low_q, high_q = np.quantile(t_star, [(1 - confidence) / 2, 1 - (1 - confidence) / 2])
-    observed = (difference - null) / se
-    tail = min(int((t_star >= observed).sum()), int((t_star <= observed).sum()))
-    return difference - float(high_q) * se, difference - float(low_q) * se, min(1.0, 2 * (tail + 1) / (len(t_star) + 1))
+    return difference - float(high_q) * se, difference - float(low_q) * se, tail.p_value(), tail
 
 
 def _se(samples: np.ndarray, n_personas: int) -> float:

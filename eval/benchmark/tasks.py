@@ -65,6 +65,7 @@ class TaskSpec:
     statistic: stats.Statistic  # its figures from column sums: ratios of sums, recomputed on each resample
     metrics: tuple[str, ...]  # the names `statistic` gives, in the order tables show them
     scale: float  # how a figure is shown (100: as a percentage)
+    points: str  # the unit of a shown figure's difference (a gate's margin is in it)
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
     unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
@@ -144,6 +145,7 @@ INFERENCE = TaskSpec(
     statistic=stats.prf,
     metrics=tuple(f"{aggregate}_{name}" for aggregate in ("micro", "macro") for name in ("precision", "recall", "f1")),
     scale=100,
+    points="F1 points",
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
     unit_score=lambda record: round(100 * record.scores.f1, 1) if record.scores else None,  # F1 in %
@@ -167,6 +169,7 @@ GENERATION = TaskSpec(
     statistic=stats.mean_score,
     metrics=("mean_score",),
     scale=1,
+    points="judge-score points",
     headline=("mean_score",),
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
     unit_score=lambda record: record.score,  # the judge's 1-10

@@ -5,13 +5,14 @@ in a resample brings both runs' units, and the noise the runs share (which perso
 hold, how hard each is) cancels. Every figure is recomputed as the summary computes it (ratios of sums over
 the drawn personas' units), so a difference is exactly B - A of the figures on the compared units.
 
-A run's own figures leave failed units out (the reference's figures); a comparison cannot, or a candidate that
-stops answering would pass. The candidate's own failures (no response, no preference in its answer) are scored
-as no answer, in a way no figure can gain from (`TaskSpec.no_answer`: inference misses every checklist item and
-predicts as many items as the other run's answer did, none matched; generation gets the judge's lowest score, 1).
-Beyond that, a candidate that leaves more than `MAX_MORE_UNANSWERED` more of a task's headline units unanswered
-than A is a regression of its own. A unit a judge failed on in either run says nothing of the candidate: it is
-left out and counted, and beyond `MAX_LEFT_OUT` of a task's headline units the comparison has no verdict.
+A run's own figures leave failed units out (the reference's figures); a comparison cannot, or a candidate that stops
+answering would pass. The candidate's own failures (no response, no preference in its answer) are scored as no answer,
+in a way no figure can gain from (`TaskSpec.no_answer`: inference misses every checklist item and predicts as many items
+as the other run's answer did, none matched; generation gets the judge's lowest score, 1). Beyond that, a candidate that
+leaves more than `MAX_MORE_UNANSWERED` percent more of a task's headline units unanswered than A is a regression of its
+own (`unanswered_allowed`: 7 of a full run's 756 pass, the 8th fails). A unit a judge failed on in either run says
+nothing of the candidate: it is left out and counted, and beyond `MAX_LEFT_OUT` of a task's headline units the
+comparison has no verdict.
 
 A verdict is given only on the same evaluation: runs with records, the same tasks, the same headline units, and
 the same data, judges and prompts (`differences`). Anything else has no verdict and says why, unless accepted by
@@ -55,8 +56,8 @@ HEADLINE_SETTING = "standard"
 EXIT_REGRESSION = 4
 EXIT_NO_VERDICT = 8
 MAX_LEFT_OUT = 0.02  # of a task's headline units, a judge may fail on this share before there is no verdict
-MAX_MORE_UNANSWERED = 0.01  # of a task's headline units, B may leave this share more unanswered than A (one timeout
-# in a full run's 252 passes; three do not)
+MAX_MORE_UNANSWERED = 1  # percent of a task's headline units that B may leave unanswered beyond A's
+SMALL_MARGIN = 0.1  # points: a margin under it was likely meant as a fraction
 N_LARGEST = 10
 NO_ANSWER = (
     "no answer (inference: every checklist item missed, as many items predicted as the other run's answer, none "
@@ -73,6 +74,7 @@ class Row(Difference):
     metric: str
     p_holm: float | None = None
     headline: bool = False
+    unresolved: str | None = None  # why its p-value cannot say whether it is under its family's smallest threshold
 
     @property
     def regression(self) -> bool:
@@ -118,7 +120,9 @@ class Comparison(BaseModel):
     left_out: dict[str, int] = Field(default_factory=dict)  # `<task>/<setting>`: units a judge failed on, in either run
     personas: int  # of the compared units
     headline_setting: str = HEADLINE_SETTING
-    margin: float = 0.0  # the drop the gate tolerates, in each headline's shown units (F1 points, judge points)
+    margin: float = 0.0  # the drop the gate tolerates, in each headline's shown units (`margin_units`)
+    margin_units: dict[str, str] = Field(default_factory=dict)  # task -> the margin's unit there
+    unanswered_allowed: dict[str, int] = Field(default_factory=dict)  # task -> units B may leave unanswered beyond A
     differs: list[str] = Field(
         default_factory=list
     )  # what differs besides the candidate: the difference is not its alone
@@ -198,24 +202,34 @@ def task_rows(
                 confidence=GATE_CONFIDENCE,
             )
         for metric, d in differences.items():
-            rows.append(
-                Row(
-                    task=spec.name,
-                    setting=setting,
-                    instance_type=group,
-                    metric=metric,
-                    headline=headline and group is None and metric == spec.headline[0],
-                    **d.model_dump(),
-                )
+            row = Row(
+                task=spec.name,
+                setting=setting,
+                instance_type=group,
+                metric=metric,
+                headline=headline and group is None and metric == spec.headline[0],
+                **d.model_dump(),
             )
+            row.carry_tail(d)
+            rows.append(row)
     return rows
 
 
 def holm_family(rows: list[Row]) -> None:
-    """Holm across the rows that have a p-value (one family): each one's `p_holm`, and its `detectable` for a family
-    of that size at its test's level (the gate's, for a studentized headline)."""
-    tested = [(row, row.p_value) for row in rows if row.p_value is not None]
-    for (row, _), p in zip(tested, holm([p for _, p in tested]), strict=True):
+    """Holm across the rows that have a p-value (one family): each p-value first resolved for the family's smallest
+    threshold (`Difference.resolve`; where it cannot be, `unresolved` says why), then each one's `p_holm`, and its
+    `detectable` for a family of that size at its test's level (the gate's, for a studentized headline)."""
+    tested = [row for row in rows if row.p_value is not None]
+    for row in tested:
+        level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
+        smallest = (1 - level) / len(tested)
+        row.unresolved = (
+            None
+            if row.resolve(smallest)
+            else f"{row.name}: its p-value cannot go under the smallest Holm threshold of its family "
+            f"({smallest:.2g}, {len(tested)} tests) at {row.resamples} resamples"
+        )
+    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None]), strict=True):
         row.p_holm = p
         level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
         row.detectable = stats.detectable(row.se, row.personas, len(tested), level)
@@ -259,6 +273,7 @@ def compare_runs(
     pairs, failed, no_answer, left_out = _pairs(records_a, records_b, common)
     rows: list[Row] = []
     no_verdict, partial, unanswered = _empty(a, b, headline_setting), [], []
+    units_allowed: dict[str, int] = {}
     for spec in TASKS.values():
         ran = {
             side: {r.setting for r in records.values() if r.task == spec.name}
@@ -276,8 +291,11 @@ def compare_runs(
                     spec, setting, *_columns(spec, chosen), headline=setting == headline_setting, margin=margin
                 )
         no_verdict += _untestable(spec, headline_setting, ran, rows, common, left_out)
-        unanswered += _more_unanswered(spec.name, [s for x, _, s in in_task if x.setting == headline_setting])
+        headline_units = [s for x, _, s in in_task if x.setting == headline_setting]
+        unanswered += _more_unanswered(spec.name, headline_units)
+        units_allowed[spec.name] = unanswered_allowed(len(headline_units))
     adjust(rows)
+    no_verdict += [row.unresolved for row in rows if row.headline and row.unresolved]
     differs, accepted = differences(a, b), []
     for allowed, option, reasons in (
         (allow_partial, "allow_partial", partial),
@@ -301,6 +319,8 @@ def compare_runs(
         personas=len({x.persona_id for x, _, _ in pairs}),
         headline_setting=headline_setting,
         margin=margin,
+        margin_units={task: TASKS[task].points for task in units_allowed},
+        unanswered_allowed=units_allowed,
         differs=differs,
         partial=partial,
         accepted=accepted,
@@ -364,13 +384,29 @@ def _missing_units(
     return out
 
 
+def unanswered_allowed(units: int) -> int:
+    """How many more of `units` headline units B may leave unanswered than A: `MAX_MORE_UNANSWERED` percent, rounded
+    down (756 units: 7)."""
+    return units * MAX_MORE_UNANSWERED // 100
+
+
 def _more_unanswered(task: str, scored: list[tuple[bool, bool]]) -> list[str]:
-    """B left more than `MAX_MORE_UNANSWERED` more of the task's compared headline units unanswered than A."""
+    """B left more than `unanswered_allowed` more of the task's compared headline units unanswered than A."""
     a, b = sum(not x for x, _ in scored), sum(not y for _, y in scored)
-    if scored and (b - a) / len(scored) > MAX_MORE_UNANSWERED:
-        more = f"more than {MAX_MORE_UNANSWERED:.0%} more"
+    if b - a > (allowed := unanswered_allowed(len(scored))):
+        more = f"more than the {allowed} more allowed, {MAX_MORE_UNANSWERED}%"
         return [f"{task}: B left {b} of {len(scored)} headline units unanswered, A {a} ({more})"]
     return []
+
+
+def margin_question(margin: float) -> str | None:
+    """A line asking whether a margin under `SMALL_MARGIN` points was meant as a fraction (0.02 for 2 points)."""
+    if 0 < margin < SMALL_MARGIN:
+        return (
+            f"the margin {margin:g} is in points (F1 points, judge-score points), not a fraction: it tolerates a drop "
+            f"of {margin:g} points; for {100 * margin:g} points give {100 * margin:g}"
+        )
+    return None
 
 
 def _untestable(
@@ -454,3 +490,11 @@ def compare(
         allow_partial=allow_partial,
         allow_differs=allow_differs,
     )
+
+
+def _units(c: Comparison) -> str:
+    """The margin's unit for each task compared (`F1 points`, or `F1 points (inference), ... (generation)`)."""
+    units = sorted(set(c.margin_units.values()))
+    if len(units) <= 1:
+        return units[0] if units else "points"
+    return ", ".join(f"{unit} ({task})" for task, unit in c.margin_units.items())

@@ -15,13 +15,14 @@ from pydantic import BaseModel, Field, ValidationError
 from cupid.common.config import ConfigError
 from cupid.common.files import write_atomic
 from cupid.eval.benchmark.rundir import RunIdentity
-from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES, Interval
+from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS, N_RESAMPLES, Interval
 from cupid.eval.benchmark.summary import Requests
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, Row
 
 EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
 
+FIRST_NIGHT = "the candidate's first night"  # why a night became a candidate's baseline: it never ran before
 Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
 
 
@@ -45,6 +46,7 @@ class Entry(BaseModel):
     requests: Requests | None = None
     wall_s: float | None = None
     previous: dict[str, Interval] | None = None  # last night's metrics
+    no_previous: str | None = None  # why there is no test since last night (the candidate skipped it)
     change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since last night
     regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since last night
     setup_changed: list[str] = Field(default_factory=list)  # what changed besides the candidate: not comparable
@@ -113,6 +115,8 @@ def flags_text(entry: Entry) -> str:
         flags.append(f"**REGRESSION** since the baseline ({entry.baseline}) " + ", ".join(entry.baseline_regressions))
     if entry.unanswered:
         flags.append("**REGRESSION** " + "; ".join(entry.unanswered))
+    if entry.no_previous:
+        flags.append(entry.no_previous)
     if entry.no_verdict:
         flags.append("**NO VERDICT** since last night: " + "; ".join(entry.no_verdict))
     if entry.baseline_no_verdict:
@@ -123,7 +127,7 @@ def flags_text(entry: Entry) -> str:
         flags.append("**FAILURES**: " + ", ".join(f"{k} x{n}" for k, n in entry.failures.items()))
     if entry.setup_changed:
         flags.append("not comparable: " + "; ".join(entry.setup_changed))
-    if entry.baseline_set and entry.previous is not None:  # set again, not the first night's
+    if entry.baseline_set and entry.baseline_set != FIRST_NIGHT:  # set again, not the first night's
         flags.append(f"baseline set again tonight: {entry.baseline_set}")
     return "; ".join(flags) or "ok"
 
@@ -193,7 +197,7 @@ def _change(entry: Entry, metric: str, since: str = "previous") -> str:
         return "-"
     changes = entry.change if since == "previous" else entry.baseline_change
     if (row := changes.get(metric)) is None:
-        return "new" if since == "previous" else "-"
+        return "new" if since == "previous" and not entry.no_previous else "-"
     digits = 1 if _scale(metric) == 100 else 2
 
     def fmt(value: float) -> str:
@@ -222,8 +226,9 @@ def leaderboard_markdown(board: Leaderboard) -> str:
             f"Change since {board.previous or 'nothing (first night)'}, and since each candidate's baseline night, "
             "on the units both nights ran (the candidate's own failures as empty answers). 95% intervals, personas "
             f"resampled (none under {MIN_PERSONAS} personas); a change's interval is paired. **REGRESSION**: a task's "
-            "headline figure (micro F1, the mean judge score) dropped at p < .05, Holm across every headline test "
-            "of the night (candidates x tasks x {previous, baseline}): a night's false alarms stay under 5%. "
+            f"headline figure (micro F1, the mean judge score) dropped at p < {1 - GATE_CONFIDENCE:.3f}, Holm across "
+            "every headline test of the night (candidates x tasks x {previous, baseline}): a night's false alarms "
+            f"stay under {1 - GATE_CONFIDENCE:.1%}. "
             "F1 in % (micro: the published aggregate)."
         ),
         "",

@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
@@ -17,7 +18,7 @@ from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
-from cupid.eval.results.leaderboard import Entry, run_dir_of
+from cupid.eval.results.leaderboard import FIRST_NIGHT, Entry, Leaderboard, run_dir_of
 
 NIGHT_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -74,10 +75,10 @@ def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
     return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
 
 
-def baseline_of(fixed: str | None, before: Entry | None) -> str | None:
-    """The night a candidate is compared with besides the previous one: the one it records (its first night, or
-    the night its setup last changed), unless `baseline:` names a later one."""
-    recorded = before.baseline if before else None
+def baseline_of(fixed: str | None, latest: Entry | None) -> str | None:
+    """The night a candidate is compared with besides the previous one: the one its newest entry records (`latest`:
+    its first night, or the night its setup last changed), unless `baseline:` names a later one."""
+    recorded = latest.baseline if latest else None
     return fixed if fixed and (recorded is None or recorded < fixed) else recorded
 
 
@@ -90,14 +91,20 @@ def compare(
     headline_setting: str = HEADLINE_SETTING,
     last_night: str | None = None,
     margin: float = 0.0,
+    first: bool | None = None,
 ) -> None:
     """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
     since its baseline night's, paired on the units both scored; what changed besides the candidate, and why a
-    comparison has no verdict. Regressions, and whether tonight becomes the baseline (`baseline_pending`), are
-    decided for the whole night (`flag_regressions`)."""
+    comparison has no verdict. `first`: the candidate never ran before (default: it is not in last night's
+    leaderboard). Regressions, and whether tonight becomes the baseline (`baseline_pending`), are decided for the
+    whole night (`flag_regressions`)."""
     entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
     entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
     entry.no_verdict, entry.baseline_no_verdict, entry.unanswered, entry.baseline_pending = [], [], [], None
+    first = before is None if first is None else first
+    entry.no_previous = None
+    if not first and (before is None or before.status == "error"):
+        entry.no_previous = f"{'not in' if before is None else 'did not run on'} {last_night}: no test since last night"
     if before is not None:
         entry.previous = before.metrics
         if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting, margin):
@@ -105,10 +112,10 @@ def compare(
             entry.setup_changed = comparison.differs
             entry.no_verdict = comparison.no_verdict
             entry.unanswered += [f"since {last_night}: {why}" for why in comparison.unanswered]
-    if baseline is None or before is None:
-        entry.baseline, entry.baseline_pending = baseline, "the candidate's first night"
+    if baseline is None or first:
+        entry.baseline, entry.baseline_pending = baseline, FIRST_NIGHT
         return
-    if baseline == night or baseline == last_night:
+    if baseline == night or (baseline == last_night and before is not None):
         return  # the baseline is tonight, or last night: one comparison serves both
     comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting, margin)
     if comparison is None:
@@ -143,6 +150,8 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
     for entry, side, row in tests:
         if row.regression:
             (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
+        if row.unresolved:
+            (entry.no_verdict if side == "previous" else entry.baseline_no_verdict).append(row.unresolved)
     for entry in entries:
         if entry.baseline_pending is None:
             continue
@@ -151,3 +160,25 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
         else:
             entry.baseline, entry.baseline_set = night, entry.baseline_pending
         entry.baseline_pending = None
+
+
+def latest_entries(root: Path, night: str, models: list[str]) -> dict[str, Entry]:
+    """Each candidate's entry in the newest earlier night (of those that ran) that records a baseline for it: a
+    candidate that skipped a night, or several, keeps its baseline. A candidate with none has never run."""
+    nights = (
+        sorted((d for d in root.iterdir() if d.is_dir() and NIGHT_DATE.match(d.name) and d.name < night), reverse=True)
+        if root.exists()
+        else []
+    )
+    found: dict[str, Entry] = {}
+    for night_dir in nights:
+        if len(found) == len(models):
+            break
+        try:
+            board = Leaderboard.read(night_dir / "leaderboard.json") if _ran(night_dir) else None
+        except ConfigError:  # a file this version cannot read: an older night says no more of it
+            continue
+        for entry in board.models if board else []:
+            if entry.model in models and entry.model not in found and entry.baseline is not None:
+                found[entry.model] = entry
+    return found

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results.compare import NO_ANSWER, Comparison
+from cupid.eval.results.compare import NO_ANSWER, Comparison, _units, margin_question
 
 
 def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
@@ -91,6 +91,8 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
         for u in c.units:
             console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
+    if question := margin_question(c.margin):
+        console.print(f"[yellow]did you mean a fraction?[/yellow] {question}", highlight=False)
     console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
 
 
@@ -103,10 +105,12 @@ def verdict_text(c: Comparison) -> str:
             f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
         ]
         return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}"
-    margin = f"a drop beyond the margin {c.margin:g}" if c.margin else "a drop"
+    margin = f"a drop beyond the margin {c.margin:g} {_units(c)}" if c.margin else "a drop"
+    allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
         f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "
         f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
+        + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
     )
     if c.no_verdict:
         return (
@@ -114,7 +118,9 @@ def verdict_text(c: Comparison) -> str:
             + "; ".join(c.no_verdict)
             + (f" (tested: {tested}, no significant drop)" if headlines else "")
         )
-    resolution = [f"{r.name} {_fmt(r.detectable, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None]
+    resolution = [
+        f"{r.name} {_fmt(r.detectable - r.null, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None
+    ]  # a drop is flagged beyond the margin (`null` is -margin): what goes unseen is the margin and the resolution
     return (
         f"No significant drop in a headline figure (*) ({tested})"
         + (f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else "")

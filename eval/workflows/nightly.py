@@ -8,17 +8,17 @@ candidate needs (the nightly file, the judges, the cache) stops a night before i
 leaderboard then says why. A night holds its directory: cron starting it twice runs it once.
 
 Tonight is compared with the candidate's previous night and with its baseline (its own first night, whenever it joined,
-or the later night `baseline:` names), each on the units both ran and decided as `cupid compare`'s gate decides
-(`eval.results.compare`: paired, personas resampled, the candidate's own failures against it, a verdict only on the same
-evaluation; `eval.results.regressions` reads the finished runs): a drift too slow for one night to show is seen against
-the baseline. REGRESSION is a task's headline figure (inference: micro F1, generation: the mean judge score, in the
-headline setting) that dropped beyond `margin` at the gate's level, Holm across every headline test of the night
-(candidates x tasks x {previous, baseline}), or a candidate that left more than 1% more units unanswered. A comparison
-that is not the same evaluation (judges, prompts or data changed; units missing) or too small is NO VERDICT, never ok; a
-baseline whose setup changed, or whose run is gone, is replaced by tonight, once tonight's regressions are decided and
-only if it was not flagged. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start),
-4 a regression, 8 no verdict (2 stays a usage or configuration error).
-"""
+or the later night `baseline:` names; kept across nights it skips, read from its newest entry), each on the units both
+ran and decided as `cupid compare`'s gate decides (`eval.results.compare`: paired, personas resampled, the candidate's
+own failures against it, a verdict only on the same evaluation; `eval.results.regressions` reads the finished runs): a
+drift too slow for one night to show is seen against the baseline. REGRESSION is a task's headline figure (inference:
+micro F1, generation: the mean judge score, in the headline setting) that dropped beyond `margin` at the gate's level,
+Holm across every headline test of the night (candidates x tasks x {previous, baseline}), or a candidate that left more
+than 1% more units unanswered. A comparison that is not the same evaluation (judges, prompts or data changed; units
+missing) or too small is NO VERDICT, never ok; a baseline whose setup changed, or whose run is gone, is replaced by
+tonight, once tonight's regressions are decided and only if it was not flagged. Exit status, bits: 1 failures (failed
+instances or a run or the suite that could not start), 4 a regression, 8 no verdict (2 stays a usage or configuration
+error)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.results import track as tracking
-from cupid.eval.results.compare import HEADLINE_SETTING
+from cupid.eval.results.compare import HEADLINE_SETTING, margin_question
 from cupid.eval.results.leaderboard import Entry, Leaderboard, assemble, run_dir_of, write_leaderboard
 from cupid.eval.results.regressions import (
     NIGHT_DATE,
@@ -48,6 +48,7 @@ from cupid.eval.results.regressions import (
     compare,
     failures_by_setting,
     flag_regressions,
+    latest_entries,
     metrics,
     previous_night,
     primary_metric,
@@ -92,7 +93,8 @@ class NightlyConfig(BaseModel):
     margin: float = Field(
         0.0,
         ge=0,
-        description="the drop a headline may show before it is a regression, in its shown units (as --margin)",
+        description="the drop a headline may show before it is a regression, in points of its shown figure (F1 "
+        "points, judge-score points; 2 is 2 points, not a fraction), as `cupid compare --margin`",
     )
 
     @field_validator("headline_setting")
@@ -318,6 +320,8 @@ def _run_night(
     config_path: str | Path,
     console: Console,
 ) -> tuple[Leaderboard, int]:
+    if question := margin_question(cfg.margin):
+        console.print(f"nightly: did you mean a fraction? margin: {question}", highlight=False)
     prev_dir = previous_night(root, night)
     previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
@@ -336,14 +340,16 @@ def _run_night(
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         run_servers.stop_all()  # each says what it stopped
 
+    latest = latest_entries(root, night, [e.model for e in entries])
     for entry in entries:
         before = previous.get(entry.model)
-        baseline = baseline_of(cfg.baseline, before)
+        baseline = baseline_of(cfg.baseline, latest.get(entry.model))
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             entry.baseline = baseline
             continue
         compare(entry, before, baseline, night, root, cfg.headline_setting,
-                last_night=prev_dir.name if prev_dir else None, margin=cfg.margin)  # fmt: skip
+                last_night=prev_dir.name if prev_dir else None, margin=cfg.margin,
+                first=entry.model not in latest)  # fmt: skip
     flag_regressions(entries, night)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     write_leaderboard(board, night_dir, root)

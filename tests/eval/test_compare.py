@@ -258,10 +258,11 @@ def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_
     # those units would have raised micro precision and F1
     precision = next(r for r in comparison["rows"] if r["metric"] == "micro_precision" and r["instance_type"] is None)
     assert precision["difference"] <= 0
-    # Failures beyond the margin (1% of the headline units) are a regression of their own.
-    assert comparison["unanswered"] == [
-        f"inference: B left {gate_runs['unmatched']} of {UNITS} headline units unanswered, A 0 (more than 1% more)"
-    ]
+    # Failures beyond the margin (1% of the headline units, rounded down) are a regression of their own.
+    allowed = UNITS // 100
+    unanswered = f"B left {gate_runs['unmatched']} of {UNITS} headline units unanswered, A 0"
+    assert comparison["unanswered"] == [f"inference: {unanswered} (more than the {allowed} more allowed, 1%)"]
+    assert comparison["unanswered_allowed"] == {"inference": allowed, "generation": allowed}
     assert result.exit_code == EXIT_REGRESSION and "REGRESSION" in result.output and "unanswered" in result.output, (
         result.output
     )
@@ -353,7 +354,32 @@ def test_a_margin_passes_a_drop_smaller_than_itself_that_fails_without_it(gate_r
     assert comparison["no_answer"] == {} and comparison["unanswered"] == []
     result, comparison = gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{2 * drop:.2f}")
     assert result.exit_code == 0, result.output
-    assert headline_of(comparison)["null"] == pytest.approx(-2 * drop / 100, abs=1e-4)
-    assert f"a drop beyond the margin {2 * drop:.2f}" in " ".join(result.output.split())
+    headline = headline_of(comparison)
+    assert headline["null"] == pytest.approx(-2 * drop / 100, abs=1e-4)
+    said = " ".join(result.output.split())
+    margin = f"{2 * drop:.2f}".rstrip("0").rstrip(".")
+    assert f"a drop beyond the margin {margin} F1 points (inference), judge-score points (generation)" in said
+    assert comparison["margin_units"] == {"inference": "F1 points", "generation": "judge-score points"}
+    # What would go unseen counts the margin: a drop is flagged only beyond it.
+    unseen = 100 * headline["detectable"] + float(f"{2 * drop:.2f}")
+    assert f"inference/standard/micro_f1 {unseen:.1f}" in said.split("would likely go unseen")[0].split("about")[-1]
+    # The units B may leave unanswered beyond A, for this comparison.
+    assert f"unanswered than A: inference {UNITS // 100}; generation {UNITS // 100}" in said
+    assert "did you mean a fraction" not in said
     # A margin below the drop's interval still fails it.
     assert gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{drop / 10:.2f}")[0].exit_code == EXIT_REGRESSION
+
+
+def test_the_unanswered_rule_and_a_small_margin_are_stated_as_the_code_runs(gate_runs):
+    from cupid.eval.results.compare import _more_unanswered, margin_question, unanswered_allowed
+
+    # A full run's 756 headline units: 7 more unanswered pass, the 8th fails (1%, rounded down); 252: 2 pass, not 3.
+    for units, allowed in ((756, 7), (252, 2), (99, 0)):
+        assert unanswered_allowed(units) == allowed
+        assert _more_unanswered("inference", [(True, False)] * allowed + [(True, True)] * (units - allowed)) == []
+        assert _more_unanswered("inference", [(True, False)] * (allowed + 1) + [(True, True)] * (units - allowed - 1))
+    # A margin under 0.1 points asks whether a fraction was meant, on the line before the verdict.
+    assert margin_question(0.5) is None and margin_question(0) is None
+    result, _ = gate(gate_runs["a"], gate_runs["again"], "--margin", "0.02")
+    said = " ".join(result.output.split())
+    assert "did you mean a fraction? the margin 0.02 is in points" in said and "for 2 points give 2" in said

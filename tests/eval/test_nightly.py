@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.common.config import ConfigError
+from cupid.eval.benchmark import stats
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.summary import Requests
 from cupid.eval.results import leaderboard
@@ -390,3 +391,85 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     assert late.baseline == "2025-05-04" and late.baseline_set is None
     row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| late |" in line)
     assert "**NO VERDICT** since the baseline: no run of 2025-05-04" in row and "**REGRESSION**" in row
+
+
+@pytest.mark.slow  # ~40 s (three nights of 20 candidates): the whole suite runs it, `make check` does not
+def test_twenty_candidates_resolve_every_p_value_a_skipped_night_keeps_its_baseline(
+    tmp_path, instant_url, drifted_url, cupid_home
+):
+    """20 candidates, both tasks, 80 personas: 18 that never change, one that collapses on night 3, and one that
+    skips night 2 and collapses on night 3. Night 3 holds 78 headline tests (smallest Holm threshold 0.035/78, under
+    the 2/2001 a 2,000-resample p-value can state): both collapses are flagged, the skipped candidate against the
+    baseline it kept, and no unchanged one. Where the resampling is capped so that a p-value cannot resolve, the
+    night says so (no verdict) instead of reading ok."""
+    data = many_personas(tmp_path)
+    steady = [f"steady-{i:02d}" for i in range(18)]
+    f1 = "inference/standard/micro_f1"
+    both = {"tasks": ["inference", "generation"], "settings": ["standard"], "judge": "instant"}
+
+    def night(date, models, drifted=()):
+        endpoints = write_endpoints(
+            tmp_path / f"endpoints-{date}.yaml",
+            instant={"base_url": instant_url, "model": "instant"},
+            pm={"base_url": instant_url, "model": "local-prefmatcher"},
+            **{
+                name: {"base_url": drifted_url, "model": "drifted"}
+                if name in drifted
+                else {"base_url": instant_url, "model": "steady"}  # one model's answers: the cache's after the first
+                for name in models
+            },
+        )
+        return suite(tmp_path, date, endpoints, models, data=data, run_extra=both)
+
+    assert run_nightly(night("2025-06-01", [*steady, "collapsing", "skipper"]), "2025-06-01")[1] == 0
+    assert run_nightly(night("2025-06-02", [*steady, "collapsing"]), "2025-06-02")[1] == 0
+    third = night("2025-06-03", [*steady, "collapsing", "skipper"], drifted=("collapsing", "skipper"))
+    result = CliRunner().invoke(app, ["nightly", "--config", str(third), "--date", "2025-06-03"])
+    assert result.exit_code == leaderboard.EXIT_REGRESSION, result.output
+    board = Leaderboard.read(tmp_path / "nightly" / "2025-06-03" / "leaderboard.json")
+    entries = by_model(board)
+    heads = [f1, "generation/standard/mean_score"]  # the drifted candidate's answers score lower in both tasks
+    assert (entries["collapsing"].regressions, entries["collapsing"].baseline_regressions) == (heads, heads)
+    skipper = entries["skipper"]  # compared with the baseline it kept through the night it skipped
+    assert (skipper.baseline, skipper.baseline_set, skipper.change) == ("2025-06-01", None, {})
+    assert skipper.no_previous == "not in 2025-06-02: no test since last night" and skipper.no_verdict == []
+    assert skipper.baseline_regressions == heads and skipper.regressions == []
+    assert board.regressions == [
+        *(f"collapsing: {h}" for h in heads),
+        *(f"{name}: {h} since the baseline (2025-06-01)" for name in ("collapsing", "skipper") for h in heads),
+    ]
+    assert board.no_verdict == [] and all(entries[name].baseline == "2025-06-01" for name in steady)
+    row = next(line for line in result.output.splitlines() if "| skipper |" in line)
+    assert "not in 2025-06-02: no test since last night" in row and "**REGRESSION** since the baseline" in row
+
+    # Every headline test of the night, in Holm's order: its p-value can go under its threshold (its floor is
+    # under it), or stands above the family's largest threshold (it could not be flagged in any family).
+    tested = [
+        row
+        for e in board.models
+        for changes in (e.change, e.baseline_change)
+        for row in changes.values()
+        if row.headline and row.gated
+    ]
+    assert len(tested) == 18 * 2 * 2 + 2 * 2 + 2 >= 40
+    alpha = 1 - stats.GATE_CONFIDENCE
+    for rank, row in enumerate(sorted(tested, key=lambda r: r.p_value)):
+        threshold = alpha / (len(tested) - rank)
+        assert row.p_value >= alpha or (row.floor is not None and row.floor < threshold), (rank, row)
+    floors = [row.floor for row in tested if row.floor is not None]
+    assert floors and max(floors) < alpha / len(tested) < 2 / (stats.N_RESAMPLES + 1)
+
+    # The same night with each test's resampling capped where it was: the collapses cannot resolve, and the night
+    # says so rather than reading ok.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stats, "MAX_RESAMPLES", stats.N_RESAMPLES)
+        capped, code = run_nightly(third, "2025-06-03")
+    assert code == leaderboard.EXIT_NO_VERDICT and capped.regressions == [], code
+    why = (
+        f"its p-value cannot go under the smallest Holm threshold of its family "
+        f"({alpha / len(tested):.2g}, {len(tested)} tests) at {stats.N_RESAMPLES} resamples"
+    )
+    assert by_model(capped)["skipper"].baseline_no_verdict[:2] == [f"{h}: {why}" for h in heads]
+    row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| skipper |" in line)
+    assert "**NO VERDICT** since the baseline: inference/standard/micro_f1: its p-value cannot" in row
+    assert "**REGRESSION**" not in row and not row.endswith("| ok |")
