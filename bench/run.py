@@ -9,6 +9,7 @@ side-by-side comparisons, each measured in one run on this machine:
    and reports the demo as it runs (constrained) on vLLM beside it.
 2. This project's client (32 in flight) against the reference implementation's pattern (a pool of 4 workers,
    each sending one blocking request at a time) on the same vLLM server with the same distinct requests.
+3. The CPU a nightly's statistics add at 20 and 100 candidates on 252 personas (bench/night_stats.py).
 
     python -m bench.run [--compiled] [--quick] [--out PATH]
 
@@ -39,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from bench import night_stats
 from cupid.common.config import read_yaml
 from cupid.common.errors import ServeError
 from cupid.common.tls import http_post
@@ -79,6 +81,7 @@ class Workload:
     compare_max_tokens: int = 32
     level_requests: int = 32  # at each number in flight (LEVELS)
     level_max_tokens: int = 16
+    night_candidates: tuple[int, ...] = (20, 100)  # a night's statistics on 252 personas (bench/night_stats.py)
 
 
 FULL = Workload()
@@ -86,7 +89,7 @@ FULL = Workload()
 # `transformers serve`), answers cut short (a cut answer fails to parse: the failure paths run too).
 QUICK = Workload(
     overhead_requests=50, overhead_in_flight=8, rerun_limit=2, demo_limit=1, demo_max_tokens=24, demo_sessions=1,
-    compare_requests=4, compare_max_tokens=4, level_requests=4, level_max_tokens=4,
+    compare_requests=4, compare_max_tokens=4, level_requests=4, level_max_tokens=4, night_candidates=(2,),
 )  # fmt: skip
 
 
@@ -486,6 +489,8 @@ def main(argv: list[str] | None = None) -> None:
         proc.terminate()
         proc.wait()
 
+    results["night_statistics"] = [night_stats.night(n) for n in workload.night_candidates]
+
     # The quick form's figures mean nothing: the random-weight model runs its code paths in a fraction of the time.
     model_dir = tiny_model.ensure_random() if args.quick else tiny_model.ensure()
     with tempfile.TemporaryDirectory(prefix="cupid-bench-") as tmp:
@@ -545,6 +550,11 @@ def headline(results: dict[str, Any]) -> str:
         f"this client ({OURS_IN_FLIGHT} in flight) {mine['requests_per_s']}/s, "
         f"reference pattern ({REFERENCE_WORKERS} workers) {ref['requests_per_s']}/s: {c['ratio_requests_per_s']}x"
     )
+    for night in results["night_statistics"]:
+        lines.append(
+            f"a night's statistics, {night['candidates']} candidates ({night['headline tests']} headline tests, "
+            f"{night_stats.PERSONAS} personas): {night['total s']} s"
+        )
     levels = results["concurrency_tiny_vllm_cpu"]
     lines.append(
         "requests/s on vLLM CPU by in flight: " + ", ".join(f"{k}: {x['requests_per_s']}" for k, x in levels.items())

@@ -81,6 +81,11 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
         assert side["requests_per_s"] > 0 and side["completion_tokens"] > 0, compare
     assert compare["ratio_requests_per_s"] > 0
 
+    # A night's statistics: the collapsed candidate's four headline tests flagged, every p-value resolved.
+    (night,) = results["night_statistics"]
+    assert (night["candidates"], night["headline tests"], night["flagged"], night["unresolved"]) == (2, 8, 4, 0), night
+    assert night["total s"] >= 0
+
     levels = results["concurrency_tiny_vllm_cpu"]
     assert set(levels) == {str(n) for n in LEVELS} and all(x["requests_per_s"] > 0 for x in levels.values()), levels
     assert results["machine"]["bench_wall_s"] > 0
@@ -90,6 +95,7 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
     assert any(line.startswith("demo workload (") and "vLLM CPU:" in line for line in lines)
     assert any(line.startswith("demo workload, transformers serve:") for line in lines)
     assert any(f"this client ({OURS_IN_FLIGHT} in flight)" in line for line in lines)
+    assert any(line.startswith("a night's statistics, 2 candidates (8 headline tests") for line in lines)
     by_level = next(line for line in lines if line.startswith("requests/s on vLLM CPU by in flight: "))
     assert [part.split(":")[0] for part in by_level.split(": ", 1)[1].split(", ")] == [str(n) for n in LEVELS]
 

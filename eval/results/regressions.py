@@ -57,6 +57,28 @@ def previous_night(root: Path, night: str) -> Path | None:
     return max(earlier, key=lambda d: d.name, default=None)
 
 
+def latest_entries(root: Path, night: str, models: list[str]) -> dict[str, Entry]:
+    """Each candidate's entry in the newest earlier night (of those that ran) that records a baseline for it: a
+    candidate that skipped a night, or several, keeps its baseline. A candidate with none has never run."""
+    nights = (
+        sorted((d for d in root.iterdir() if d.is_dir() and NIGHT_DATE.match(d.name) and d.name < night), reverse=True)
+        if root.exists()
+        else []
+    )
+    found: dict[str, Entry] = {}
+    for night_dir in nights:
+        if len(found) == len(models):
+            break
+        try:
+            board = Leaderboard.read(night_dir / "leaderboard.json") if _ran(night_dir) else None
+        except ConfigError:  # a file this version cannot read: an older night says no more of it
+            continue
+        for entry in board.models if board else []:
+            if entry.model in models and entry.model not in found and entry.baseline is not None:
+                found[entry.model] = entry
+    return found
+
+
 def _ran(night_dir: Path) -> bool:
     try:
         return not json.loads((night_dir / "leaderboard.json").read_text()).get("error")
@@ -133,8 +155,10 @@ def compare(
 def flag_regressions(entries: list[Entry], night: str) -> None:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
     its baseline where that comparison has a verdict, one Holm family (the night's false alarms stay under
-    1 - confidence whatever its size). Then tonight becomes the baseline of each candidate that asked for one
-    (`baseline_pending`) and was not flagged."""
+    1 - confidence whatever its size as far as the p-values are calibrated so far out: under skewed persona-level
+    changes at 80 personas they are not, bench/gate_family_level.py). Then tonight becomes the baseline of each
+    candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last night (unless its
+    setup changed since, which is why it asked)."""
     tests = [
         (entry, side, row)
         for entry in entries
@@ -157,28 +181,8 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
             continue
         if entry.regressions or entry.baseline_regressions or entry.unanswered:
             entry.baseline_no_verdict.append("tonight was flagged: it does not become the baseline")
+        elif entry.no_verdict and not entry.setup_changed:  # fail closed: a night no test could clear
+            entry.baseline_no_verdict.append("no verdict since last night: tonight does not become the baseline")
         else:
             entry.baseline, entry.baseline_set = night, entry.baseline_pending
         entry.baseline_pending = None
-
-
-def latest_entries(root: Path, night: str, models: list[str]) -> dict[str, Entry]:
-    """Each candidate's entry in the newest earlier night (of those that ran) that records a baseline for it: a
-    candidate that skipped a night, or several, keeps its baseline. A candidate with none has never run."""
-    nights = (
-        sorted((d for d in root.iterdir() if d.is_dir() and NIGHT_DATE.match(d.name) and d.name < night), reverse=True)
-        if root.exists()
-        else []
-    )
-    found: dict[str, Entry] = {}
-    for night_dir in nights:
-        if len(found) == len(models):
-            break
-        try:
-            board = Leaderboard.read(night_dir / "leaderboard.json") if _ran(night_dir) else None
-        except ConfigError:  # a file this version cannot read: an older night says no more of it
-            continue
-        for entry in board.models if board else []:
-            if entry.model in models and entry.model not in found and entry.baseline is not None:
-                found[entry.model] = entry
-    return found

@@ -16,9 +16,9 @@ micro F1, generation: the mean judge score, in the headline setting) that droppe
 Holm across every headline test of the night (candidates x tasks x {previous, baseline}), or a candidate that left more
 than 1% more units unanswered. A comparison that is not the same evaluation (judges, prompts or data changed; units
 missing) or too small is NO VERDICT, never ok; a baseline whose setup changed, or whose run is gone, is replaced by
-tonight, once tonight's regressions are decided and only if it was not flagged. Exit status, bits: 1 failures (failed
-instances or a run or the suite that could not start), 4 a regression, 8 no verdict (2 stays a usage or configuration
-error)."""
+tonight, once tonight's regressions are decided and only if it was not flagged and its test since last night has a
+verdict. Exit status, bits: 1 failures (failed instances or a run or the suite that could not start), 4 a regression, 8
+no verdict (2 stays a usage or configuration error)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ from cupid.eval.results.regressions import (
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.fleet.gpu_memory import Gpu
-from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
+from cupid.serving.fleet.servers import ServedModel
 
 
 class NightlyConfig(BaseModel):

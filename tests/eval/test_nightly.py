@@ -460,16 +460,26 @@ def test_twenty_candidates_resolve_every_p_value_a_skipped_night_keeps_its_basel
     assert floors and max(floors) < alpha / len(tested) < 2 / (stats.N_RESAMPLES + 1)
 
     # The same night with each test's resampling capped where it was: the collapses cannot resolve, and the night
-    # says so rather than reading ok.
+    # says so rather than reading ok. The collapsing candidate's baseline run is gone: a night with no verdict since
+    # the last does not become its baseline (fail closed).
+    shutil.rmtree(tmp_path / "nightly/2025-06-01/collapsing")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stats, "MAX_RESAMPLES", stats.N_RESAMPLES)
         capped, code = run_nightly(third, "2025-06-03")
     assert code == leaderboard.EXIT_NO_VERDICT and capped.regressions == [], code
+    family = len(tested) - 2  # the collapsing candidate's two baseline tests are gone with its baseline run
     why = (
         f"its p-value cannot go under the smallest Holm threshold of its family "
-        f"({alpha / len(tested):.2g}, {len(tested)} tests) at {stats.N_RESAMPLES} resamples"
+        f"({alpha / family:.2g}, {family} tests) at {stats.N_RESAMPLES} resamples"
     )
     assert by_model(capped)["skipper"].baseline_no_verdict[:2] == [f"{h}: {why}" for h in heads]
+    collapsing = by_model(capped)["collapsing"]
+    assert collapsing.no_verdict == [f"{h}: {why}" for h in heads]
+    assert (collapsing.baseline, collapsing.baseline_set) == ("2025-06-01", None)
+    assert collapsing.baseline_no_verdict == [
+        "no run of 2025-06-01",
+        "no verdict since last night: tonight does not become the baseline",
+    ]
     row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| skipper |" in line)
     assert "**NO VERDICT** since the baseline: inference/standard/micro_f1: its p-value cannot" in row
     assert "**REGRESSION**" not in row and not row.endswith("| ok |")
