@@ -56,8 +56,8 @@ from cupid.eval.results.regressions import (
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
 from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers
-from cupid.serving.fleet.servers import ServedModel
 
 
 class NightlyConfig(BaseModel):
