@@ -11,8 +11,8 @@ MODEL ?= qwen2.5-7b-instruct
 CONFIG ?= configs/eval/default.yaml
 NIGHTLY ?= configs/eval/nightly.yaml
 
-.PHONY: setup setup-dev demo test check bench eval serve tiny-model clean nightly synth train train-grpo check-gpu-install \
-  check-gpu-train check-install
+.PHONY: setup setup-dev demo test check docs bench eval serve tiny-model clean nightly synth train train-grpo \
+  check-gpu-install check-gpu-train check-install
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -55,7 +55,7 @@ $(VENV)/.setup: pyproject.toml | $(PY)
 # Everything `setup` installs and training's, the trackers' and the tests' libraries, in the same single install (a fresh
 # `make test` resolves once). The browser tests (tests/eval/test_view.py) drive Debian's chromium; installed where we
 # are root, else they skip.
-DEV_EXTRAS := ,train,track,inspect,dev
+DEV_EXTRAS := ,train,track,inspect,docs,dev
 $(VENV)/.setup-dev: pyproject.toml | $(PY)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && { apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } >/dev/null 2>&1; } || echo "chromium not installed: the browser tests will skip"
@@ -90,6 +90,13 @@ test: setup-dev
 check: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=5
+
+# The user's guide, docs/ (mkdocs.yml), into build/site: its references first rewritten from the code
+# (scripts/docs_reference.py), then built with --strict, so a broken link or anchor fails. tests/test_docs.py builds it
+# too (make check, make test), and fails when a committed reference differs from what the script writes.
+docs: setup-dev
+	$(PY) scripts/docs_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # What `make setup-dev` would install on a CUDA box, resolved by pip against the package index without installing
 # anything: the pinned vLLM, its torch, transformers in its range (scripts/check_gpu_install.py). Not in `make test`,

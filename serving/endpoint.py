@@ -15,12 +15,18 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 class Endpoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    base_url: HttpUrl
-    model: str = Field(min_length=1)
-    api_key_env: str | None = None
-    max_concurrency: int = Field(default=64, ge=1, le=4096)
-    timeout_s: float = Field(default=600.0, gt=0)
-    max_retries: int = Field(default=4, ge=0, le=20)
+    base_url: HttpUrl = Field(description="the OpenAI-compatible server's base URL (`http://localhost:8000/v1`)")
+    model: str = Field(min_length=1, description="the `model` of its requests (a vLLM server's served name)")
+    api_key_env: str | None = Field(
+        default=None, description="environment variable holding the API key; none: no key is sent"
+    )
+    max_concurrency: int = Field(
+        default=64, ge=1, le=4096, description="requests in flight at once (vLLM batches what is in flight)"
+    )
+    timeout_s: float = Field(default=600.0, gt=0, description="seconds a request may take before it is retried")
+    max_retries: int = Field(
+        default=4, ge=0, le=20, description="retries of a failed request (with backoff) before it is a recorded failure"
+    )
     max_tokens: int | None = Field(default=None, ge=1, description="cap on answer length for every request")
     structured_output: bool = Field(
         default=False,
@@ -30,7 +36,11 @@ class Endpoint(BaseModel):
         default=False,
         description="as candidate, its answers are constrained to the task's answer format (recorded with the run)",
     )
-    matcher_prompt: Literal["prefmatcher", "fewshot"] | None = None
+    matcher_prompt: Literal["prefmatcher", "fewshot"] | None = Field(
+        default=None,
+        description="the matcher's prompt format: prefmatcher (the fine-tuned judge) or fewshot (general models); "
+        "default: prefmatcher for a model whose name contains `prefmatcher`, else fewshot",
+    )
     profile: str | None = Field(
         default=None,
         description="the serve profile whose server this is: where `cupid serve` runs that profile, the endpoint "

@@ -101,8 +101,8 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
 
 
 def test_the_viewer_bench_runs_in_a_real_browser(tmp_path):
-    """`python -m bench.view` (by hand, as the README shows it): its synthetic runs load as runs, and each page's
-    figures come back from Chromium."""
+    """`python -m bench.view` (by hand, as docs/evaluating.md shows it): its synthetic runs load as runs, and each
+    page's figures come back from Chromium."""
     import pytest
 
     if not os.path.exists("/usr/bin/chromium"):

@@ -172,7 +172,7 @@ def test_a_resumed_run_leaves_one_line_per_unit(world, tmp_path, instant_url, mo
     units = [(r["key"], r["task"], r["setting"]) for r in lines]
     assert len(units) == len(set(units)) == len(again.records) == 12  # the sample's 12 standard inference units
     assert all(r["status"] == "scored" for r in lines)
-    assert (REPO / "README.md").read_text().count("one line per unit") >= 1
+    assert (REPO / "docs" / "evaluating.md").read_text().count("one line per unit") >= 1
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ def test_run_configs_are_valid(path):
 
 
 def test_the_exit_codes_are_stated_as_the_code_defines_them():
-    """The nightly file, the README's table and `cupid nightly --help` state the codes the verdicts exit with."""
+    """The nightly file, the guide (troubleshooting's table, the nightly's page) and `cupid nightly --help` state the
+    codes the verdicts exit with."""
     from typer.testing import CliRunner
 
     from cupid.cli import app
@@ -33,11 +34,11 @@ def test_the_exit_codes_are_stated_as_the_code_defines_them():
 
     stated = f"{EXIT_FAILURES} failures; {EXIT_REGRESSION} a regression; {EXIT_NO_VERDICT} no verdict ({EXIT_USAGE}:"
     assert stated in (REPO / "configs/eval/nightly.yaml").read_text()
-    readme = (REPO / "README.md").read_text()
+    guide = (REPO / "docs" / "troubleshooting.md").read_text()
     table = {EXIT_FAILURES: "the work failed", EXIT_USAGE: "a usage", EXIT_REGRESSION: "a regression"}
     for code, meaning in {**table, EXIT_NO_VERDICT: "no verdict"}.items():
-        assert f"\n| {code} | {meaning}" in readme, code
+        assert f"\n| {code} | {meaning}" in guide, code
     night = f"{EXIT_FAILURES} failures, {EXIT_REGRESSION} a regression, {EXIT_NO_VERDICT} no verdict"
-    assert night in " ".join(readme.split())
+    assert night in " ".join((REPO / "docs" / "nightly.md").read_text().split())
     said = " ".join(CliRunner().invoke(app, ["nightly", "--help"]).output.replace("│", " ").split())
     assert f"{night} ({EXIT_USAGE}:" in said

@@ -73,3 +73,78 @@ def test_the_duration_check_finds_a_planted_figure(tmp_path):
     assert durations_in_code(tmp_path) == ["serving/m.py:2: ~2 s", "serving/m.py:4: 12 s"]
     (tmp_path / "Makefile").write_text("# the suite: 7:03-8:57 on 2 cores\nall:\n\ttrue\n")
     assert durations_in_code(tmp_path)[2:] == ["Makefile:1: 7:03", "Makefile:1: 8:57"]
+
+
+def _references():
+    """scripts/docs_reference.py, as a module (scripts/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_reference", REPO / "scripts" / "docs_reference.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_config_field_and_command_has_its_line_of_help():
+    assert _references().problems() == []
+
+
+def test_the_committed_references_are_what_the_code_writes():
+    """A field, an option or a command added, renamed or redescribed without `python scripts/docs_reference.py`
+    (`make docs`) fails here, naming the page."""
+    stale = [str(path) for path, text in _references().pages().items() if (REPO / path).read_text() != text]
+    assert stale == [], "run `python scripts/docs_reference.py` and commit what it writes"
+
+
+def test_a_field_without_description_is_named(monkeypatch):
+    """The reference's check can fail: a field of the run config stripped of its description is reported by name,
+    and the page it would write then differs from the committed one."""
+    from cupid.eval.benchmark.runner import RunConfig
+
+    references = _references()
+    monkeypatch.setattr(RunConfig.model_fields["limit"], "description", None)
+    assert references.config_problems() == ["cupid.eval.benchmark.runner.RunConfig.limit: no description"]
+    assert references.config_page() != (REPO / references.CONFIG_PAGE).read_text()
+
+
+def test_the_guide_builds_in_strict_mode(tmp_path):
+    """`mkdocs build --strict` (`make docs`): every page in the nav, every link and anchor resolves. Not --quiet:
+    mkdocs then counts no warning, and a broken link passes."""
+    import os
+    import subprocess
+    import sys
+
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "reference" / "cli" / "index.html").exists()
+
+
+README_LIMIT = 12_000
+
+
+def test_the_readme_is_a_front_page():
+    """At most 12,000 characters, at most 3 timing figures (the rest live on docs/performance.md), and links into at
+    least 4 pages of the guide, each of which exists, with the anchor it names."""
+    text = (REPO / "README.md").read_text()
+    assert len(text) <= README_LIMIT
+    assert len(measured_durations(text)) <= 3
+    links = re.findall(r"\]\((docs/[^)#]+\.md)(?:#([^)]*))?\)", text)
+    pages = {page for page, _ in links}
+    assert len(pages) >= 4 and all((REPO / page).is_file() for page in pages), pages
+    # mkdocs checks the guide's own anchors; the README's, outside it, against the headings' slugs as the site has them
+    from markdown.extensions.toc import slugify
+
+    def anchors(page: str) -> set[str]:
+        headings = re.findall(r"^#+ (.+)$", (REPO / page).read_text(), re.MULTILINE)
+        return {slugify(re.sub(r"[`*]", "", h), "-") for h in headings}
+
+    assert [f"{p}#{a}" for p, a in links if a and a not in anchors(p)] == []

@@ -1,6 +1,7 @@
-"""The README runs as written: every shell and Python block is either run here, as a reader runs it, or carries a
-visible line just above it that says why not (`*Not run by tests/test_readme.py: <reason>.*`, a reason from
-`REASONS`). A README change that breaks an example, or adds a block with neither, fails `make test`.
+"""The README and the guide (docs/) run as written: every shell and Python block is either run here, as a reader runs
+it, or carries a visible line just above it that says why not (`*Not run by tests/test_readme.py: <reason>.*`, a
+reason from `REASONS`). A change that breaks an example, or adds a block with neither, fails `make test`. Each
+example is in one document only, so it runs once.
 
 A reader's directory is made for the blocks: the repository's configs, its endpoints file with the tiny model's
 entries pointing at the suite's own vLLM server (the random-weight model, where a reader has SmolLM2 on :8011), and
@@ -31,13 +32,20 @@ REASONS = (
     "needs an API key",
     "a reference of commands and options, with placeholders",
     "the test suite itself",
+    "starts a vLLM server of its own",
     "needs the package index",
 )
 RUNS = ("a", "b", "model-a", "model-b", "demo")
 
 
+def documents() -> list[Path]:
+    """The README and every page of the guide (the generated references hold no shell or Python block)."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
 @dataclass(frozen=True)
 class Block:
+    source: str  # the document, relative to the repository
     line: int  # of its opening fence
     language: str
     code: str
@@ -46,10 +54,14 @@ class Block:
     @property
     def name(self) -> str:
         first = next((c for c in self.code.splitlines() if c.strip() and not c.startswith("#")), "")
-        return f"README.md:{self.line} ({self.language}: {first.strip()[:60]})"
+        return f"{self.source}:{self.line} ({self.language}: {first.strip()[:60]})"
 
 
-def blocks(text: str) -> list[Block]:
+def all_blocks() -> list[Block]:
+    return [b for path in documents() for b in blocks(path.read_text(), str(path.relative_to(REPO)))]
+
+
+def blocks(text: str, source: str = "README.md") -> list[Block]:
     """Every fenced shell and Python block, with the marker line above it (blank lines between allowed)."""
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
@@ -61,16 +73,15 @@ def blocks(text: str) -> list[Block]:
         above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         marker = MARKER.match(above)
         if fence.group(1) in ("bash", "python"):
-            out.append(
-                Block(i + 1, fence.group(1), "\n".join(lines[i + 1 : end]), marker.group("why") if marker else None)
-            )
+            code = "\n".join(lines[i + 1 : end])
+            out.append(Block(source, i + 1, fence.group(1), code, marker.group("why") if marker else None))
         i = end + 1
     return out
 
 
 def test_every_block_is_accounted_for():
-    found = blocks((REPO / "README.md").read_text())
-    assert len(found) >= 15
+    found = all_blocks()
+    assert len(found) >= 15 and {b.source for b in found} >= {"README.md", "docs/getting-started.md"}
     unknown = [f"{b.name}: {b.skipped!r}" for b in found if b.skipped and not b.skipped.startswith(REASONS)]
     assert not unknown, f"a reason not among {REASONS}: {unknown}"
     assert [b for b in found if b.skipped is None], "no block runs"
@@ -124,7 +135,7 @@ def run_block(block: Block, home: Path, cupid_home: Path) -> subprocess.Complete
 
 def test_each_runnable_block_runs_as_written(reader, capsys):
     home, cupid_home = reader
-    found = blocks((REPO / "README.md").read_text())
+    found = all_blocks()
     ran, failed = [], []
     for block in found:
         if block.skipped is not None:
@@ -148,21 +159,8 @@ def test_each_runnable_block_runs_as_written(reader, capsys):
     with capsys.disabled():
         reasons = sorted({b.skipped for b in skipped})
         counts = "; ".join(f"{sum(b.skipped == r for b in skipped)} {r}" for r in reasons)
-        print(f"\nREADME blocks: {len(found)}: {len(ran)} run, {len(skipped)} not run ({counts})")
+        print(f"\nREADME and docs/ blocks: {len(found)}: {len(ran)} run, {len(skipped)} not run ({counts})")
     assert len(ran) + len(skipped) == len(found)
     assert not failed, "\n\n".join(failed)
     # what the examples made is there
     assert (home / "runs" / "a-b" / "view.html").exists() and (home / "runs" / "demo" / "report" / "view.html").exists()
-
-
-def test_the_cli_reference_lists_every_option_of_eval_run():
-    """The README's list of `cupid eval run`'s options holds every one the command takes (a new option is listed)."""
-    from typer.main import get_command
-
-    from cupid.cli import app
-
-    command = get_command(app).commands["eval"].commands["run"]  # type: ignore[attr-defined]
-    options = {opt for param in command.params for opt in param.opts if opt.startswith("--")} - {"--help"}
-    readme = (REPO / "README.md").read_text()
-    listed = readme.split("cupid eval check-data [sample", 1)[1].split("cupid track", 1)[0]
-    assert sorted(o for o in options if not re.search(rf"{re.escape(o)}\b", listed)) == []

@@ -38,19 +38,22 @@ class Labelling(_Section):
         "answers that stand in for candidate/decomposer/teacher where no model here can play them (the CPU chain)",
     )
     candidates: list[str] = Field(min_length=1, description="endpoints whose inferred preferences get labelled")
-    decomposer: str
+    decomposer: str = Field(description="endpoint that turns each inferred preference into a checklist")
     teacher: str = Field(description="the matcher endpoint whose labels become the training targets")
     settings: list[Literal["standard", "oracle"]] = Field(
         default_factory=lambda: ["standard"],  # type: ignore[arg-type]
         min_length=1,
+        description="the settings the candidates run in",
     )
     limit: int | None = Field(default=None, ge=1, description="only the first N instances")
-    concurrency: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(
+        default=None, ge=1, description="requests in flight per endpoint (overrides every endpoint's max_concurrency)"
+    )
     cache: str | None = Field(
         default=DEFAULT_CACHE, description="the request cache: a SQLite file, `default` (.cupid/cache.sqlite), or null"
     )
     validation_fraction: float = Field(default=0.1, gt=0, lt=1, description="share of personas held out")
-    seed: int = 0
+    seed: int = Field(default=0, description="the seed of the persona split into train and validation")
     allow_test_split: bool = Field(default=False, description="allow kixlab/CUPID (the benchmark) as input")
 
 
@@ -111,7 +114,7 @@ class Quantization(_Passthrough):
 
     owned = BNB_SET_BY_THE_CHAIN
     defaults = BNB_DEFAULTS
-    load_in_4bit: bool = True
+    load_in_4bit: bool = Field(default=True, description="the frozen base in 4-bit (QLoRA); false: plain LoRA")
 
     @property
     def active(self) -> bool:
@@ -124,17 +127,17 @@ class Lora(_Passthrough):
 
     owned = LORA_SET_BY_THE_CHAIN
     defaults = LORA_DEFAULTS
-    r: int = Field(default=64, ge=1)
+    r: int = Field(default=64, ge=1, description="the adapter's rank (peft's `r`)")
 
 
 class GpuBatch(_Section):
     """A micro-batch for GPUs of at least `min_gib` GiB, under SFTConfig's names, and what it was measured to hold:
     a batch is padded to its longest example, so what must fit is micro-batch x `max_length`, not the typical one."""
 
-    min_gib: float = Field(gt=0)
-    per_device_train_batch_size: int = Field(ge=1)
-    gradient_accumulation_steps: int = Field(ge=1)
-    gradient_checkpointing: bool
+    min_gib: float = Field(gt=0, description="the least GPU memory, in GiB, this entry is for")
+    per_device_train_batch_size: int = Field(ge=1, description="the micro-batch (SFTConfig's name)")
+    gradient_accumulation_steps: int = Field(ge=1, description="micro-batches an optimizer step (SFTConfig's name)")
+    gradient_checkpointing: bool = Field(description="recompute activations in the backward pass (SFTConfig's name)")
     max_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -238,7 +241,10 @@ class Sft(_Passthrough):
 
 
 class Export(_Section):
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16",
+        description="the merged model's weights: the adapter merged into the dequantized base, saved in this type",
+    )
 
 
 # What the check sets itself in the servers it starts; a config's `agreement.serve` leaves them out.
@@ -250,7 +256,7 @@ class Agreement(_Section):
     on the validation split. The servers are serve profiles (`configs/serve/*.yaml`): `serve` holds a profile's
     fields without model, names, port and adapters, which the check sets."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="run the check after the export")
     baseline: bool = Field(default=True, description="also measure the base model before training")
     adapter: bool = Field(
         default=True,
@@ -263,9 +269,9 @@ class Agreement(_Section):
         description="serve-profile fields for the check's servers (engine, device, cpu_kvcache_space_gib, "
         "startup_timeout_s, ..., and `vllm:`, vLLM's own arguments: dtype, max_model_len, ...); default: vLLM on CUDA",
     )
-    max_tokens: int = Field(default=512, ge=1)
-    concurrency: int = Field(default=64, ge=1)
-    timeout_s: float = Field(default=900.0, gt=0)
+    max_tokens: int = Field(default=512, ge=1, description="cap of each matcher answer")
+    concurrency: int = Field(default=64, ge=1, description="requests in flight per server")
+    timeout_s: float = Field(default=900.0, gt=0, description="seconds a request may take")
     limit: int | None = Field(default=None, ge=1, description="only the first N validation examples")
 
     @model_validator(mode="after")
@@ -322,7 +328,7 @@ class TrainConfig(_Section):
     quantization: Quantization = Field(default_factory=Quantization)
     lora: Lora = Field(default_factory=Lora)
     sft: Sft = Field(default_factory=Sft)
-    export: Export = Field(default_factory=Export)
+    export: Export = Field(default_factory=Export, description="the merged model vLLM serves")
     agreement: Agreement = Field(default_factory=Agreement)
     source: str = Field(default="(inline)", exclude=True, description="the file this config came from")
 

