@@ -75,17 +75,18 @@ demo: setup
 # The house rules first (ruff's lint, E501 included, and its formatter at 120 columns, pyproject.toml; a second each),
 # then a worker per core this process may use (2 to 8: the suite is CPU-bound, a third worker on 2 cores made it
 # slower), a test file on one (module fixtures, the training chain, run once), the longest files
-# first (tests/conftest.py orders them; --no-loadscope-reorder keeps that order). One tiny vLLM server serves
-# every worker. At the end: pytest's slowest durations, then the vLLM starts the run paid for, counted by
-# cupid.serving.servers.lifecycle into the file CUPID_VLLM_STARTS names (tests/conftest.py sets it and prints them).
+# first (tests/plugins/collection.py orders them; --no-loadscope-reorder keeps that order). One tiny vLLM server
+# serves every worker. At the end: pytest's slowest durations, then the vLLM starts the run paid for, counted by
+# cupid.serving.servers.lifecycle into the file CUPID_VLLM_STARTS names (tests/plugins/session_server.py sets it
+# and prints them).
 TEST_WORKERS ?= $(shell python3 -c "import os; print(min(8, max(2, len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 2)))")
 test: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=8
 
 # The fast tier, while you work: the house rules, then every test that neither starts vLLM nor trains (`-m "not slow"`:
-# tests/conftest.py marks a test slow by the fixtures it uses), mypy included (tests/test_types.py). `make test` is the
-# whole suite, what CI runs.
+# tests/plugins/collection.py marks a test slow by the fixtures it uses), mypy included (tests/test_types.py). `make
+# test` is the whole suite, what CI runs.
 check: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=5

@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.serving import Client, Endpoint
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import lifecycle, profiles, tiny_model
 
 # Each variant: the profile's own fields it changes, and vLLM's arguments (the profile's `vllm:`) it sets.

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cupid.eval.benchmark import paired, stats
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.stats import paired
 from tests.eval.test_gate_level import SKEWED, null_shift, shifted
 from tests.eval.test_stats import headline, simulate
 

@@ -14,8 +14,10 @@ import time
 
 import numpy as np
 
-from cupid.eval.benchmark import GENERATION, INFERENCE, INSTANCE_TYPES, stats
-from cupid.eval.results import holm_family, task_rows
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
+from cupid.eval.results.compare import holm_family, task_rows
 
 PERSONAS = 252
 

@@ -41,12 +41,20 @@ from typing import Any
 import httpx
 
 from bench import night_stats
-from cupid.common import ServeError, http_post, read_yaml
-from cupid.eval.benchmark import RunConfig, RunDir, run
+from cupid.common.config import read_yaml
+from cupid.common.errors import ServeError
+from cupid.common.tls import http_post
 from cupid.eval.benchmark import data as cupid_data
-from cupid.serving import ChatRequest, Client, Endpoint, load_endpoints
-from cupid.serving.servers import Profile, ServerRecord, free_port, lifecycle, profiles, tiny_model
-from cupid.serving.servers import start as start_instant
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.serving.client import ChatRequest, Client
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import load_endpoints
+from cupid.serving.servers import lifecycle, profiles, tiny_model
+from cupid.serving.servers.instant import start as start_instant
+from cupid.serving.servers.ports import free_port
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.state import ServerRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARK_SIZE = 756

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cupid.eval.benchmark import GENERATION, INFERENCE
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
 from cupid.eval.results.view import build
 from tests.run_records import generation, inference, write_run
 
@@ -59,8 +59,9 @@ def synthetic_run(path: Path, keys: list[str], data: str, candidate: str, seed: 
             if rng.random() < 0.05:
                 r = inference(key, setting=setting, failed=rng.choice(["parse_preference", "match_infer_to_gt"]))
             else:
-                labels = lambda n: "".join(rng.choice("YPN") for _ in range(n))
-                r = inference(key, labels(rng.randint(3, 6)), labels(rng.randint(3, 5)), setting=setting)
+                predicted = "".join(rng.choice("YPN") for _ in range(rng.randint(3, 6)))
+                truth = "".join(rng.choice("YPN") for _ in range(rng.randint(3, 5)))
+                r = inference(key, predicted, truth, setting=setting)
                 r["inferred_checklist"] = [m["entry"] for m in r["infer_to_gt"]]
             r["candidate_answer"] = (
                 f"{candidate} on {key} ({setting}): " + "the inferred preference, reasoned at length. " * 30

@@ -37,35 +37,24 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from cupid.api import (
-        Comparison,
-        ConfigError,
-        Dataset,
-        Labels,
-        MatchItem,
-        PrefMatcher,
-        RunResult,
-        Scoring,
-        ServedModel,
-        StageError,
-        StageFailed,
-        Summary,
-        aevaluate,
-        compare,
-        endpoint,
-        evaluate,
-        format_reward,
-        load_dataset,
-        reward,
-        reward_dataset,
-    )
-    from cupid.serving import Endpoint
+    from cupid.api import PrefMatcher, aevaluate, endpoint, evaluate, load_dataset
+    from cupid.common.config import ConfigError
+    from cupid.eval.benchmark.data import Dataset
+    from cupid.eval.benchmark.records import Labels, Scoring, StageError
+    from cupid.eval.benchmark.runner import RunResult
+    from cupid.eval.benchmark.stages import StageFailed
+    from cupid.eval.benchmark.summary import Summary
+    from cupid.eval.integrations.reward import format_reward, reward, reward_dataset
+    from cupid.eval.results.compare import Comparison, compare
+    from cupid.matcher.parse import MatchItem
+    from cupid.serving.endpoint import Endpoint
+    from cupid.serving.fleet.on_demand import ServedModel
 
 
 def __getattr__(name: str) -> Any:
     """The API is imported on first use, so `import cupid.serving...` in a server process stays light."""
     if name == "Endpoint":
-        from cupid.serving import Endpoint
+        from cupid.serving.endpoint import Endpoint
 
         return Endpoint
     if name in __all__:

@@ -16,33 +16,28 @@ from typing import Any, ParamSpec, Self, TypeVar
 
 from rich.console import Console
 
-from cupid.common import ConfigError, blocking
-from cupid.eval.benchmark import (  # noqa: F401 (the API)
-    INFERENCE,
-    Dataset,
-    Executor,
-    InferenceScorer,
-    InstanceType,
-    Labels,
-    MatchItem,
-    RunConfig,
-    RunResult,
-    Scoring,
-    Setting,
-    StageError,
-    StageFailed,
-    Summary,
-    Tracker,
-    matcher_dialect,
-    open_judges,
-)
+from cupid.common.aio import blocking
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import Dataset  # noqa: F401 (the API)
+from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect  # noqa: F401 (the API)
+from cupid.eval.benchmark.judges import open_judges  # noqa: F401 (the API)
+from cupid.eval.benchmark.records import Labels, Scoring, StageError  # noqa: F401 (the API)
+from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker  # noqa: F401 (the API)
+from cupid.eval.benchmark.settings import Setting  # noqa: F401 (the API)
+from cupid.eval.benchmark.stages import StageFailed  # noqa: F401 (the API)
+from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
+from cupid.eval.benchmark.tasks import INFERENCE  # noqa: F401 (the API)
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
-from cupid.eval.workflows import arun_and_log  # the run, then its tracker run when `track=` asks
-from cupid.serving import DEFAULT_FILE, Endpoint, EndpointLike, cache_path, per_loop, resolve
-from cupid.serving.fleet import ServedModel
-from cupid.serving.servers import live_endpoints
+from cupid.eval.workflows.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks
+from cupid.matcher.parse import MatchItem  # noqa: F401 (the API)
+from cupid.serving.cache import cache_path
+from cupid.serving.client import per_loop
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.fleet.on_demand import ServedModel
+from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.servers.lifecycle import live_endpoints
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -108,7 +108,7 @@ def matches(answer: str, items: Sequence[str]) -> list[MatchItem]:
         try:
             index = int(result.get("index", position))
         except (TypeError, ValueError):
-            raise ParseError(f"result {position} has a non-integer index {result.get('index')!r}", answer)
+            raise ParseError(f"result {position} has a non-integer index {result.get('index')!r}", answer) from None
         if not 1 <= index <= len(items) or index in by_index:
             raise ParseError(f"result {position} has index {index}: out of range or repeated", answer)
         by_index[index] = label(result["label"], answer)

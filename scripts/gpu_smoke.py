@@ -22,11 +22,14 @@ import sys
 import time
 from importlib import resources
 
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import Client, Endpoint, RequestFailed
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet import gpu_memory
-from cupid.serving.servers import get_engine, lifecycle, probes, profiles, state
+from cupid.serving.servers import lifecycle, probes, profiles, state
+from cupid.serving.servers.engines import get_engine
 
 
 def examples() -> list[dict]:
@@ -72,7 +75,7 @@ async def check_answer(client: Client, example: dict, max_tokens: int, free: boo
     except parse.ParseError as e:
         print(f"\nFAILED: the answer does not parse as the matcher's labels: {e.message}")
         return False
-    agree = sum(m.label == item["label"] for m, item in zip(matches, example["checklist"]))
+    agree = sum(m.label == item["label"] for m, item in zip(matches, example["checklist"], strict=True))
     print(f"\nOK: the answer parses; {agree}/{len(items)} labels agree with the example's human labels")
     return True
 

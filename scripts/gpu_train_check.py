@@ -51,8 +51,8 @@ from typing import Any
 
 import yaml
 
-from cupid.common import read_yaml
-from cupid.training import QWEN_7B
+from cupid.common.config import read_yaml
+from cupid.training.grpo_memory import QWEN_7B
 
 
 def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from cupid.serving.servers import RANDOM_CONFIG
+    from cupid.serving.servers.tiny_model import RANDOM_CONFIG
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     shape_args = QWEN_7B if shape == "qwen2.5-7b" else {**RANDOM_CONFIG, "vocab_size": len(tokenizer)}
@@ -115,7 +115,7 @@ def match_data(dest: Path, n_examples: int, tokenizer_dir: Path, max_length: int
 
     from cupid.eval.benchmark import data as cupid_data
     from cupid.matcher import prompts
-    from cupid.training import completion_text, prompt_key
+    from cupid.training.examples import completion_text, prompt_key
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     rows, lengths = [], []
@@ -195,7 +195,7 @@ def recipe_name(shape: str) -> str:
 def vowel_share(prompts: Any = None, completions: Any = (), **_: Any) -> list[float]:
     """The share of vowels among an answer's letters: no judge is served here, and unlike the answer's graded form
     (0 for every random-weight answer) it varies within a group, so a working gradient has an advantage to follow."""
-    from cupid.eval.integrations import answer_of
+    from cupid.eval.integrations.reward import answer_of
 
     texts = [answer_of(c) for c in completions]
     letters = [[ch for ch in text.lower() if ch.isalpha()] for text in texts]
@@ -292,13 +292,15 @@ def evaluation_logits(cfg: Any, dest: Path | None = None) -> Any:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cupid.training import export
-    from cupid.training.matchdata import data_dir, read_examples
+    from cupid.training.examples import read_examples
+    from cupid.training.traindir import TrainDir
 
-    where = export.export_dir(cfg)
+    run = TrainDir.of(cfg)
+    where = run.export
     model = AutoModelForCausalLM.from_pretrained(
         where, dtype=getattr(torch, cfg.export.dtype), device_map={"": 0} if torch.cuda.is_available() else None
     )
-    probe = [m.model_dump() for m in read_examples(data_dir(cfg) / "validation.jsonl")[0].prompt]
+    probe = [m.model_dump() for m in read_examples(run.split("validation"))[0].prompt]
     logits = export.probe_logits(model.eval(), AutoTokenizer.from_pretrained(where), probe)
     del model
     if torch.cuda.is_available():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
 
 # 1: the `responses` table below. Files written before the version was recorded (user_version 0) hold the
 # same table and are stamped 1 on open.
@@ -156,7 +156,7 @@ def cache_path(setting: CacheSetting) -> Path | None:
     if setting is None:
         return None
     if str(setting) == DEFAULT:
-        from cupid.common import state_dir
+        from cupid.common.files import state_dir
 
         return state_dir() / "cache.sqlite"
     return Path(setting)

@@ -19,7 +19,8 @@ from typing import Any, Protocol, Self, TypeVar
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from cupid.common import PerLoop, failure_line
+from cupid.common.aio import PerLoop
+from cupid.common.errors import failure_line
 from cupid.serving.cache import Cache, Cached
 from cupid.serving.endpoint import Endpoint, bearer
 from cupid.serving.registry import EndpointDown, Hint, Problem, down_message, unreachable

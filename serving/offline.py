@@ -28,14 +28,17 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlparse
 
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.serving.cache import Cache
 from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.fleet import Plan, gpu_memory
-from cupid.serving.servers import VLLM_INSTALL, Profile, lifecycle, profiles, vllm_args, vllm_build
+from cupid.serving.fleet import gpu_memory
+from cupid.serving.fleet.gpu_memory import Plan
+from cupid.serving.servers import lifecycle, profiles, vllm_args
+from cupid.serving.servers.engines import VLLM_INSTALL, vllm_build
+from cupid.serving.servers.profiles import Profile
 
-EXECUTORS = ("http", "vllm-offline", "transformers-offline")
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 # What an offline answer does not carry (log-probabilities, more than one choice), or what the chat API gives in
@@ -146,7 +149,7 @@ class VllmBackend:
                 ),
             )
             elapsed = time.perf_counter() - started
-            for (i, _, _), output in zip(todo, outputs):
+            for (i, _, _), output in zip(todo, outputs, strict=True):
                 completion = output.outputs[0]
                 usage = _usage(len(output.prompt_token_ids or []), len(completion.token_ids))
                 results[i] = Answer(completion.text, completion.finish_reason, usage, elapsed, cached=False)
@@ -295,7 +298,7 @@ class Batcher:
                 except Exception as e:  # noqa: BLE001 - the engine failed this batch: each request records why
                     results = [RequestFailed("engine_error", f"{type(e).__name__}: {e}") for _ in batch]
                 self.batch_sizes.append(len(batch))
-                for (_, future), result in zip(batch, results):
+                for (_, future), result in zip(batch, results, strict=True):
                     if future.done():  # the caller was cancelled
                         continue
                     if isinstance(result, BaseException):
@@ -360,7 +363,7 @@ class OfflineClient(Client):
         await super().aclose()
 
 
-def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
+def vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
     """Which profile answers each model name; refuses up front a set of models that cannot share the GPU."""
     build = vllm_build()
     if build is None:
@@ -391,7 +394,7 @@ def _vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[s
     return load
 
 
-def _transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
+def transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable[[], Backend]]]:
     served = {p.served: p for p in profiles.load_all(directory).values()} if directory.is_dir() else {}
 
     def load(model: str) -> tuple[str, Callable[[], Backend]]:
@@ -404,29 +407,3 @@ def _transformers_loader(directory: Path) -> Callable[[str], tuple[str, Callable
         return path, lambda: TransformersBackend(path)
 
     return load
-
-
-def open_client(
-    executor: str,
-    endpoints: dict[str, Endpoint],
-    cache: Cache | None = None,
-    refresh: bool = False,
-    concurrency: int | None = None,
-    profiles_dir: str | Path = profiles.DEFAULT_DIR,
-    servers: dict | None = None,
-    roles: dict[str, str] | None = None,
-) -> Client:
-    """The client for an executor: `http` (servers), `vllm-offline` (in-process vLLM, GPU) or
-    `transformers-offline` (in-process transformers, CPU). Raises ConfigError when it cannot run here."""
-    if executor == "http":
-        return Client(
-            endpoints, cache, refresh=refresh, concurrency=concurrency, servers=servers, roles=roles,
-            down_hint=profiles.start_hint(profiles_dir),
-        )  # fmt: skip
-    if executor == "vllm-offline":
-        loader = _vllm_loader(endpoints, Path(profiles_dir))
-    elif executor == "transformers-offline":
-        loader = _transformers_loader(Path(profiles_dir))
-    else:
-        raise ConfigError(f"unknown executor {executor!r} (known: {', '.join(EXECUTORS)})")
-    return OfflineClient(endpoints, cache, refresh=refresh, concurrency=concurrency, loader=loader)

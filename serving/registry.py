@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, http_get, read_yaml, validate
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.tls import http_get
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"
@@ -124,7 +125,7 @@ def endpoint_problem(endpoint: Endpoint, timeout: float = REACH_TIMEOUT_S) -> Pr
 def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOUT_S) -> dict[str, Problem]:
     """Each endpoint a first request would fail on, and why (`endpoint_problem`); asked side by side."""
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints)))) as pool:
-        found = dict(zip(endpoints, pool.map(lambda e: endpoint_problem(e, timeout), endpoints.values())))
+        found = dict(zip(endpoints, pool.map(lambda e: endpoint_problem(e, timeout), endpoints.values()), strict=True))
     return {name: problem for name, problem in found.items() if problem is not None}
 
 

@@ -8,171 +8,24 @@ Two models, each test on the smaller that shows what it checks (as vLLM's and TR
 - SmolLM2-135M-Instruct (`smol_model_dir`), only where an assertion needs a model that follows instructions; each
   such test says why.
 
-One tiny vLLM server serves the whole run, however many xdist workers it has. The pytest controller (the
-process that starts the workers, or the only process without xdist) owns what the workers share: a
-directory (CUPID_TEST_SHARED: the server's record and log, its lock, the count of vLLM starts), the
-server's port, and a FIFO whose only writer it is. The first worker that needs the server starts it under
-a file lock; the others find it answering. A watchdog reading that FIFO stops the server when the
-controller ends however it ends (killed too), and the controller stops it itself at its end
-(pytest_unconfigure), after every worker is done: no worker stops it while another uses it.
+One tiny vLLM server serves the whole run, however many xdist workers it has (`tiny_server`): its controller is a
+plugin (tests/plugins/session_server.py), beside the environment every process inherits (plugins/environment.py)
+and the order and tier of the collected tests (plugins/collection.py). What test files share besides fixtures is in
+tests/helpers.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import functools
-import json
 import os
-import shutil
-import signal
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from cupid.eval.benchmark import data as cupid_data
-from cupid.serving.servers import free_port, lifecycle, probes, profiles, state, tiny_model, vllm_args, watchdog
-from cupid.serving.servers import start as start_instant
+from cupid.serving.servers import lifecycle, probes, profiles, state, tiny_model, watchdog
+from tests.helpers import RANDOM_SERVING, REPO, TINY_NAME, running_instant, tiny_lora_rank, write_endpoints
 
-REPO = Path(__file__).resolve().parents[1]
-TINY_NAME = "tiny-random-llama"  # the session server's served name
-SHARED = "CUPID_TEST_SHARED"
-# The shipped tiny profile's KV cache (3 GiB: SmolLM2-135M's 8 full-length requests) holds ~6M tokens of the
-# random-weight model (2 layers of 64): 1 GiB still holds ~2M, and each vLLM start of it faults in 2 GiB fewer, which
-# saves CPU at every start (docs/performance.md).
-RANDOM_KV_GIB = 1
-# Its matrices are 64 wide: a second OpenMP thread only synchronizes with the first. On one (a core reserved, as the
-# profile field says), a server of it answered the same requests in the same time for less CPU, which the suite's
-# other worker gets (docs/performance.md).
-RANDOM_RESERVED_CORES = 1
-# A serve profile's fields for the random-weight model, in every profile that serves it.
-RANDOM_SERVING = {"cpu_kvcache_space_gib": RANDOM_KV_GIB, "cpu_reserved_cores": RANDOM_RESERVED_CORES}
-_controller: dict = {}  # the controller's own: the shared directory and its end of the FIFO
-
-
-@functools.cache
-def tiny_lora_rank() -> int:
-    """The --max-lora-rank of the session server, which loads LoRA adapters at run time (the training check's, of
-    configs/train/tiny.yaml's rank). Asked when first needed, not at import: reading vLLM's ranks imports vLLM (slow,
-    the more so in a fresh install, where it compiles), and the controller imports this module alone, before any
-    worker starts."""
-    return vllm_args.lora_rank_for(yaml.safe_load((REPO / "configs/train/tiny.yaml").read_text())["lora"]["r"])
-
-
-def pytest_configure(config):
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        return  # a worker: it inherited the controller's settings
-    shared = Path(tempfile.mkdtemp(prefix="cupid-tests-"))
-    os.mkfifo(shared / "controller-alive")
-    _controller.update(shared=shared, fifo=os.open(shared / "controller-alive", os.O_RDWR))  # never inherited
-    os.environ.update(
-        {
-            SHARED: str(shared),
-            "CUPID_TEST_CONTROLLER": str(os.getpid()),
-            "CUPID_TEST_TINY_PORT": str(free_port()),
-            lifecycle.STARTS_ENV: str(shared / "vllm-starts"),
-            lifecycle.TIE_ENV: "1",  # every server a test starts dies with its process, even when that is killed
-        }
-    )
-    # Two workers, the session server, a training run and a server a test owns compute at once on 2 cores. An
-    # OpenMP thread that finds its partner descheduled spins by default (libgomp): two 2-thread torch processes side
-    # by side took far longer than twice one alone, which passive waits cut (docs/performance.md). Inherited by
-    # workers, servers, training.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # numpy's OpenBLAS runs its own threads, which spin as well (OMP_WAIT_POLICY is libgomp's): the simulated
-    # comparisons (3000 bootstraps of a (2000, 252) @ (252, 8) product) took nearly twice as long beside one busy
-    # process with a thread per core as with one thread (docs/performance.md). Products that small gain nothing from
-    # a second thread even alone. torch keeps its own threads (it does not use OpenBLAS).
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    # glibc maps each allocation over 32 MB afresh and unmaps it when freed, so a training step's logits and gradients
-    # fault in new zeroed pages every time: the GPU training check's CPU form spent a third of its CPU in the kernel.
-    # Kept in the heap instead (no size mapped apart, nothing handed back), less than half that, for a somewhat higher
-    # peak memory (docs/performance.md). Read by each process as it starts: workers, servers, training.
-    os.environ.setdefault(
-        "GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=17179869184"
-    )
-
-
-# With `--dist loadfile` a worker takes a whole file, in this order (the Makefile passes --no-loadscope-reorder): the
-# longest first, so that none starts last; the 135M fine-tune (no vLLM) second, beside the file whose first test starts
-# the session server, which a file of servers beside it would wait for.
-LONGEST_FIRST = (  # by the time each file took in a fresh clone's run (the commit that last ordered them says)
-    "test_serve.py",
-    "test_training_smol.py",
-    "test_night_servers.py",
-    "test_training.py",
-    "test_gpu_train_check.py",
-    "test_bench.py",
-    "test_grpo.py",
-    "test_gate_level.py",
-    "test_serve_untied.py",
-    "test_inspect.py",
-    "test_readme.py",
-    "test_synth.py",
-    "test_track.py",
-    "test_stats.py",
-    "test_api.py",
-    "test_compare.py",
-    "test_nightly.py",
-    "test_types.py",  # one mypy process on one core: unordered, it came last while the other worker idled
-    "test_cli_mistakes.py",
-    "test_prepare_tiny.py",
-)
-
-
-# A test that uses one of these starts vLLM or trains (or builds a model to): `slow`, left out of `make check`.
-SLOW_FIXTURES = {"tiny_server", "tiny_profile", "smol_model_dir", "random_model_dir"}
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
-    for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
-
-
-@pytest.hookimpl(trylast=True)  # after pytest's slowest durations
-def pytest_terminal_summary(terminalreporter):
-    if not _controller:
-        return
-    starts = _controller["shared"] / "vllm-starts"
-    lines = starts.read_text().splitlines() if starts.exists() else []
-    terminalreporter.write_sep("=", f"vLLM starts in this run: {len(lines)}")
-    for what, n in sorted({line: lines.count(line) for line in lines}.items()):
-        terminalreporter.write_line(f"{n} x {what}")
-
-
-def pytest_unconfigure(config):
-    if not _controller:
-        return
-    os.environ["CUPID_HOME"] = str(_controller["shared"] / "cupid-home")
-    lifecycle.down("tiny")  # the session server, if a worker started one
-    os.close(_controller["fifo"])  # its watchdog finds it gone and ends
-    shutil.rmtree(_controller["shared"], ignore_errors=True)
-
-
-def write_endpoints(path: Path, **entries: dict) -> Path:
-    path.write_text(yaml.safe_dump(entries))
-    return path
-
-
-def sample_copies(path: Path, copies: int, marked: bool = False) -> Path:
-    """The sample's rows `copies` times, each copy's personas renamed: data with enough personas for an interval
-    (the sample's 4 give none). `marked`: each request ends with `(case <its persona>)`, so a candidate (the instant
-    server's `--no-preference-for`) can answer some personas differently."""
-    rows = [json.loads(line) for line in cupid_data.SAMPLE_PATH.read_text().splitlines()]
-
-    def copy(row: dict, n: int) -> dict:
-        persona = f"{row['persona_id']}-{n}"
-        request = f"{row['current_request']} (case {persona})" if marked else row["current_request"]
-        return {**row, "persona_id": persona, "current_request": request}
-
-    path.write_text("".join(json.dumps(copy(row, n)) + "\n" for n in range(copies) for row in rows))
-    return path
+pytest_plugins = ["tests.plugins.session_server", "tests.plugins.environment", "tests.plugins.collection"]
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +41,9 @@ def random_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def session_home() -> Path:
     """The session server's state directory, shared by every worker."""
-    home = Path(os.environ[SHARED]) / "cupid-home"
+    from tests.plugins.session_server import shared_dir  # imported once pytest has registered the plugin
+
+    home = shared_dir() / "cupid-home"
     home.mkdir(exist_ok=True)
     return home
 
@@ -214,44 +69,21 @@ def tiny_profile(random_model_dir):
     return shipped.model_copy(update=update)
 
 
-def running_in_group(pgid: int) -> list[int]:
-    """Processes of a process group that still run (psutil: independent of the product's own bookkeeping)."""
-    import psutil
-
-    out = []
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return out
-
-
-def _tie_to_controller(pid: int) -> None:
-    """The server's watchdog (`serving.servers.watchdog`), reading the controller's FIFO instead of a pipe from this
-    worker (nothing writes `ready` into it: should the controller die, the session server gets the starting grace before
-    SIGKILL). Opened without waiting for a writer: a plain open of a FIFO blocks until one opens it, so a controller
-    killed while the server was starting left a worker blocked here and the server untied, running on after the run."""
-    fd = os.open(Path(os.environ[SHARED]) / "controller-alive", os.O_RDONLY | os.O_NONBLOCK)
-    os.set_blocking(fd, True)  # the watchdog's reads wait for the controller's end; with no writer they end at once
-    with os.fdopen(fd, "rb") as alive:
-        watchdog.start_watchdog(pid, alive)
-
-
 @pytest.fixture(scope="session")
 def tiny_server(tiny_profile, session_home):
     """The random-weight model behind real vLLM on CPU, from the shipped profile with run-time LoRA loading on: one
-    server for the whole run (see the module docstring), tied to the pytest controller."""
+    server for the whole run (tests/plugins/session_server.py), tied to the pytest controller."""
     mp = pytest.MonkeyPatch()
     mp.setenv("CUPID_HOME", str(session_home))
-    shared = Path(os.environ[SHARED])
+    from tests.plugins.session_server import shared_dir, tie_to_controller
+
+    shared = shared_dir()
     with open(shared / "tiny-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         record = state.find(tiny_profile.name)
         if record is None or not probes.healthy(record.base_url):
             with pytest.MonkeyPatch.context() as tie:
-                tie.setattr(watchdog, "tie", _tie_to_controller)  # from its first moment: not to this worker
+                tie.setattr(watchdog, "tie", tie_to_controller)  # from its first moment: not to this worker
                 record = lifecycle.up(
                     tiny_profile.model_copy(update={"runtime_lora_rank": tiny_lora_rank()}), tied=True
                 )
@@ -259,23 +91,6 @@ def tiny_server(tiny_profile, session_home):
             record.write()
     yield {"base_url": record.base_url, "model": TINY_NAME, "max_tokens": 64, "max_concurrency": 16, "timeout_s": 900}
     mp.undo()  # the server stays up for the other workers; the controller stops it
-
-
-def heeds_ctrl_c() -> None:
-    """`preexec_fn` of a child a test interrupts: as from a terminal. pytest-xdist's workers ignore SIGINT and a child
-    inherits that: it would never see the Ctrl-C the test sends, and run to its end."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def running_instant(*args: str) -> Iterator[str]:
-    """An instant server with `args` (`cupid.serving.servers.instant`'s options) for the block; its base URL."""
-    proc, url = start_instant(*args)
-    try:
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cupid.eval.benchmark import UnitRecord
-from cupid.matcher import MatchCounts
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.matcher.scores import MatchCounts
 
 LONG = {"Y": "Fully Covered", "P": "Partially Covered", "N": "Not Covered"}
 

@@ -12,11 +12,15 @@ import httpx
 import pytest
 
 import cupid
-from cupid.common import ConfigError
-from cupid.eval.benchmark import MatchItem, Requests, RunConfig, StageError, StageFailed, run
-from cupid.serving import Endpoint
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import StageError
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.summary import Requests
+from cupid.matcher.parse import MatchItem
+from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import lora
-from tests.conftest import REPO, tiny_lora_rank, write_endpoints
+from tests.helpers import REPO, tiny_lora_rank, write_endpoints
 
 LABELS = {"Fully Covered", "Partially Covered", "Not Covered"}
 
@@ -432,11 +436,11 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
     each_closed_once(6)
 
 
-def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_is_named(tmp_path, instant_url):
+def test_an_endpoint_that_does_not_answer_fails_at_once(tmp_path, instant_url):
     import time
 
-    from cupid.common import ConfigError
-    from cupid.serving.servers import free_port
+    from cupid.common.config import ConfigError
+    from cupid.serving.servers.ports import free_port
 
     closed = f"http://127.0.0.1:{free_port()}/v1"
     endpoints = write_endpoints(
@@ -463,6 +467,8 @@ def test_an_endpoint_that_does_not_answer_fails_at_once_and_a_misspelt_keyword_i
     with pytest.raises(ConfigError, match=rf"^matcher 'matcher' at {closed} does not answer"):
         pm.labels("Prefers short answers", ["Is the answer short?"])
 
+
+def test_a_misspelt_keyword_of_evaluate_is_named():
     with pytest.raises(TypeError, match=r"evaluate\(\) got an unexpected keyword argument 'endpoints'; did you mean "
                                         r"'endpoints_file'\?"):  # fmt: skip
         cupid.evaluate("cand", matcher="pm", endpoints="file.yaml")
@@ -473,7 +479,7 @@ def test_score_batch_and_its_async_twin_give_the_runs_scores(tmp_path, instant_u
     order; its async twin the same."""
     import asyncio
 
-    from cupid.eval.benchmark import RunConfig, run
+    from cupid.eval.benchmark.runner import RunConfig, run
 
     endpoints = write_endpoints(
         tmp_path / "ep.yaml",

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from bench.run import DEMO_CONFIG, LEVELS, OURS_IN_FLIGHT, QUICK, REFERENCE_WORKERS
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def numbers(value: Any, where: str = "") -> Iterator[tuple[str, float]]:

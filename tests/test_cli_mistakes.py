@@ -16,9 +16,10 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import RunConfig, RunDir, run
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.benchmark.stages import JUDGE_MAX_TOKENS
-from tests.conftest import REPO, heeds_ctrl_c, running_instant, write_endpoints
+from tests.helpers import REPO, heeds_ctrl_c, running_instant, write_endpoints
 
 USAGE = 2
 
@@ -247,8 +248,9 @@ def test_a_profile_name_resolves_to_the_server_that_runs_under_it(world, tmp_pat
     sends to the server that runs, and says which it used (the file's port is held by something else)."""
     from urllib.parse import urlparse
 
-    from cupid.serving.servers import Profile, state
-    from cupid.serving.servers import start as start_instant
+    from cupid.serving.servers import state
+    from cupid.serving.servers.instant import start as start_instant
+    from cupid.serving.servers.profiles import Profile
 
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
     proc, url = start_instant()
@@ -328,7 +330,7 @@ def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path, 
 
 
 @pytest.mark.parametrize("mistake", ["model", "api_path"])
-def test_a_model_the_server_does_not_serve_or_a_url_without_its_api_path_is_refused_before_any_request(
+def test_an_endpoint_the_server_cannot_answer_is_refused_before_any_request(
     tmp_path, instant_url, tiny_server, mistake
 ):
     """vLLM answers both with a 404 on every request: the run's pre-check asks its model list first, and says which
@@ -355,9 +357,7 @@ def test_a_model_the_server_does_not_serve_or_a_url_without_its_api_path_is_refu
     assert not RunDir(tmp_path / "run").records()  # no unit ran
 
 
-def test_an_endpoint_of_a_profile_follows_its_running_server_and_its_model_is_checked_there(
-    tmp_path, tiny_server, session_home
-):
+def test_an_endpoint_of_a_profile_follows_its_running_server(tmp_path, tiny_server, session_home):
     """`tiny-constrained` (the shipped endpoints file, `profile: tiny`) with the session's `tiny` server running on a
     port of its own, not the file's 8011: the run asks that server, never 8011, and refuses the entry's model, which
     the session's server (the random-weight model) does not serve."""
@@ -394,7 +394,7 @@ def test_a_url_is_a_role_on_the_command_line_and_judges_get_their_roles_answer_c
     assert len(judged) >= 5 and {request["max_tokens"] for request in judged} == {JUDGE_MAX_TOKENS["matcher"]}
 
 
-def test_a_smaller_limit_on_a_finished_run_is_refused_in_one_line_and_changes_nothing(world, tmp_path):
+def test_a_smaller_limit_on_a_finished_run_is_refused_changing_nothing(world, tmp_path):
     """The world's run scored all 12 sample instances; the same run with --limit 2 would write a summary of 2 while its
     records (which compare reads) hold 12."""
     run_dir = tmp_path / "run"

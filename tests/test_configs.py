@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from cupid.common import read_yaml, validate
-from cupid.eval.benchmark import RunConfig
-from cupid.serving import load_endpoints
+from cupid.common.config import read_yaml, validate
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.serving.registry import load_endpoints
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,8 @@ def test_the_exit_codes_are_stated_as_the_code_defines_them():
 
     from cupid.cli import app
     from cupid.cli.errors import EXIT_USAGE
-    from cupid.eval.results.leaderboard import EXIT_FAILURES, EXIT_NO_VERDICT, EXIT_REGRESSION
+    from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
+    from cupid.eval.results.leaderboard import EXIT_FAILURES
 
     stated = f"{EXIT_FAILURES} failures; {EXIT_REGRESSION} a regression; {EXIT_NO_VERDICT} no verdict ({EXIT_USAGE}:"
     assert stated in (REPO / "configs/eval/nightly.yaml").read_text()

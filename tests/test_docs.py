@@ -9,7 +9,7 @@ import re
 import tokenize
 from pathlib import Path
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PACKAGE = ("cupid", "matcher", "serving", "eval", "training", "scripts")
 # A duration: `10 s`, `~10 s`, `31-33 s`, `80 ms`, `3.5 min`, or a clock reading `15:19`.

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cupid.common import prepared_model, read_yaml
+from cupid.common.config import read_yaml
+from cupid.common.files import prepared_model
 from cupid.serving.servers import profiles
 
 CUPID = [sys.executable, "-m", "cupid"]
@@ -25,7 +26,7 @@ def files_under(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def test_shipped_profiles_and_recipes_name_prepared_models_never_a_path_from_the_working_directory():
+def test_shipped_profiles_and_recipes_name_prepared_models_not_relative_paths():
     tiny = profiles.load("tiny")
     assert tiny.model == "prepared:SmolLM2-135M-Instruct"
     for path in ("configs/train/grpo-tiny.yaml", "configs/train/grpo-qwen2.5-7b.yaml"):
@@ -44,7 +45,7 @@ def test_a_prepared_model_is_found_under_cupid_home_from_any_directory(tmp_path,
     assert prepared_model("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
 
 
-def test_serving_the_tiny_profile_unprepared_names_the_state_directory_and_the_command(tmp_path):
+def test_serving_the_tiny_profile_unprepared_names_the_command_that_prepares_it(tmp_path):
     home, work = tmp_path / "state", tmp_path / "work"
     work.mkdir()
     done = cupid("serve", "up", "--profile", "tiny", cwd=work, home=home)
@@ -78,7 +79,7 @@ def cuda_torchvision(root: Path) -> Path:
     return root
 
 
-def test_doctor_reports_each_part_and_the_one_command_that_fixes_a_cuda_torchvision_beside_cpu_torch(tmp_path):
+def test_doctor_names_the_command_that_fixes_a_cuda_torchvision_beside_cpu_torch(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     healthy = cupid("doctor", cwd=work, home=tmp_path / "state")

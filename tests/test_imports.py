@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 Graph = dict[str, set[str]]  # module -> the package's modules it imports
 
@@ -83,7 +83,7 @@ def import_graph(type_checking: bool = False) -> Graph:
                 if node.level:
                     parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*parts, base] if base else parts)
-                # a submodule imported from its package is that module (the package's face only names things)
+                # a submodule imported from its package is that module (a package's `__init__` defines nothing)
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             for target in targets:
                 while target and target not in modules:
@@ -131,10 +131,10 @@ LAYERS: list[tuple[str, ...]] = [
     # the client side of serving: it never imports the servers this project starts (below: its own test)
     ("cupid.serving.endpoint", "cupid.serving.cache", "cupid.serving.registry", "cupid.serving.client"),
     ("cupid.serving.servers",),  # the servers this project starts
-    ("cupid.serving.offline", "cupid.serving.fleet"),  # an engine in this process; the servers a run brings
+    ("cupid.serving.offline", "cupid.serving.executors", "cupid.serving.fleet"),  # engine, run client, servers
     ("cupid.eval.benchmark",),  # tasks, the runner, a run's files and figures
     ("cupid.eval.results", "cupid.eval.integrations"),  # what is read from finished runs; inspect-ai, TRL's reward
-    ("cupid.eval.workflows",),  # a night, a logged run: above the rooms they join
+    ("cupid.eval.workflows",),  # a night, a logged run: above the packages they join
     ("cupid.training",),
     ("cupid.api",),
     ("cupid.cli", "cupid.__main__"),
@@ -142,15 +142,15 @@ LAYERS: list[tuple[str, ...]] = [
 
 
 @functools.cache
-def faces() -> frozenset[str]:
-    """Each package's `__init__`: its face, which may show the names of any of its modules (lazily)."""
+def packages() -> frozenset[str]:
+    """Each package (its `__init__`)."""
     return frozenset(name for name, path in _modules().items() if path.stem == "__init__")
 
 
 def layer_of(module: str) -> int:
-    """A module's layer; a package's face sits with the highest of the modules under it."""
-    if module in faces():
-        inside = [m for m in _modules() if m.startswith(module + ".") and m not in faces()]
+    """A module's layer; a package sits with the highest of the modules under it."""
+    if module in packages():
+        inside = [m for m in _modules() if m.startswith(module + ".") and m not in packages()]
         return max(layer_of(m) for m in inside)
     found = [(len(prefix), i) for i, names in enumerate(LAYERS) for prefix in names
              if module == prefix or module.startswith(prefix + ".")]  # fmt: skip
@@ -178,7 +178,7 @@ def test_the_client_side_never_imports_the_servers_side() -> None:
     """What talks to a server (endpoint, cache, registry, client) knows nothing of the servers this project starts:
     what it must know of them is handed in (`started`, `down_hint`)."""
     graph = import_graph(type_checking=True)
-    client_side = [m for m in graph if layer_of(m) == 2 and m not in faces()]
+    client_side = [m for m in graph if layer_of(m) == 2 and m not in packages()]
     assert len(client_side) == 4, client_side
     crossing = sorted(f"{m} -> {i}" for m in client_side for i in graph[m] if i.startswith("cupid.serving.servers"))
     assert crossing == []
@@ -238,7 +238,7 @@ def test_no_two_classes_of_the_package_share_a_name():
 def test_no_module_but_the_task_declarations_names_a_task():
     """A task's name is said in its declaration (`eval/benchmark/tasks.py`) alone; elsewhere code reads `TASKS`.
     A prompt file of the same name (`prompts.load("inference")`) is the prompt's name, not the task's."""
-    from cupid.eval.benchmark import TASKS
+    from cupid.eval.benchmark.tasks import TASKS
 
     named = []
     for module, path in sorted(_modules().items()):
@@ -261,63 +261,76 @@ def test_no_module_but_the_task_declarations_names_a_task():
 
 
 def test_every_setting_is_declared_once_with_what_it_adds():
-    from cupid.eval.benchmark import SETTING_SPECS, SETTINGS, extra_prompts, extra_roles
+    from cupid.eval.benchmark.settings import SETTING_SPECS, SETTINGS, extra_prompts, extra_roles
 
     assert tuple(SETTING_SPECS) == SETTINGS
     assert extra_roles(SETTINGS) == ["summarizer"] and extra_prompts(["standard", "summary"]) == ["summarizer"]
     assert extra_roles(["standard", "oracle"]) == []
 
 
-def test_callers_outside_a_room_import_from_its_face():
-    """A room's face names what the rest of the package uses of it (`EXPORTS`); a module outside the room that takes
-    such a name from the module that defines it reaches past the face. A name the face cannot give (one that is also
-    a submodule's, `reward`; one that two modules define, `scored`) is taken from its module, with its neighbours."""
-    import importlib
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module's top level defines (functions, classes, assignments, under `if`/`try` too), not those it
+    imports."""
+    names: set[str] = set()
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.If | ast.Try | ast.With):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]
+            todo += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+    return names
 
+
+def names_taken_past_their_module(paths: list[Path]) -> list[str]:
+    """Each `from cupid.x import name` in these files whose module does not define `name` (nor has it as a
+    submodule): the name is passed on by a module that imported it, where it should come from its own."""
     modules = _modules()
-    exports = {
-        face: getattr(importlib.import_module(face), "EXPORTS", {})
-        for face in faces()
-        if face not in ("cupid", "cupid.cli")
-    }
-    assert sum(map(len, exports.values())) > 100  # the faces name things: the check has something to hold
-    reaching = []
-    for module, path in sorted(modules.items()):
+    defined = {module: _defined(parse(path)) for module, path in modules.items()}
+    found = []
+    for path in paths:
         for node in ast.walk(parse(path)):
-            if not isinstance(node, ast.ImportFrom) or not node.module or node.level:
-                continue
-            face = node.module.rpartition(".")[0]
-            if face not in exports or module == face or module.startswith(face + "."):
-                continue
-            names = [a.name for a in node.names]
-            if any(f"{face}.{n}" in modules or exports[face].get(n, node.module) != node.module for n in names):
-                continue  # a name the face cannot give (a submodule's, or another module's): its neighbours stay
-            named = [n for n in names if exports[face].get(n) == node.module]
-            if named:
-                reaching.append(f"{module}: from {node.module} import {', '.join(named)} (the face: {face})")
-    assert reaching == [], "\n".join(reaching)
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("cupid."):
+                if node.module not in modules:  # a module renamed or gone
+                    found.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{node.lineno}"
+                                 f" from {node.module}: no such module")  # fmt: skip
+                    continue
+                found += [
+                    f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{node.lineno}"
+                    f" from {node.module} import {alias.name}"
+                    for alias in node.names
+                    if alias.name not in defined[node.module] and f"{node.module}.{alias.name}" not in modules
+                ]
+    return found
 
 
-def test_each_face_names_its_exports_once_in_three_places_that_agree():
-    """A face lists each name in EXPORTS (for the lazy import), in `__all__` (for `import *` and the linters) and
-    under TYPE_CHECKING (for the type checker): the three must hold the same names, from the same modules."""
-    import importlib
+def test_every_name_is_imported_from_the_module_that_defines_it(tmp_path):
+    """Go-to-definition and grep land on the code: no module passes on a name it imported, in the package, its tests,
+    bench/ and scripts/. `cupid` itself is the API users import (its names come from `cupid.api` on first use), and
+    `cupid.api` names the types its signatures take; the users' imports, not the package's."""
+    files = [p for folder in ("cupid", "matcher", "serving", "eval", "training", "tests", "bench", "scripts")
+             for p in sorted((REPO / folder).rglob("*.py"))]  # fmt: skip
+    files = [p for p in files if "figures_before_one_computation" not in p.parts]  # runs on an old commit's package
+    taken = [line for line in names_taken_past_their_module(files) if " from cupid import " not in line]
+    taken = [line for line in taken if " from cupid.api import " not in line or "tests/test_api.py" in line]
+    assert taken == [], "\n".join(taken)
+    # The check can fail: `cupid.serving.registry` imports `Endpoint` from the module that defines it.
+    probe = tmp_path / "probe.py"
+    probe.write_text("from cupid.serving.registry import Endpoint, lookup\nfrom cupid.eval import benchmark\n")
+    assert names_taken_past_their_module([probe]) == [f"{probe}:1 from cupid.serving.registry import Endpoint"]
 
-    checked = 0
-    for face in sorted(faces()):
-        module = importlib.import_module(face)
-        exports = getattr(module, "EXPORTS", None)
-        if exports is None:
-            continue
-        typed = {
-            alias.asname or alias.name: node.module
-            for block in parse(_modules()[face]).body
-            if isinstance(block, ast.If) and _type_checking(block)
-            for node in block.body
-            if isinstance(node, ast.ImportFrom)
-            for alias in node.names
-        }
-        assert sorted(module.__all__) == sorted(exports), face
-        assert typed == exports, face
-        checked += 1
-    assert checked >= 10
+
+def test_no_module_but_the_package_top_defines_a_lazy_getattr():
+    """`cupid/__init__.py` is the one lazy module, the API users import (as vLLM's and TRL's top packages are): a
+    module-level `__getattr__` anywhere else would hide where a name is defined."""
+    lazy = [
+        module
+        for module, path in sorted(_modules().items())
+        if "__getattr__" in {n.name for n in parse(path).body if isinstance(n, ast.FunctionDef)}
+        or "__getattr__" in _defined(parse(path))
+    ]
+    assert lazy == ["cupid"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, sample_copies, write_endpoints
+from tests.helpers import REPO, sample_copies, write_endpoints
 
 MARKER = re.compile(r"^\*Not run by tests/test_readme\.py: (?P<why>.+)\.\*$")
 REASONS = (
@@ -91,7 +91,7 @@ def test_every_block_is_accounted_for():
 def reader(tmp_path_factory, instant_url, tiny_server, session_home):
     """A reader's directory: the configs, the tiny model's endpoints on the suite's server, the runs the examples
     name."""
-    from cupid.eval.benchmark import RunConfig, run
+    from cupid.eval.benchmark.runner import RunConfig, run
 
     home = tmp_path_factory.mktemp("reader")
     shutil.copytree(REPO / "configs", home / "configs")

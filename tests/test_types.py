@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tomllib
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_the_package_the_bench_and_the_scripts_pass_mypy(tmp_path):

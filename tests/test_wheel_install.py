@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cupid.serving.servers import tiny_model
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,7 @@ def installed(tmp_path_factory) -> Path:
     return fresh / "bin"
 
 
-def test_the_installed_command_runs_from_an_empty_directory_and_writes_only_under_cupid_home_and_out(
-    installed, tmp_path, smol_model_dir
-):
+def test_the_installed_command_writes_only_under_cupid_home_and_out(installed, tmp_path, smol_model_dir):
     home, work, out = tmp_path / "home", tmp_path / "work", tmp_path / "out"
     work.mkdir()
     converted = home / "models" / tiny_model.DIR_NAME  # the conversion (~40 s of a core), as prepare-tiny left it

@@ -31,15 +31,22 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.common import ConfigError, ServeError, http_get
-from cupid.eval.results import LABELS, Labelled, agree, canonical_label
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.common.tls import http_get
+from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
-from cupid.serving import Client, Endpoint, RequestFailed, bearer
-from cupid.serving.fleet import Placed, RunServers
-from cupid.serving.servers import Profile, get_engine, state
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.endpoint import Endpoint, bearer
+from cupid.serving.fleet.placement import Placed
+from cupid.serving.fleet.run_servers import RunServers
+from cupid.serving.servers import state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
+from cupid.training.base_model import resolve_base
 from cupid.training.config import TrainConfig
-from cupid.training.export import adapter_dir, export_dir
-from cupid.training.matchdata import MatchExample, data_dir, read_examples
+from cupid.training.examples import MatchExample, read_examples
+from cupid.training.traindir import TrainDir
 
 MODELS = ("base", "adapter", "trained")  # the report's blocks, in the order of the table
 
@@ -89,7 +96,7 @@ async def _answers(endpoint: Endpoint, examples: list[MatchExample]) -> list[dic
 async def _ask_all(endpoints: dict[str, Endpoint], examples: list[MatchExample]) -> dict[str, list[dict[str, Any]]]:
     """Every model of one server at once: the server batches base and adapter requests together."""
     results = await asyncio.gather(*(_answers(e, examples) for e in endpoints.values()))
-    return dict(zip(endpoints, results))
+    return dict(zip(endpoints, results, strict=True))
 
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,7 +106,7 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     pairs = [
         ((str(n), "validation", "teacher-model", i), t, m)
         for n, r in parsed
-        for i, (t, m) in enumerate(zip(r["teacher"], r["labels"]))
+        for i, (t, m) in enumerate(zip(r["teacher"], r["labels"], strict=True))
     ]
     teacher = {key: Labelled(canonical_label(t)) for key, t, _ in pairs}
     model = {key: Labelled(canonical_label(m)) for key, _, m in pairs}
@@ -117,7 +124,10 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     agreed = by_level["ordinal"]  # accuracy and confusion are the same at every level
     out["accuracy"] = None if agreed.accuracy is None else round(agreed.accuracy, 4)
     out["confusion"] = {
-        f"{a} -> {b}": n for a, row in zip(LABELS, agreed.confusion) for b, n in zip(LABELS, row) if n
+        f"{a} -> {b}": n
+        for a, row in zip(LABELS, agreed.confusion, strict=True)
+        for b, n in zip(LABELS, row, strict=True)
+        if n
     }  # teacher -> model
     if pairs and agreed.alpha is None:
         out["alpha_undefined"] = "a single label value throughout: alpha is undefined"
@@ -134,8 +144,6 @@ class Served:
 
 def plan(cfg: TrainConfig) -> list[Served]:
     """The check's servers: the base with the adapter as a LoRA module (if either is measured), then the export."""
-    from cupid.training.sft import resolve_base
-
     a = cfg.agreement
     names = served_names(cfg)
     out = []
@@ -143,10 +151,12 @@ def plan(cfg: TrainConfig) -> list[Served]:
         k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)
     }
     if on_base:
-        adapters = {names["adapter"]: str(adapter_dir(cfg))} if a.adapter else None
+        adapters = {names["adapter"]: str(TrainDir.of(cfg).adapter)} if a.adapter else None
         out.append(Served(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
     out.append(
-        Served(a.profile(names["trained"], str(export_dir(cfg)), names["trained"]), {"trained": names["trained"]})
+        Served(
+            a.profile(names["trained"], str(TrainDir.of(cfg).export), names["trained"]), {"trained": names["trained"]}
+        )
     )
     return out
 
@@ -259,8 +269,6 @@ def measure_on_running(
     """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`), started with a
     `runtime_lora_rank`: the adapter is loaded into it as a night loads a LoRA candidate into a judge's server, and
     unloaded after (also on failure). Refused when the server serves another model than the config's base."""
-    from cupid.training.sft import resolve_base
-
     names = served_names(cfg)
     base_url, base_name, api_key = running.url, running.model, running.api_key()
     root = ({m["id"]: m for m in _listed(base_url, api_key)}.get(base_name) or {}).get("root")
@@ -270,7 +278,7 @@ def measure_on_running(
     host = cfg.agreement.profile("running-base", str(root), base_name, port=address.port).model_copy(
         update={"host": address.hostname or "127.0.0.1", "api_key_env": running.api_key_env}
     )
-    adapter = str(adapter_dir(cfg).resolve())
+    adapter = str(TrainDir.of(cfg).adapter.resolve())
     asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in blocks}
     adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
     console.print(
@@ -308,13 +316,12 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
     """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`.
     `running`: a vLLM server of the base model that loads adapters at run time (see `measure_on_running`)."""
     console = console or Console(stderr=True)
-    examples = read_examples(data_dir(cfg) / "validation.jsonl")
+    run = TrainDir.of(cfg)
+    examples = read_examples(run.split("validation"))
     if cfg.agreement.limit:
         examples = examples[: cfg.agreement.limit]
-    if not (export_dir(cfg) / "config.json").is_file():
-        raise ConfigError(
-            f"{export_dir(cfg)}: no exported model here; run `cupid train export --config {cfg.source}` first"
-        )
+    if not run.has_export():
+        raise ConfigError(f"{run.export}: no exported model here; run `cupid train export --config {cfg.source}` first")
     servers = plan(cfg)
     for server in servers:  # missing adapter, rank above max_lora_rank: refused before a server starts
         server.profile.check_local_files(f"{cfg.source}: agreement")
@@ -337,27 +344,29 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
                 "served_as": served,
                 "server": info["name"],
             }
-    with (cfg.out_dir / "agreement_answers.jsonl").open("w", encoding="utf-8") as sink:
+    with run.agreement_answers.open("w", encoding="utf-8") as sink:
         for which in MODELS:
             for row in answers.get(which, []):
                 sink.write(json.dumps({"model": which, **row}, ensure_ascii=False) + "\n")
     report = AgreementReport(
-        validation=str(data_dir(cfg) / "validation.jsonl"),
+        validation=str(run.split("validation")),
         teacher_prompt=examples[0].teacher_prompt,
         servers=servers_asked,
         base=blocks.get("base"),
         adapter=blocks.get("adapter"),
         trained=blocks.get("trained"),
     )
-    (cfg.out_dir / "agreement.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    run.write_report("check", report)
     return report
 
 
 def table(report: AgreementReport) -> list[tuple[str, ...]]:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     rows: list[tuple[str, ...]] = []
     for which in MODELS:
         if (r := report.block(which)) is not None:
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"
             rows.append(
                 (
                     which,

@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.common import ConfigError, read_yaml, validate
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import Endpoint
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.endpoint import Endpoint
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
 
@@ -61,9 +61,9 @@ class Labelling(_Section):
 # checkpoints in the run directory, the precision `precision` picks, the loss on the answer only (the matcher's
 # completion), no packing (see sft._loss), no tracker inside the trainer and no evaluation in it (the chain measures the
 # loss itself). LoraConfig: a causal LM's adapter. BitsAndBytesConfig: the compute dtype `precision` picks.
-def chain_sft_args(out_dir: Path, precision: str) -> dict[str, Any]:
+def chain_sft_args(checkpoints: Path, precision: str) -> dict[str, Any]:
     return {
-        "output_dir": str(out_dir / "checkpoints"),
+        "output_dir": str(checkpoints),
         "bf16": precision == "bf16",
         "fp16": False,
         "completion_only_loss": True,
@@ -298,7 +298,8 @@ class Agreement(_Section):
         default."""
         from pydantic import ValidationError
 
-        from cupid.serving.servers import Profile, free_port
+        from cupid.serving.servers.ports import free_port
+        from cupid.serving.servers.profiles import Profile
 
         fields = {**self.serve, "name": name, "model": model, "served_name": served_name, "port": port or free_port()}
         if adapters:

@@ -16,8 +16,6 @@ answer instead of running to max_tokens.
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,10 +23,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
+from cupid.training.base_model import load_base, resolve_base
 from cupid.training.config import TrainConfig
-from cupid.training.matchdata import data_dir, read_examples
-from cupid.training.sft import load_base, resolve_base
+from cupid.training.examples import read_examples
+from cupid.training.traindir import TrainDir
 
 PROBE = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "MARKER-7d1f"}]
 
@@ -75,19 +74,11 @@ def end_of_turn_token(tokenizer) -> str:
 
 def _lora_rank(cfg: TrainConfig) -> int:
     """--max-lora-rank for serving the adapter: the check's, or the smallest rank vLLM accepts that fits."""
-    from cupid.serving.servers import lora_rank_for
+    from cupid.serving.servers.vllm_args import lora_rank_for
 
     if cfg.agreement.max_lora_rank >= cfg.lora.r:
         return cfg.agreement.max_lora_rank
     return lora_rank_for(cfg.lora.r)
-
-
-def adapter_dir(cfg: TrainConfig) -> Path:
-    return cfg.out_dir / "adapter"
-
-
-def export_dir(cfg: TrainConfig) -> Path:
-    return cfg.out_dir / "export"
 
 
 def probe_logits(model, tokenizer, messages) -> Any:
@@ -101,25 +92,69 @@ def probe_logits(model, tokenizer, messages) -> Any:
 
 
 def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
-    """Merge and save to `<out>/export`; write `<out>/export_report.json`."""
+    """Merge and save into the run's export directory; write the export's report."""
     console = console or Console(stderr=True)
     import torch
-    from peft import PeftModel
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
 
-    adapter = adapter_dir(cfg)
-    if not (adapter / "adapter_config.json").is_file():
+    run = TrainDir.of(cfg)
+    adapter = run.adapter
+    if not run.has_adapter():
         raise ConfigError(f"{adapter}: no trained adapter here; run `cupid train sft --config {cfg.source}` first")
     base = resolve_base(cfg)
     dtype = getattr(torch, cfg.export.dtype)
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(adapter)
     eot = end_of_turn_token(tokenizer)
+    val = run.split("validation")
+    probe = [m.model_dump() for m in read_examples(val)[0].prompt] if val.is_file() else None
+    model, method, check = merged_model(cfg, base, adapter, dtype, tokenizer, probe)
+    model.generation_config = stopping_at_end_of_turn(model, base, tokenizer, eot)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+    out = run.export
+    with run.writing_export() as partial:  # a half-written export never carries the final name
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+    if not tokenizer.chat_template or not (
+        (out / "chat_template.jinja").is_file() or "chat_template" in (out / "tokenizer_config.json").read_text()
+    ):
+        raise RuntimeError(f"{out}: the chat template was not saved")
+
+    eos = model.generation_config.eos_token_id
+    report = ExportReport(
+        export=str(out),
+        adapter=str(adapter),
+        base_model=base,
+        method=method,
+        dtype=cfg.export.dtype,
+        end_of_turn_token=eot,
+        eos_token_id=eos,
+        merge_check=check,
+        size_bytes=sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
+        serve={
+            "merged": f"vllm serve {out} --served-model-name {cfg.name}",
+            "adapter": (
+                f"vllm serve {base} --enable-lora --max-lora-rank {_lora_rank(cfg)} --lora-modules {cfg.name}={adapter}"
+            ),
+        },
+        wall_s=round(time.monotonic() - started, 2),
+    )
+    run.write_report("export", report)
+    console.print(f"[bold]export[/bold]: {method} -> {out} ({cfg.export.dtype}, eos {eos} = {eot})", highlight=False)
+    return report
+
+
+def merged_model(
+    cfg: TrainConfig, base: str, adapter: Path, dtype: Any, tokenizer: Any, probe: list[dict[str, str]] | None
+) -> tuple[Any, str, dict[str, Any]]:
+    """The adapter merged into the base (dequantized first when training quantized it), the merge's method, and,
+    given a `probe` prompt, how far the merged model's logits are from the adapter's on the base as trained."""
+    from peft import PeftModel
 
     model = load_base(base, cfg, dtype)
     check: dict[str, Any] = {}
-    val = data_dir(cfg) / "validation.jsonl"
-    probe = [m.model_dump() for m in read_examples(val)[0].prompt] if val.is_file() else None
     if probe is not None:
         # The function that was trained: the adapter on the (quantized) base, exactly as in training.
         with_adapter = PeftModel.from_pretrained(model, adapter)
@@ -139,6 +174,13 @@ def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
             "max_abs_logit_diff": round(float((merged - reference).abs().max()), 5),
             "same_next_token": bool((merged[0, -1].argmax() == reference[0, -1].argmax()).item()),
         }
+    return model, method, check
+
+
+def stopping_at_end_of_turn(model: Any, base: str, tokenizer: Any, eot: str) -> Any:
+    """The base's generation config (the model's where the base has none) with the end-of-turn token first among
+    the EOS tokens, so that servers stop at the end of the answer instead of running to max_tokens."""
+    from transformers import GenerationConfig
 
     generation = model.generation_config or GenerationConfig()
     try:
@@ -151,45 +193,4 @@ def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
     generation.eos_token_id = [eot_id, *[i for i in eos_ids if i != eot_id]]
     if generation.pad_token_id is None and tokenizer.pad_token_id is not None:
         generation.pad_token_id = tokenizer.pad_token_id
-    model.generation_config = generation
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-    out = export_dir(cfg)
-    tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)  # a half-written export never carries the final name
-    if not tokenizer.chat_template or not (
-        (out / "chat_template.jinja").is_file() or "chat_template" in (out / "tokenizer_config.json").read_text()
-    ):
-        raise RuntimeError(f"{out}: the chat template was not saved")
-
-    report = ExportReport(
-        export=str(out),
-        adapter=str(adapter),
-        base_model=base,
-        method=method,
-        dtype=cfg.export.dtype,
-        end_of_turn_token=eot,
-        eos_token_id=generation.eos_token_id,
-        merge_check=check,
-        size_bytes=sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
-        serve={
-            "merged": f"vllm serve {out} --served-model-name {cfg.name}",
-            "adapter": (
-                f"vllm serve {base} --enable-lora --max-lora-rank {_lora_rank(cfg)} --lora-modules {cfg.name}={adapter}"
-            ),
-        },
-        wall_s=round(time.monotonic() - started, 2),
-    )
-    (cfg.out_dir / "export_report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
-    console.print(
-        f"[bold]export[/bold]: {method} -> {out} ({cfg.export.dtype}, eos {generation.eos_token_id} = {eot})",
-        highlight=False,
-    )
-    return report
+    return generation

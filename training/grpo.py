@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -24,16 +23,23 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.common import ConfigError, prepared_model, read_yaml, validate
-from cupid.eval.benchmark import INFERENCE, TASKS, Interval, RunConfig, RunDir, TaskName, UnitRecord
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.files import prepared_model
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark import run as run_eval
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
 from cupid.eval.integrations.reward import Judges, format_reward, reward, reward_dataset, value
-from cupid.serving import require_reachable
-from cupid.serving.fleet import ServedModel
-from cupid.serving.servers import lora_rank_for, profiles
+from cupid.serving.fleet.on_demand import ServedModel
+from cupid.serving.registry import require_reachable
+from cupid.serving.servers import profiles
+from cupid.serving.servers.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
 from cupid.training.grpo_memory import MemoryPlan
+from cupid.training.traindir import TrainDir
 
 # GRPOConfig arguments the run sets itself: checkpoints (and TRL's completion tables) in the run directory.
 SET_BY_THE_RUN = {"output_dir"}
@@ -173,7 +179,7 @@ def grpo_config(cfg: GrpoRunConfig, track: str | None = None) -> Any:
     import torch
     from trl import GRPOConfig
 
-    owned = {"output_dir": str(cfg.out_dir / "checkpoints")} | ({"report_to": track} if track else {})
+    owned = {"output_dir": str(TrainDir.of(cfg).checkpoints)} | ({"report_to": track} if track else {})
     bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # GRPOConfig's own default (bf16) fails on CPU
     defaults = {"logging_steps": 1, "bf16": bf16, "report_to": "none"}
     return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults=defaults, owned=owned, source=cfg.source)
@@ -327,7 +333,7 @@ def train(
         trainer.train()
     finally:
         _close_judges(trainer, funcs)
-    adapter = cfg.out_dir / "adapter"
+    adapter = TrainDir.of(cfg).adapter
     trainer.save_model(str(adapter))
     changed = sum(not bool((initial[n] == p.detach().cpu()).all()) for n, p in _named_trainable(trainer.model))
     log_history = list(trainer.state.log_history)
@@ -349,7 +355,7 @@ def train(
 
 def _write(cfg: GrpoRunConfig, report: GrpoReport) -> None:
     # TRL's log history as it logged it: what JSON cannot hold is written as its str, as json.dumps(default=str) did
-    (cfg.out_dir / "grpo_report.json").write_text(json.dumps(report.model_dump(), indent=2, default=str))
+    TrainDir.of(cfg).write_report("grpo", report)
 
 
 def _close_judges(trainer: Any, funcs: list[Any]) -> None:
@@ -410,7 +416,8 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
         raise ConfigError(
             f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out"
         )
-    data = cfg.out_dir / "eval" / "held_out.jsonl"
+    run = TrainDir.of(cfg)
+    data = run.held_out
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
     out: dict[str, dict[str, Any]] = {}
@@ -424,15 +431,15 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
             data=str(data),
             tasks=[r.task],
             settings=[ev.data.setting],
-            out=str(cfg.out_dir / "eval" / label),
+            out=str(run.evaluation(label)),
             endpoints=r.endpoints_file,
         )
         result = run_eval(run_cfg, console=console)
         block = result.summary.tasks[r.task].overall
-        records = list(RunDir(cfg.out_dir / "eval" / label).records().values())
+        records = list(RunDir(run.evaluation(label)).records().values())
         rewarded = mean_reward(cfg, records)
         out[label] = {
-            "run": str(cfg.out_dir / "eval" / label),
+            "run": str(run.evaluation(label)),
             "n_scored": block.n_scored,
             "n_failed": block.n_failed,
             "figure": figure.estimate if (figure := headline(cfg, records)) else None,  # micro F1, or the mean score

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
 from cupid.serving.servers import profiles
 
 

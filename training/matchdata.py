@@ -12,79 +12,39 @@ are seen in training and then used to measure agreement.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import random
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
-from cupid.common import ConfigError, http_get
-from cupid.eval.benchmark import INFERENCE, RunConfig, RunDir, UnitRecord, matcher_dialect
+from cupid.common.config import ConfigError
+from cupid.common.tls import http_get
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark import run as run_eval
-from cupid.matcher import LABELS, prompts
-from cupid.serving import cache_path, load_endpoints, require
+from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import run as run_eval
+from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.matcher import prompts
+from cupid.matcher.prompts import LABELS
+from cupid.serving.cache import cache_path
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import load_endpoints, require
 from cupid.training.config import Labelling, TrainConfig, is_test_split
-
-Direction = Literal["infer_to_gt", "gt_to_infer"]
-SPLITS = ("train", "validation")
+from cupid.training.examples import SPLITS, completion_text, prompt_key, write_jsonl
+from cupid.training.traindir import TrainDir
 
 
 class LabellingError(RuntimeError):
     pass
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class Match(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    index: int = Field(ge=1)
-    entry: str
-    label: Literal[LABELS]  # type: ignore[valid-type]
-
-
-class MatchExample(BaseModel):
-    """One line of `train.jsonl` / `validation.jsonl`: TRL's conversational prompt-completion format
-    plus provenance. `prompt` and `completion` are all the trainer reads."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    prompt: list[ChatMessage] = Field(min_length=2, max_length=2)
-    completion: list[ChatMessage] = Field(min_length=1, max_length=1)
-    preference: str
-    items: list[str] = Field(min_length=1)
-    teacher_labels: list[Match] = Field(min_length=1)
-    direction: Direction
-    persona_id: str
-    instance_key: str
-    instance_type: str
-    setting: str
-    candidate: str
-    teacher: str
-    teacher_prompt: Literal["prefmatcher", "fewshot"]
-    teacher_raw: str | None = Field(description="the teacher's answer as sent back (from the run's record)")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> MatchExample:
-        roles = [m.role for m in self.prompt] + [m.role for m in self.completion]
-        if roles != ["system", "user", "assistant"]:
-            raise ValueError(f"messages must be system, user | assistant, got {roles}")
-        if [m.entry for m in self.teacher_labels] != self.items:
-            raise ValueError("teacher_labels must label `items` in order")
-        return self
 
 
 class LabelReport(BaseModel):
@@ -105,19 +65,6 @@ class LabelReport(BaseModel):
     n_conflicting_duplicates: int | None = Field(default=None, exclude_if=lambda v: v is None)
     n_missing_teacher_raw: int | None = Field(default=None, exclude_if=lambda v: v is None)
     splits: dict[str, dict[str, Any]] | None = Field(default=None, exclude_if=lambda v: v is None)  # label_balance's
-
-
-def completion_text(labels: list[dict[str, Any]]) -> str:
-    """What the fine-tuned matcher learns to answer: the prefmatcher dialect's fenced JSON list, one
-    object per line (indenting every key would add about a third more tokens to learn and to generate)."""
-    rows = [
-        json.dumps({"index": m["index"], "entry": m["entry"], "label": m["label"]}, ensure_ascii=False) for m in labels
-    ]
-    return "```json\n[\n" + ",\n".join(rows) + "\n]\n```"
-
-
-def prompt_key(messages: list[dict[str, str]]) -> str:
-    return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def examples_from_record(record: UnitRecord, candidate: str, teacher: str, teacher_prompt: str) -> list[dict[str, Any]]:
@@ -200,50 +147,11 @@ def label_balance(examples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
-def read_examples(path: str | Path) -> list[MatchExample]:
-    """Every line validated; a bad line fails with its file, line number and field."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: match-data file not found (`cupid train label` makes it)")
-    examples, problems = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            examples.append(MatchExample.model_validate_json(line))
-        except ValidationError as e:
-            fields = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'line'}: {err['msg']}" for err in e.errors())
-            problems.append(f"{path}:{number}: {fields}")
-    if problems:
-        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
-        raise ConfigError(f"{path}: {len(problems)} invalid match-data line(s)\n  {shown}")
-    if not examples:
-        raise ConfigError(f"{path}: no match-data examples")
-    return examples
-
-
-def data_dir(cfg: TrainConfig) -> Path:
-    return Path(cfg.match_data) if cfg.match_data else cfg.out_dir / "data"
-
-
 # --- labelling -------------------------------------------------------------------------------
 
 
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
 @contextlib.contextmanager
-def _endpoints_file(syn: Labelling, work: Path) -> Iterator[Path]:
+def _endpoints_file(syn: Labelling, path: Path) -> Iterator[Path]:
     """The endpoints the runs use, as one file in the run directory: the configured file, the inline
     ones, and the instant-answer server (started here, stopped on exit) when the config asks for it."""
     found = load_endpoints(syn.endpoints) if syn.endpoints else {}
@@ -251,11 +159,10 @@ def _endpoints_file(syn: Labelling, work: Path) -> Iterator[Path]:
     proc = None
     try:
         if syn.instant_server:
-            from cupid.serving.servers import start
+            from cupid.serving.servers.instant import start
 
             proc, url = start()
             entries["instant"] = {"base_url": url, "model": "instant", "max_retries": 0, "timeout_s": 60}
-        path = work / "endpoints.yaml"
         path.write_text(yaml.safe_dump(entries, sort_keys=False))
         yield path
     finally:
@@ -273,7 +180,7 @@ def _reachable(name: str, url: str) -> str | None:
         return f"endpoint '{name}' ({url}) cannot be reached: {type(e).__name__}: {e}"
 
 
-def _input_file(syn: Labelling, work: Path) -> tuple[Path, int]:
+def _input_file(syn: Labelling, path: Path) -> tuple[Path, int]:
     """The CUPID instances to run, validated and written locally (the runner then needs no split)."""
     dataset = cupid_data.load(syn.data, split=syn.split)
     if dataset.bad_rows:
@@ -284,7 +191,6 @@ def _input_file(syn: Labelling, work: Path) -> tuple[Path, int]:
     instances = dataset.filter(None, syn.limit).instances
     if not instances:
         raise cupid_data.DataError(f"{dataset.source}: no instances")
-    path = work / "input.jsonl"
     write_jsonl(path, [i.model_dump() for i in instances])
     return path, len(instances)
 
@@ -295,6 +201,31 @@ def label(cfg: TrainConfig, console: Console | None = None) -> LabelReport:
     Resumable: the runner keeps scored instances and the cache answers every request already made.
     """
     console = console or Console(stderr=True)
+    syn = _labelling(cfg)
+    run = TrainDir.of(cfg)
+    run.labelling.mkdir(parents=True, exist_ok=True)
+    input_path, n_instances = _input_file(syn, run.label_input)
+    with _endpoints_file(syn, run.label_endpoints) as endpoints_path:
+        teacher, dialect, runs = _label_runs(syn, endpoints_path, input_path, run, console)
+    examples = []
+    for candidate in syn.candidates:
+        records = RunDir(runs[candidate]["dir"]).records()
+        for (_, task, _), record in sorted(records.items()):
+            if task == INFERENCE.name and record.scored:
+                examples += examples_from_record(record, candidate, syn.teacher, dialect)
+    report = LabelReport(
+        data=syn.data,
+        n_instances=n_instances,
+        teacher=f"{syn.teacher} ({teacher.model})",
+        teacher_prompt=dialect,
+        runs=runs,
+        n_examples_raw=len(examples),
+    )
+    return _write_match_data(run, syn, report, examples)
+
+
+def _labelling(cfg: TrainConfig) -> Labelling:
+    """The config's `labelling` section, refused when there is none or when it would train on the benchmark."""
     syn = cfg.labelling
     if syn is None:
         raise ConfigError(f"{cfg.source}: no `labelling` section (this config uses match_data: {cfg.match_data})")
@@ -304,85 +235,75 @@ def label(cfg: TrainConfig, console: Console | None = None) -> LabelReport:
             "every later evaluation. Use kixlab/CUPID-Unverified or your own data, or force it with "
             "`allow_test_split: true` / `--force`."
         )
-    work = cfg.out_dir / "label"
-    work.mkdir(parents=True, exist_ok=True)
-    input_path, n_instances = _input_file(syn, work)
+    return syn
+
+
+def _label_runs(
+    syn: Labelling, endpoints_path: Path, input_path: Path, run: TrainDir, console: Console
+) -> tuple[Endpoint, str, dict[str, dict[str, Any]]]:
+    """One evaluation run per candidate with the teacher as matcher (every endpoint reachable first): the teacher,
+    its prompt dialect, and each candidate's run (its directory, scored and failed counts, failures)."""
+    endpoints = load_endpoints(endpoints_path)
+    roles = {*syn.candidates, syn.decomposer, syn.teacher}
+    for name in sorted(roles):
+        require(endpoints, name, endpoints_path)
+    if unreachable := [p for name in sorted(roles) if (p := _reachable(name, endpoints[name].url))]:
+        raise LabellingError("nothing was run:\n  " + "\n  ".join(unreachable))
+    teacher = endpoints[syn.teacher]
+    dialect = matcher_dialect(teacher)
     cache_file = cache_path(syn.cache)
-
-    with _endpoints_file(syn, work) as endpoints_path:
-        endpoints = load_endpoints(endpoints_path)
-        roles = {*syn.candidates, syn.decomposer, syn.teacher}
-        for name in sorted(roles):
-            require(endpoints, name, endpoints_path)
-        if unreachable := [p for name in sorted(roles) if (p := _reachable(name, endpoints[name].url))]:
-            raise LabellingError("nothing was run:\n  " + "\n  ".join(unreachable))
-        teacher = endpoints[syn.teacher]
-        dialect = matcher_dialect(teacher)
-
-        runs: dict[str, dict[str, Any]] = {}
-        for candidate in syn.candidates:
-            out = work / _slug(candidate)
-            console.print(
-                f"[bold]label[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}"
-            )
-            summary = run_eval(
-                RunConfig(
-                    data=str(input_path),
-                    endpoints=str(endpoints_path),
-                    candidate=candidate,
-                    decomposer=syn.decomposer,
-                    matcher=syn.teacher,
-                    settings=list(syn.settings),
-                    concurrency=syn.concurrency,
-                    out=str(out),
-                    cache=str(cache_file) if cache_file else None,
-                ),
-                console=console,
-            ).summary
-            runs[candidate] = {
-                "dir": str(out),
-                "n_scored": summary.n_scored,
-                "n_failed": summary.n_failed,
-                "failures": summary.failures,
-            }
-
-    examples = []
+    runs: dict[str, dict[str, Any]] = {}
     for candidate in syn.candidates:
-        records = RunDir(runs[candidate]["dir"]).records()
-        for (_, task, _), record in sorted(records.items()):
-            if task == INFERENCE.name and record.scored:
-                examples += examples_from_record(record, candidate, syn.teacher, dialect)
+        out = run.label_run(candidate)
+        console.print(f"[bold]label[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}")
+        summary = run_eval(
+            RunConfig(
+                data=str(input_path),
+                endpoints=str(endpoints_path),
+                candidate=candidate,
+                decomposer=syn.decomposer,
+                matcher=syn.teacher,
+                settings=list(syn.settings),
+                concurrency=syn.concurrency,
+                out=str(out),
+                cache=str(cache_file) if cache_file else None,
+            ),
+            console=console,
+        ).summary
+        runs[candidate] = {
+            "dir": str(out),
+            "n_scored": summary.n_scored,
+            "n_failed": summary.n_failed,
+            "failures": summary.failures,
+        }
+    return teacher, dialect, runs
 
-    report = LabelReport(
-        data=syn.data,
-        n_instances=n_instances,
-        teacher=f"{syn.teacher} ({teacher.model})",
-        teacher_prompt=dialect,
-        runs=runs,
-        n_examples_raw=len(examples),
-    )
-    out_dir = cfg.out_dir / "data"
-    out_dir.mkdir(parents=True, exist_ok=True)
+
+def _write_match_data(
+    run: TrainDir, syn: Labelling, report: LabelReport, examples: list[dict[str, Any]]
+) -> LabelReport:
+    """The examples deduplicated and split by persona into the match data, and the report beside them; with no
+    example, the report says why and the labelling fails with the failures by stage."""
     if not examples:
         failures: Counter[str] = Counter()
-        for r in runs.values():
+        for r in report.runs.values():
             failures.update(r["failures"])
         report.error = "no scored instance: no match data"
-        (out_dir / "report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+        run.write_report("label", report)
         listed = "\n  ".join(f"{what}: {n}" for what, n in failures.most_common()) or "(none recorded)"
         raise LabellingError(
-            f"no match data: none of the {n_instances} instance(s) x {len(syn.candidates)} candidate(s) was scored, "
-            f"so the teacher labelled nothing. Failures by stage:\n  {listed}\n"
-            f"records with the raw answers: {work}/*/instances.jsonl"
+            f"no match data: none of the {report.n_instances} instance(s) x {len(syn.candidates)} candidate(s) was "
+            f"scored, so the teacher labelled nothing. Failures by stage:\n  {listed}\n"
+            f"records with the raw answers: {run.labelling}/*/instances.jsonl"
         )
     examples.sort(key=lambda e: (e["persona_id"], e["instance_key"], e["setting"], e["candidate"], e["direction"]))
     kept, duplicates, conflicts = deduplicate(examples)
     splits = split_by_persona(kept, syn.validation_fraction, syn.seed)
     for split in SPLITS:
-        write_jsonl(out_dir / f"{split}.jsonl", splits[split])
+        write_jsonl(run.split(split), splits[split])
     report.n_duplicates = duplicates
     report.n_conflicting_duplicates = conflicts
     report.n_missing_teacher_raw = sum(e["teacher_raw"] is None for e in kept)
     report.splits = {split: label_balance(splits[split]) for split in SPLITS}
-    (out_dir / "report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    run.write_report("label", report)
     return report

@@ -6,20 +6,20 @@ Every stage writes its own report into the run directory and can be run alone (`
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
 
-from cupid.serving import Endpoint
+from cupid.serving.endpoint import Endpoint
 from cupid.training import agreement, export, matchdata, sft
 from cupid.training.agreement import AgreementReport
 from cupid.training.config import TrainConfig
 from cupid.training.export import ExportReport
 from cupid.training.matchdata import LabelReport
 from cupid.training.sft import SftReport
+from cupid.training.traindir import TrainDir
 
 STAGES = ("label", "sft", "export", "check")
 
@@ -55,10 +55,7 @@ def run(
         wall[stage] = round(time.monotonic() - started, 2)
         _release_memory()
     wall_s = {**wall, "total": round(sum(wall.values()), 2)}
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    (cfg.out_dir / "chain.json").write_text(
-        json.dumps({"config": cfg.source, "stages": list(stages), "wall_s": wall_s}, indent=2)
-    )
+    TrainDir.of(cfg).write_report("chain", {"config": cfg.source, "stages": list(stages), "wall_s": wall_s})
     return PipelineReport(**reports, wall_s=wall_s)
 
 

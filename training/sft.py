@@ -13,23 +13,24 @@ Decisions, each following the recipe (spec §5) unless the config says otherwise
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
 from cupid.training import trl_args
+from cupid.training.base_model import bnb_config, load_base, resolve_base
 from cupid.training.config import TrainConfig, chain_sft_args
-from cupid.training.matchdata import data_dir, read_examples
+from cupid.training.examples import read_examples
+from cupid.training.traindir import TrainDir
 
 
 class SftReport(BaseModel):
@@ -65,25 +66,6 @@ class SftReport(BaseModel):
     train_runtime_s: float
     wall_s: float
     hyperparameters: dict[str, Any]  # the `sft:` section and TRL's SFTConfig as it ran
-
-
-def resolve_base(cfg: TrainConfig) -> str:
-    """A local model directory, `tiny` (the bundled CPU model), or a Hub id; a path that does not exist
-    fails here, naming the config field, instead of deep inside from_pretrained."""
-    value = cfg.base_model
-    if value == "tiny":
-        from cupid.serving.servers import tiny_model
-
-        return str(tiny_model.ensure())
-    path = Path(value).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{cfg.source}: base_model: {path} has no config.json (not a model directory)")
-        return str(path)
-    looks_like_hub_id = value.count("/") == 1 and not value.startswith((".", "/", "~")) and "\\" not in value
-    if not looks_like_hub_id:
-        raise ConfigError(f"{cfg.source}: base_model: directory {path} does not exist")
-    return value
 
 
 def precision(cfg: TrainConfig) -> str:
@@ -139,53 +121,6 @@ def choose_liger(given: Any, cuda: bool, liger_kernel: str | ImportError | None,
             )
         return False, f"liger-kernel does not import ({liger_kernel}); the package's gpu extra brings it"
     return True, f"CUDA, and liger-kernel {liger_kernel} imports"
-
-
-def load_base(base: str, cfg: TrainConfig, dtype):
-    """The frozen base, 4-bit NF4 when configured. A GGUF origin note in config.json (the tiny model's)
-    is dropped: the directory holds plain weights. Any other pre-quantized base is refused."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(base)
-    except OSError as e:
-        raise ConfigError(f"{cfg.source}: base_model: cannot load {base}: {e}") from None
-    existing = getattr(config, "quantization_config", None)
-    if existing is not None:
-        method = existing.get("quant_method") if isinstance(existing, dict) else getattr(existing, "quant_method", None)
-        if method != "gguf":
-            raise ConfigError(
-                f"{cfg.source}: base_model: {base} is already quantized ({method}); give the full-precision model"
-            )
-        del config.quantization_config
-    kwargs: dict[str, Any] = {"config": config, "dtype": dtype}
-    if quantization := bnb_config(cfg, dtype):
-        kwargs["quantization_config"] = quantization
-    if torch.cuda.is_available():
-        kwargs["device_map"] = {"": 0}
-    model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
-    if cfg.quantization.load_in_4bit:
-        keep_cpu_weights_unpacked(model)
-    return model
-
-
-def keep_cpu_weights_unpacked(model) -> int:
-    """Stop bitsandbytes (0.50) from repacking 4-bit weights in place for its CPU kernel.
-
-    On a CPU with AVX512-BF16, the first forward of a Linear4bit in eval mode without gradients
-    rewrites its weight into a CPU-only layout. From then on, (1) training forwards go through an op
-    with no autograd, so no gradient flows back through the frozen layers (torch only warns), and
-    (2) transformers' `dequantize()` reads the repacked bytes as the standard layout and returns
-    wrong weights. Both happened here after a loss evaluation; with the repacking off, train, eval
-    and dequantize all use the standard layout (on GPU the flag is never consulted).
-    """
-    import bitsandbytes as bnb
-
-    modules = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
-    for module in modules:
-        module.support_avx512bf16_for_cpu = False
-    return len(modules)
 
 
 @contextmanager
@@ -329,7 +264,7 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
         **CHAIN_DEFAULTS,
         "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
     }  # the data order follows the seed
-    chain = chain_sft_args(cfg.out_dir, prec)
+    chain = chain_sft_args(TrainDir.of(cfg).checkpoints, prec)
     return trl_args.build(SFTConfig, "sft", given, defaults=defaults, owned=chain, source=cfg.source)
 
 
@@ -344,40 +279,46 @@ def lora_config(cfg: TrainConfig):
     return trl_args.lora_config(cfg.lora.args, cfg.source)
 
 
-def bnb_config(cfg: TrainConfig, dtype: Any = None):
-    """transformers' `BitsAndBytesConfig` of the run (None: plain LoRA): the config's `quantization:` arguments over
-    the chain's defaults, computing in `dtype`. BitsAndBytesConfig only logs an argument it does not know and goes on,
-    so each is checked against its signature here and refused by name."""
-    import inspect
+@dataclass
+class Built:
+    """A fine-tune ready to run: the trainer over the match data, and what its report says of them."""
 
-    from transformers import BitsAndBytesConfig
+    trainer: Any  # TRL's SFTTrainer, its datasets and model set (typed optional in TRL)
+    tokenizer: Any
+    base: str
+    args: Any  # its SFTConfig
+    precision: str
+    n_train_examples: int
+    n_validation_examples: int
+    n_over_max_length: int
+    throughput: Any  # the callback's rows
+    model_module: Any = None
+    use_liger: bool = False
+    why_liger: str = ""
+    replaced_in_module: list[str] = field(default_factory=list)  # what training replaced in the model's module
+    trainable_parameters: int = 0
+    total_parameters: int = 0
+    train_tokens: int = 0
+    completion_tokens: int = 0
 
-    if not cfg.quantization.active:
-        return None
-    given = cfg.quantization.args
-    accepted = {
-        name
-        for name, p in inspect.signature(BitsAndBytesConfig.__init__).parameters.items()
-        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
-    }
-    if unknown := sorted(set(given) - accepted):
-        raise ConfigError(
-            f"{cfg.source}: quantization.{unknown[0]}: not an argument of transformers' BitsAndBytesConfig"
-        )
-    try:
-        return BitsAndBytesConfig(**given, bnb_4bit_compute_dtype=dtype)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{cfg.source}: quantization: transformers' BitsAndBytesConfig refuses it: {e}") from None
+    def losses(self, splits: Iterable[str]) -> dict[str, float]:
+        """Mean completion-token loss over whole splits: the same examples before and after, so the two numbers
+        compare (the logged per-step losses are over different batches)."""
+        out: dict[str, float] = {}
+        for split in splits:
+            dataset = self.trainer.train_dataset if split == "train" else self.trainer.eval_dataset
+            if dataset is not None:
+                metrics = self.trainer.evaluate(eval_dataset=dataset, metric_key_prefix=split)
+                out[split] = round(metrics[f"{split}_loss"], 5)
+        return out
 
 
-def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
-    """Fine-tune, save the adapter to `<out>/adapter`, write `<out>/train_report.json`; return the report."""
-    console = console or Console(stderr=True)
-    # Inputs first: a bad path or data line fails in a second, before the heavy imports and the model.
+def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
+    """TRL's SFTTrainer on the run's match data and the base model, the arguments checked first: a bad path or data
+    line fails in a second, before the heavy imports and the model."""
     base = resolve_base(cfg)
-    ddir = data_dir(cfg)
-    train_examples = read_examples(ddir / "train.jsonl")
-    val_path = ddir / "validation.jsonl"
+    train_examples = read_examples(run.split("train"))
+    val_path = run.split("validation")
     val_examples = read_examples(val_path) if val_path.is_file() else []
     prec = precision(cfg)
     use_liger, why_liger = liger(cfg)
@@ -386,35 +327,31 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
     import datasets
     import torch
     from transformers import AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTTrainer
 
-    files = {"train": str(ddir / "train.jsonl")} | ({"validation": str(val_path)} if val_examples else {})
+    files = {"train": str(run.split("train"))} | ({"validation": str(val_path)} if val_examples else {})
     # Only the two columns the trainer reads: provenance columns differ in type across rows (raw: null).
     data = datasets.load_dataset("json", data_files=files).select_columns(["prompt", "completion"])
-
     dtype = torch.bfloat16 if prec == "bf16" else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(base)
     n_long = check_lengths(_lengths(tokenizer, train_examples), args.max_length, str(cfg.source))
-    model = load_base(base, cfg, dtype)
-    s, lora = cfg.sft, cfg.lora
-    out = cfg.out_dir
-    checkpoints = out / "checkpoints"
-    peft_config = lora_config(cfg)
     throughput = _throughput_callback(console)
-    trainer: Any = SFTTrainer(  # its datasets and model are set by now (typed optional in TRL)
+    model = load_base(base, cfg, dtype)
+    trainer = SFTTrainer(
         model=model,
         args=args,
         train_dataset=data["train"],
         eval_dataset=data["validation"] if val_examples else None,
         processing_class=tokenizer,
-        peft_config=peft_config,
+        peft_config=lora_config(cfg),
         callbacks=[throughput],
     )
-    n_trainable, n_total = trainer.model.get_nb_trainable_parameters()
-    n_kept = len(trainer.train_dataset)
-    train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
-    completion_tokens = sum(sum(label != -100 for label in labels) for labels in trainer.train_dataset["labels"])
+    built = Built(trainer, tokenizer, base, args, prec, len(train_examples), len(val_examples), n_long, throughput)
+    built.use_liger, built.why_liger = use_liger, why_liger
+    built.model_module = sys.modules[type(model).__module__]  # what Liger's kernels patch, put back after training
+    built.trainable_parameters, built.total_parameters = trainer.model.get_nb_trainable_parameters()
+    built.train_tokens = sum(len(ids) for ids in trainer.train_dataset["input_ids"])
+    built.completion_tokens = sum(sum(label != -100 for label in ls) for ls in trainer.train_dataset["labels"])
     q = cfg.quantization.args
     quantized = (
         f"4-bit {q['bnb_4bit_quant_type']}"
@@ -424,69 +361,82 @@ def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
         else "unquantized"
     )
     console.print(
-        f"[bold]sft[/bold]: {base}, "
-        f"{quantized} "
-        f"base, LoRA r={lora.r}: {n_trainable:,} trainable of {n_total:,} parameters; {n_kept} examples "
-        f"({train_tokens:,} tokens, {completion_tokens:,} in completions), "
-        f"{n_long} over max_length {args.max_length}; {prec}; Liger's kernels {'on' if use_liger else 'off'} "
-        f"({why_liger})",
+        f"[bold]sft[/bold]: {base}, {quantized} base, LoRA r={cfg.lora.r}: {built.trainable_parameters:,} trainable of "
+        f"{built.total_parameters:,} parameters; {len(trainer.train_dataset)} examples ({built.train_tokens:,} tokens, "
+        f"{built.completion_tokens:,} in completions), {n_long} over max_length {args.max_length}; {prec}; "
+        f"Liger's kernels {'on' if use_liger else 'off'} ({why_liger})",
         highlight=False,
     )
+    return built
 
-    def losses() -> dict[str, float]:
-        """Mean completion-token loss over whole splits: the same examples before and after, so the
-        two numbers compare (the logged per-step losses are over different batches)."""
-        out: dict[str, float] = {}
-        for split in s.measure_loss_on:
-            dataset = trainer.train_dataset if split == "train" else trainer.eval_dataset
-            if dataset is not None:
-                out[split] = round(trainer.evaluate(eval_dataset=dataset, metric_key_prefix=split)[f"{split}_loss"], 5)
-        return out
 
-    last = get_last_checkpoint(str(checkpoints)) if s.resume and checkpoints.is_dir() else None
-    with module_kept(sys.modules[type(model).__module__]) as replaced:
-        before = losses()
+def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
+    """Fine-tune, save the adapter into the run directory, write the fine-tune's report; return the report."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    console = console or Console(stderr=True)
+    run = TrainDir.of(cfg)
+    built = build_trainer(cfg, run, console)
+    checkpoints = run.checkpoints
+    last = get_last_checkpoint(str(checkpoints)) if cfg.sft.resume and checkpoints.is_dir() else None
+    with module_kept(built.model_module) as built.replaced_in_module:
+        before = built.losses(cfg.sft.measure_loss_on)
         started = time.monotonic()
-        result = trainer.train(resume_from_checkpoint=last)
+        result = built.trainer.train(resume_from_checkpoint=last)
         wall = time.monotonic() - started
-        after = losses()
+        after = built.losses(cfg.sft.measure_loss_on)
+    built.trainer.save_model(str(run.adapter))
+    built.tokenizer.save_pretrained(str(run.adapter))
+    report = sft_report(cfg, run, built, last, (before, after), result.metrics.get("train_runtime", wall), wall)
+    path = run.write_report("sft", report)
+    if any(v is not None and not math.isfinite(v) for v in after.values()):
+        raise RuntimeError(f"training diverged: loss after training is {after}; see {path}")
+    return report
 
-    adapter_dir = out / "adapter"
-    trainer.save_model(str(adapter_dir))
-    tokenizer.save_pretrained(str(adapter_dir))
-    steps = [row for row in trainer.state.log_history if "loss" in row]
-    rates = [row["tokens_per_s"] for row in throughput.rows if row["tokens_per_s"]]
-    report = SftReport(
-        base_model=base,
-        adapter=str(adapter_dir),
-        resumed_from=last,
-        precision=prec,
+
+def sft_report(
+    cfg: TrainConfig,
+    run: TrainDir,
+    built: Built,
+    resumed_from: str | None,
+    losses: tuple[dict[str, float], dict[str, float]],
+    runtime_s: float,
+    wall_s: float,
+) -> SftReport:
+    """What the fine-tune ran on and measured, from the trainer's state after training."""
+    state = built.trainer.state
+    steps = [row for row in state.log_history if "loss" in row]
+    rates = [row["tokens_per_s"] for row in built.throughput.rows if row["tokens_per_s"]]
+    return SftReport(
+        base_model=built.base,
+        adapter=str(run.adapter),
+        resumed_from=resumed_from,
+        precision=built.precision,
         quantization=cfg.quantization.args if cfg.quantization.active else None,
-        lora=lora.args,
-        trainable_parameters=n_trainable,
-        total_parameters=n_total,
-        n_train_examples=len(train_examples),
-        n_validation_examples=len(val_examples),
-        n_over_max_length=n_long,
-        n_dropped_no_completion_left=len(train_examples) - n_kept,
-        train_tokens_per_epoch=train_tokens,
-        completion_tokens_per_epoch=completion_tokens,
-        optimizer_steps=trainer.state.global_step,
-        max_steps=trainer.state.max_steps,
-        loss_before=before,
-        loss_after=after,
+        lora=cfg.lora.args,
+        trainable_parameters=built.trainable_parameters,
+        total_parameters=built.total_parameters,
+        n_train_examples=built.n_train_examples,
+        n_validation_examples=built.n_validation_examples,
+        n_over_max_length=built.n_over_max_length,
+        n_dropped_no_completion_left=built.n_train_examples - len(built.trainer.train_dataset),
+        train_tokens_per_epoch=built.train_tokens,
+        completion_tokens_per_epoch=built.completion_tokens,
+        optimizer_steps=state.global_step,
+        max_steps=state.max_steps,
+        loss_before=losses[0],
+        loss_after=losses[1],
         logged_losses=[{"step": r["step"], "loss": r["loss"]} for r in steps],
-        throughput=throughput.rows,
+        throughput=built.throughput.rows,
         mean_tokens_per_s=round(sum(rates) / len(rates), 1) if rates else None,
         peak_gpu_memory_gib=peak_gpu_gib(),
-        liger={"use_liger_kernel": use_liger, "why": why_liger, "replaced_in_module": replaced},
+        liger={
+            "use_liger_kernel": built.use_liger,
+            "why": built.why_liger,
+            "replaced_in_module": built.replaced_in_module,
+        },
         gpu_memory_gib=round(gib, 1) if (gib := gpu_gib()) else None,
-        train_runtime_s=round(result.metrics.get("train_runtime", wall), 2),
-        wall_s=round(wall, 2),
-        hyperparameters={**s.model_dump(), "sft_config": args.to_dict()},
+        train_runtime_s=round(runtime_s, 2),
+        wall_s=round(wall_s, 2),
+        hyperparameters={**cfg.sft.model_dump(), "sft_config": built.args.to_dict()},
     )
-    # json.dumps, not model_dump_json: the file keeps its bytes (non-ASCII escaped, a diverged NaN loss written NaN)
-    (out / "train_report.json").write_text(json.dumps(report.model_dump(mode="json"), indent=2))
-    if any(v is not None and not math.isfinite(v) for v in after.values()):
-        raise RuntimeError(f"training diverged: loss after training is {after}; see {out / 'train_report.json'}")
-    return report

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from cupid.common import ConfigError
+from cupid.common.config import ConfigError
 
 
 def lora_config(given: dict[str, Any], source: str) -> Any:

@@ -25,8 +25,8 @@ from cupid.cli.synth import app as synth_app
 from cupid.cli.track import main as track_main
 from cupid.cli.train import app as train_app
 from cupid.cli.view import main as view_main
-from cupid.common import set_verbosity
-from cupid.common import verbose as verbose_set
+from cupid.common.verbosity import set_verbosity
+from cupid.common.verbosity import verbose as verbose_set
 
 app = typer.Typer(
     cls=CupidGroup,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import SETTINGS, RecordError
-from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare, print_comparison
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare
+from cupid.eval.results.verdict import print_comparison
 
 
 def main(
@@ -59,7 +61,7 @@ def main(
         )
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(comparison.model_dump_json(indent=2))
     else:

@@ -7,8 +7,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from cupid.cli.eval import print_summary
-from cupid.common import ServeError
-from cupid.eval.workflows import run_demo
+from cupid.common.errors import ServeError
+from cupid.eval.workflows.demo import run_demo
 
 err = Console(stderr=True, soft_wrap=True)
 

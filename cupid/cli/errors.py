@@ -8,8 +8,10 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from cupid.common import ConfigError, install
-from cupid.eval.benchmark import DataError, RecordError
+from cupid.common import install
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.data import DataError
+from cupid.eval.benchmark.records import RecordError
 
 EXIT_FAILED = 1  # the work failed: failed units, a server that did not start
 EXIT_USAGE = 2  # typer's own code for a bad option; also a config or an input the user must fix

@@ -14,11 +14,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.common import ConfigError, read_yaml, validate
-from cupid.eval.benchmark import TASKS, RunConfig, RunDir, Summary, tables
+from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark import dry_run as write_requests
-from cupid.eval.workflows import run_and_log  # the run, then its tracker run when `track:` asks
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig
+from cupid.eval.benchmark.runner import dry_run as write_requests
+from cupid.eval.benchmark.summary import Summary, tables
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.workflows.logged_run import run_and_log  # the run, then its tracker run when `track:` asks
 
 app = typer.Typer(no_args_is_help=True, help="Evaluate models on CUPID.")
 console = Console(width=max(120, shutil.get_terminal_size().columns))  # the table stays readable in logs

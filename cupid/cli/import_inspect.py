@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import markdown
-from cupid.eval.integrations import import_logs
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.summary import markdown
+from cupid.eval.integrations.inspect_log import import_logs
 
 LogsArgument = typer.Argument(..., help="inspect-ai logs of cupid/inference and/or cupid/generation (.eval or .json)")
 
@@ -20,6 +20,6 @@ def main(
         summary = import_logs(list(logs), out)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     typer.echo(markdown(summary))
     typer.echo(f"run directory: {out}")

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.common import ConfigError
-from cupid.eval.results import LABELS, agree, correlate, f1_table, labels_from, read_table
+from cupid.common.config import ConfigError
+from cupid.eval.results.meta import LABELS, agree, correlate, f1_table, labels_from, read_table
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="Meta-evaluation: matcher agreement and model-wise correlation."
@@ -58,7 +58,7 @@ def agree_cmd(
     table.add_column("A \\ B")
     for label in LABELS:
         table.add_column(label, justify="right")
-    for label, row in zip(LABELS, result.confusion):
+    for label, row in zip(LABELS, result.confusion, strict=True):
         table.add_row(label, *map(str, row))
     console.print(table)
     print(f"pairs={result.n} only_a={result.only_a} only_b={result.only_b} different_items={len(result.mismatched)}")
@@ -99,7 +99,7 @@ def correlate_cmd(
     out.add_column(result.columns[0], justify="right")
     out.add_column(result.columns[1], justify="right")
     digits = [1 if max(map(abs, values), default=0) > 1 else 3 for values in (result.x, result.y)]  # % or a share
-    for model, x, y in zip(result.models, result.x, result.y):
+    for model, x, y in zip(result.models, result.x, result.y, strict=True):
         out.add_row(model, f"{x:.{digits[0]}f}", f"{y:.{digits[1]}f}")  # one format per column
     Console().print(out)
     if result.left_out:

@@ -9,11 +9,11 @@ from typing import Any
 import typer
 
 from cupid.cli.errors import EXIT_USAGE
-from cupid.common import ConfigError
-from cupid.eval.results import leaderboard_markdown
-from cupid.eval.results import require as require_tracker
-from cupid.eval.workflows import run_nightly
-from cupid.serving.fleet import Gpu
+from cupid.common.config import ConfigError
+from cupid.eval.results.leaderboard import leaderboard_markdown
+from cupid.eval.results.track import require as require_tracker
+from cupid.eval.workflows.nightly import run_nightly
+from cupid.serving.fleet.gpu_memory import Gpu
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -46,7 +46,7 @@ def main(
         board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed, track=track)  # type: ignore[arg-type]
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(EXIT_USAGE) from None
     if dry_run:
         return
     typer.echo(leaderboard_markdown(board))

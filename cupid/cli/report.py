@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
-from cupid.common import ConfigError
-from cupid.eval.results import build
+from cupid.common.config import ConfigError
+from cupid.eval.results.pages import default_out
+from cupid.eval.results.report import build
 
 RunDirsArgument = typer.Argument(..., help="run directories (each with instances.jsonl)")
 
@@ -19,12 +18,12 @@ def main(
     ),
 ) -> None:
     """One self-contained HTML report (tables with 95% intervals, failures, Fig. 3-5) plus the PNG plots."""
-    target = out or (str(Path(run_dirs[0]) / "report") if len(run_dirs) == 1 else "runs/report")
+    target = out or str(default_out(run_dirs))
     try:
         page = build(run_dirs, target)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         typer.echo(f"interrupted: no report written in {target}", err=True)
         raise typer.Exit(130) from None

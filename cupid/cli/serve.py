@@ -11,21 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from cupid.common import ConfigError, ServeError, validate
-from cupid.serving.fleet import Plan, gpus
-from cupid.serving.servers import (
-    Profile,
-    engine_env,
-    get_engine,
-    lifecycle,
-    port_free,
-    profiles,
-    server_log,
-    state,
-    taken,
-    tiny_model,
-    vllm_build,
-)
+from cupid.common.config import ConfigError, validate
+from cupid.common.errors import ServeError
+from cupid.serving.fleet.gpu_memory import Plan, gpus
+from cupid.serving.servers import lifecycle, profiles, server_log, state, tiny_model
+from cupid.serving.servers.engines import get_engine, vllm_build
+from cupid.serving.servers.ports import port_free, taken
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.vllm_args import engine_env
 
 app = typer.Typer(no_args_is_help=True, help="Start, inspect and stop local OpenAI-compatible model servers.")
 console = Console(soft_wrap=True)  # messages carry paths and commands: never break them

@@ -7,8 +7,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from cupid.common import ConfigError, read_yaml, validate
-from cupid.training.synth import SynthConfig, run
+from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.training.synth.config import SynthConfig
+from cupid.training.synth.pipeline import run
 
 DEFAULT_CONFIG = "configs/synth/tiny.yaml"
 
@@ -62,7 +63,7 @@ def synth(
         summary = run(cfg, console=err)
     except (ConfigError, ValueError) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     for pid, failure in summary["failures"].items():
         err.print(f"[yellow]failed {pid}[/yellow] at {failure['step']}: {failure['reason']}", highlight=False)
     requests = summary["requests"]

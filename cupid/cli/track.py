@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RecordError
-from cupid.eval.results import log, read, require
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.results.track import log, read, require
 
 PathsArgument = typer.Argument(..., help="run directories, or a night's directory (logs each of its candidates)")
 
@@ -25,9 +25,9 @@ def main(
         runs = [run for path in paths for run in read(path)]
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]
-    for run, run_id in zip(runs, ids):
+    for run, run_id in zip(runs, ids, strict=True):
         typer.echo(f"{run.name}: {to} run {run_id}" if run_id else f"{run.name}: not logged")
     if None in ids:
         raise typer.Exit(1)

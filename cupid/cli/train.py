@@ -7,7 +7,7 @@ the stages before them left in the run directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any
 
@@ -16,10 +16,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.common import ConfigError, ServeError
-from cupid.eval.benchmark import DataError, local_path
-from cupid.serving import Endpoint
-from cupid.training import AgreementReport, LabellingError, LabelReport, SftReport, agreement, config, pipeline
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.eval.benchmark.data import DataError, local_path
+from cupid.serving.endpoint import Endpoint
+from cupid.training import agreement, config, pipeline
+from cupid.training.agreement import AgreementReport
+from cupid.training.matchdata import LabellingError, LabelReport
+from cupid.training.sft import SftReport
 
 app = typer.Typer(
     no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement."
@@ -63,7 +67,7 @@ def _guarded(action: Callable[[], Any]) -> Any:
         err.print(
             f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True
         )  # whole lines: paths stay greppable
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _print_labelling(report: LabelReport | None) -> None:
@@ -82,7 +86,7 @@ def _print_labelling(report: LabelReport | None) -> None:
 
 
 def agreement_labels() -> tuple[str, ...]:
-    from cupid.matcher import LABELS
+    from cupid.matcher.prompts import LABELS
 
     return LABELS
 
@@ -152,8 +156,13 @@ def run(
         from cupid.training import sft as sft_stage
 
         args, lora, bnb = _guarded(lambda: sft_stage.check(cfg))
-        value = lambda v: v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v  # str enums, sets
-        accepts = lambda built, keys: ", ".join(f"{k}={value(getattr(built, k))}" for k in keys)
+
+        def value(v: Any) -> Any:  # str enums, sets
+            return v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v
+
+        def accepts(built: Any, keys: Iterable[str]) -> str:
+            return ", ".join(f"{k}={value(getattr(built, k))}" for k in keys)
+
         console.print(
             f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True
         )
@@ -239,7 +248,7 @@ def grpo(
 ) -> None:
     """Teach a policy to infer preferences: GRPO with PrefMatcher as the reward, then `cupid eval run` of the adapter
     beside the base."""
-    from cupid.eval.results import require as require_tracker
+    from cupid.eval.results.track import require as require_tracker
     from cupid.training import grpo as grpo_run
 
     cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))

@@ -10,10 +10,11 @@ from pathlib import Path
 import typer
 
 from cupid.cli.errors import EXIT_USAGE
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RecordError
-from cupid.eval.results.view import build, default_out
-from cupid.serving.servers import taken
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.records import RecordError
+from cupid.eval.results.pages import default_out
+from cupid.eval.results.view import build
+from cupid.serving.servers.ports import taken
 
 
 def serve(page: Path, port: int) -> None:
@@ -53,7 +54,7 @@ def main(
         page = build(run_dirs, out or default_out(run_dirs))
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     typer.echo(str(page))
     if serve_it:
         serve(page, port)

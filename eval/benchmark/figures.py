@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_seri
 
 from cupid.eval.benchmark.data import INSTANCE_TYPES
 from cupid.eval.benchmark.records import Scoring
-from cupid.matcher import PRF, macro, micro
+from cupid.matcher.scores import PRF, macro, micro
 
 GROUPS = ("all", *INSTANCE_TYPES)
 

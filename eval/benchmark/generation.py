@@ -11,7 +11,7 @@ from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.records import Scoring
 from cupid.eval.benchmark.stages import ask, judge_params, parsed, stage_by_stage
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import Client
+from cupid.serving.client import Client
 
 
 def candidate_messages(log: str, instance: Instance, setting: str) -> list[dict[str, str]]:

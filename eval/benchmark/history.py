@@ -11,7 +11,7 @@ from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.settings import SETTING_SPECS
 from cupid.eval.benchmark.stages import StageFailed, ask, judge_params, parsed
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import Client
+from cupid.serving.client import Client
 
 
 def relevant_sessions(instance: Instance) -> list[int]:

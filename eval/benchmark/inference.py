@@ -11,8 +11,11 @@ from typing import Any
 from cupid.eval.benchmark.data import Instance
 from cupid.eval.benchmark.records import DIRECTIONS, Scoring
 from cupid.eval.benchmark.stages import ask, judge_params, parsed, stage_by_stage
-from cupid.matcher import MatchCounts, MatcherDialect, parse, prompts, schemas
-from cupid.serving import Client, Endpoint
+from cupid.matcher import parse, prompts, schemas
+from cupid.matcher.prompts import MatcherDialect
+from cupid.matcher.scores import MatchCounts
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
 
 
 def matcher_dialect(endpoint: Endpoint) -> MatcherDialect:
@@ -80,9 +83,9 @@ class InferenceScorer:
             *(self.ask_matcher(f"match_{d}", *asked[d]) for d in DIRECTIONS),
             return_exceptions=True,  # let both finish: the one that succeeded is cached for the resume
         )
-        scoring.matcher_answers = {d: a for d, a in zip(DIRECTIONS, answers) if isinstance(a, str)}
+        scoring.matcher_answers = {d: a for d, a in zip(DIRECTIONS, answers, strict=True) if isinstance(a, str)}
         labelled = {}
-        for direction, outcome in zip(DIRECTIONS, answers):
+        for direction, outcome in zip(DIRECTIONS, answers, strict=True):
             if isinstance(outcome, BaseException):
                 raise outcome
             labelled[direction] = parsed(f"match_{direction}", parse.matches, outcome, asked[direction][1])

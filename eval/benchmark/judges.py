@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cupid.eval.benchmark.tasks import Scorer, TaskSpec
-from cupid.serving import CacheSetting, Client, Endpoint, open_cache
+from cupid.serving.cache import CacheSetting, open_cache
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
 
 Judging = tuple[Client, Scorer]  # a task's judges opened: the client, and the task's scorer on it
 

@@ -16,7 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from cupid.matcher import PRF, MatchCounts, MatchItem
+from cupid.matcher.parse import MatchItem
+from cupid.matcher.scores import PRF, MatchCounts
 
 Status = Literal["scored", "failed"]
 Direction = Literal["infer_to_gt", "gt_to_infer"]

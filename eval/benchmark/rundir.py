@@ -16,7 +16,8 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-from cupid.common import ConfigError, read_json, validate, write_atomic
+from cupid.common.config import ConfigError, validate
+from cupid.common.files import read_json, write_atomic
 from cupid.eval.benchmark.records import UnitRecord, parse_line
 from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.summary import Summary, markdown

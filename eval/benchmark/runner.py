@@ -19,7 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.common import ConfigError, DiskFull, blocking, disk_full, hold, quiet, verbose
+from cupid.common.aio import blocking
+from cupid.common.config import ConfigError
+from cupid.common.files import DiskFull, disk_full, hold
+from cupid.common.verbosity import quiet, verbose
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.figures import Table
 from cupid.eval.benchmark.history import History
@@ -31,10 +34,15 @@ from cupid.eval.benchmark.stages import Roles
 from cupid.eval.benchmark.summary import Requests, Summary, markdown, summarize, tables
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import Client, Endpoint, lookup, missing_keys, open_cache, open_client, renamed_no_cache
-from cupid.serving.fleet import RunServers, ServedModel, plan_servers, profile_fingerprints
-from cupid.serving.servers import live_endpoints
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import open_cache, renamed_no_cache
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.executors import open_client
+from cupid.serving.fleet.on_demand import ServedModel
+from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
+from cupid.serving.registry import lookup, missing_keys
+from cupid.serving.servers.lifecycle import live_endpoints
 
 Tracker = Literal[
     "mlflow", "wandb"
@@ -258,7 +266,10 @@ async def arun(
     `endpoints` binds names to endpoints over the endpoints file (the Python API's objects). Without
     `cfg.out` nothing is written: the records live in the result only."""
     console = console or Console(stderr=True)
-    say = lambda m: console.print(m, highlight=False)
+
+    def say(m: str) -> None:
+        console.print(m, highlight=False)
+
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
         own = None
@@ -334,22 +345,7 @@ async def _run(
             servers=servers,
             roles=cfg.roles().bound(),  # an endpoint that does not answer stops the run before it is sent to
         )
-        out = RunDir(cfg.out) if cfg.out else None
-        latest: dict[tuple[str, str, str], UnitRecord] = {}
-        if out is not None:
-            planned = UnitPlan(n_instances=len(dataset.instances), settings={t: cfg.units_of(t) for t in cfg.tasks})
-            planned_cells = {(t, s) for t, _, s in units}
-            cut = {
-                k for k in set(out.records()) - {(i.key, t, s) for t, i, s in units} if (k[1], k[2]) in planned_cells
-            }
-            if cut:  # instances of this run's tasks and settings it would leave out: a smaller --limit, fewer --type
-                raise ConfigError(
-                    f"{out.path} holds {len(cut)} unit(s) of instances this run leaves out (a smaller --limit or fewer "
-                    "--type than the run that wrote them): its summary would not count them where compare and report "
-                    "read them; run it with the same --limit and --type, or give another --out"
-                )
-            out.claim(_identity(cfg, used).model_copy(update={"plan": planned}))
-            latest = out.records()
+        out, latest = _claimed(cfg, used, len(dataset.instances), units)
         done = {k for k, r in latest.items() if _finished(r, bool(cfg.reference))}
         todo = [(t, i, s) for t, i, s in units if (i.key, t, s) not in done]
         tasks = build_tasks(cfg, client)
@@ -361,6 +357,44 @@ async def _run(
             cache.close()
 
     records = [latest[(i.key, t, s)] for t, i, s in units if (i.key, t, s) in latest]
+    summary = _summary(cfg, used, dataset, records, Requests.of(client.stats), round(time.monotonic() - started, 2))
+    if out is not None:
+        out.compact()  # one line per unit, before summary.json (whose time the staleness rules compare with)
+        out.write_summary(summary)
+    return RunResult(records, summary, out.path if out is not None else None)
+
+
+def _claimed(
+    cfg: RunConfig, used: dict[str, Endpoint], n_instances: int, units: list[tuple[str, cupid_data.Instance, str]]
+) -> tuple[RunDir | None, dict[tuple[str, str, str], UnitRecord]]:
+    """The run directory, claimed for this run, and the latest record of each unit it holds (none without `out`).
+    Refused when it holds units of this run's tasks and settings that the run would leave out (a smaller --limit,
+    fewer --type): its summary would not count them where compare and report read them."""
+    if not cfg.out:
+        return None, {}
+    out = RunDir(cfg.out)
+    planned = UnitPlan(n_instances=n_instances, settings={t: cfg.units_of(t) for t in cfg.tasks})
+    planned_cells = {(t, s) for t, _, s in units}
+    cut = {k for k in set(out.records()) - {(i.key, t, s) for t, i, s in units} if (k[1], k[2]) in planned_cells}
+    if cut:
+        raise ConfigError(
+            f"{out.path} holds {len(cut)} unit(s) of instances this run leaves out (a smaller --limit or fewer "
+            "--type than the run that wrote them): its summary would not count them where compare and report "
+            "read them; run it with the same --limit and --type, or give another --out"
+        )
+    out.claim(_identity(cfg, used).model_copy(update={"plan": planned}))
+    return out, out.records()
+
+
+def _summary(
+    cfg: RunConfig,
+    used: dict[str, Endpoint],
+    dataset: cupid_data.Dataset,
+    records: list[UnitRecord],
+    requests: Requests,
+    wall_s: float,
+) -> Summary:
+    """The run's summary: its figures over the records, with what it ran on (data, roles, prompts, requests)."""
     roles = {role: f"{name} ({used[name].model})" for role, name in cfg.roles().bound().items()}
     if cfg.reference:
         roles["reference"] = f"{cfg.reference} ({used[cfg.reference].model})"
@@ -372,17 +406,13 @@ async def _run(
         "prompts": prompts.versions(*_prompt_names(cfg)),
         "n_invalid_rows": len(dataset.bad_rows),
         "invalid_rows": [str(b) for b in dataset.bad_rows],
-        "requests": Requests.of(client.stats),
-        "wall_s": round(time.monotonic() - started, 2),
+        "requests": requests,
+        "wall_s": wall_s,
     }
     if cfg.serve or cfg.served_candidates:
         meta["serve_profiles"] = profile_fingerprints(cfg.serve, cfg.served_candidates, cfg.profiles)
     plan = {TASKS[task]: cfg.units_of(task) for task in cfg.tasks}
-    summary = summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
-    if out is not None:
-        out.compact()  # one line per unit, before summary.json (whose time the staleness rules compare with)
-        out.write_summary(summary)
-    return RunResult(records, summary, out.path if out is not None else None)
+    return summarize(records, plan, len(dataset.instances), meta, reference=bool(cfg.reference))
 
 
 async def _run_all(

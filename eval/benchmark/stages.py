@@ -12,7 +12,7 @@ from typing import Any
 
 from cupid.eval.benchmark.records import Scoring, StageError
 from cupid.matcher import parse
-from cupid.serving import Client, RequestFailed
+from cupid.serving.client import Client, RequestFailed
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from pydantic import BaseModel, PrivateAttr
 
-from cupid.matcher import MatchCounts
+from cupid.matcher.scores import MatchCounts
 
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95

@@ -21,7 +21,7 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 
 if TYPE_CHECKING:
-    from cupid.serving import Stats
+    from cupid.serving.client import Stats
 
 
 def blocks_by_task() -> dict[str, Block]:

@@ -31,8 +31,10 @@ from cupid.eval.benchmark.records import Scoring, UnitRecord
 from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.stats import Interval
-from cupid.matcher import MatchCounts, prompts, schemas
-from cupid.serving import ChatRequest, Client, Endpoint, RequestFailed
+from cupid.matcher import prompts, schemas
+from cupid.matcher.scores import MatchCounts
+from cupid.serving.client import ChatRequest, Client, RequestFailed
+from cupid.serving.endpoint import Endpoint
 
 
 class Scorer(Protocol):

@@ -14,8 +14,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, write_atomic
-from cupid.eval.benchmark import TASKS, RunDir, RunIdentity, StageError, Summary, UnitPlan, UnitRecord, summarize
+from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
+from cupid.eval.benchmark.records import StageError, UnitRecord
+from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
+from cupid.eval.benchmark.summary import Summary, summarize
+from cupid.eval.benchmark.tasks import TASKS
 
 SCORER = "cupid_scorer"
 

@@ -25,35 +25,25 @@ from inspect_ai.scorer import Metric, SampleScore, Score, Scorer, Target, metric
 from inspect_ai.solver import Generate, Solver, TaskState, solver
 from inspect_ai.util import registry_info
 
-from cupid.common import ConfigError, PerLoop, read_yaml
-from cupid.eval.benchmark import (
-    GENERATION,
-    GROUPS,
-    INFERENCE,
-    INSTANCE_TYPES,
-    SETTING_SPECS,
-    TASKS,
-    History,
-    Instance,
-    Judging,
-    Scoring,
-    StageError,
-    StageFailed,
-    TaskSpec,
-    UnitRecord,
-    extra_prompts,
-    extra_roles,
-    matcher_dialect,
-    open_judges,
-    plain_log,
-    scored,
-    unit_record,
-)
+from cupid.common.aio import PerLoop
+from cupid.common.config import ConfigError, read_yaml
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
+from cupid.eval.benchmark.figures import GROUPS
+from cupid.eval.benchmark.history import History, plain_log
+from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.judges import Judging, open_judges
+from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
+from cupid.eval.benchmark.settings import SETTING_SPECS, extra_prompts, extra_roles
+from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import figures
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
 from cupid.matcher import prompts
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import DEFAULT_FILE, Endpoint, cache_path, classify, per_loop
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import cache_path
+from cupid.serving.client import classify, per_loop
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import DEFAULT_FILE
 
 DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
 PREFIX = "cupid"  # inspect's namespace for these tasks: the entry point's name in pyproject.toml
@@ -260,8 +250,8 @@ class TaskJudges:
         structured_output: bool,
         cache: str | None,
     ) -> TaskJudges:
-        from cupid.serving import resolve  # the one resolver: a name, a running profile, or a base URL
-        from cupid.serving.servers import live_endpoints
+        from cupid.serving.registry import resolve  # the one resolver: a name, a running profile, or a base URL
+        from cupid.serving.servers.lifecycle import live_endpoints
 
         defaults = read_yaml(DEFAULT_RUN)
         names = {role: given or defaults.get(role) for role, given in roles.items()}

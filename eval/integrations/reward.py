@@ -31,23 +31,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, PerLoop, blocking
-from cupid.eval.benchmark import (
-    INFERENCE,
-    SETTING_SPECS,
-    TASKS,
-    History,
-    Judging,
-    Scoring,
-    StageFailed,
-    TaskName,
-    open_judges,
-    plain_log,
-)
+from cupid.common.aio import PerLoop, blocking
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
-from cupid.matcher import PREFERENCE_HEADER, parse
-from cupid.serving import DEFAULT_FILE, Client, Endpoint, EndpointLike, open_cache, per_loop, resolve
-from cupid.serving.servers import live_endpoints
+from cupid.eval.benchmark.history import History, plain_log
+from cupid.eval.benchmark.judges import Judging, open_judges
+from cupid.eval.benchmark.records import Scoring
+from cupid.eval.benchmark.settings import SETTING_SPECS
+from cupid.eval.benchmark.stages import StageFailed
+from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
+from cupid.matcher import parse
+from cupid.matcher.parse import PREFERENCE_HEADER
+from cupid.serving.cache import open_cache
+from cupid.serving.client import Client, per_loop
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.servers.lifecycle import live_endpoints
 
 REMEMBERED = 4096  # scorings a Judges keeps per loop: a batch's, for its other reward function
 MAX_PREFERENCE_WORDS = 30  # the inference prompt asks for one sentence of at most 30 words
@@ -134,7 +133,8 @@ def _rows(judges: Judges, completions: Sequence[Any], columns: dict[str, Any]) -
             f"cupid reward ({judges.task}): the dataset has no column {missing[0]!r} (cupid.reward_dataset gives it)"
         )
     rows = [
-        tuple(tuple(v) if isinstance(v, list) else v for v in values) for values in zip(*(columns[n] for n in names))
+        tuple(tuple(v) if isinstance(v, list) else v for v in values)
+        for values in zip(*(columns[n] for n in names), strict=True)
     ]
     return [(answer_of(c), row) for c, row in zip(completions, rows, strict=True)]
 
@@ -192,7 +192,7 @@ async def cupid_inference_format(
     """`form` of each answer; None where the judges failed on it (as the judge reward is)."""
     asked = _rows(judges, completions, columns)
     judged, _ = await _judged(judges, asked)
-    return [None if r is None else form(answer) for (answer, _), r in zip(asked, judged)]
+    return [None if r is None else form(answer) for (answer, _), r in zip(asked, judged, strict=True)]
 
 
 def format_reward(judge_reward: functools.partial[Any]) -> functools.partial[Any]:
@@ -345,7 +345,7 @@ def dataset_rows(
     spec = TASKS[task]
     logs = blocking(lambda: _logs(instances, setting, summarizer, cache))
     rows = []
-    for instance, log in zip(instances, logs):
+    for instance, log in zip(instances, logs, strict=True):
         rows.append(
             {
                 "prompt": spec.messages(log, instance, setting),
@@ -372,7 +372,7 @@ async def _logs(
         outcomes = await asyncio.gather(*(history.log(i, setting) for i in instances), return_exceptions=True)
     finally:
         await client.close_with_cache()
-    for instance, outcome in zip(instances, outcomes):
+    for instance, outcome in zip(instances, outcomes, strict=True):
         if isinstance(outcome, StageFailed):
             raise ConfigError(f"reward_dataset: {instance.key}: {outcome}") from None
         if isinstance(outcome, BaseException):

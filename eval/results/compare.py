@@ -39,28 +39,16 @@ from urllib.parse import quote
 
 import numpy as np
 from pydantic import BaseModel, Field
-from rich.console import Console
-from rich.table import Table
 
-from cupid.eval.benchmark import (
-    CONFIDENCE,
-    GATE_CONFIDENCE,
-    GATE_PERSONAS,
-    INSTANCE_TYPES,
-    MIN_PERSONAS,
-    SETTINGS,
-    TASKS,
-    Difference,
-    Run,
-    RunDir,
-    TaskSpec,
-    UnitRecord,
-    cell_name,
-    figure_name,
-    holm,
-    stats,
-)
-from cupid.eval.results.view import default_out
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.grid import cell_name, figure_name
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.benchmark.stats import CONFIDENCE, GATE_CONFIDENCE, GATE_PERSONAS, Difference, holm
+from cupid.eval.benchmark.tasks import TASKS, TaskSpec
+from cupid.eval.results.pages import default_out
 
 HEADLINE_SETTING = "standard"
 # The verdicts' exit codes: bits no other outcome uses (1: the work failed; 2: usage or configuration), so that a CI
@@ -241,7 +229,7 @@ def holm_family(rows: list[Row]) -> None:
             else f"{row.name}: its p-value cannot go under the smallest Holm threshold of its family "
             f"({smallest:.2g}, {len(tested)} tests) at {row.resamples} resamples"
         )
-    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None])):
+    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None]), strict=True):
         row.p_holm = p
         level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
         row.detectable = stats.detectable(row.se, row.personas, len(tested), level)
@@ -282,22 +270,7 @@ def compare_runs(
     comparison that is not the same evaluation (see the module's docstring)."""
     records_a, records_b = {r.unit: r for r in a.records}, {r.unit: r for r in b.records}
     common = [u for u in records_a if u in records_b and u[1] in TASKS]
-    failed: Counter[str] = Counter()
-    no_answer: Counter[str] = Counter()
-    left_out: Counter[str] = Counter()
-    pairs = []
-    for u in common:
-        x, y = records_a[u], records_b[u]
-        scored = (x.scored, y.scored)
-        if scored != (True, True):
-            failed[{(False, False): "both", (False, True): "a_only", (True, False): "b_only"}[scored]] += 1
-        spec = TASKS[x.task]
-        vx, vy = spec.for_verdict(x, y), spec.for_verdict(y, x)
-        if vx is None or vy is None:
-            left_out[cell_name(x.task, x.setting, None)] += 1
-            continue
-        no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
-        pairs.append((vx, vy, (x.scored, y.scored)))
+    pairs, failed, no_answer, left_out = _pairs(records_a, records_b, common)
     rows: list[Row] = []
     no_verdict, partial, unanswered = _empty(a, b, headline_setting), [], []
     units_allowed: dict[str, int] = {}
@@ -358,6 +331,31 @@ def compare_runs(
         units=units,
         view="cupid view " + " ".join(paths),
     )
+
+
+def _pairs(
+    records_a: dict[Any, UnitRecord], records_b: dict[Any, UnitRecord], common: list[Any]
+) -> tuple[list[tuple[UnitRecord, UnitRecord, tuple[bool, bool]]], Counter[str], Counter[str], Counter[str]]:
+    """The units both runs hold, as each task's verdict sees them (a unit the candidate failed is scored as no answer):
+    the pairs, with which side was scored; the failures by side; the units each side left unanswered; and the units
+    left out because a judge failed on them, by cell."""
+    failed: Counter[str] = Counter()
+    no_answer: Counter[str] = Counter()
+    left_out: Counter[str] = Counter()
+    pairs = []
+    for u in common:
+        x, y = records_a[u], records_b[u]
+        scored = (x.scored, y.scored)
+        if scored != (True, True):
+            failed[{(False, False): "both", (False, True): "a_only", (True, False): "b_only"}[scored]] += 1
+        spec = TASKS[x.task]
+        vx, vy = spec.for_verdict(x, y), spec.for_verdict(y, x)
+        if vx is None or vy is None:
+            left_out[cell_name(x.task, x.setting, None)] += 1
+            continue
+        no_answer.update(side for side, r in (("a", x), ("b", y)) if not r.scored)
+        pairs.append((vx, vy, (x.scored, y.scored)))
+    return pairs, failed, no_answer, left_out
 
 
 def _empty(a: Run, b: Run, setting: str) -> list[str]:
@@ -494,129 +492,9 @@ def compare(
     )
 
 
-# ---------------------------------------------------------------- the table
-
-
-def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
-    if value is None:
-        return "-"
-    digits = 1 if scale == 100 else 2
-    return f"{scale * value:{'+' if sign else ''}.{digits}f}"
-
-
-def _p(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}" if value >= 0.001 else "<0.001"
-
-
-def print_comparison(comparison: Comparison, console: Console) -> None:
-    """The comparison as people read it: what was compared, what differs, the rows, the verdict."""
-    c = comparison
-    console.print(f"A: {c.a}\nB: {c.b}", highlight=False)
-    if c.same_run:
-        console.print(
-            "[yellow]A and B are the same run[/yellow]: every difference is 0 by construction", highlight=False
-        )
-    console.print(
-        f"{c.matched} units compared ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B",
-        highlight=False,
-    )
-    if c.no_answer:
-        where = ", ".join(f"{n} in {side.upper()}" for side, n in sorted(c.no_answer.items()))
-        console.print(
-            f"[yellow]no answer from the candidate[/yellow] on {where}: each counted as {NO_ANSWER}",
-            highlight=False,
-        )
-    if c.left_out:
-        settings = ", ".join(f"{k} {n}" for k, n in sorted(c.left_out.items()))
-        console.print(
-            f"[yellow]left out[/yellow] {sum(c.left_out.values())} units a judge failed on (in either run): {settings}",
-            highlight=False,
-        )
-    for line in c.differs:
-        console.print(
-            f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone",
-            highlight=False,
-        )
-    for line in c.partial:
-        console.print(f"[yellow]not in both runs[/yellow] {line}", highlight=False)
-    if c.personas < MIN_PERSONAS:
-        console.print(
-            f"{c.personas} personas (<{MIN_PERSONAS}): no intervals or p-values, only the differences.",
-            highlight=False,
-        )
-    table = Table(
-        title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION: "
-        f"its {GATE_CONFIDENCE:.1%} studentized bootstrap interval)"
-    )
-    for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
-        table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
-    for row in c.rows:
-        scale = TASKS[row.task].scale
-        stats_cells = (
-            [
-                f"[{_fmt(row.low, scale, True)}, {_fmt(row.high, scale, True)}]",
-                _p(row.p_value),
-                _p(row.p_holm),
-                _fmt(row.detectable, scale),
-            ]
-            if row.resolved
-            else ["-"] * 4
-        )
-        style = "bold red" if row.regression else "bold" if row.headline else None
-        name = row.name + (" *" if row.headline else "")
-        table.add_row(
-            name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats_cells, style=style
-        )
-    console.print(table)
-    for task, counts in c.per_unit.items():
-        console.print(
-            f"{task}: B better on {counts['better']} units, worse on {counts['worse']}, tied on {counts['tied']}",
-            highlight=False,
-        )
-    if c.units:
-        console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
-        for u in c.units:
-            console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
-    if question := margin_question(c.margin):
-        console.print(f"[yellow]did you mean a fraction?[/yellow] {question}", highlight=False)
-    console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
-
-
 def _units(c: Comparison) -> str:
     """The margin's unit for each task compared (`F1 points`, or `F1 points (inference), ... (generation)`)."""
     units = sorted(set(c.margin_units.values()))
     if len(units) <= 1:
         return units[0] if units else "points"
     return ", ".join(f"{unit} ({task})" for task, unit in c.margin_units.items())
-
-
-def verdict_text(c: Comparison) -> str:
-    """What the gate decided, what it tested, what it accepted, and what it could not see."""
-    headlines = [r for r in c.rows if r.headline and r.gated]
-    accepted = f"; accepted: {'; '.join(c.accepted)}" if c.accepted else ""
-    if c.regressed:
-        drops = [
-            f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
-        ]
-        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}"
-    margin = f"a drop beyond the margin {c.margin:g} {_units(c)}" if c.margin else "a drop"
-    allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
-    tested = (
-        f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "
-        f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
-        + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
-    )
-    if c.no_verdict:
-        return (
-            "NO VERDICT: "
-            + "; ".join(c.no_verdict)
-            + (f" (tested: {tested}, no significant drop)" if headlines else "")
-        )
-    resolution = [
-        f"{r.name} {_fmt(r.detectable - r.null, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None
-    ]  # a drop is flagged beyond the margin (`null` is -margin): what goes unseen is the margin and the resolution
-    return (
-        f"No significant drop in a headline figure (*) ({tested})"
-        + (f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else "")
-        + accepted
-    )

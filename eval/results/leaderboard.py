@@ -12,17 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from cupid.common import ConfigError, write_atomic
-from cupid.eval.benchmark import (
-    FAMILY_LEVEL,
-    GATE_CONFIDENCE,
-    MIN_PERSONAS,
-    N_RESAMPLES,
-    TASKS,
-    Interval,
-    Requests,
-    RunIdentity,
-)
+from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
+from cupid.eval.benchmark.rundir import RunIdentity
+from cupid.eval.benchmark.stats import FAMILY_LEVEL, GATE_CONFIDENCE, MIN_PERSONAS, N_RESAMPLES, Interval
+from cupid.eval.benchmark.summary import Requests
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, Row
 
 EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum

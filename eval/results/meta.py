@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import INFERENCE, RunDir
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark.figures import prf
 from cupid.eval.benchmark.records import DIRECTIONS, UnitRecord, scored
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.tasks import INFERENCE
 
 LABELS = ("Yes", "Partial", "No")
 LABEL_VALUE = {"Yes": 1.0, "Partial": 0.5, "No": 0.0}

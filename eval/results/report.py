@@ -19,8 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, write_atomic
-from cupid.eval.benchmark import GENERATION, INFERENCE, TASKS, Interval, Run, RunDir, TaskSpec, failure_counts, groups
+from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
+from cupid.eval.benchmark.grid import groups
+from cupid.eval.benchmark.rundir import Run, RunDir
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import failure_counts
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
 from cupid.eval.results.view import link_report
 
 FIGURE_SETTING = "standard"
@@ -225,7 +230,7 @@ def _errorbars(ax, xs: list[Interval], ys: list[Interval], labels: list[str], sc
             return [[0.0], [0.0]]
         return [[scale * (v.estimate - v.low)], [scale * (v.high - v.estimate)]]
 
-    for x, y, label in zip(xs, ys, labels):
+    for x, y, label in zip(xs, ys, labels, strict=True):
         ax.errorbar(
             scale_x * x.estimate,
             scale_y * y.estimate,
@@ -401,7 +406,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
     """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
     import jinja2
 
-    from cupid.eval.benchmark import MIN_PERSONAS, N_RESAMPLES
+    from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES
 
     run_dirs = [str(p) for p in run_dirs]
     runs = [load_run(p) for p in run_dirs]

@@ -25,15 +25,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cupid.common import ConfigError, read_json, write_atomic
+from cupid.common.config import ConfigError
+from cupid.common.files import read_json, write_atomic
 from cupid.common.install import DISTRIBUTION
-from cupid.eval.benchmark import TASKS, RunDir, RunIdentity, Summary, UnitRecord, cells, figure_name, summary_metrics
+from cupid.eval.benchmark.grid import cells, figure_name
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir, RunIdentity
+from cupid.eval.benchmark.summary import Summary, summary_metrics
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import report, view
 from cupid.eval.results.compare import Row
 from cupid.eval.results.leaderboard import Leaderboard, flag, flags_text, run_dir_of
 
 if TYPE_CHECKING:  # the literal sits with RunConfig; this module reads runs' files and never runs one
-    from cupid.eval.benchmark import Tracker
+    from cupid.eval.benchmark.runner import Tracker
 
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 INSTALL = "pip install -e '.[track]'  (in this project's .venv: .venv/bin/pip install -e '.[track]')"

@@ -26,9 +26,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ConfigError, write_atomic
-from cupid.eval.benchmark import SETTINGS, TASKS, Run, RunDir, RunIdentity, Summary, UnitRecord
+from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import Run, RunDir, RunIdentity
+from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.benchmark.summary import Summary
+from cupid.eval.benchmark.tasks import TASKS
 
 TASKS_ORDER = tuple(TASKS)
 RECENT_S = 120  # a run whose records changed this recently is "in progress"; older, it stopped before the end
@@ -111,7 +116,7 @@ def load_run(path: str | Path) -> LoadedRun:
 def _labels(runs: list[LoadedRun]) -> None:
     """A run's label: its candidate, or its directory where candidates repeat."""
     names = [r.roles.get("candidate") or r.path.name for r in runs]
-    for run, name in zip(runs, names):
+    for run, name in zip(runs, names, strict=True):
         run.label = name if names.count(name) == 1 else f"{name} ({run.path})"
 
 
@@ -272,11 +277,6 @@ def link_report(out: Path) -> None:
 
 def _html_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def default_out(run_dirs: list[str]) -> Path:
-    """Beside the report (`cupid report`'s default folder), so each links to the other by name."""
-    return Path(run_dirs[0]) / "report" if len(run_dirs) == 1 else Path("runs/report")
 
 
 def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cupid.common import read_yaml, validate
-from cupid.eval.benchmark import RunConfig, RunResult
-from cupid.eval.benchmark import dry_run as write_requests
+from cupid.common.config import read_yaml, validate
+from cupid.eval.benchmark.runner import RunConfig, RunResult
+from cupid.eval.benchmark.runner import dry_run as write_requests
 from cupid.eval.workflows.logged_run import run_and_log
 from cupid.serving.servers import lifecycle, profiles, tiny_model
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from cupid.common import blocking
-from cupid.eval.benchmark import RunConfig, RunResult, arun
+from cupid.common.aio import blocking
+from cupid.eval.benchmark.runner import RunConfig, RunResult, arun
 from cupid.eval.results import track
 
 
@@ -24,8 +24,13 @@ async def arun_and_log(cfg: RunConfig, *, console: Console | None = None, **opti
         track.require(cfg.track)
     result = await arun(cfg, console=console, **options)
     if cfg.track:
-        make = lambda: [track.of_run(result.out, records=result.records, summary=result.summary)]
-        say = lambda m: console.print(m, highlight=False, markup=False)
+
+        def make() -> list[Any]:
+            return [track.of_run(result.out, records=result.records, summary=result.summary)]
+
+        def say(m: str) -> None:
+            console.print(m, highlight=False, markup=False)
+
         await asyncio.to_thread(track.log_after, make, cfg.track, say)
     return result
 

@@ -10,11 +10,11 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from cupid.common import ServeError
-from cupid.serving.servers import Profile
+from cupid.common.errors import ServeError
+from cupid.serving.servers.profiles import Profile
 
 if TYPE_CHECKING:  # the servers running now, as their records say
-    from cupid.serving.servers import ServerRecord
+    from cupid.serving.servers.state import ServerRecord
 
 # Per-GPU memory a vLLM process needs beyond its weights before any KV cache: CUDA context, activations
 # of the profiling run, CUDA graphs. A rough figure, used only to refuse fractions that cannot work.

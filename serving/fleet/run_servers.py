@@ -3,7 +3,7 @@ candidates that are models (`candidate: {name, model, profile, adapter}`), serve
 a LoRA candidate on a judge's profile that loads adapters at run time is loaded into that judge's server.
 
 `RunServers` is the one model of them: the plan (`serving.fleet.placement` decides GPUs, memory fractions and ports
-before anything starts), the servers (`serving.fleet.servers`: each starts on its first request) and their endpoints.
+before anything starts), the servers (`serving.fleet.on_demand`: each starts on its first request) and their endpoints.
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.serving.client import ManagedServer
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet import gpu_memory
 from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.on_demand import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
 from cupid.serving.fleet.placement import Placed, place
-from cupid.serving.fleet.servers import AdapterOnServer, ServedModel, Server, by_address, endpoint_for, fingerprint
-from cupid.serving.servers import Profile, profiles
+from cupid.serving.servers import profiles
+from cupid.serving.servers.profiles import Profile
 
 
 @dataclass

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from cupid.common import ServeError, install
+from cupid.common import install
+from cupid.common.errors import ServeError
 from cupid.serving.servers.vllm_args import vllm_args
 
 if TYPE_CHECKING:

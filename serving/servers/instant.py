@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from cupid.common import http_get
+from cupid.common.tls import http_get
 from cupid.matcher import prompts
 from cupid.serving.servers.ports import free_port
 

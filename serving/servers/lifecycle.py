@@ -13,14 +13,16 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from cupid.common import ServeError
+from cupid.common.errors import ServeError
+from cupid.common.processes import alive
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import watchdog
-from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.engines import Engine, get_engine
 from cupid.serving.servers.ports import port_free, taken
-from cupid.serving.servers.probes import alive, group_alive, healthy, ready
+from cupid.serving.servers.probes import group_alive, healthy, ready
 from cupid.serving.servers.profiles import Profile
 from cupid.serving.servers.server_log import startup_failure
 from cupid.serving.servers.state import ServerRecord, ServerStatus, find, record_path, records, server_dir
@@ -35,7 +37,8 @@ HEADLESS_SETTLE_S = 5.0
 TIE_ENV = "CUPID_TIE_SERVERS"
 
 # Counted work: where this variable names a file, every vLLM engine start (a server, or an offline engine in
-# this process) appends a line to it, so a test run can say how many it paid for (tests/conftest.py prints them).
+# this process) appends a line to it, so a test run can say how many it paid for (tests/plugins/session_server.py
+# prints them).
 STARTS_ENV = "CUPID_VLLM_STARTS"
 
 
@@ -74,13 +77,21 @@ def up(
     profile = profile.model_copy(
         update={"model": profile.model_path(), "lora_adapters": profile.adapter_paths(), "served_name": profile.served}
     )
+    process, record = _launch(profile, engine, env or {}, tied)
+    return _await_ready(record, process, engine, cancel)
 
+
+def _launch(
+    profile: Profile, engine: Engine, env: dict[str, str], tied: bool
+) -> tuple[subprocess.Popen[bytes], ServerRecord]:
+    """The server's process, started in its own session with its log, and its record written."""
+    name = profile.handle
     workdir = server_dir(name)
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "server.log"
     engine.prepare(profile, workdir)
     command = engine.command(profile, workdir)
-    environment = {**engine_env(profile), **(env or {})}
+    environment = {**engine_env(profile), **env}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command,
@@ -105,7 +116,15 @@ def up(
         started_at=time.time(),
     )
     record.write()
+    return process, record
 
+
+def _await_ready(
+    record: ServerRecord, process: subprocess.Popen[bytes], engine: Engine, cancel: threading.Event | None
+) -> ServerRecord:
+    """The record once the server answers (a headless node: once it has run HEADLESS_SETTLE_S); the server stopped
+    and a ServeError with its log's tail when it exits, does not answer in time, or is cancelled."""
+    profile, name, log_path = record.profile, record.profile.handle, Path(record.log)
     timeout = profile.startup_timeout_s
     deadline = time.monotonic() + timeout
     settled = time.monotonic() + min(HEADLESS_SETTLE_S, timeout / 2)

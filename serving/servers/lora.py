@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 
-from cupid.common import ServeError, http_post
+from cupid.common.errors import ServeError
+from cupid.common.tls import http_post
 from cupid.serving.endpoint import bearer
 
 

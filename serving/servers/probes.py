@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from cupid.common import alive, http_get
+from cupid.common.processes import alive
+from cupid.common.tls import http_get
 from cupid.serving.endpoint import bearer
 
 if TYPE_CHECKING:

@@ -25,7 +25,9 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, ValidationInfo, model_validator
 
-from cupid.common import PREPARED, ConfigError, ServeError, locate, prepared_model, read_yaml, validate
+from cupid.common.config import ConfigError, locate, read_yaml, validate
+from cupid.common.errors import ServeError
+from cupid.common.files import PREPARED, prepared_model
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import Hint, how_to_start, local
 from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cupid.common import LOG_TAIL, ServeError
+from cupid.common.errors import LOG_TAIL, ServeError
 
 if TYPE_CHECKING:
     from cupid.serving.servers.profiles import Profile

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from cupid.common import state_dir
+from cupid.common.files import state_dir
 from cupid.serving.servers.profiles import AS_SERVED, Profile
 
 

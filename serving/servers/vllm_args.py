@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
-from cupid.common import ServeError
+from cupid.common.errors import ServeError
 
 
 class VllmProfile(Protocol):

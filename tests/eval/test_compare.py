@@ -9,10 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import INFERENCE, RunConfig, UnitRecord, run
-from cupid.eval.results import EXIT_NO_VERDICT, EXIT_REGRESSION
-from cupid.matcher import MatchCounts, macro, micro
-from tests.conftest import sample_copies, write_endpoints
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.tasks import INFERENCE
+from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
+from cupid.matcher.scores import MatchCounts, macro, micro
+from tests.helpers import sample_copies, write_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +132,7 @@ SOME = r"\(case sample-\d+-(0|1|2|3)\)"  # 4 copies of 4 personas: 16 of 108 ans
 
 
 def instant_with(*args):
-    from cupid.serving.servers import start as start_instant
+    from cupid.serving.servers.instant import start as start_instant
 
     return start_instant(*args)
 
@@ -320,9 +322,7 @@ def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
         ),
     ],
 )
-def test_a_comparison_that_is_not_the_same_evaluation_has_no_verdict_unless_accepted_by_name(
-    gate_runs, b, reason, option
-):
+def test_different_evaluations_have_no_verdict_unless_accepted_by_name(gate_runs, b, reason, option):
     result, comparison = gate(gate_runs["a"], gate_runs[b])
     assert result.exit_code == EXIT_NO_VERDICT, result.output
     assert any(why.startswith(reason) for why in comparison["no_verdict"]), comparison["no_verdict"]

@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cupid.eval.benchmark import DataError, data
+from cupid.eval.benchmark import data
+from cupid.eval.benchmark.data import DataError
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ drift."""
 import typer.main
 
 from cupid.cli import app
-from cupid.eval.benchmark import RunConfig
+from cupid.eval.benchmark.runner import RunConfig
 
 RUN = typer.main.get_command(app).commands["eval"].commands["run"]  # type: ignore[attr-defined]
 OPTIONS = {p.name: p for p in RUN.params}
@@ -26,12 +26,12 @@ def test_option_names_and_kinds_stay_as_they_were():
     assert "GPU" not in OPTIONS["executor"].help and "CPU" in OPTIONS["executor"].help  # vllm-offline runs on CPU too
 
 
-def test_a_cache_is_spelled_one_way_and_the_old_no_cache_still_works_with_its_new_name(tmp_path):
+def test_a_cache_is_spelled_one_way_the_old_no_cache_read_as_the_new_name(tmp_path):
     """A path, `default`, or null (none): the same in a run config as in `cupid.evaluate`, PrefMatcher and the
     reward; the old `no_cache: true` still turns it off, with a warning naming `cache: null`."""
     import pytest
 
-    from cupid.serving import cache_path
+    from cupid.serving.cache import cache_path
 
     roles = {"candidate": "c", "decomposer": "d", "matcher": "m"}
     assert RunConfig(**roles).cache == "default" and cache_path("default").name == "cache.sqlite"

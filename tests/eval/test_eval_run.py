@@ -6,10 +6,13 @@ import subprocess
 
 import pytest
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import InferenceFigures, Requests, RunConfig, UnitRecord, dry_run, run
-from cupid.matcher import MatchCounts, macro, micro
-from tests.conftest import REPO, write_endpoints
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.figures import InferenceFigures
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.runner import RunConfig, dry_run, run
+from cupid.eval.benchmark.summary import Requests
+from cupid.matcher.scores import MatchCounts, macro, micro
+from tests.helpers import REPO, write_endpoints
 
 
 def config(endpoints, tmp_path, **kw) -> RunConfig:
@@ -150,8 +153,8 @@ def test_a_candidates_failures_are_recorded_counted_and_kept_out_of_the_figures(
     """Deterministic: the instant server as a candidate that states no preference for one persona (its three
     instances) and answers the other's: three units failed at parse_preference with their raw answers, three scored,
     and the run's figures are the scored three's."""
-    from cupid.serving.servers import start as start_instant
-    from tests.conftest import sample_copies
+    from cupid.serving.servers.instant import start as start_instant
+    from tests.helpers import sample_copies
 
     proc, url = start_instant("--no-preference-for", r"\(case sample-01-0\)")
     try:

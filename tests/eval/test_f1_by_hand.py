@@ -23,8 +23,8 @@ import json
 
 import pytest
 
-from cupid.eval.benchmark import RunConfig, run
-from tests.conftest import write_endpoints
+from cupid.eval.benchmark.runner import RunConfig, run
+from tests.helpers import write_endpoints
 
 INFERRED = [
     "Does the response satisfy: Updates should be brief?",

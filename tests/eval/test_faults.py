@@ -11,9 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import DiskFull, hold
-from cupid.eval.benchmark import RunConfig, RunDir, run
-from tests.conftest import REPO, write_endpoints
+from cupid.common.files import DiskFull, hold
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, run
+from tests.helpers import REPO, write_endpoints
 
 
 @pytest.fixture
@@ -83,9 +84,7 @@ def test_two_runs_at_once_share_one_cache_and_lose_no_entry(instant_endpoints, t
     )  # every answer either run got is in the cache
 
 
-def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_holders_lock_is_taken_over(
-    instant_endpoints, tmp_path, cupid_home
-):
+def test_a_second_run_on_a_held_directory_is_refused_naming_the_holder(instant_endpoints, tmp_path, cupid_home):
     out, cache = tmp_path / "run", tmp_path / "cache.sqlite"
     out.mkdir()  # an existing run directory (one that `hold` creates and leaves empty, it removes)
     with hold(out):  # a run of this process holds the directory
@@ -94,6 +93,10 @@ def test_a_second_run_on_a_directory_is_refused_naming_the_holder_and_a_dead_hol
     assert f"{out} is in use by another run (pid {os.getpid()};" in result.output
     assert not (out / "instances.jsonl").exists()  # refused before anything ran
 
+
+def test_the_lock_a_dead_run_left_is_taken_over_saying_so(instant_endpoints, tmp_path, cupid_home):
+    out, cache = tmp_path / "run", tmp_path / "cache.sqlite"
+    out.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / ".lock").write_text(f"{dead.pid}\n")  # what a killed run leaves (the kernel already dropped its flock)

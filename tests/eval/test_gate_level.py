@@ -5,7 +5,8 @@ Its own file, so that it runs beside test_stats.py's simulations on another work
 import numpy as np
 import pytest
 
-from cupid.eval.benchmark import paired, stats
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.stats import paired
 from tests.eval.test_stats import headline, heavy_tailed, micro_f1, simulate
 
 pytestmark = pytest.mark.slow  # ~45 s: the whole suite runs it, `make check` does not

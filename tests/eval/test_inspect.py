@@ -18,11 +18,17 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import INFERENCE, MIN_PERSONAS, RunConfig, RunDir, UnitRecord, build_tasks, load
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.data import load
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, build_tasks
+from cupid.eval.benchmark.stats import MIN_PERSONAS
+from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations import inspect_tasks
-from cupid.serving import Client, load_endpoints
-from tests.conftest import write_endpoints
+from cupid.serving.client import Client
+from cupid.serving.registry import load_endpoints
+from tests.helpers import write_endpoints
 
 if TYPE_CHECKING:
     from inspect_ai.log import EvalLog  # imported where read: inspect_ai takes ~1 s to import
@@ -134,7 +140,7 @@ def test_inspect_finds_the_tasks_and_scores_each_sample_as_cupid_eval_run_does(b
     assert not [name for name in metrics if name.endswith(("_low", "_high"))]
 
 
-def test_a_failed_stage_is_an_unscored_sample_with_its_reason_counted_out_as_the_cli_counts_it(both_ways):
+def test_a_failed_stage_is_an_unscored_sample_counted_as_the_cli_counts_it(both_ways):
     generation = logs(both_ways / "logs")["cupid/generation"]
     cli = {(r.key, r.task): r for r in RunDir(both_ways / "run").read()}
     summary = json.loads((both_ways / "run" / "summary.json").read_text())["generation"]
@@ -261,7 +267,7 @@ def test_the_summary_setting_asks_the_candidate_with_the_runners_summaries(tmp_p
     )  # the summaries, the judge
 
 
-def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_arguments():
+def test_a_task_asks_the_runners_prompt_with_the_shipped_judges():
     built = inspect_tasks.inference(setting="oracle", types=["changing", "contrastive"])
     meta = built.metadata["cupid"]
     assert meta["roles"] == {
@@ -279,12 +285,15 @@ def test_a_task_asks_the_runners_prompt_with_the_shipped_judges_and_refuses_bad_
     for sample in built.dataset:  # the request the runner sends, message for message
         sent = runner.plain_request(instances[sample.id], "oracle").body()["messages"]
         assert [(m.role, m.text) for m in sample.input] == [(m["role"], m["content"]) for m in sent]
-    # the summary setting takes the shipped run's summarizer; a setting or type the task has not is refused
+    # the summary setting takes the shipped run's summarizer
     assert (
         inspect_tasks.inference(setting="summary")
         .metadata["cupid"]["roles"]["summarizer"]
         .startswith("qwen2.5-7b-instruct")
     )
+
+
+def test_a_task_refuses_a_setting_or_instance_type_it_has_not():
     with pytest.raises(ConfigError, match="oracle-preference"):
         inspect_tasks.inference(setting="oracle-preference")
     with pytest.raises(ConfigError, match="sometimes"):

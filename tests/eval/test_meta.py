@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError
-from cupid.eval.results import (
+from cupid.common.config import ConfigError
+from cupid.eval.results.meta import (
     agree,
     canonical_label,
     correlate,

@@ -10,12 +10,16 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError
-from cupid.eval.benchmark import Interval, Requests, stats
-from cupid.eval.results import Leaderboard, leaderboard
-from cupid.eval.workflows import nightly, run_nightly
-from cupid.serving.servers import start as start_instant
-from tests.conftest import sample_copies, write_endpoints
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.summary import Requests
+from cupid.eval.results import leaderboard
+from cupid.eval.results.leaderboard import Leaderboard
+from cupid.eval.workflows import nightly
+from cupid.eval.workflows.nightly import run_nightly
+from cupid.serving.servers.instant import start as start_instant
+from tests.helpers import sample_copies, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
 
@@ -245,14 +249,16 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
     assert set(board["with_failures"]) == {"untrained", "misnamed", "no-such-endpoint"}
 
 
-def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_night_with_its_reason(
-    tmp_path, instant_url, cupid_home
-):
-    from cupid.common import hold
-
+def _instant_suite(tmp_path, instant_url):
     endpoints = write_endpoints(tmp_path / "ep.yaml", instant={"base_url": instant_url, "model": "instant"},
                                 pm={"base_url": instant_url, "model": "local-prefmatcher"})  # fmt: skip
-    config = suite(tmp_path, "n", endpoints, ["instant"])
+    return suite(tmp_path, "n", endpoints, ["instant"])
+
+
+def test_a_night_already_running_is_not_run_twice(tmp_path, instant_url, cupid_home):
+    from cupid.common.files import hold
+
+    config = _instant_suite(tmp_path, instant_url)
     with (
         hold(tmp_path / "nightly" / "2025-03-01"),  # tonight's night, started by the first cron run
         pytest.raises(ConfigError, match=r"2025-03-01 is in use by another run \(pid \d+"),
@@ -260,6 +266,9 @@ def test_a_night_already_running_is_not_run_twice_and_a_bad_cache_stops_the_nigh
         run_nightly(config, "2025-03-01")
     assert not (tmp_path / "nightly" / "2025-03-01" / "leaderboard.json").exists()  # the running night's to write
 
+
+def test_a_bad_cache_stops_the_night_with_its_reason(tmp_path, instant_url, cupid_home):
+    config = _instant_suite(tmp_path, instant_url)
     (tmp_path / "cache.sqlite").write_text("not a cache")
     with pytest.raises(ConfigError, match="request cache"):
         run_nightly(config, "2025-03-02")
@@ -387,7 +396,7 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
 
 
 @pytest.mark.slow  # ~40 s (three nights of 20 candidates): the whole suite runs it, `make check` does not
-def test_a_night_of_twenty_candidates_resolves_every_p_value_and_a_skipped_night_keeps_the_baseline(
+def test_twenty_candidates_resolve_every_p_value_a_skipped_night_keeps_its_baseline(
     tmp_path, instant_url, drifted_url, cupid_home
 ):
     """20 candidates, both tasks, 80 personas: 18 that never change, one that collapses on night 3, and one that

@@ -6,18 +6,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from cupid.eval.benchmark import (
-    GenerationScorer,
-    InferenceScorer,
-    MatchItem,
-    RecordError,
-    RunDir,
-    Scoring,
-    StageError,
-    UnitRecord,
-)
 from cupid.eval.benchmark import data as cupid_data
-from cupid.serving import Endpoint, RequestFailed
+from cupid.eval.benchmark.generation import GenerationScorer
+from cupid.eval.benchmark.inference import InferenceScorer
+from cupid.eval.benchmark.records import RecordError, Scoring, StageError, UnitRecord
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.matcher.parse import MatchItem
+from cupid.serving.client import RequestFailed
+from cupid.serving.endpoint import Endpoint
 
 
 @dataclass

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import write_atomic
-from cupid.eval.benchmark import RunConfig, run
-from cupid.eval.results import build
-from tests.conftest import sample_copies, write_endpoints
+from cupid.common.files import write_atomic
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.results.report import build
+from tests.helpers import sample_copies, write_endpoints
 from tests.run_records import generation, inference, scoring, write_run
 
 IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)">')

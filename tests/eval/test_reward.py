@@ -9,12 +9,13 @@ import pickle
 import pytest
 
 import cupid
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RunConfig, RunDir, dry_run, run
-from cupid.matcher import PREFERENCE_HEADER
-from cupid.serving import Endpoint
-from cupid.serving.servers import PREFERENCE as INSTANT_PREFERENCE
-from cupid.serving.servers import free_port
+from cupid.common.config import ConfigError
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.runner import RunConfig, dry_run, run
+from cupid.matcher.parse import PREFERENCE_HEADER
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers.instant import PREFERENCE as INSTANT_PREFERENCE
+from cupid.serving.servers.ports import free_port
 
 N = 3
 
@@ -211,12 +212,10 @@ def test_the_datasets_prompts_are_the_runners_requests(tmp_path, instant_url):
     )
 
 
-def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_the_judges_failed(
-    scored, instant_url, tmp_path
-):
+def test_the_format_reward_grades_the_form_of_what_the_judges_scored(scored, instant_url, tmp_path):
     from trl.trainer.utils import get_callable_name
 
-    from cupid.eval.integrations import format_reward
+    from cupid.eval.integrations.reward import format_reward
 
     records, _, decomposer, _ = scored
     dataset = cupid.reward_dataset("sample", limit=4)
@@ -263,8 +262,8 @@ def test_the_format_reward_grades_the_form_shares_the_scoring_and_is_none_where_
 
 
 def test_every_reward_a_task_declares_has_its_function_named_as_trl_logs_it():
-    from cupid.eval.benchmark import TASKS
-    from cupid.eval.integrations import FUNCTIONS
+    from cupid.eval.benchmark.tasks import TASKS
+    from cupid.eval.integrations.reward import FUNCTIONS
 
     declared = {(spec.name, metric) for spec in TASKS.values() for metric in spec.reward_metrics}
     assert set(FUNCTIONS) == declared

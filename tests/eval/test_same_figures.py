@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from cupid.eval.benchmark import TASKS, RunDir, Summary, summarize
+from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.summary import Summary, summarize
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import meta, report
 from cupid.eval.workflows import nightly
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
-from cupid.eval.benchmark import holm, intervals, mean_score, paired, prf, prf_row, stats
-from cupid.matcher import MatchCounts, macro, micro
+from cupid.eval.benchmark import stats
+from cupid.eval.benchmark.stats import holm, intervals, mean_score, paired, prf, prf_row
+from cupid.matcher.scores import MatchCounts, macro, micro
 
 PERFECT = MatchCounts(2.0, 2, 3.0, 3)  # P = R = F1 = 1
 MISSED = MatchCounts(0.0, 2, 0.0, 3)  # P = R = F1 = 0
@@ -42,7 +43,7 @@ def mean_interval(values, personas=None, **kw):
     return intervals(personas, np.array([[v, 1.0] for v in values]), mean_score, **kw).get("mean_score")
 
 
-def test_two_personas_give_the_hand_computed_interval_whatever_their_number_of_instances():
+def test_two_personas_give_the_hand_computed_interval_whatever_their_size():
     # Resampling {0, 1} twice: the mean is 0, 0.5 or 1 with probability 1/4, 1/2, 1/4.
     # 95% percentile interval: [0, 1]. 40% interval (30th..70th percentile): both ends inside the 1/2 mass.
     assert mean_interval([0.0, 1.0]).as_dict() == {"estimate": 0.5, "low": 0.0, "high": 1.0, "n": 2, "personas": 2}
@@ -270,8 +271,9 @@ def scores(rng, n_personas, lower=0.0):
 
 def every_setting(rng, drop=0.0, lower=0.0):
     """The rows of one comparison of two whole runs (inference in 3 settings, generation in 4), adjusted."""
-    from cupid.eval.benchmark import GENERATION, INFERENCE, INSTANCE_TYPES
-    from cupid.eval.results import adjust, task_rows
+    from cupid.eval.benchmark.data import INSTANCE_TYPES
+    from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
+    from cupid.eval.results.compare import adjust, task_rows
 
     names = [f"p{i:03d}" for i in np.repeat(np.arange(N_PERSONAS), PER_PERSONA)]
     types = list(INSTANCE_TYPES) * N_PERSONAS
@@ -286,7 +288,7 @@ def every_setting(rng, drop=0.0, lower=0.0):
     return rows
 
 
-def test_holm_over_a_whole_comparison_reaches_significance_and_holds_the_family_wise_level():
+def test_holm_over_a_whole_comparison_has_power_at_the_family_wise_level():
     rng = np.random.default_rng(4646)
     _, big_a, _ = simulate(rng, 100_000)
     drop = 0.10 / micro_f1(big_a)  # B's micro F1 10 points lower (micro F1 scales with the matched mass)

@@ -6,12 +6,13 @@ import sqlite3
 
 import pytest
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RunConfig, dry_run, relevant_sessions, run
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.history import relevant_sessions
+from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.matcher import prompts
-from cupid.serving.servers import start as start_instant
-from tests.conftest import TINY_NAME, write_endpoints
+from cupid.serving.servers.instant import start as start_instant
+from tests.helpers import TINY_NAME, write_endpoints
 
 SETTINGS = ["standard", "oracle", "oracle-preference", "summary"]
 

@@ -16,8 +16,11 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import GENERATION, INFERENCE, INSTANCE_TYPES, MIN_PERSONAS, UnitRecord
-from tests.conftest import REPO, sample_copies, write_endpoints
+from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.records import UnitRecord
+from cupid.eval.benchmark.stats import MIN_PERSONAS
+from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
+from tests.helpers import REPO, sample_copies, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
 EXPERIMENT = "cupid-tests"
@@ -64,9 +67,7 @@ def expected_metrics(summary: dict) -> dict[str, float]:
     return expected
 
 
-def test_a_tiny_run_tracked_in_mlflow_holds_its_files_and_logging_it_again_keeps_one_run(
-    tmp_path, tiny_server, mlflow_store, cupid_home
-):
+def test_a_tiny_run_tracked_in_mlflow_twice_is_one_run_with_its_files(tmp_path, tiny_server, mlflow_store, cupid_home):
     mlflow = mlflow_store
     endpoints = write_endpoints(
         tmp_path / "ep.yaml",
@@ -201,7 +202,7 @@ def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_pat
 
 
 def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_url, mlflow_store, cupid_home):
-    from cupid.eval.workflows import run_nightly
+    from cupid.eval.workflows.nightly import run_nightly
 
     mlflow = mlflow_store
     endpoints = write_endpoints(
@@ -232,7 +233,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
         json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text()),
     ]
     runs = mlflow.search_runs(experiment_names=[EXPERIMENT], order_by=["tags.`cupid.night` ASC"])
-    assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"])) == [
+    assert sorted(zip(runs["tags.cupid.night"], runs["tags.cupid.candidate"], strict=True)) == [
         ("2025-03-01", "instant"),
         ("2025-03-01", "untrained"),
         ("2025-03-02", "instant"),
@@ -271,9 +272,10 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
 
 
 def test_a_served_profile_fingerprint_changes_with_its_fields_and_its_weights(tmp_path):
-    from cupid.eval.benchmark import Summary
-    from cupid.eval.results import of_run
-    from cupid.serving.fleet import ServedModel, profile_fingerprints
+    from cupid.eval.benchmark.summary import Summary
+    from cupid.eval.results.track import of_run
+    from cupid.serving.fleet.on_demand import ServedModel
+    from cupid.serving.fleet.run_servers import profile_fingerprints
 
     model = tmp_path / "model"
     model.mkdir()

@@ -16,10 +16,10 @@ from playwright.sync_api import expect
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.eval.benchmark import RunConfig, run
+from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.results import report
 from cupid.eval.results.view import build
-from tests.conftest import REPO, write_endpoints
+from tests.helpers import REPO, write_endpoints
 from tests.run_records import inference, write_run
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -1,6 +1,7 @@
 import pytest
 
-from cupid.matcher import ParseError, parse
+from cupid.matcher import parse
+from cupid.matcher.parse import ParseError
 
 ITEMS = ["Is the tone stern?", "Is the tone direct?", "Are deadlines stated?"]
 

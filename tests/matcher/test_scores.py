@@ -1,6 +1,6 @@
 import pytest
 
-from cupid.matcher import MatchCounts, macro, micro
+from cupid.matcher.scores import MatchCounts, macro, micro
 
 F, P, N = "Fully Covered", "Partially Covered", "Not Covered"
 

@@ -8,13 +8,16 @@ import re
 
 import pytest
 
-from cupid.common import ConfigError
-from cupid.eval.benchmark import RunConfig, constraint, run
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.runner import RunConfig, run
+from cupid.eval.benchmark.stages import constraint
 from cupid.matcher import parse, prompts, schemas
-from cupid.serving import Client, Endpoint, load_endpoints
-from cupid.training import completion_text
-from tests.conftest import REPO, write_endpoints
+from cupid.serving.client import Client
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import load_endpoints
+from cupid.training.examples import completion_text
+from tests.helpers import REPO, write_endpoints
 
 ITEMS = ["Is the plan short?", 'Does it say "hi"?', "Is the tone polite, même en français?"]
 
@@ -28,7 +31,10 @@ def admits(fields: dict, text: str) -> bool:
 
 
 def labelled(labels):
-    return [{"index": i, "entry": item, "label": label} for i, (item, label) in enumerate(zip(ITEMS, labels), start=1)]
+    return [
+        {"index": i, "entry": item, "label": label}
+        for i, (item, label) in enumerate(zip(ITEMS, labels, strict=True), start=1)
+    ]
 
 
 def test_prefmatcher_pattern_keeps_the_fence_it_was_trained_to_write():
@@ -156,7 +162,7 @@ def test_every_role_held_to_its_format_on_the_real_tiny_model(tiny_server):
                 *[client.chat("t", messages, **fields) for messages, fields, _ in asks.values()]
             )
 
-    answers = dict(zip(asks, asyncio.run(ask_all())))
+    answers = dict(zip(asks, asyncio.run(ask_all()), strict=True))
     for role, answer in answers.items():
         assert answer.finish_reason == "stop", (role, answer.content)
         asks[role][2](answer.content)  # raises ParseError if it does not parse

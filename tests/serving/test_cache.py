@@ -2,7 +2,8 @@ import sqlite3
 
 import pytest
 
-from cupid.serving import SCHEMA_VERSION, Cache, Cached, CacheError, ChatRequest
+from cupid.serving.cache import SCHEMA_VERSION, Cache, Cached, CacheError
+from cupid.serving.client import ChatRequest
 
 
 def test_roundtrip_persists_in_wal_mode(tmp_path):

@@ -2,7 +2,9 @@ import asyncio
 
 import pytest
 
-from cupid.serving import Cache, Client, Endpoint, RequestFailed, classify
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client, RequestFailed, classify
+from cupid.serving.endpoint import Endpoint
 
 HELLO = [{"role": "user", "content": "hello"}]
 

@@ -1,8 +1,8 @@
 import pytest
 
-from cupid.common import ConfigError
-from cupid.serving import load_endpoints, missing_keys
-from tests.conftest import REPO, write_endpoints
+from cupid.common.config import ConfigError
+from cupid.serving.registry import load_endpoints, missing_keys
+from tests.helpers import REPO, write_endpoints
 
 
 def test_project_endpoints():

@@ -7,7 +7,7 @@ import tomllib
 
 from packaging.requirements import Requirement
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def extras(*names: str) -> list[str]:

@@ -17,9 +17,10 @@ import psutil
 import pytest
 import yaml
 
-from cupid.eval.workflows import run_nightly
-from cupid.serving.servers import free_port, probes
-from tests.conftest import RANDOM_SERVING, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
+from cupid.eval.workflows.nightly import run_nightly
+from cupid.serving.servers import probes
+from cupid.serving.servers.ports import free_port
+from tests.helpers import RANDOM_SERVING, REPO, TINY_NAME, heeds_ctrl_c, write_endpoints
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +200,7 @@ def test_a_judge_killed_mid_night_is_restarted_once_and_then_recorded_as_gone(
     candidate answered; killed again before the third, it is not restarted twice, and the third's units are
     failures that say why."""
     from cupid.eval.workflows import nightly
-    from cupid.serving.servers import start as start_instant
+    from cupid.serving.servers.instant import start as start_instant
 
     instants = [
         start_instant("--preference", f"Answers should mention {word} first.")

@@ -11,10 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError, ServeError
-from cupid.serving.fleet import SHARED_CEILING, Gpu, ServedModel, fingerprint, judge_profiles, plan_servers
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.serving.fleet.gpu_memory import Gpu
+from cupid.serving.fleet.on_demand import ServedModel, fingerprint
+from cupid.serving.fleet.placement import SHARED_CEILING
+from cupid.serving.fleet.run_servers import judge_profiles, plan_servers
 from cupid.serving.servers.vllm_args import engine_env, vllm_args, vllm_defaults
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
 JUDGES = {
@@ -54,7 +58,7 @@ def test_one_gpu_candidates_take_turns_beside_the_judges_with_the_memory_they_le
     assert plan.problems == []
 
 
-def test_two_gpus_judges_on_the_first_candidates_in_turn_on_the_second_with_all_of_it():
+def test_two_gpus_put_judges_on_the_first_and_candidates_in_turn_on_the_second():
     plan = plan_servers(JUDGES, candidates(3), h100s(2), directory=SERVE_DIR)
     assert [j.placed.gpus for j in plan.judges] == [(0,), (0,)]
     assert [c.placed.gpus for c in plan.candidates()] == [(1,)] * 3

@@ -13,19 +13,15 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError, ServeError
-from cupid.serving.fleet import Gpu, Plan, parse_nvidia_smi
-from cupid.serving.servers import (
-    Profile,
-    ServerRecord,
-    engine_env,
-    get_engine,
-    llm_kwargs,
-    profiles,
-    state,
-    vllm_defaults,
-)
-from tests.conftest import REPO
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
+from cupid.serving.fleet.gpu_memory import Gpu, Plan, parse_nvidia_smi
+from cupid.serving.servers import profiles, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.state import ServerRecord
+from cupid.serving.servers.vllm_args import engine_env, llm_kwargs, vllm_defaults
+from tests.helpers import REPO
 
 SERVE_DIR = REPO / "configs" / "serve"
 H100 = [Gpu(0, "NVIDIA H100 80GB HBM3", 81559, 0)]
@@ -246,7 +242,7 @@ def test_any_vllm_argument_reaches_the_command_and_vllms_parser_checks_it_at_loa
     assert len(list((tmp_path / "cache" / "cupid" / "vllm-args").iterdir())) == 1  # refusals are not remembered
 
 
-def test_every_shipped_profile_builds_the_command_line_it_built_before_the_vllm_mapping(shipped):
+def test_every_shipped_profile_builds_its_command_line_from_before_the_mapping(shipped):
     """The shipped profiles, rewritten with `vllm:`, start vLLM exactly as before (flags in any order): recorded
     from the earlier form in tests/data/serve_commands_before_vllm_mapping.json."""
     from dataclasses import fields
@@ -600,7 +596,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
 
 def test_a_headless_node_counts_as_started_while_it_runs_and_is_never_an_endpoint(cupid_home, monkeypatch):
     """No vLLM here: an engine whose "server" only sleeps (as a headless node, it answers nothing)."""
-    from cupid.serving.servers import Engine, free_port, lifecycle, state
+    from cupid.serving.servers import lifecycle, state
+    from cupid.serving.servers.engines import Engine
+    from cupid.serving.servers.ports import free_port
 
     class Sleeper(Engine):
         name = "sleeper"

@@ -18,17 +18,22 @@ import yaml
 from typer.testing import CliRunner
 
 from cupid.cli import app
-from cupid.common import ConfigError, ServeError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.matcher import schemas
-from cupid.serving import Cache, Client, Endpoint, RequestFailed, offline
-from cupid.serving.servers import Profile, lifecycle, ports, server_log, state, watchdog
-from tests.conftest import (
+from cupid.serving import executors, offline
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client, RequestFailed
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers import lifecycle, ports, server_log, state, watchdog
+from cupid.serving.servers.ports import free_port
+from cupid.serving.servers.profiles import Profile
+from tests.helpers import (
     RANDOM_KV_GIB,
     RANDOM_RESERVED_CORES,
     RANDOM_SERVING,
     REPO,
     TINY_NAME,
-    free_port,
     tiny_lora_rank,
 )
 
@@ -212,7 +217,7 @@ def test_a_killed_process_leaves_no_server_behind(cupid_home, tiny_profile, tmp_
     assert gone(tree), f"still running: {[p for p in tree if psutil.pid_exists(p)]}"
 
 
-def test_the_watchdog_gives_a_server_that_answered_its_full_grace_and_one_still_starting_the_short_one():
+def test_the_watchdog_grace_is_full_once_a_server_answered_short_while_starting():
     """When its owner ends, the watchdog SIGTERMs the server's group, then SIGKILLs what is left after the grace: the
     long one (15 s) only where the owner wrote `ready` (the server answered), the starting grace (here 0.5 s)
     otherwise. The group here ignores SIGTERM, as vLLM's engine does while it is being built."""
@@ -324,11 +329,11 @@ def test_cpu_environment_imports_transformers_cleanly_beside_vllms_cpu_build():
 def test_offline_executor_names(tmp_path):
     endpoints = {"prefmatcher": Endpoint(base_url="http://localhost:8000/v1", model="kixlab/prefmatcher-7b")}
     with pytest.raises(ConfigError, match="unknown executor 'vllm'.*http, vllm-offline, transformers-offline"):
-        offline.open_client("vllm", endpoints)
+        executors.open_client("vllm", endpoints)
     with pytest.raises(
         ConfigError, match="profile 'prefmatcher' runs on cuda, but this environment has vLLM's cpu build"
     ):
-        offline.open_client("vllm-offline", endpoints)
+        executors.open_client("vllm-offline", endpoints)
 
 
 def test_request_fields_map_to_sampling_params_or_fail_clearly():
@@ -426,7 +431,7 @@ def test_offline_client_batches_dedups_and_shares_the_http_cache(tmp_path, rando
     structured = schemas.matcher("prefmatcher", ["a?", "b?"])
 
     async def offline_run():
-        client = offline.open_client("transformers-offline", endpoints, cache, profiles_dir=profiles_dir)
+        client = executors.open_client("transformers-offline", endpoints, cache, profiles_dir=profiles_dir)
         try:
             jobs = [client.chat("tiny", q) for q in questions + questions[:2]]
             jobs.append(client.chat("tiny", questions[0], **structured))

@@ -2,9 +2,9 @@
 the server outliving that command, `status`, `up` again, the live endpoint a run resolves, a request, `logs`, the GPU
 smoke script on the running server, then `down`, which stops the engine processes too.
 
-The suite ties every server it starts to its own process (CUPID_TIE_SERVERS=1, tests/conftest.py); this test starts
-one without that tie, and stops it in a `finally` (by its process group where `down` could not), so that none
-outlives the suite.
+The suite ties every server it starts to its own process (CUPID_TIE_SERVERS=1, tests/plugins/session_server.py);
+this test starts one without that tie, and stops it in a `finally` (by its process group where `down` could not), so
+that none outlives the suite.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import httpx
 import psutil
 import yaml
 
-from cupid.serving import Client
+from cupid.serving.client import Client
 from cupid.serving.servers import lifecycle
-from tests.conftest import REPO, free_port, running_in_group
+from cupid.serving.servers.ports import free_port
+from tests.helpers import REPO, running_in_group
 
 CUPID = [sys.executable, "-m", "cupid"]
 
@@ -55,9 +56,7 @@ def _answers(url: str) -> list[str] | None:
     return [m["id"] for m in response.json()["data"]] if response.status_code == 200 else None
 
 
-def test_a_server_from_up_to_down_outlives_its_command_and_serves_runs_and_the_smoke_script(
-    tiny_profile, cupid_home, tmp_path
-):
+def test_a_served_model_lives_from_up_to_down_across_commands(tiny_profile, cupid_home, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
     # the shipped tiny profile on the random-weight model, on a port of its own, named apart from its served name

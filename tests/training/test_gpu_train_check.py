@@ -16,7 +16,7 @@ import sys
 
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_train_check.py"
 

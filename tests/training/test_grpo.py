@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark import data as cupid_data
-from cupid.matcher import PREFERENCE_HEADER
-from tests.conftest import REPO, tiny_lora_rank, write_endpoints
+from cupid.matcher.parse import PREFERENCE_HEADER
+from tests.helpers import REPO, tiny_lora_rank, write_endpoints
 
 
 def short_sample(path):
@@ -201,7 +201,7 @@ def test_dry_run_checks_the_grpo_arguments_with_trl(tmp_path, instant_url):
 
 
 def test_a_run_that_learnt_nothing_says_why():
-    from cupid.training import learnt
+    from cupid.training.grpo import learnt
 
     alike = [{"frac_reward_zero_std": 1.0, "loss": 0.0}, {"frac_reward_zero_std": 1.0}]
     assert "every group's rewards were all alike" in learnt(alike, changed=4)
@@ -263,12 +263,13 @@ def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refuse
     assert missing.exit_code == 2 and "judges_gpu 1: the recipe has 1 GPU(s)" in missing.output
 
 
-def test_the_policys_training_memory_is_computed_from_the_recipe_and_matches_the_h100():
+def test_the_policys_training_memory_from_the_recipe_matches_the_h100():
     """The estimate from the 7B shape, LoRA r 16, 8 sequences of the sample's ~1.4k tokens (384 of them the
     completion) and checkpointing is within 10% above the 25.3 GiB an H100 measured (scripts/gpu_train_check.py); it
     grows with what it is computed from, and a policy of unknown shape is refused with the way out."""
-    from cupid.common import ConfigError
-    from cupid.training import QWEN_7B, grpo_memory, policy_estimate
+    from cupid.common.config import ConfigError
+    from cupid.training import grpo_memory
+    from cupid.training.grpo_memory import QWEN_7B, policy_estimate
 
     measured = policy_estimate(QWEN_7B, lora_r=16, batch=8, prompt_tokens=1400 - 384, completion_tokens=384,
                                checkpointing=True).gib  # fmt: skip
@@ -307,7 +308,7 @@ def test_generation_through_a_vllm_trl_does_not_support_is_refused_with_the_way_
     assert grpo.vllm_unsupported() is not None  # TRL's own word, read the same way twice (its warning is not once-only)
 
 
-def test_a_plan_with_the_trainers_peak_given_needs_no_prompt_length_and_one_without_either_is_refused():
+def test_a_memory_plan_needs_the_trainers_peak_or_a_prompt_length():
     from pydantic import ValidationError
 
     from cupid.training.grpo_memory import MemoryPlan, policy_gib

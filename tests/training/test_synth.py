@@ -22,46 +22,23 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import Message
 from cupid.matcher import prompts, schemas
-from cupid.serving import Cache, Client, load_endpoints
-from cupid.serving.servers import free_port
-from cupid.training.synth import (
-    FINAL,
-    PAIR,
-    Asker,
-    Factor,
-    MaxTokens,
-    Message,
-    PersonaRecord,
-    SessionRecord,
-    StepFailed,
-    SynthConfig,
-    SynthesisDir,
-    Turn,
-    changed_shape,
-    checklist_shape,
-    draw_choices,
-    factor_shape,
-    judge_shape,
-    layout,
-    message_shape,
-    parse,
-    persona_id,
-    pick_unmet,
-    prior_positions,
-    read_checklist,
-    read_description,
-    reply_shape,
-    request_shape,
-    rows,
-    run,
-    score,
-    tables,
-    template,
-    validated,
-)
-from cupid.training.synth import shape as persona_shape
-from tests.conftest import write_endpoints
+from cupid.serving.cache import Cache
+from cupid.serving.client import Client
+from cupid.serving.registry import load_endpoints
+from cupid.serving.servers.ports import free_port
+from cupid.training.synth import parse, tables
+from cupid.training.synth.ask import Asker, StepFailed
+from cupid.training.synth.config import MaxTokens, SynthConfig
+from cupid.training.synth.dialogue import Turn, judge_shape, message_shape, pick_unmet, reply_shape, score
+from cupid.training.synth.factors import PAIR, Factor, changed_shape, checklist_shape, factor_shape, read_checklist
+from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, prior_positions, rows, validated
+from cupid.training.synth.personas import read_description, template
+from cupid.training.synth.personas import shape as persona_shape
+from cupid.training.synth.pipeline import SynthesisDir, persona_id, run
+from cupid.training.synth.sessions import FINAL, layout, request_shape
+from tests.helpers import write_endpoints
 
 REPO = Path(__file__).resolve().parents[2]
 ATTRS = tables.attributes()
@@ -602,7 +579,7 @@ def test_every_step_asks_for_its_shape_where_the_endpoint_enforces_it(tmp_path, 
         assert len(bodies) > 40  # persona, 8 factors, changed preference, 9 checklists, 13 requests, dialogues
         if structured:
             regexes = [b["structured_outputs"]["regex"] for b in bodies]
-            assert all(b["max_tokens"] >= schemas.width(r) for b, r in zip(bodies, regexes))
+            assert all(b["max_tokens"] >= schemas.width(r) for b, r in zip(bodies, regexes, strict=True))
             assert {r for r in regexes} >= {shaped("factor", cfg.max_tokens), shaped("judge", cfg.max_tokens)}
         else:
             assert not any("structured_outputs" in b for b in bodies)

@@ -38,15 +38,20 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cupid.cli import app as cupid_app
-from cupid.common import ConfigError, ServeError
-from cupid.eval.benchmark import DataError
+from cupid.common.config import ConfigError
+from cupid.common.errors import ServeError
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.data import DataError
 from cupid.matcher import parse, prompts
-from cupid.serving import Endpoint
-from cupid.serving.servers import free_port, get_engine, probes, state
+from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers import probes, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.ports import free_port
 from cupid.serving.servers.vllm_args import engine_env, vllm_args
-from cupid.training import LabellingError, agreement, config, export, matchdata, pipeline, sft
-from tests.conftest import REPO, TINY_NAME, running_in_group, write_endpoints
+from cupid.training import agreement, config, export, matchdata, pipeline, sft
+from cupid.training.matchdata import LabellingError
+from cupid.training.traindir import TrainDir
+from tests.helpers import REPO, TINY_NAME, running_in_group, write_endpoints
 
 TINY = REPO / "configs" / "train" / "tiny.yaml"
 
@@ -207,7 +212,7 @@ def test_export_is_a_self_contained_servable_directory(chain, random_model_dir):
     assert (cfg.out_dir / "adapter" / "adapter_model.safetensors").is_file()  # kept for --enable-lora serving
 
 
-def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_failures(chain):
+def test_check_counts_unparsed_answers_of_each_model_as_failures(chain):
     cfg, reports = chain.cfg, chain.reports
     report = reports.check
     answers = _rows(cfg.out_dir / "agreement_answers.jsonl")
@@ -242,9 +247,7 @@ def test_check_measures_base_adapter_and_export_and_counts_unparsed_answers_as_f
     )
 
 
-def test_check_loads_the_adapter_into_the_running_base_server_then_serves_the_export_and_leaves_nothing_running(
-    chain, monkeypatch
-):
+def test_check_uses_the_running_base_server_for_the_adapter_then_the_export(chain, monkeypatch):
     cfg, reports = chain.cfg, chain.reports
     monkeypatch.setenv("CUPID_HOME", str(_home(cfg)))  # where the check's own server had its record
     names = agreement.served_names(cfg)
@@ -318,7 +321,10 @@ def test_check_prints_the_agreement_it_writes_and_leaves_no_server(chain, monkey
     # the export of 4 steps on the random-weight base, unconstrained: its noise is never the matcher's JSON
     assert (trained["n_examples"], trained["n_parsed"], trained["n_failed"]) == (4, 0, 4), trained["failures"]
     answers = [json.loads(line) for line in (out / "agreement_answers.jsonl").read_text().splitlines()]
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.3f}"
+
     for which in ("base", "adapter", "trained"):
         block = report[which]
         assert sum(a["error"] is None for a in answers if a["model"] == which) == block["n_parsed"]
@@ -399,7 +405,7 @@ def test_check_running_names_a_server_that_does_not_answer_and_starts_nothing(ch
     assert not (cupid_home / "servers").exists() or not any((cupid_home / "servers").glob("*.json"))
 
 
-def test_without_a_running_server_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
+def test_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain, tmp_path):
     """What `make train` runs (no server of the base at hand): one server for base + adapter as a LoRA module, at
     --max-lora-rank of the trained adapter, then the export; each command checked as vLLM's parser reads it."""
     cfg = chain.cfg
@@ -531,7 +537,7 @@ def _write_config(path: Path, **sections) -> Path:
 def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one(tmp_path):
     """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it; an unknown name or a
     value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with TRL's message."""
-    from cupid.training import sft_config
+    from cupid.training.sft import sft_config
 
     extra = {
         "neftune_noise_alpha": 5,
@@ -604,10 +610,10 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
         config.load(_write_config(tmp_path / "owned.yaml", sft={"output_dir": "elsewhere"}))
 
 
-def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_trl_arguments():
+def test_shipped_configs_give_the_trainer_the_recipe_they_gave_before():
     """What each shipped config gave SFTConfig when `sft:` was a copy of its fields (recorded then in
     tests/data/sft_args_before_trl_passthrough.json), it gives now as TRL's own arguments."""
-    from cupid.training import sft_config
+    from cupid.training.sft import sft_config
 
     before = json.loads((REPO / "tests" / "data" / "sft_args_before_trl_passthrough.json").read_text())
     # 10 steps of 1 taught the format as 10 of 2 did, at half the cost; 4 of 1 at 6e-3 teach it as 10 of 1 at 2e-3
@@ -627,29 +633,34 @@ def test_the_shipped_configs_give_the_trainer_the_recipe_they_gave_before_the_tr
         )
 
 
-def test_the_shipped_configs_give_peft_and_bitsandbytes_the_arguments_they_gave_before_their_own_names():
+def test_shipped_configs_give_peft_and_bitsandbytes_their_previous_arguments():
     """What each shipped config gave LoraConfig and BitsAndBytesConfig when `lora:` and `quantization:` had names of
     their own (recorded then in tests/data/lora_bnb_args_before_passthrough.json), it gives now under peft's and
     bitsandbytes' names."""
     import torch
 
-    from cupid.training import bnb_config, lora_config
+    from cupid.training.base_model import bnb_config
+    from cupid.training.sft import lora_config
 
     before = json.loads((REPO / "tests" / "data" / "lora_bnb_args_before_passthrough.json").read_text())
     for name, recorded in before.items():
         cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
         lora, bnb = lora_config(cfg), bnb_config(cfg, torch.float32)
-        plain = lambda v: (
-            sorted(v) if isinstance(v, set) else str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
-        )
+
+        def plain(v):
+            return (
+                sorted(v) if isinstance(v, set) else str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
+            )
+
         assert {k: plain(getattr(lora, k)) for k in recorded["LoraConfig"]} == recorded["LoraConfig"], name
         assert {k: plain(getattr(bnb, k)) for k in recorded["BitsAndBytesConfig"]} == recorded["BitsAndBytesConfig"], (
             name
         )
 
 
-def test_lora_and_quantization_are_checked_by_peft_and_against_bitsandbytes_signature(tmp_path):
-    from cupid.training import bnb_config, check, lora_config
+def test_lora_and_quantization_are_checked_by_peft_and_bitsandbytes(tmp_path):
+    from cupid.training.base_model import bnb_config
+    from cupid.training.sft import check, lora_config
 
     old = config.load(_write_config(tmp_path / "old.yaml", lora={"alpha": 16}))  # the project's old name: peft's now
     with pytest.raises(ConfigError, match=r"old\.yaml: lora: peft's LoraConfig refuses it: .*'alpha'"):
@@ -706,7 +717,7 @@ def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, ran
     shutil.copytree(cfg.out_dir / "data", copy / "data")
     (copy / "export").symlink_to(cfg.out_dir / "export", target_is_directory=True)  # the export, but no adapter/
     moved = _load(TINY, out=str(copy), base_model=str(random_model_dir))
-    assert not export.adapter_dir(moved).exists()
+    assert not TrainDir.of(moved).adapter.exists()
     with pytest.raises(
         ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"
     ):
@@ -820,7 +831,7 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
     assert not (tmp_path / "run" / "data" / "train.jsonl").exists()
 
 
-def test_the_7b_recipe_picks_its_micro_batch_by_gpu_memory_and_keeps_its_effective_batch(tmp_path):
+def test_the_7b_recipe_sizes_its_micro_batch_by_gpu_memory_at_one_effective_batch(tmp_path):
     """An 80 GB card takes 8 x 4 without checkpointing, a 24 GB one 16 x 2 with it, a smaller one (or none) the recipe
     as written; with Liger's kernels on, an H200 (>= 120 GiB) takes 16 x 2: 32 examples an optimizer step on every
     card, so the optimisation is the paper's. On each measured tier the micro-batch times the recipe's max_length stays
@@ -925,7 +936,10 @@ def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
     assert sft_config(cfg, "fp32").use_liger_kernel is False
     # An H200 where liger-kernel imports: on, and the >= 120 GiB tier measured with it; false in the config: off, and
     # the tier measured without it.
-    on_cuda = lambda c: choose_liger(c.sft.args.get("use_liger_kernel"), True, "0.8.5", c.source)
+
+    def on_cuda(c):
+        return choose_liger(c.sft.args.get("use_liger_kernel"), True, "0.8.5", c.source)
+
     monkeypatch.setattr("cupid.training.sft.liger", on_cuda)
     monkeypatch.setattr("cupid.training.sft.gpu_gib", lambda: 139.8)
     on = sft_config(cfg, "fp32")

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
 
-from cupid.eval.benchmark import constraint
+from cupid.eval.benchmark.stages import constraint
 from cupid.matcher import prompts, schemas
-from cupid.serving import Client, RequestFailed
+from cupid.serving.client import Client, RequestFailed
 from cupid.training.synth.config import Role, SynthConfig
 from cupid.training.synth.parse import Unusable, echoes, words
 

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.serving import DEFAULT as DEFAULT_CACHE
-from cupid.serving import renamed_no_cache
+from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
+from cupid.serving.cache import renamed_no_cache
 
 Role = Literal["generator", "user_simulator", "assistant_simulator"]
 
@@ -24,7 +24,7 @@ class Temperatures(BaseModel):
 
 
 class MaxTokens(BaseModel):
-    """Answer caps per step: small ones keep CPU runs short, large ones leave strong models room.
+    """Answer caps per step: small ones keep CPU runs short, large ones give strong models space.
 
     Where the endpoint enforces structured output, a step's shape is sized so that its longest answer
     fits the cap at one character per token (`matcher.schemas.constrained`): the cap is then the

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from cupid.eval.benchmark import Message
+from cupid.eval.benchmark.data import Message
 from cupid.matcher import prompts, schemas
 from cupid.training.synth.ask import Asker, all_of
 from cupid.training.synth.parse import Unusable, echoes, free_text, normalized, words, yes_no

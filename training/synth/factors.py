@@ -63,7 +63,7 @@ def draw_slots(rng: random.Random, attrs: Attributes) -> list[Slot]:
     preference_types = rng.sample(attrs.all_preference_types, N_FACTORS - 1)
     slots = [
         Slot(factor_type=f, preference_type=p, task_types=rng.sample(attrs.task_types, TASK_TYPES_PER_FACTOR))
-        for f, p in zip(factor_types, preference_types)
+        for f, p in zip(factor_types, preference_types, strict=True)
     ]
     return slots + [slots[PAIR[0]]]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from cupid.eval.benchmark import INSTANCE_TYPES, Dataset, validate_rows
-from cupid.training.synth.dialogue import Message, Turn
+from cupid.eval.benchmark.data import INSTANCE_TYPES, Dataset, Message, validate_rows
+from cupid.training.synth.dialogue import Turn
 from cupid.training.synth.factors import PAIR, Factor, Slot, draw_slots
 from cupid.training.synth.personas import Template
 from cupid.training.synth.sessions import FINAL, Positions, draw_positions
@@ -47,7 +47,7 @@ def draw_choices(seed: int, persona_id: str, attrs: Attributes) -> Choices:
     positions = draw_positions(rng, [i for i in range(len(slots)) if i not in PAIR])
     by_position = {p: current for p in positions.current_original + positions.current_changed + [positions.final]}
     by_position |= {p: contrastive for p in positions.contrastive}
-    by_position |= dict(zip(positions.other, positions.other_factors))
+    by_position |= dict(zip(positions.other, positions.other_factors, strict=True))
     task_types = {p: rng.choice(slots[by_position[p]].task_types) for p in sorted(by_position)}
     removed = {kind: sorted(rng.sample(positions.other, REMOVED_OTHERS)) for kind in ("contrastive", "changing")}
     return Choices(

@@ -53,7 +53,7 @@ def template(seed: int, i: int, attrs: Attributes, seeds: Seeds) -> Template:
         occupation=occupation,
         seed_description=description,
         career_level=cycled(seed, "career", attrs.career_levels, i),
-        personality_traits=list(zip(traits, levels)),
+        personality_traits=list(zip(traits, levels, strict=True)),
         personal_values=list(values),
         decision_style=cycled(seed, "decision", list(attrs.decision_styles), i),
     )

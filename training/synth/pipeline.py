@@ -25,20 +25,25 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cupid.common import ConfigError, quiet, write_atomic
-from cupid.eval.benchmark import OutputDir, Requests
+from cupid.common.config import ConfigError
+from cupid.common.files import write_atomic
+from cupid.common.verbosity import quiet
 from cupid.eval.benchmark import data as cupid_data
+from cupid.eval.benchmark.rundir import OutputDir
+from cupid.eval.benchmark.summary import Requests
 from cupid.matcher import prompts
-from cupid.serving import Client, load_endpoints, missing_keys, open_cache, require
+from cupid.serving.cache import open_cache
+from cupid.serving.client import Client
+from cupid.serving.registry import load_endpoints, missing_keys, require
 from cupid.training.synth import tables
 from cupid.training.synth.ask import Asker, StepFailed, all_of
 from cupid.training.synth.config import Role, SynthConfig
 from cupid.training.synth.dialogue import simulate
-from cupid.training.synth.factors import change_preference, checklist, generate_factors
-from cupid.training.synth.instances import PersonaRecord, SessionRecord, draw_choices, rows, validated
+from cupid.training.synth.factors import Factor, change_preference, checklist, generate_factors
+from cupid.training.synth.instances import Choices, PersonaRecord, SessionRecord, draw_choices, rows, validated
 from cupid.training.synth.parse import sentences
 from cupid.training.synth.personas import expand, template
-from cupid.training.synth.sessions import layout, write_requests
+from cupid.training.synth.sessions import SessionSlot, layout, write_requests
 
 ROLES: tuple[Role, ...] = ("generator", "user_simulator", "assistant_simulator")
 PROMPTS_USED = (
@@ -149,9 +154,41 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
     )
     checklists: list[list[str]] = both[0]
     requests: dict[int, str] = both[1]
-    for factor, items in zip(factors, checklists):
+    *factor_checklists, changed_checklist = checklists  # the last is the changed preference's
+    for factor, items in zip(factors, factor_checklists, strict=True):
         factor.checklist = items
-    changed_checklist = checklists[-1]
+
+    sessions = await write_sessions(asker, persona, slots, factors, requests, choices, changed, changed_checklist)
+    record = PersonaRecord(
+        persona_id=pid,
+        index=index,
+        seed=cfg.seed,
+        template=tmpl,
+        description=description,
+        choices=choices,
+        factors=factors,
+        changed_preference=changed,
+        changed_checklist=changed_checklist,
+        sessions=sessions,
+        example_copies=sorted(asker.copies),
+        raw=sorted(asker.raw, key=lambda r: (r["step"], r["attempt"])),
+    )
+    validated(record)
+    return record
+
+
+async def write_sessions(
+    asker: Asker,
+    persona: str,
+    slots: list[SessionSlot],
+    factors: list[Factor],
+    requests: dict[int, str],
+    choices: Choices,
+    changed: str,
+    changed_checklist: list[str],
+) -> list[SessionRecord]:
+    """The 13 sessions of the template: each prior session's dialogue simulated (all at once), each with its
+    factor, preference and checklist; the final session's request alone."""
 
     def preference_of(role: str, factor_index: int) -> tuple[str | None, list[str]]:
         if role == "final":
@@ -174,7 +211,7 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
             for s in prior
         )
     )
-    by_position = {s.position: d for s, d in zip(prior, dialogues)}
+    by_position = {s.position: d for s, d in zip(prior, dialogues, strict=True)}
     sessions = []
     for s in slots:
         preference, items = preference_of(s.role, s.factor_index)
@@ -194,22 +231,7 @@ async def synthesize(asker: Asker, index: int, seeds: tables.Seeds) -> PersonaRe
                 ended=ended,
             )
         )
-    record = PersonaRecord(
-        persona_id=pid,
-        index=index,
-        seed=cfg.seed,
-        template=tmpl,
-        description=description,
-        choices=choices,
-        factors=factors,
-        changed_preference=changed,
-        changed_checklist=changed_checklist,
-        sessions=sessions,
-        example_copies=sorted(asker.copies),
-        raw=sorted(asker.raw, key=lambda r: (r["step"], r["attempt"])),
-    )
-    validated(record)
-    return record
+    return sessions
 
 
 async def _run_all(

@@ -71,7 +71,9 @@ def layout(p: Positions, current: int, contrastive: int) -> list[SessionSlot]:
     slots = [SessionSlot(position=x, role="current_original", factor_index=current) for x in p.current_original]
     slots += [SessionSlot(position=x, role="current_changed", factor_index=current) for x in p.current_changed]
     slots += [SessionSlot(position=x, role="contrastive", factor_index=contrastive) for x in p.contrastive]
-    slots += [SessionSlot(position=x, role="other", factor_index=f) for x, f in zip(p.other, p.other_factors)]
+    slots += [
+        SessionSlot(position=x, role="other", factor_index=f) for x, f in zip(p.other, p.other_factors, strict=True)
+    ]
     slots.append(SessionSlot(position=p.final, role="final", factor_index=current))
     return sorted(slots, key=lambda s: s.position)
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from cupid.common import ConfigError, read_yaml, validate
+from cupid.common.config import ConfigError, read_yaml, validate
 
 DATA = resources.files(__package__) / "data"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.append(str(HERE.parents[2]))  # tests/run_records.py
 
-from cupid.eval.benchmark import TASKS, RunDir, UnitRecord, summarize
-from cupid.eval.results import meta, report
-from cupid.eval.workflows import nightly
+from cupid.eval.benchmark import TASKS, RunDir, UnitRecord, summarize  # noqa: E402 (after the path above)
+from cupid.eval.results import meta, report  # noqa: E402 (after the path above)
+from cupid.eval.workflows import nightly  # noqa: E402 (after the path above)
 
 
 def sample(path: Path) -> None:
@@ -56,7 +56,10 @@ def sample(path: Path) -> None:
 def figures(path: Path) -> None:
     run = report.load_run(path)
     records = list(RunDir(path).records().values())
-    rows = lambda rs: [{**asdict(r), "cells": {k: v and v.as_dict() for k, v in r.cells.items()}} for r in rs]
+
+    def rows(rs):
+        return [{**asdict(r), "cells": {k: v and v.as_dict() for k, v in r.cells.items()}} for r in rs]
+
     f1 = {
         f"{setting} {aggregate}{' reference' if reference else ''}": meta.run_f1(records, setting, aggregate, reference)
         for setting in ("standard", "oracle", "interleaved")

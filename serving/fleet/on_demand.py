@@ -23,20 +23,14 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cupid.common import ConfigError, ServeError, failure_line, validate
+from cupid.common.config import ConfigError, validate
+from cupid.common.errors import ServeError, failure_line
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.placement import Placed
-from cupid.serving.servers import (
-    Profile,
-    get_engine,
-    lifecycle,
-    lora,
-    lora_rank_for,
-    probes,
-    profiles,
-    server_log,
-    state,
-)
+from cupid.serving.servers import lifecycle, lora, probes, profiles, server_log, state
+from cupid.serving.servers.engines import get_engine
+from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.vllm_args import lora_rank_for
 
 
 class ServedModel(BaseModel):

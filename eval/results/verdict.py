@@ -1,0 +1,128 @@
+"""The comparison as people read it: what was compared, what differs, the rows, and the verdict's line (`cupid
+compare`, the nightly). `compare` computes the comparison; this writes it."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.results.compare import NO_ANSWER, Comparison, _units, margin_question
+
+
+def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
+    if value is None:
+        return "-"
+    digits = 1 if scale == 100 else 2
+    return f"{scale * value:{'+' if sign else ''}.{digits}f}"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}" if value >= 0.001 else "<0.001"
+
+
+def print_comparison(comparison: Comparison, console: Console) -> None:
+    """The comparison as people read it: what was compared, what differs, the rows, the verdict."""
+    c = comparison
+    console.print(f"A: {c.a}\nB: {c.b}", highlight=False)
+    if c.same_run:
+        console.print(
+            "[yellow]A and B are the same run[/yellow]: every difference is 0 by construction", highlight=False
+        )
+    console.print(
+        f"{c.matched} units compared ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B",
+        highlight=False,
+    )
+    if c.no_answer:
+        where = ", ".join(f"{n} in {side.upper()}" for side, n in sorted(c.no_answer.items()))
+        console.print(
+            f"[yellow]no answer from the candidate[/yellow] on {where}: each counted as {NO_ANSWER}",
+            highlight=False,
+        )
+    if c.left_out:
+        settings = ", ".join(f"{k} {n}" for k, n in sorted(c.left_out.items()))
+        console.print(
+            f"[yellow]left out[/yellow] {sum(c.left_out.values())} units a judge failed on (in either run): {settings}",
+            highlight=False,
+        )
+    for line in c.differs:
+        console.print(
+            f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone",
+            highlight=False,
+        )
+    for line in c.partial:
+        console.print(f"[yellow]not in both runs[/yellow] {line}", highlight=False)
+    if c.personas < MIN_PERSONAS:
+        console.print(
+            f"{c.personas} personas (<{MIN_PERSONAS}): no intervals or p-values, only the differences.",
+            highlight=False,
+        )
+    table = Table(
+        title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION: "
+        f"its {GATE_CONFIDENCE:.1%} studentized bootstrap interval)"
+    )
+    for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
+        table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
+    for row in c.rows:
+        scale = TASKS[row.task].scale
+        stats_cells = (
+            [
+                f"[{_fmt(row.low, scale, True)}, {_fmt(row.high, scale, True)}]",
+                _p(row.p_value),
+                _p(row.p_holm),
+                _fmt(row.detectable, scale),
+            ]
+            if row.resolved
+            else ["-"] * 4
+        )
+        style = "bold red" if row.regression else "bold" if row.headline else None
+        name = row.name + (" *" if row.headline else "")
+        table.add_row(
+            name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats_cells, style=style
+        )
+    console.print(table)
+    for task, counts in c.per_unit.items():
+        console.print(
+            f"{task}: B better on {counts['better']} units, worse on {counts['worse']}, tied on {counts['tied']}",
+            highlight=False,
+        )
+    if c.units:
+        console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
+        for u in c.units:
+            console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
+    if question := margin_question(c.margin):
+        console.print(f"[yellow]did you mean a fraction?[/yellow] {question}", highlight=False)
+    console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
+
+
+def verdict_text(c: Comparison) -> str:
+    """What the gate decided, what it tested, what it accepted, and what it could not see."""
+    headlines = [r for r in c.rows if r.headline and r.gated]
+    accepted = f"; accepted: {'; '.join(c.accepted)}" if c.accepted else ""
+    if c.regressed:
+        drops = [
+            f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
+        ]
+        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}"
+    margin = f"a drop beyond the margin {c.margin:g} {_units(c)}" if c.margin else "a drop"
+    allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
+    tested = (
+        f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "
+        f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
+        + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
+    )
+    if c.no_verdict:
+        return (
+            "NO VERDICT: "
+            + "; ".join(c.no_verdict)
+            + (f" (tested: {tested}, no significant drop)" if headlines else "")
+        )
+    resolution = [
+        f"{r.name} {_fmt(r.detectable - r.null, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None
+    ]  # a drop is flagged beyond the margin (`null` is -margin): what goes unseen is the margin and the resolution
+    return (
+        f"No significant drop in a headline figure (*) ({tested})"
+        + (f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else "")
+        + accepted
+    )

@@ -1,0 +1,93 @@
+"""A training run's directory owns its files' names: the stages ask it, and no other training module spells one."""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import pytest
+
+from cupid.common.config import ConfigError
+from cupid.training.sft import SftReport
+from cupid.training.traindir import TrainDir
+from tests.helpers import REPO
+
+# Names that are not this project's: files of the model directories Hugging Face writes and reads, /proc/<pid>/stat
+OTHERS_FILES = {"config.json", "adapter_config.json", "tokenizer_config.json", "chat_template.jinja", "stat"}
+
+
+def spelled_file_names(source: str) -> list[str]:
+    """Each path a module builds from a literal name (`x / "adapter"`, `.with_name(...)`), and each use of a
+    config's `out_dir`: the places a training file's name would be spelled outside TrainDir."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant):
+            if node.right.value not in OTHERS_FILES:
+                found.append(f"{node.lineno}: / {node.right.value!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in ("out_dir", "with_name"):
+            found.append(f"{node.lineno}: .{node.attr}")
+    return found
+
+
+def test_no_training_module_but_traindir_spells_a_file_name():
+    spelled = {
+        path.name: found
+        for path in sorted((REPO / "training").glob("*.py"))
+        if path.name not in ("traindir.py", "config.py")  # config.py defines `out_dir`
+        and (found := spelled_file_names(path.read_text()))
+    }
+    assert spelled == {}
+    # the check can fail: the export's directory spelled as it was before TrainDir
+    assert spelled_file_names('out = cfg.out_dir / "export"\ntmp = out.with_name("x")') == [
+        "1: / 'export'",
+        "1: .out_dir",
+        "2: .with_name",
+    ]
+
+
+def test_match_data_given_by_the_config_is_read_where_it_is(tmp_path):
+    run = TrainDir(tmp_path / "run", match_data=tmp_path / "made-elsewhere")
+    assert run.split("validation") == tmp_path / "made-elsewhere" / "validation.jsonl"
+    assert run.adapter == tmp_path / "run" / "adapter"  # the run's own files stay in the run
+
+
+def test_an_export_takes_its_name_only_when_written_whole(tmp_path):
+    run = TrainDir(tmp_path)
+    with run.writing_export() as partial:
+        (partial / "config.json").parent.mkdir(parents=True)
+        (partial / "config.json").write_text("{}")
+        assert not run.export.exists()
+    assert run.has_export() and not partial.exists()
+
+
+def test_an_export_that_fails_halfway_leaves_the_previous_one(tmp_path):
+    run = TrainDir(tmp_path)
+    run.export.mkdir()
+    (run.export / "config.json").write_text('{"previous": true}')
+    with pytest.raises(OSError), run.writing_export() as partial:
+        partial.mkdir()
+        raise OSError("disk full")
+    assert (run.export / "config.json").read_text() == '{"previous": true}'
+
+
+def test_a_report_reads_back_as_its_type_nan_loss_included(tmp_path):
+    run = TrainDir(tmp_path)
+    fields = {name: 0 for name, f in SftReport.model_fields.items() if f.annotation is int}
+    report = SftReport.model_construct(
+        **fields, base_model="b", adapter="a", resumed_from=None, precision="fp32", quantization=None, lora={},
+        loss_before={"train": 1.0}, loss_after={"train": float("nan")}, logged_losses=[], throughput=[],
+        mean_tokens_per_s=None, peak_gpu_memory_gib=None, gpu_memory_gib=None, train_runtime_s=0.0, wall_s=0.0,
+        hyperparameters={}, liger={"use_liger_kernel": False},
+    )  # fmt: skip
+    path = run.write_report("sft", report)
+    assert path == tmp_path / "train_report.json" and '"train": NaN' in path.read_text()
+    read = run.read_report("sft", SftReport)
+    assert read is not None and math.isnan(read.loss_after["train"])
+
+
+def test_a_missing_report_is_none_and_a_broken_one_names_its_file(tmp_path):
+    run = TrainDir(tmp_path)
+    assert run.read_report("sft", SftReport) is None
+    run.report_path("sft").write_text('{"base_model": 1}')
+    with pytest.raises(ConfigError, match="train_report.json: not a SftReport"):
+        run.read_report("sft", SftReport)
