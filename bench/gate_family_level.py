@@ -16,16 +16,10 @@ import numpy as np
 
 from cupid.eval.benchmark import stats
 from cupid.eval.benchmark.stats import paired
-from tests.eval.test_gate_level import SKEWED, null_shift, shifted
+from tests.eval.test_gate_level import SKEWED, mixture, null_shift, shifted
 from tests.eval.test_stats import headline, simulate
 
 FAMILIES = (2, 8, 20, 80)
-
-
-def mixture(share: float, gain: float) -> Callable[[np.random.Generator, int], np.ndarray]:
-    """`share` of the personas gain `gain` (logit scale), the rest lose what makes the mean change 0."""
-    loss = -share * gain / (1 - share)
-    return lambda rng, n: np.where(rng.uniform(size=n) < share, gain, loss) + rng.normal(0, 0.3, n)
 
 
 LAWS: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {

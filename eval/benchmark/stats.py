@@ -37,9 +37,18 @@ p-value well above its floor draws none. The cost is a few tests' worth per test
 size (at most `MAX_RESAMPLES` each); a p-value still at a floor over the smallest threshold there is stated as
 unresolved, and the family has no verdict on it.
 
-Resolving states a p-value faithfully, but the bootstrap-t is not calibrated that far out in every law: a family's
-level holds for small families and was measured past it for large ones under skewed persona-level changes
-(`FAMILY_LEVEL`, the one statement of it, which a night prints where its verdict is read).
+Resolving states a p-value faithfully, but the bootstrap-t is not calibrated that far out: a sample's skew understates
+its law's (the few personas that carry a change are rarely all drawn), and the far tail of the studentized statistic
+runs heavier than the resamples say, the further out the heavier (bench/gate_family_level.py measured one side's false
+alarms at the Holm threshold (1 - confidence)/m at 2-9x nominal under skewed persona-level changes, at 80 and at 252
+personas; a skewness-corrected bootstrap-t, Hall's transformation, moved them by less than their noise). So a gate's
+family pays more for its size: Holm's step-down with thresholds (1 - confidence)/k^`FAMILY_PENALTY` instead of /k
+(one test pays nothing: the gate's own level is unchanged). And a change carried by a few personas may be missing
+from the sample altogether, which no resampling can make up for: a family's level holds for changes carried by one
+persona in 20 (`RARE_SHARE`) only with the personas that hold one of them but for a chance under the family's smallest
+one-sided threshold (`gate_personas`: 80 for one test, as `GATE_PERSONAS`; 165 for 80 tests; a full run's 252 serve a
+family of thousands); with fewer, for commoner carriers only. `family_level` states the level measured so and what it
+holds for at the personas a family has; a verdict and a night print it where they are read.
 
 Draws from a fixed seed over the personas in sorted order: the same units give the same interval whatever order a
 run wrote them in. Under `MIN_PERSONAS` personas there is no interval and no p-value: their fields are None, in
@@ -67,15 +76,11 @@ GATE_PERSONAS = 80  # fewer, and the gate gives no verdict: skewed changes push 
 # level under skewed changes at `GATE_PERSONAS` (tests/eval/test_gate_level.py), and the gate promises 2.5% a side
 # within 3.5%.
 GATE_CONFIDENCE = 0.965
-# How far a Holm family's level holds (bench/gate_family_level.py, 2,000-4,000 null pairs a law at 80 personas):
-# the studentized bootstrap's far tail runs 3-9x nominal under skewed persona-level changes.
-FAMILY_LEVEL = (
-    "The family-wise level holds for small families (a few tests); for families of 20-80 headline tests under "
-    "skewed persona-level changes at 80 personas, one side's false alarms were measured up to 6-13% (20 tests) "
-    "and 8-16% (80 tests) for 1.75% nominal (more personas tighten it)."
-)
+FAMILY_PENALTY = 1.5  # a gate's family of m tests: Holm's thresholds (1 - confidence)/k**1.5, k = m, m - 1, ..., 1
+RARE_SHARE = 0.05  # the rarest share of personas carrying a change that a family's personas must hold (`gate_personas`)
+FAMILY_HELD = "held within 3.5%"  # one side's family-wise false alarms on null pairs (bench/gate_family_level.py)
 RESOLVE_TAIL = 20  # resamples beyond the observed t that state a p-value to within ~a quarter of itself
-MAX_RESAMPLES = 200_000  # a test's most: resolves a family of up to ~1,700 tests at the gate's level
+MAX_RESAMPLES = 1_000_000  # a test's most: resolves a gate's family of up to ~420 tests (100 candidates' night)
 _ROUND = 8_000  # resamples drawn at once while resolving (~16 MB of draws at 252 personas)
 
 Statistic = Callable[[np.ndarray], dict[str, np.ndarray]]
@@ -168,14 +173,45 @@ class Difference(BaseModel):
         return self.resolved and self.personas >= GATE_PERSONAS
 
 
-def detectable(se: float | None, personas: int, tests: int = 1, confidence: float = CONFIDENCE) -> float | None:
-    """(t_{1 - alpha / (2 tests)} + t_{POWER}) x se, t with personas - 1 degrees of freedom (the test's own): what a
-    two-sided test among `tests` (Holm's first step) finds `POWER` of the time; None for no spread (nothing is learnt
-    of the power from identical runs) and under `MIN_PERSONAS`."""
+def detectable(
+    se: float | None, personas: int, tests: int = 1, confidence: float = CONFIDENCE, penalty: float = 1.0
+) -> float | None:
+    """(t_{1 - alpha / (2 tests^penalty)} + t_{POWER}) x se, t with personas - 1 degrees of freedom (the test's own):
+    what a two-sided test among `tests` (Holm's first step; `penalty`: `FAMILY_PENALTY` in a gate's family) finds
+    `POWER` of the time; None for no spread (nothing is learnt of the power from identical runs) and under
+    `MIN_PERSONAS`."""
     if se is None or se <= 0 or personas < MIN_PERSONAS:
         return None
     df = personas - 1
-    return (_t_quantile(1 - (1 - confidence) / (2 * tests), df) + _t_quantile(POWER, df)) * se
+    return (_t_quantile(1 - (1 - confidence) / (2 * tests**penalty), df) + _t_quantile(POWER, df)) * se
+
+
+def family_level(tests: int, personas: int, confidence: float = GATE_CONFIDENCE) -> str:
+    """The sentence a gate's verdict is read by: its family's step-down, the level held, and the persona-level
+    changes it holds for at these personas (1 in `RARE_SHARE`'s 20 or more at `gate_personas`; rarer carriers below
+    them can be missing from the sample, and then a false alarm is likelier than the level)."""
+    alpha, tests = 1 - confidence, max(tests, 1)
+    needed = gate_personas(tests, confidence)
+    if personas >= needed:
+        reach = f"changes carried by 1 persona in {round(1 / RARE_SHARE)} or more"
+    else:
+        one_in = int(1 / (1 - (alpha / (2 * tests)) ** (1 / max(personas, 1))))
+        reach = (
+            f"changes carried by 1 persona in {one_in} or more; rarer carriers can raise false alarms "
+            f"(1 in {round(1 / RARE_SHARE)} needs {needed} personas)"
+        )
+    return (
+        f"{tests} headline test(s), {personas} personas, Holm stepping at {alpha:.3f}/k^{FAMILY_PENALTY:g}: one "
+        f"side's family-wise false alarms {FAMILY_HELD} under skewed persona-level {reach}."
+    )
+
+
+def gate_personas(tests: int, confidence: float = GATE_CONFIDENCE) -> int:
+    """The fewest personas a gate's family of `tests` gives verdicts on: enough that a change carried by `RARE_SHARE`
+    of the personas is missing from the sample less often than the family's smallest one-sided threshold,
+    (1 - `RARE_SHARE`)^n <= (1 - confidence) / (2 tests); never fewer than `GATE_PERSONAS`."""
+    needed = np.log((1 - confidence) / (2 * max(tests, 1))) / np.log(1 - RARE_SHARE)
+    return max(GATE_PERSONAS, int(np.ceil(needed)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -349,7 +385,7 @@ def _linearized_se(
     # sum w (I - m)^2 = sum w I^2 - n m^2, with m = sum w I / n and sum w = n
     mean = np.einsum("...n,...n->...", weights, influence) / n
     spread = np.einsum("...n,...n,...n->...", weights, influence, influence) - n * mean * mean
-    return np.sqrt(np.maximum(spread, 0.0) / (n - 1))
+    return np.sqrt(np.maximum(spread, 0.0) * n / (n - 1))
 
 
 @dataclass
@@ -437,16 +473,17 @@ def _t_test(difference: float, se: float, df: int, confidence: float) -> tuple[f
     return difference - half, difference + half, float(min(1.0, 2 * stdtr(df, -abs(difference) / se)))
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm-adjusted p-values (family-wise error over the given tests), in the given order. Written out rather than
-    taken from statsmodels' `multipletests`, whose Holm branch runs a full `gc.collect()` on every call, slow in a
-    process holding many objects, once per comparison (a nightly makes dozens); tests/eval/test_stats.py checks the
-    two agree."""
+def holm(p_values: Sequence[float], penalty: float = 1.0) -> list[float]:
+    """Holm-adjusted p-values (family-wise error over the given tests), in the given order; `penalty`: the step-down's
+    thresholds are alpha/k^penalty (`FAMILY_PENALTY` for a gate's family; 1: Holm's). Written out rather than taken
+    from statsmodels' `multipletests`, whose Holm branch runs a full `gc.collect()` on every call, slow in a process
+    holding many objects, once per comparison (a nightly makes dozens); tests/eval/test_stats.py checks the two
+    agree."""
     if not p_values:
         return []
     p = np.asarray(p_values, dtype=float)
     order = np.argsort(p, kind="stable")
-    stepped = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1)))
+    stepped = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1) ** penalty))
     adjusted = np.empty_like(stepped)
     adjusted[order] = stepped
     return [float(x) for x in adjusted]

@@ -74,7 +74,7 @@ class Row(Difference):
     metric: str
     p_holm: float | None = None
     headline: bool = False
-    unresolved: str | None = None  # why its p-value cannot say whether it is under its family's smallest threshold
+    unresolved: str | None = None  # why its family gives it no verdict (too few personas, a p-value not resolved)
 
     @property
     def regression(self) -> bool:
@@ -84,6 +84,7 @@ class Row(Difference):
             self.headline
             and self.gated
             and self.difference < self.null
+            and self.unresolved is None
             and self.p_holm is not None
             and self.p_holm < 1 - GATE_CONFIDENCE
         )
@@ -217,22 +218,23 @@ def task_rows(
 
 def holm_family(rows: list[Row]) -> None:
     """Holm across the rows that have a p-value (one family): each p-value first resolved for the family's smallest
-    threshold (`Difference.resolve`; where it cannot be, `unresolved` says why), then each one's `p_holm`, and its
-    `detectable` for a family of that size at its test's level (the gate's, for a studentized headline)."""
+    threshold (`Difference.resolve`; where it cannot be, `unresolved` says why and the row has no verdict), then each
+    one's `p_holm`, and its `detectable` for a family of that size at its test's level. A family of the gate's tests
+    (studentized headlines) steps down at `stats.FAMILY_PENALTY`."""
     tested = [row for row in rows if row.p_value is not None]
+    gate = bool(tested) and all(row.studentized for row in tested)
+    penalty, level = (stats.FAMILY_PENALTY, GATE_CONFIDENCE) if gate else (1.0, CONFIDENCE)
+    smallest = (1 - level) / max(len(tested), 1) ** penalty
     for row in tested:
-        level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
-        smallest = (1 - level) / len(tested)
         row.unresolved = (
             None
             if row.resolve(smallest)
             else f"{row.name}: its p-value cannot go under the smallest Holm threshold of its family "
             f"({smallest:.2g}, {len(tested)} tests) at {row.resamples} resamples"
         )
-    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None]), strict=True):
+    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None], penalty), strict=True):
         row.p_holm = p
-        level = GATE_CONFIDENCE if row.studentized else CONFIDENCE
-        row.detectable = stats.detectable(row.se, row.personas, len(tested), level)
+        row.detectable = stats.detectable(row.se, row.personas, len(tested), level, penalty)
 
 
 def adjust(rows: list[Row]) -> None:

@@ -14,7 +14,7 @@ from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig
-from cupid.eval.benchmark.stats import Interval
+from cupid.eval.benchmark.stats import Interval, family_level
 from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
@@ -152,13 +152,12 @@ def compare(
         entry.unanswered += [f"since the baseline ({baseline}): {why}" for why in comparison.unanswered]
 
 
-def flag_regressions(entries: list[Entry], night: str) -> None:
+def flag_regressions(entries: list[Entry], night: str) -> str:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
-    its baseline where that comparison has a verdict, one Holm family (the night's false alarms stay under
-    1 - confidence whatever its size as far as the p-values are calibrated so far out: how far, `stats.FAMILY_LEVEL`,
-    which the leaderboard prints). Then tonight becomes the baseline of each
-    candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last night (unless its
-    setup changed since, which is why it asked)."""
+    its baseline where that comparison has a verdict, one family (`holm_family`: the gate's step-down); returned: the
+    sentence its level is read by (`stats.family_level`, which the leaderboard prints). Then tonight becomes the
+    baseline of each candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last
+    night (unless its setup changed since, which is why it asked)."""
     tests = [
         (entry, side, row)
         for entry in entries
@@ -171,6 +170,7 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
         if row.headline and row.gated
     ]
     holm_family([row for _, _, row in tests])
+    level = family_level(len(tests), min(row.personas for _, _, row in tests)) if tests else ""
     for entry, side, row in tests:
         if row.regression:
             (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
@@ -186,3 +186,4 @@ def flag_regressions(entries: list[Entry], night: str) -> None:
         else:
             entry.baseline, entry.baseline_set = night, entry.baseline_pending
         entry.baseline_pending = None
+    return level

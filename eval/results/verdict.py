@@ -6,9 +6,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS
+from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS, family_level
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results.compare import NO_ANSWER, Comparison, _units, margin_question
+from cupid.eval.results.compare import NO_ANSWER, Comparison, Row, _units, margin_question
 
 
 def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
@@ -104,7 +104,7 @@ def verdict_text(c: Comparison) -> str:
         drops = [
             f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
         ]
-        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}"
+        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}{_level(headlines)}"
     margin = f"a drop beyond the margin {c.margin:g} {_units(c)}" if c.margin else "a drop"
     allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
@@ -112,11 +112,12 @@ def verdict_text(c: Comparison) -> str:
         f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
         + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
     )
+    level = _level(headlines)
     if c.no_verdict:
         return (
             "NO VERDICT: "
             + "; ".join(c.no_verdict)
-            + (f" (tested: {tested}, no significant drop)" if headlines else "")
+            + (f" (tested: {tested}, no significant drop){level}" if headlines else "")
         )
     resolution = [
         f"{r.name} {_fmt(r.detectable - r.null, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None
@@ -125,4 +126,10 @@ def verdict_text(c: Comparison) -> str:
         f"No significant drop in a headline figure (*) ({tested})"
         + (f"; a change smaller than about {', '.join(resolution)} would likely go unseen" if resolution else "")
         + accepted
+        + level
     )
+
+
+def _level(headlines: list[Row]) -> str:
+    """The family's level, as `stats.family_level` states it (nothing where no headline was tested)."""
+    return f". {family_level(len(headlines), min(r.personas for r in headlines))}" if headlines else ""

@@ -350,8 +350,9 @@ def _run_night(
         compare(entry, before, baseline, night, root, cfg.headline_setting,
                 last_night=prev_dir.name if prev_dir else None, margin=cfg.margin,
                 first=entry.model not in latest)  # fmt: skip
-    flag_regressions(entries, night)
+    level = flag_regressions(entries, night)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
+    board.family_level = level
     write_leaderboard(board, night_dir, root)
     if cfg.report:
         from cupid.eval.results.report import build
