@@ -490,11 +490,3 @@ def compare(
         allow_partial=allow_partial,
         allow_differs=allow_differs,
     )
-
-
-def _units(c: Comparison) -> str:
-    """The margin's unit for each task compared (`F1 points`, or `F1 points (inference), ... (generation)`)."""
-    units = sorted(set(c.margin_units.values()))
-    if len(units) <= 1:
-        return units[0] if units else "points"
-    return ", ".join(f"{unit} ({task})" for task, unit in c.margin_units.items())

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results.compare import NO_ANSWER, Comparison, _units, margin_question
+from cupid.eval.results.compare import NO_ANSWER, Comparison, margin_question
 
 
 def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
@@ -96,6 +96,15 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
     console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
 
 
+def margin_unit_words(c: Comparison) -> str:
+    """The margin's unit for each task compared (`F1 points`, or `F1 points (inference), ... (generation)`): the
+    verdict states the margin in the units each headline is shown in."""
+    units = sorted(set(c.margin_units.values()))
+    if len(units) <= 1:
+        return units[0] if units else "points"
+    return ", ".join(f"{unit} ({task})" for task, unit in c.margin_units.items())
+
+
 def verdict_text(c: Comparison) -> str:
     """What the gate decided, what it tested, what it accepted, and what it could not see."""
     headlines = [r for r in c.rows if r.headline and r.gated]
@@ -105,7 +114,7 @@ def verdict_text(c: Comparison) -> str:
             f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
         ]
         return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}"
-    margin = f"a drop beyond the margin {c.margin:g} {_units(c)}" if c.margin else "a drop"
+    margin = f"a drop beyond the margin {c.margin:g} {margin_unit_words(c)}" if c.margin else "a drop"
     allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
         f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "
