@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from rich.console import Console
 
 from cupid.common.config import ConfigError
 from cupid.common.errors import ServeError
+from cupid.common.processes import group_left
 from cupid.common.tls import http_get
 from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
@@ -165,31 +165,6 @@ def _listed(base_url: str, api_key: str | None) -> list[dict[str, Any]]:
     """What the server's /v1/models lists (vLLM: the base, then each LoRA module with its path and parent)."""
     data = http_get(base_url + "/models", headers=bearer(api_key), timeout=30).json().get("data", [])
     return [{"id": m.get("id"), "root": m.get("root"), "parent": m.get("parent")} for m in data]
-
-
-def group_left(pgid: int) -> list[int]:
-    """Processes of a server's process group that still run (zombies waiting to be reaped do not count)."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # no procfs: the group exists or it does not
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    left = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            left.append(int(entry.name))
-    return sorted(left)
 
 
 def _endpoints(base_url: str, asks: dict[str, str], api_key_env: str | None, cfg: TrainConfig) -> dict[str, Endpoint]:
