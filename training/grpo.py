@@ -387,6 +387,27 @@ def evaluated_model(cfg: GrpoRunConfig, label: str, weights: Path | None) -> Ser
                        adapter=str(weights) if weights else None, endpoint=ev.endpoint, serve=serve)  # fmt: skip
 
 
+def write_held_out(cfg: GrpoRunConfig, run: TrainDir) -> Path:
+    """The evaluation data's instances of personas the training data does not hold, written into `run` for the
+    evaluation runs to read: a policy is scored on people it never trained on. None left is a ConfigError."""
+    ev = cfg.evaluate
+    trained_on = {
+        i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances
+    }
+    held_out = [
+        i
+        for i in cupid_data.load(ev.data.source).filter(ev.data.types, None).instances
+        if i.persona_id not in trained_on
+    ][: ev.data.limit]
+    if not held_out:
+        raise ConfigError(
+            f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out"
+        )
+    run.held_out.parent.mkdir(parents=True, exist_ok=True)
+    run.held_out.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
+    return run.held_out
+
+
 def evaluate(cfg: GrpoRunConfig, run: TrainDir, rank: int, console: Console) -> GrpoEvaluation:
     """`cupid eval run` of `run`'s trained adapter (and the policy alone, `baseline`) on the held-out data, judged by
     the reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded
@@ -402,21 +423,7 @@ def evaluate(cfg: GrpoRunConfig, run: TrainDir, rank: int, console: Console) -> 
         )
     roles: dict[str, Any] = {role: getattr(r, role) for role in TASKS[r.task].roles}
     candidates = {"trained": run.adapter} | ({"base": None} if ev.baseline else {})
-    trained_on = {
-        i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances
-    }
-    held_out = [
-        i
-        for i in cupid_data.load(ev.data.source).filter(ev.data.types, None).instances
-        if i.persona_id not in trained_on
-    ][: ev.data.limit]
-    if not held_out:
-        raise ConfigError(
-            f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out"
-        )
-    data = run.held_out
-    data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
+    data = write_held_out(cfg, run)
     out: dict[str, dict[str, Any]] = {}
     for label, weights in candidates.items():
         served = evaluated_model(cfg, label, weights)
