@@ -13,17 +13,21 @@ def rows():
     return [json.loads(line) for line in data.SAMPLE_PATH.read_text().splitlines()]
 
 
-def test_sample_is_valid_and_balanced():
+def test_the_sample_is_twelve_valid_instances_of_eight_sessions():
     dataset = data.load()
     assert dataset.bad_rows == []
     assert len(dataset.instances) == 12
+    assert all(len(i.prior_interactions) == 8 for i in dataset.instances)
+    assert len({i.key for i in dataset.instances}) == 12
+
+
+def test_the_sample_holds_each_instance_type_alike():
+    dataset = data.load()
     assert {t: sum(i.instance_type == t for i in dataset.instances) for t in data.INSTANCE_TYPES} == {
         "consistent": 4,
         "contrastive": 4,
         "changing": 4,
     }
-    assert all(len(i.prior_interactions) == 8 for i in dataset.instances)
-    assert len({i.key for i in dataset.instances}) == 12
 
 
 def test_oracle_keeps_only_sessions_with_the_current_preference():

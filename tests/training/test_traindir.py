@@ -159,9 +159,12 @@ def test_a_report_reads_back_as_its_type_nan_loss_included(tmp_path):
     assert read is not None and math.isnan(read.loss_after["train"])
 
 
-def test_a_missing_report_is_none_and_a_broken_one_names_its_file(tmp_path):
+def test_a_report_not_written_reads_as_none(tmp_path):
+    assert TrainDir(tmp_path).read_report("sft", SftReport) is None
+
+
+def test_a_report_its_type_refuses_names_its_file(tmp_path):
     run = TrainDir(tmp_path)
-    assert run.read_report("sft", SftReport) is None
     run.report_path("sft").write_text('{"base_model": 1}')
     with pytest.raises(ConfigError, match="train_report.json: not a SftReport"):
         run.read_report("sft", SftReport)
