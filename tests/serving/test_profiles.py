@@ -117,7 +117,7 @@ def test_runtime_lora_rank_lets_a_server_load_adapters_while_it_runs(tmp_path, s
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env(shipped["prefmatcher-lora"])  # off unless asked for
 
 
-def test_several_adapters_and_any_vllm_argument(tmp_path):
+def test_a_profiles_adapters_with_any_vllm_argument_reach_command_and_engine(tmp_path):
     path = write(
         tmp_path,
         "two",
@@ -355,11 +355,13 @@ def test_bad_profiles_are_refused_with_file_and_field(tmp_path):
         profiles.load("nope", SERVE_DIR)
 
 
-def test_plan_splits_one_gpu_and_refuses_more_than_the_whole(shipped):
+def test_plan_splits_one_gpu_between_two_servers(shipped):
     pair = Plan([shipped["prefmatcher"], shipped["qwen2.5-7b-instruct"]], gpus=H100)
     assert pair.problems() == []
     assert pair.lines()[-1] == "GPU memory: 0.90 of the GPU = 71.7 GiB of NVIDIA H100 80GB HBM3"
 
+
+def test_plan_refuses_shares_that_add_up_to_more_than_the_gpu(shipped):
     three = Plan([shipped["prefmatcher"], shipped["qwen2.5-7b-instruct"], shipped["prefmatcher-lora"]])
     with pytest.raises(
         ServeError,
