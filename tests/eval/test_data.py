@@ -64,7 +64,7 @@ def test_bad_rows_are_reported_with_file_line_key_and_field(tmp_path, rows):
     assert f"{path}:5" in problems[3] and "duplicate instance key, first seen at " + f"{path}:4" in problems[3]
 
 
-def test_parquet_json_and_directory_sources(tmp_path, rows):
+def test_data_loads_from_parquet_json_or_a_directory_of_them(tmp_path, rows):
     pq.write_table(pa.Table.from_pylist(rows[:3]), tmp_path / "a.parquet")
     (tmp_path / "b.json").write_text(json.dumps(rows[3:5]))
     (tmp_path / "ignored.txt").write_text("not data")

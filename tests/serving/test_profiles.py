@@ -736,7 +736,7 @@ def test_requests_find_the_profile_that_serves_them():
 runner = CliRunner()
 
 
-def test_cli_dry_run_prints_the_split_and_the_flags():
+def test_serve_dry_run_prints_the_gpu_split_with_each_servers_flags():
     result = runner.invoke(
         app, ["serve", "up", "--dry-run", "-p", "prefmatcher", "-p", "qwen2.5-7b-instruct", "--batch-invariant"]
     )

@@ -909,7 +909,7 @@ def test_a_diverged_loss_is_written_nan_in_the_reports_free_form_fields_too():
     assert text == '{"loss_before": {"x": 1.0}, "logged_losses": [{"step": 1, "loss": NaN}]}'
 
 
-def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
+def test_liger_is_chosen_only_where_it_runs(tmp_path, monkeypatch):
     """TRL's use_liger_kernel is decided in one place (`sft.choose_liger`): on CUDA where liger-kernel imports, off on
     CPU (never imported there), off where the config says false; asked for where it cannot run, refused by name. The
     choice reaches SFTConfig and picks the tier measured as the fine-tune runs."""
@@ -950,13 +950,16 @@ def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
     assert (off.use_liger_kernel, off.per_device_train_batch_size, off.gradient_accumulation_steps) == (False, 8, 4)
 
 
-def test_the_dry_run_says_whether_liger_runs_and_refuses_it_on_cpu_in_one_line(tmp_path):
+def test_the_dry_run_says_whether_liger_runs(tmp_path):
     path = _write_config(tmp_path / "tiny.yaml", out=str(tmp_path / "run"))
     result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "sft: Liger's kernels (use_liger_kernel) off: no CUDA GPU (Liger's kernels are triton's, CUDA only)" in (
         result.output.splitlines()
     )
+
+
+def test_liger_asked_for_on_cpu_is_refused_in_one_line(tmp_path):
     asked = _write_config(tmp_path / "liger.yaml", out=str(tmp_path / "run"), sft={"use_liger_kernel": True})
     refused = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(asked), "--dry-run"])
     assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
