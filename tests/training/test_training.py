@@ -534,9 +534,8 @@ def _write_config(path: Path, **sections) -> Path:
     return path
 
 
-def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one(tmp_path):
-    """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it; an unknown name or a
-    value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with TRL's message."""
+def test_any_sft_config_argument_reaches_the_trainer(tmp_path):
+    """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it."""
     from cupid.training.sft import sft_config
 
     extra = {
@@ -558,6 +557,12 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
         and "neftune_noise_alpha=5" in result.output
         and "lr_scheduler_type=cosine_with_min_lr" in result.output
     )
+
+
+def test_an_sft_argument_trl_refuses_fails_the_run_with_trls_message(tmp_path):
+    """An unknown name or a value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with
+    TRL's message."""
+    from cupid.training.sft import sft_config
 
     cases = {
         "name": (
