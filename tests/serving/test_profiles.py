@@ -581,7 +581,7 @@ def test_plan_counts_every_gpu_a_server_takes_on_this_node(shipped, tmp_path):
     assert Plan([big.with_args(gpu_memory_utilization=0.9)], gpus=h100s).problems() == []
 
 
-def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profile(tmp_path, shipped):
+def test_offline_kwargs_keep_one_copy_of_the_model(tmp_path, shipped):
     kwargs = llm_kwargs(
         profiles.load(str(write(tmp_path, "tp-pp", model="org/m", port=8000, vllm=PARALLEL_SHAPES["tp4-pp2"])))
     )
@@ -592,6 +592,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
     ) == (4, 2, "mp")
     assert "headless" not in llm_kwargs(shipped["prefmatcher-2node-worker"])  # the server's, not the engine's
     assert llm_kwargs(shipped["tiny"])["distributed_executor_backend"] == "uni"
+
+
+def test_requests_for_a_model_never_pick_a_scaled_out_profile():
     # prefmatcher-2node-head, -2node-worker and -dp8 serve kixlab/prefmatcher-7b too, and sort before it
     assert profiles.for_model("kixlab/prefmatcher-7b", SERVE_DIR)[0].name == "prefmatcher"
 
