@@ -233,24 +233,18 @@ async def aevaluate(
     name, with the closest one."""
     if misspelt:
         raise TypeError(_unknown_keywords("evaluate", misspelt, aevaluate))
-    bound: dict[str, Endpoint] = {}
-
-    def bind(role: str, value: Any) -> Any:
-        if isinstance(value, Endpoint) or (isinstance(value, str) and value.startswith(("http://", "https://"))):
-            bound[role] = endpoint(value)
-            return role
-        return value  # a name, a served model, or None
-
-    roles = {
-        "candidate": candidate,
-        "matcher": matcher,
-        "decomposer": decomposer,
-        "judge": judge,
-        "summarizer": summarizer,
-        "reference": reference,
-    }
+    names, bound = _bound_roles(
+        {
+            "candidate": candidate,
+            "matcher": matcher,
+            "decomposer": decomposer,
+            "judge": judge,
+            "summarizer": summarizer,
+            "reference": reference,
+        }
+    )
     cfg = RunConfig(
-        **{role: bind(role, value) for role, value in roles.items()},
+        **names,
         data=str(data),
         tasks=list(tasks),
         settings=list(settings),
@@ -267,6 +261,20 @@ async def aevaluate(
         track=track,
     )
     return await arun_and_log(cfg, console=Console(stderr=True, quiet=not progress), endpoints=bound)
+
+
+def _bound_roles(roles: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Endpoint]]:
+    """The roles as the run config names them, and the endpoints given in place of a name: an `Endpoint` or a base
+    URL becomes an endpoint named for its role, since the config holds names and the run looks them up."""
+    names: dict[str, Any] = {}
+    bound: dict[str, Endpoint] = {}
+    for role, value in roles.items():
+        if isinstance(value, Endpoint) or (isinstance(value, str) and value.startswith(("http://", "https://"))):
+            bound[role] = endpoint(value)
+            names[role] = role
+        else:
+            names[role] = value  # a name, a served model, or None
+    return names, bound
 
 
 def _unknown_keywords(name: str, given: dict[str, Any], func: Callable[..., Any]) -> str:

@@ -53,6 +53,7 @@ import yaml
 
 from cupid.common.config import read_yaml
 from cupid.training.grpo_memory import QWEN_7B
+from cupid.training.traindir import TrainDir
 
 
 def make_model(shape: str, tokenizer_dir: Path, dest: Path) -> dict[str, Any]:
@@ -108,9 +109,9 @@ def lengthened(preference: str, items: list[str], completion: str, tokenizer: An
     return preference + FILLER * low
 
 
-def match_data(dest: Path, n_examples: int, tokenizer_dir: Path, max_length: int) -> dict[str, Any]:
-    """PrefMatcher examples from the sample: each preference, lengthened to near `max_length`, against its own
-    checklist, every item covered."""
+def match_data(dest: TrainDir, n_examples: int, tokenizer_dir: Path, max_length: int) -> dict[str, Any]:
+    """PrefMatcher examples from the sample, written as `dest`'s match data: each preference, lengthened to near
+    `max_length`, against its own checklist, every item covered."""
     from transformers import AutoTokenizer
 
     from cupid.eval.benchmark import data as cupid_data
@@ -147,10 +148,10 @@ def match_data(dest: Path, n_examples: int, tokenizer_dir: Path, max_length: int
                 "teacher_raw": None,
             }
         )
-    dest.mkdir(parents=True, exist_ok=True)
+    dest.data.mkdir(parents=True, exist_ok=True)
     train = [rows[i % len(rows)] for i in range(n_examples)]
-    (dest / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
-    (dest / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    dest.split("train").write_text("".join(json.dumps(r) + "\n" for r in train))
+    dest.split("validation").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     return {"train_examples": len(train), "max_length": max_length, "tokens": [min(lengths), max(lengths)]}
 
 
@@ -260,7 +261,8 @@ def one_side(config_path: Path, warmup_steps: int, export_too: bool) -> int:
     from cupid.training import config, export, sft
 
     cfg = config.load(config_path)
-    report = sft.train(cfg)
+    run = TrainDir.of(cfg)
+    report = sft.train(cfg, run)
     batch = report.hyperparameters["sft_config"]
     figures: dict[str, Any] = {
         "pid": os.getpid(),
@@ -279,23 +281,21 @@ def one_side(config_path: Path, warmup_steps: int, export_too: bool) -> int:
         },
     }
     if export_too:
-        figures["export"] = export.export(cfg).model_dump(mode="json")
-        figures["export"]["probe_logits"] = str(evaluation_logits(cfg, config_path.parent / "probe_logits.pt"))
+        figures["export"] = export.export(cfg, run).model_dump(mode="json")
+        figures["export"]["probe_logits"] = str(evaluation_logits(cfg, run, config_path.parent / "probe_logits.pt"))
     (config_path.parent / "side.json").write_text(json.dumps(figures, indent=2, default=str))
     return 0
 
 
-def evaluation_logits(cfg: Any, dest: Path | None = None) -> Any:
-    """The export loaded for evaluation in this process, its logits on the first validation prompt (saved to
+def evaluation_logits(cfg: Any, run: TrainDir, dest: Path | None = None) -> Any:
+    """`run`'s export loaded for evaluation in this process, its logits on the first validation prompt (saved to
     `dest` where given)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cupid.training import export
     from cupid.training.examples import read_examples
-    from cupid.training.traindir import TrainDir
 
-    run = TrainDir.of(cfg)
     where = run.export
     model = AutoModelForCausalLM.from_pretrained(
         where, dtype=getattr(torch, cfg.export.dtype), device_map={"": 0} if torch.cuda.is_available() else None
@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     stage("model", results, lambda: make_model(a.shape, tokenizer, model_dir))
     max_length = int(read_yaml(f"configs/train/{recipe_name(a.shape)}.yaml")["sft"]["max_length"])
     if "sft" in wanted:
-        stage("match_data", results, lambda: match_data(a.out / "data", a.examples, tokenizer, max_length))
+        made = TrainDir(a.out, a.out / "data")  # the match data both sides' configs read (`match_data`)
+        stage("match_data", results, lambda: match_data(made, a.examples, tokenizer, max_length))
     sides: dict[str, Any] = {}
 
     def fine_tune() -> dict[str, Any]:
@@ -424,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, figures = sides["chosen"]["cfg"], sides["chosen"]["figures"]["export"]
         if not figures["merge_check"].get("same_next_token"):
             raise RuntimeError(f"the merge check fails: {figures['merge_check']}")
-        there, here = torch.load(figures["probe_logits"]), evaluation_logits(cfg)
+        there, here = torch.load(figures["probe_logits"]), evaluation_logits(cfg, TrainDir.of(cfg))
         figures["logits_as_in_a_fresh_process"] = {
             "same": bool(torch.equal(there, here)),
             "max_abs_diff": float((there - here).abs().max()),
@@ -438,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def reinforce() -> dict[str, Any]:
         cfg = grpo_config(a.shape, model_dir, a.out / "grpo", grpo_steps)
-        report = grpo.train(cfg, funcs=[REWARDS[a.reward]])
+        run = TrainDir.of(cfg)
+        report = grpo.train(cfg, run, funcs=[REWARDS[a.reward]])
         steps = [row for row in report.log_history if "reward" in row]
         if len(steps) < grpo_steps:
             raise RuntimeError(f"{len(steps)} of {grpo_steps} GRPO steps ran")
@@ -448,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps": len(steps),
             "parameters_changed": report.parameters_changed,
             "frac_reward_zero_std": [row.get("frac_reward_zero_std") for row in steps],
-            "report": str(a.out / "grpo" / "grpo_report.json"),
+            "report": str(run.report_path("grpo")),
         }
 
     if "grpo" in wanted:

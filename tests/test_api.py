@@ -125,9 +125,12 @@ def test_a_base_url_names_its_base_model_while_a_lora_adapter_is_loaded_into_it(
         lora.unload_lora(url, "api-test-adapter")
 
 
-def test_load_dataset_and_endpoint_names(tmp_path):
+def test_load_dataset_filters_by_type_and_limit():
     data = cupid.load_dataset("sample", types=["changing"], limit=2)
     assert [i.instance_type for i in data.instances] == ["changing", "changing"] and not data.bad_rows
+
+
+def test_endpoint_resolves_shipped_names_only():
     shipped = cupid.endpoint("prefmatcher")  # configs/endpoints.yaml, found from any directory
     assert shipped.model == "kixlab/prefmatcher-7b" and shipped.structured_output
     with pytest.raises(ConfigError, match="no endpoint named 'nobody'"):

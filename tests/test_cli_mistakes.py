@@ -131,18 +131,30 @@ def test_debug_shows_the_traceback_a_mistake_otherwise_hides(world, tmp_path):
     assert "Traceback" in also.stderr
 
 
-def test_version_status_json_task_list_and_the_apis_names(world, monkeypatch, tmp_path):
-    import cupid
-
+def test_version_names_the_package_and_its_release():
     version = CliRunner().invoke(app, ["--version"])
     assert version.exit_code == 0 and version.output.startswith("cupid 0.")
+
+
+def test_serve_status_as_json_is_an_empty_list_with_no_server(monkeypatch, tmp_path):
     monkeypatch.setenv("CUPID_HOME", str(tmp_path))
     status = CliRunner().invoke(app, ["serve", "status", "--json"])
     assert status.exit_code == 0 and json.loads(status.output) == []
+
+
+def test_eval_list_names_every_task_setting_metric_and_role():
     listed = CliRunner().invoke(app, ["eval", "list"]).output
     for word in ("inference", "generation", "oracle-preference", "summary", "micro_f1", "mean_score", "decomposer"):
         assert word in listed, listed
+
+
+def test_the_package_top_lists_the_apis_names():
+    import cupid
+
     assert {"compare", "evaluate", "PrefMatcher"} <= set(dir(cupid))
+
+
+def test_comparing_a_run_with_itself_says_they_are_the_same_run(world):
     same = CliRunner().invoke(app, ["compare", str(world["run"]), str(world["run"])])
     assert "A and B are the same run" in same.output
 
@@ -227,7 +239,7 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     assert "cupid.serving.client: busy: attempt 1 failed (http_503" in stderr
 
 
-def test_quiet_runs_without_progress_and_verbose_with_quiet_is_refused(world, tmp_path, monkeypatch):
+def test_quiet_runs_without_progress(world, tmp_path, monkeypatch):
     monkeypatch.setenv("CUPID_VERBOSITY", "0")  # the root option sets it for the process: restored after the test
     monkeypatch.setenv("CUPID_PROGRESS_S", "0")
     monkeypatch.setenv("CUPID_HOME", str(tmp_path / "state"))
@@ -239,6 +251,10 @@ def test_quiet_runs_without_progress_and_verbose_with_quiet_is_refused(world, tm
     hushed = CliRunner().invoke(app, ["-q", *args, "--out", str(tmp_path / "quiet")])
     assert hushed.exit_code == 0, hushed.output
     assert "units/s" not in hushed.output and (tmp_path / "quiet" / "summary.json").is_file()
+
+
+def test_verbose_with_quiet_is_refused_as_a_usage_error(monkeypatch):
+    monkeypatch.setenv("CUPID_VERBOSITY", "0")  # the root option sets it for the process: restored after the test
     both = CliRunner().invoke(app, ["-v", "-q", "eval", "list"])
     assert both.exit_code == USAGE and "--verbose and --quiet" in both.output
 

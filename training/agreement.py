@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from rich.console import Console
 
 from cupid.common.config import ConfigError
 from cupid.common.errors import ServeError
+from cupid.common.processes import group_left
 from cupid.common.tls import http_get
 from cupid.eval.results.meta import LABELS, Labelled, agree, canonical_label
 from cupid.matcher import parse
@@ -142,8 +142,8 @@ class Served:
     asks: dict[str, str]  # report block ("base", "adapter", "trained") -> served model name
 
 
-def plan(cfg: TrainConfig) -> list[Served]:
-    """The check's servers: the base with the adapter as a LoRA module (if either is measured), then the export."""
+def plan(cfg: TrainConfig, run: TrainDir) -> list[Served]:
+    """The check's servers: the base with `run`'s adapter as a LoRA module (if either is measured), then its export."""
     a = cfg.agreement
     names = served_names(cfg)
     out = []
@@ -151,13 +151,9 @@ def plan(cfg: TrainConfig) -> list[Served]:
         k: names[k] for k in ("base", "adapter") if (k == "base" and a.baseline) or (k == "adapter" and a.adapter)
     }
     if on_base:
-        adapters = {names["adapter"]: str(TrainDir.of(cfg).adapter)} if a.adapter else None
+        adapters = {names["adapter"]: str(run.adapter)} if a.adapter else None
         out.append(Served(a.profile(names["base"], resolve_base(cfg), names["base"], adapters), on_base))
-    out.append(
-        Served(
-            a.profile(names["trained"], str(TrainDir.of(cfg).export), names["trained"]), {"trained": names["trained"]}
-        )
-    )
+    out.append(Served(a.profile(names["trained"], str(run.export), names["trained"]), {"trained": names["trained"]}))
     return out
 
 
@@ -169,31 +165,6 @@ def _listed(base_url: str, api_key: str | None) -> list[dict[str, Any]]:
     """What the server's /v1/models lists (vLLM: the base, then each LoRA module with its path and parent)."""
     data = http_get(base_url + "/models", headers=bearer(api_key), timeout=30).json().get("data", [])
     return [{"id": m.get("id"), "root": m.get("root"), "parent": m.get("parent")} for m in data]
-
-
-def group_left(pgid: int) -> list[int]:
-    """Processes of a server's process group that still run (zombies waiting to be reaped do not count)."""
-    proc = Path("/proc")
-    if not proc.is_dir():  # no procfs: the group exists or it does not
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return []
-        except PermissionError:
-            pass
-        return [pgid]
-    left = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            left.append(int(entry.name))
-    return sorted(left)
 
 
 def _endpoints(base_url: str, asks: dict[str, str], api_key_env: str | None, cfg: TrainConfig) -> dict[str, Endpoint]:
@@ -264,7 +235,12 @@ def measure(
 
 
 def measure_on_running(
-    running: Endpoint, blocks: list[str], examples: list[MatchExample], cfg: TrainConfig, console: Console
+    running: Endpoint,
+    blocks: list[str],
+    examples: list[MatchExample],
+    cfg: TrainConfig,
+    run: TrainDir,
+    console: Console,
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """Base and/or adapter (`blocks`) on a vLLM server already serving the base model (`running`), started with a
     `runtime_lora_rank`: the adapter is loaded into it as a night loads a LoRA candidate into a judge's server, and
@@ -278,7 +254,7 @@ def measure_on_running(
     host = cfg.agreement.profile("running-base", str(root), base_name, port=address.port).model_copy(
         update={"host": address.hostname or "127.0.0.1", "api_key_env": running.api_key_env}
     )
-    adapter = str(TrainDir.of(cfg).adapter.resolve())
+    adapter = str(run.adapter.resolve())
     asks = {k: v for k, v in {"base": base_name, "adapter": names["adapter"]}.items() if k in blocks}
     adapters = {names["adapter"]: adapter} if "adapter" in asks else {}
     console.print(
@@ -312,17 +288,18 @@ def measure_on_running(
     return info, rows
 
 
-def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | None = None) -> AgreementReport:
-    """Agreement of the base (before), the adapter and the export (after) with the teacher; `<out>/agreement.json`.
+def check(
+    cfg: TrainConfig, run: TrainDir, console: Console | None = None, running: Endpoint | None = None
+) -> AgreementReport:
+    """Agreement of the base (before), `run`'s adapter and export (after) with the teacher, written into `run`.
     `running`: a vLLM server of the base model that loads adapters at run time (see `measure_on_running`)."""
     console = console or Console(stderr=True)
-    run = TrainDir.of(cfg)
     examples = read_examples(run.split("validation"))
     if cfg.agreement.limit:
         examples = examples[: cfg.agreement.limit]
     if not run.has_export():
         raise ConfigError(f"{run.export}: no exported model here; run `cupid train export --config {cfg.source}` first")
-    servers = plan(cfg)
+    servers = plan(cfg, run)
     for server in servers:  # missing adapter, rank above max_lora_rank: refused before a server starts
         server.profile.check_local_files(f"{cfg.source}: agreement")
     servers_asked: list[dict[str, Any]] = []
@@ -332,7 +309,7 @@ def check(cfg: TrainConfig, console: Console | None = None, running: Endpoint | 
     if (
         running is not None and len(servers) == 2
     ):  # the base and its adapter on the running server; the export is started
-        measured.append(measure_on_running(running, list(servers.pop(0).asks), examples, cfg, console))
+        measured.append(measure_on_running(running, list(servers.pop(0).asks), examples, cfg, run, console))
     measured += [measure(server, examples, cfg, console) for server in servers]
     for info, rows in measured:
         servers_asked.append(info)

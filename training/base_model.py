@@ -1,7 +1,8 @@
 """The base model of a training run: where it is (`resolve_base`: a local directory, the bundled tiny model or a Hub
 id) and how it loads (`load_base`: frozen, 4-bit NF4 when the config quantizes, as `bnb_config` builds
-transformers' BitsAndBytesConfig). The fine-tune, the export, the agreement check and GRPO load the same base
-through here, and none imports another stage for it."""
+transformers' BitsAndBytesConfig). The fine-tune, the export and the agreement check load the same base through here,
+and none imports another stage for it; GRPO's policy (`resolve_policy`, `load_policy`) is found and loaded here too,
+so that every stage's model comes in by one door."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid.common.config import ConfigError
+from cupid.common.files import prepared_model
 from cupid.training.config import TrainConfig
 
 
@@ -29,6 +31,20 @@ def resolve_base(cfg: TrainConfig) -> str:
     if not looks_like_hub_id:
         raise ConfigError(f"{cfg.source}: base_model: directory {path} does not exist")
     return value
+
+
+def resolve_policy(policy: str) -> str:
+    """GRPO's policy as the config names it: `prepared:NAME` is the model the project prepared under the state
+    directory, anything else (a local directory, a Hub id) as given."""
+    return prepared_model(policy)
+
+
+def load_policy(policy: str):
+    """GRPO's policy in full precision, as its config names it (`resolve_policy`): the trainer trains a LoRA adapter
+    on it and never quantizes it."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve_policy(policy))
 
 
 def load_base(base: str, cfg: TrainConfig, dtype):

@@ -91,13 +91,12 @@ def probe_logits(model, tokenizer, messages) -> Any:
         return model(input_ids=ids.to(model.device)).logits.float().cpu()
 
 
-def export(cfg: TrainConfig, console: Console | None = None) -> ExportReport:
-    """Merge and save into the run's export directory; write the export's report."""
+def export(cfg: TrainConfig, run: TrainDir, console: Console | None = None) -> ExportReport:
+    """Merge `run`'s adapter into the base and save it into `run`'s export directory; write the export's report."""
     console = console or Console(stderr=True)
     import torch
     from transformers import AutoTokenizer
 
-    run = TrainDir.of(cfg)
     adapter = run.adapter
     if not run.has_adapter():
         raise ConfigError(f"{adapter}: no trained adapter here; run `cupid train sft --config {cfg.source}` first")

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from cupid.common.config import ConfigError, read_yaml, validate
-from cupid.common.files import prepared_model
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
@@ -38,6 +37,7 @@ from cupid.serving.registry import require_reachable
 from cupid.serving.servers import profiles
 from cupid.serving.servers.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
+from cupid.training.base_model import load_policy, resolve_policy
 from cupid.training.grpo_memory import MemoryPlan
 from cupid.training.traindir import TrainDir
 
@@ -173,13 +173,13 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunCo
     return cfg
 
 
-def grpo_config(cfg: GrpoRunConfig, track: str | None = None) -> Any:
-    """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`). `track` (mlflow, wandb) is
-    TRL's `report_to` (default: none)."""
+def grpo_config(cfg: GrpoRunConfig, run: TrainDir, track: str | None = None) -> Any:
+    """TRL's `GRPOConfig` of the run, TRL checking the arguments (`trl_args.build`), its checkpoints in `run`.
+    `track` (mlflow, wandb) is TRL's `report_to` (default: none)."""
     import torch
     from trl import GRPOConfig
 
-    owned = {"output_dir": str(TrainDir.of(cfg).checkpoints)} | ({"report_to": track} if track else {})
+    owned = {"output_dir": str(run.checkpoints)} | ({"report_to": track} if track else {})
     bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # GRPOConfig's own default (bf16) fails on CPU
     defaults = {"logging_steps": 1, "bf16": bf16, "report_to": "none"}
     return trl_args.build(GRPOConfig, "grpo", cfg.grpo, defaults=defaults, owned=owned, source=cfg.source)
@@ -210,11 +210,11 @@ class Checked(NamedTuple):
     memory_plan: list[str]
 
 
-def check(cfg: GrpoRunConfig, track: str | None = None, funcs: list[Any] | None = None) -> Checked:
+def check(cfg: GrpoRunConfig, run: TrainDir, track: str | None = None, funcs: list[Any] | None = None) -> Checked:
     """Everything checked before the model loads but the data (`prompts`): TRL's and peft's arguments, the reward's
     endpoints, the memory plan. `funcs`: reward functions in place of the config's (a stand-in where no judge is
     served)."""
-    args, lora = grpo_config(cfg, track), lora_config(cfg)
+    args, lora = grpo_config(cfg, run, track), lora_config(cfg)
     funcs = funcs if funcs is not None else reward_funcs(cfg)
     if args.reward_weights is not None and len(args.reward_weights) != len(funcs):
         raise ConfigError(
@@ -274,7 +274,7 @@ def memory_plan(cfg: GrpoRunConfig, args: Any, lora: Any) -> list[str]:
     if cfg.memory is None:
         return []
     evaluated = cfg.evaluate.profile if cfg.evaluate.enabled and not cfg.evaluate.runtime_lora else None
-    estimate = grpo_memory.policy_gib(cfg.memory, prepared_model(cfg.policy), int(lora.r), args, cfg.source)
+    estimate = grpo_memory.policy_gib(cfg.memory, resolve_policy(cfg.policy), int(lora.r), args, cfg.source)
     return grpo_memory.check(cfg.memory, args, estimate, evaluated, cfg.evaluate.profiles, cfg.source)
 
 
@@ -310,20 +310,23 @@ def learnt(log_history: list[dict[str, Any]], changed: int) -> str | None:
 
 
 def train(
-    cfg: GrpoRunConfig, console: Console | None = None, track: str | None = None, funcs: list[Any] | None = None
+    cfg: GrpoRunConfig,
+    run: TrainDir,
+    console: Console | None = None,
+    track: str | None = None,
+    funcs: list[Any] | None = None,
 ) -> GrpoReport:
-    """Train, write `<out>/adapter` and `<out>/grpo_report.json` (then the evaluations into it); return the report.
+    """Train, write the adapter and the report into `run` (then the evaluations); return the report.
     `funcs`: reward functions in place of the config's (`scripts/gpu_train_check.py`'s stand-in, no judge served)."""
     console = console or Console(stderr=True)
-    args, lora, funcs, _ = check(cfg, track, funcs)
+    args, lora, funcs, _ = check(cfg, run, track, funcs)
     for judges in _judges_of(funcs):  # before the data and the policy load
         require_reachable(dict(judges.endpoints), {role: role for role, _ in judges.endpoints}, profiles.start_hint())
     dataset = prompts(cfg, args)
 
-    from transformers import AutoModelForCausalLM
     from trl import GRPOTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(prepared_model(cfg.policy))
+    model = load_policy(cfg.policy)
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, peft_config=lora)
     initial = _trainable(trainer.model)
     names = " + ".join(map(reward_name, funcs))
@@ -333,7 +336,7 @@ def train(
         trainer.train()
     finally:
         _close_judges(trainer, funcs)
-    adapter = TrainDir.of(cfg).adapter
+    adapter = run.adapter
     trainer.save_model(str(adapter))
     changed = sum(not bool((initial[n] == p.detach().cpu()).all()) for n, p in _named_trainable(trainer.model))
     log_history = list(trainer.state.log_history)
@@ -344,18 +347,13 @@ def train(
         nothing_learnt=learnt(log_history, changed),
         evaluation=None,
     )
-    _write(cfg, report)  # before the evaluation: a failed evaluation keeps the training's report
+    run.write_report("grpo", report)  # before the evaluation: a failed evaluation keeps the training's report
     del trainer, model, initial
     _release_memory()
     if cfg.evaluate.enabled:
-        report.evaluation = evaluate(cfg, adapter, lora.r, console)
-        _write(cfg, report)
+        report.evaluation = evaluate(cfg, run, lora.r, console)
+        run.write_report("grpo", report)
     return report
-
-
-def _write(cfg: GrpoRunConfig, report: GrpoReport) -> None:
-    # TRL's log history as it logged it: what JSON cannot hold is written as its str, as json.dumps(default=str) did
-    TrainDir.of(cfg).write_report("grpo", report)
 
 
 def _close_judges(trainer: Any, funcs: list[Any]) -> None:
@@ -389,21 +387,10 @@ def evaluated_model(cfg: GrpoRunConfig, label: str, weights: Path | None) -> Ser
                        adapter=str(weights) if weights else None, endpoint=ev.endpoint, serve=serve)  # fmt: skip
 
 
-def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> GrpoEvaluation:
-    """`cupid eval run` of the trained adapter (and the policy alone, `baseline`) on the held-out data, judged by the
-    reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded into
-    the profile's server of the policy, as a night loads a LoRA candidate into a judge's server: one already answering
-    (started with a `runtime_lora_rank`) is used as it is, no start of its own; else the run starts it and stops it.
-    `rank`: the trained adapter's."""
-    ev, r = cfg.evaluate, cfg.reward
-    host = {ev.profile: {"runtime_lora_rank": lora_rank_for(rank)}} if ev.runtime_lora else {}
-    if host and (served_model := profiles.load(ev.profile, ev.profiles).model) != cfg.policy:
-        raise ConfigError(
-            f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, "
-            f"not the policy {cfg.policy}"
-        )
-    roles: dict[str, Any] = {role: getattr(r, role) for role in TASKS[r.task].roles}
-    candidates = {"trained": adapter} | ({"base": None} if ev.baseline else {})
+def write_held_out(cfg: GrpoRunConfig, run: TrainDir) -> Path:
+    """The evaluation data's instances of personas the training data does not hold, written into `run` for the
+    evaluation runs to read: a policy is scored on people it never trained on. None left is a ConfigError."""
+    ev = cfg.evaluate
     trained_on = {
         i.persona_id for i in cupid_data.load(cfg.data.source).filter(cfg.data.types, cfg.data.limit).instances
     }
@@ -416,10 +403,27 @@ def evaluate(cfg: GrpoRunConfig, adapter: Path, rank: int, console: Console) -> 
         raise ConfigError(
             f"{cfg.source}: evaluate.data: every instance's persona is in the training data: nothing is held out"
         )
-    run = TrainDir.of(cfg)
-    data = run.held_out
-    data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
+    run.held_out.parent.mkdir(parents=True, exist_ok=True)
+    run.held_out.write_text("".join(i.model_dump_json() + "\n" for i in held_out))
+    return run.held_out
+
+
+def evaluate(cfg: GrpoRunConfig, run: TrainDir, rank: int, console: Console) -> GrpoEvaluation:
+    """`cupid eval run` of `run`'s trained adapter (and the policy alone, `baseline`) on the held-out data, judged by
+    the reward's judges, each served by vLLM with the evaluation's profile. With `runtime_lora` the adapter is loaded
+    into the profile's server of the policy, as a night loads a LoRA candidate into a judge's server: one already
+    answering (started with a `runtime_lora_rank`) is used as it is, no start of its own; else the run starts it and
+    stops it. `rank`: the trained adapter's."""
+    ev, r = cfg.evaluate, cfg.reward
+    host = {ev.profile: {"runtime_lora_rank": lora_rank_for(rank)}} if ev.runtime_lora else {}
+    if host and (served_model := profiles.load(ev.profile, ev.profiles).model) != cfg.policy:
+        raise ConfigError(
+            f"{cfg.source}: evaluate.runtime_lora: profile '{ev.profile}' serves {served_model}, "
+            f"not the policy {cfg.policy}"
+        )
+    roles: dict[str, Any] = {role: getattr(r, role) for role in TASKS[r.task].roles}
+    candidates = {"trained": run.adapter} | ({"base": None} if ev.baseline else {})
+    data = write_held_out(cfg, run)
     out: dict[str, dict[str, Any]] = {}
     for label, weights in candidates.items():
         served = evaluated_model(cfg, label, weights)

@@ -195,14 +195,13 @@ def _input_file(syn: Labelling, path: Path) -> tuple[Path, int]:
     return path, len(instances)
 
 
-def label(cfg: TrainConfig, console: Console | None = None) -> LabelReport:
-    """Run every candidate on the inference task with the teacher as matcher; write the match data.
+def label(cfg: TrainConfig, run: TrainDir, console: Console | None = None) -> LabelReport:
+    """Run every candidate on the inference task with the teacher as matcher; write the match data into `run`.
 
     Resumable: the runner keeps scored instances and the cache answers every request already made.
     """
     console = console or Console(stderr=True)
     syn = _labelling(cfg)
-    run = TrainDir.of(cfg)
     run.labelling.mkdir(parents=True, exist_ok=True)
     input_path, n_instances = _input_file(syn, run.label_input)
     with _endpoints_file(syn, run.label_endpoints) as endpoints_path:

@@ -37,15 +37,17 @@ class PipelineReport(BaseModel):
 def run(
     cfg: TrainConfig, console: Console | None = None, stages: tuple[str, ...] = STAGES, running: Endpoint | None = None
 ) -> PipelineReport:
-    """`running`: a vLLM server of the base model for the check (see `agreement.check`)."""
+    """The stages asked, in order, over the config's one run directory: each reads what the one before it wrote there.
+    `running`: a vLLM server of the base model for the check (see `agreement.check`)."""
     console = console or Console(stderr=True)
+    out = TrainDir.of(cfg)
     if "sft" in stages:
-        sft.check(cfg)  # TRL, peft, transformers refuse a wrong argument now, not after the match data are made
+        sft.check(cfg, out)  # TRL, peft, transformers refuse a wrong argument now, not after the match data are made
     steps = {
-        "label": lambda: matchdata.label(cfg, console) if cfg.labelling is not None else None,
-        "sft": lambda: sft.train(cfg, console),
-        "export": lambda: export.export(cfg, console),
-        "check": lambda: agreement.check(cfg, console, running) if cfg.agreement.enabled else None,
+        "label": lambda: matchdata.label(cfg, out, console) if cfg.labelling is not None else None,
+        "sft": lambda: sft.train(cfg, out, console),
+        "export": lambda: export.export(cfg, out, console),
+        "check": lambda: agreement.check(cfg, out, console, running) if cfg.agreement.enabled else None,
     }
     reports: dict[str, Any] = {}
     wall: dict[str, float] = {}
@@ -55,7 +57,7 @@ def run(
         wall[stage] = round(time.monotonic() - started, 2)
         _release_memory()
     wall_s = {**wall, "total": round(sum(wall.values()), 2)}
-    TrainDir.of(cfg).write_report("chain", {"config": cfg.source, "stages": list(stages), "wall_s": wall_s})
+    out.write_report("chain", {"config": cfg.source, "stages": list(stages), "wall_s": wall_s})
     return PipelineReport(**reports, wall_s=wall_s)
 
 

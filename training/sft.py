@@ -250,9 +250,9 @@ def peak_gpu_gib() -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
 
 
-def sft_config(cfg: TrainConfig, prec: str | None = None):
+def sft_config(cfg: TrainConfig, run: TrainDir, prec: str | None = None):
     """The `trl.SFTConfig` of this run: the config's `sft:` arguments over the chain's defaults, and what the
-    chain sets itself (`config.chain_sft_args`). TRL and transformers check the arguments here
+    chain sets itself (`config.chain_sft_args`: its checkpoints in `run`). TRL and transformers check the arguments here
     (`trl_args.build`): an unknown one, a value of another type than SFTConfig declares, or a value they refuse,
     is a ConfigError that names the file and `sft.<key>` and gives their message. Nothing is written."""
     from trl import SFTConfig
@@ -264,14 +264,14 @@ def sft_config(cfg: TrainConfig, prec: str | None = None):
         **CHAIN_DEFAULTS,
         "data_seed": given.get("seed", CHAIN_DEFAULTS.get("seed")),
     }  # the data order follows the seed
-    chain = chain_sft_args(TrainDir.of(cfg).checkpoints, prec)
+    chain = chain_sft_args(run.checkpoints, prec)
     return trl_args.build(SFTConfig, "sft", given, defaults=defaults, owned=chain, source=cfg.source)
 
 
-def check(cfg: TrainConfig) -> tuple[Any, Any, Any]:
+def check(cfg: TrainConfig, run: TrainDir) -> tuple[Any, Any, Any]:
     """What the fine-tune is given, checked by each owner before anything loads: TRL's `SFTConfig`, peft's
     `LoraConfig`, transformers' `BitsAndBytesConfig` (None: plain LoRA)."""
-    return sft_config(cfg), lora_config(cfg), bnb_config(cfg)
+    return sft_config(cfg, run), lora_config(cfg), bnb_config(cfg)
 
 
 def lora_config(cfg: TrainConfig):
@@ -322,7 +322,7 @@ def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
     val_examples = read_examples(val_path) if val_path.is_file() else []
     prec = precision(cfg)
     use_liger, why_liger = liger(cfg)
-    args = sft_config(cfg, prec)  # TRL checks the `sft:` arguments before the data and the model are loaded
+    args = sft_config(cfg, run, prec)  # TRL checks the `sft:` arguments before the data and the model are loaded
 
     import datasets
     import torch
@@ -370,12 +370,11 @@ def build_trainer(cfg: TrainConfig, run: TrainDir, console: Console) -> Built:
     return built
 
 
-def train(cfg: TrainConfig, console: Console | None = None) -> SftReport:
-    """Fine-tune, save the adapter into the run directory, write the fine-tune's report; return the report."""
+def train(cfg: TrainConfig, run: TrainDir, console: Console | None = None) -> SftReport:
+    """Fine-tune on `run`'s match data, save the adapter into it, write the fine-tune's report; return the report."""
     from transformers.trainer_utils import get_last_checkpoint
 
     console = console or Console(stderr=True)
-    run = TrainDir.of(cfg)
     built = build_trainer(cfg, run, console)
     checkpoints = run.checkpoints
     last = get_last_checkpoint(str(checkpoints)) if cfg.sft.resume and checkpoints.is_dir() else None

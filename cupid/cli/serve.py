@@ -142,19 +142,32 @@ def up(
             _fail(str(e), 2)
         return
     try:
-        for p in todo:  # everything that can be refused is refused before anything starts (exit 2)
-            get_engine(p.engine).preflight(p)
-            p.check_local_files()
-            if not port_free(p.host, p.port):
-                raise ServeError(taken(p.host, p.port))
-        plan = Plan(todo, running, gpus() if any(p.on_gpu for p in todo) else [])
-        plan.check()
+        plan = _refused_or_planned(todo, running)
     except ServeError as e:
         _fail(str(e), 2)
     for line in plan.lines():
         console.print(line, highlight=False)
+    _start_each(todo)
+
+
+def _refused_or_planned(todo: list[Profile], running: list[state.ServerRecord]) -> Plan:
+    """Everything that can be refused, refused before anything starts (exit 2): an engine that cannot run here, a
+    missing local file, a port taken, a plan that does not fit the GPUs; else the plan."""
+    for p in todo:
+        get_engine(p.engine).preflight(p)
+        p.check_local_files()
+        if not port_free(p.host, p.port):
+            raise ServeError(taken(p.host, p.port))
+    plan = Plan(todo, running, gpus() if any(p.on_gpu for p in todo) else [])
+    plan.check()
+    return plan
+
+
+def _start_each(todo: list[Profile]) -> None:
+    """One start after the other (vLLM measures free GPU memory while it starts); a start that fails says which
+    servers it leaves serving, since those started before it go on."""
     started: list[str] = []
-    for p in todo:  # one after the other: vLLM measures free GPU memory while it starts
+    for p in todo:
         console.print(f"starting '{p.handle}' ({p.engine}) ... log: cupid serve logs {p.handle}", highlight=False)
         try:
             record = lifecycle.up(p)

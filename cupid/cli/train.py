@@ -24,6 +24,7 @@ from cupid.training import agreement, config, pipeline
 from cupid.training.agreement import AgreementReport
 from cupid.training.matchdata import LabellingError, LabelReport
 from cupid.training.sft import SftReport
+from cupid.training.traindir import TrainDir
 
 app = typer.Typer(
     no_args_is_help=True, help="Rebuild the PrefMatcher judge: match data, QLoRA fine-tune, export, agreement."
@@ -155,7 +156,7 @@ def run(
     if dry_run:
         from cupid.training import sft as sft_stage
 
-        args, lora, bnb = _guarded(lambda: sft_stage.check(cfg))
+        args, lora, bnb = _guarded(lambda: sft_stage.check(cfg, TrainDir.of(cfg)))
 
         def value(v: Any) -> Any:  # str enums, sets
             return v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v
@@ -201,7 +202,7 @@ def label(config_path: str = ConfigOption, force: bool = ForceOption, out: str |
     cfg = _guarded(lambda: _load(config_path, force, out))
     from cupid.training import matchdata
 
-    _print_labelling(_guarded(lambda: matchdata.label(cfg, err)))
+    _print_labelling(_guarded(lambda: matchdata.label(cfg, TrainDir.of(cfg), err)))
 
 
 @app.command()
@@ -210,7 +211,7 @@ def sft(config_path: str = ConfigOption, out: str | None = OutOption) -> None:
     cfg = _guarded(lambda: _load(config_path, out=out))
     from cupid.training import sft as sft_stage
 
-    _print_sft(_guarded(lambda: sft_stage.train(cfg, err)))
+    _print_sft(_guarded(lambda: sft_stage.train(cfg, TrainDir.of(cfg), err)))
 
 
 @app.command()
@@ -219,7 +220,7 @@ def export(config_path: str = ConfigOption, out: str | None = OutOption) -> None
     cfg = _guarded(lambda: _load(config_path, out=out))
     from cupid.training import export as export_stage
 
-    report = _guarded(lambda: export_stage.export(cfg, err))
+    report = _guarded(lambda: export_stage.export(cfg, TrainDir.of(cfg), err))
     # as is, the file's JSON: a console would fold long strings and read [..] as markup
     print(json.dumps(report.model_dump(mode="json"), indent=2))
 
@@ -229,7 +230,7 @@ def check(config_path: str = ConfigOption, out: str | None = OutOption, running:
     """Serve base and export, run each as the matcher on the validation split, compare with the teacher."""
     cfg = _guarded(lambda: _load(config_path, out=out))
     base = _running(running)
-    _print_check(_guarded(lambda: agreement.check(cfg, err, base)))
+    _print_check(_guarded(lambda: agreement.check(cfg, TrainDir.of(cfg), err, base)))
 
 
 @app.command()
@@ -255,7 +256,7 @@ def grpo(
     if track is not None:
         _guarded(lambda: require_tracker(track))  # type: ignore[arg-type]
     if dry_run:
-        args, lora, funcs, plan = _guarded(lambda: grpo_run.check(cfg, track))
+        args, lora, funcs, plan = _guarded(lambda: grpo_run.check(cfg, TrainDir.of(cfg), track))
         given = ", ".join(f"{k}={getattr(args, k)}" for k in cfg.grpo)
         names = " + ".join(map(grpo_run.reward_name, funcs))
         if local_path(cfg.data.source) is not None:
@@ -272,7 +273,7 @@ def grpo(
         for line in plan or ["memory plan: none (a CPU recipe: no `memory:`)"]:
             console.print(line, highlight=False, soft_wrap=True)
         return
-    report = _guarded(lambda: grpo_run.train(cfg, err, track))
+    report = _guarded(lambda: grpo_run.train(cfg, TrainDir.of(cfg), err, track))
     rewards = [row["reward"] for row in report.log_history if "reward" in row]  # TRL's weighted sum, per step
     console.print(
         f"grpo: {len(rewards)} logged steps, mean reward {rewards[0] if rewards else '-'} "

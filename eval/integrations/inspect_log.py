@@ -26,29 +26,7 @@ SCORER = "cupid_scorer"
 
 def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
     """The logs' records into the run directory `out` (new, or the same run's); returns the summary."""
-    try:
-        from inspect_ai.log import read_eval_log
-    except ImportError:
-        raise ConfigError("reading inspect-ai logs needs the inspect extra: pip install -e '.[inspect]'") from None
-
-    runs = []
-    for path in logs:
-        try:
-            log = read_eval_log(str(path))
-        except Exception as e:  # noqa: BLE001 (inspect raises whatever its reader met)
-            raise ConfigError(f"{path}: not an inspect-ai log ({type(e).__name__}: {e})") from None
-        meta = (log.eval.metadata or {}).get("cupid")
-        if not meta or meta.get("task") not in TASKS:
-            raise ConfigError(
-                f"{path}: not a log of a cupid/* task (task {log.eval.task!r}); "
-                "run `inspect eval cupid/inference` or `cupid/generation`"
-            )
-        if log.samples is None or log.status != "success":
-            raise ConfigError(
-                f"{path}: the eval did not finish (status {log.status}); run it to the end (inspect eval-retry) first"
-            )
-        runs.append((path, log, meta))
-
+    runs = _finished_cupid_logs(logs)
     if len({meta["data"] for _, _, meta in runs}) > 1 or len({log.eval.model for _, log, _ in runs}) > 1:
         raise ConfigError(
             "these logs are not one run: " + "; ".join(f"{p}: {log.eval.model} on {m['data']}" for p, log, m in runs)
@@ -88,6 +66,34 @@ def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
     )
     run.write_summary(summary)
     return summary
+
+
+def _finished_cupid_logs(logs: list[str | Path]) -> list[tuple[str | Path, Any, dict[str, Any]]]:
+    """Each log read, with its cupid metadata: refused by name when it is not inspect-ai's, not of a cupid/* task, or
+    not finished, before anything is written, so that a run directory never holds half an import."""
+    try:
+        from inspect_ai.log import read_eval_log
+    except ImportError:
+        raise ConfigError("reading inspect-ai logs needs the inspect extra: pip install -e '.[inspect]'") from None
+
+    runs = []
+    for path in logs:
+        try:
+            log = read_eval_log(str(path))
+        except Exception as e:  # noqa: BLE001 (inspect raises whatever its reader met)
+            raise ConfigError(f"{path}: not an inspect-ai log ({type(e).__name__}: {e})") from None
+        meta = (log.eval.metadata or {}).get("cupid")
+        if not meta or meta.get("task") not in TASKS:
+            raise ConfigError(
+                f"{path}: not a log of a cupid/* task (task {log.eval.task!r}); "
+                "run `inspect eval cupid/inference` or `cupid/generation`"
+            )
+        if log.samples is None or log.status != "success":
+            raise ConfigError(
+                f"{path}: the eval did not finish (status {log.status}); run it to the end (inspect eval-retry) first"
+            )
+        runs.append((path, log, meta))
+    return runs
 
 
 def _records(path: str | Path, log: Any) -> list[UnitRecord]:

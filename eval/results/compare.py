@@ -273,30 +273,11 @@ def compare_runs(
     records_a, records_b = {r.unit: r for r in a.records}, {r.unit: r for r in b.records}
     common = [u for u in records_a if u in records_b and u[1] in TASKS]
     pairs, failed, no_answer, left_out = _pairs(records_a, records_b, common)
-    rows: list[Row] = []
-    no_verdict, partial, unanswered = _empty(a, b, headline_setting), [], []
-    units_allowed: dict[str, int] = {}
-    for spec in TASKS.values():
-        ran = {
-            side: {r.setting for r in records.values() if r.task == spec.name}
-            for side, records in (("a", records_a), ("b", records_b))
-        }
-        if not (ran["a"] and ran["b"]):
-            if ran["a"] or ran["b"]:
-                partial.append(f"task {spec.name} is in run {'A' if ran['a'] else 'B'} only")
-            continue
-        partial += _missing_units(spec.name, headline_setting, records_a, records_b)
-        in_task = [(x, y, s) for x, y, s in pairs if x.task == spec.name]
-        for setting in SETTINGS:
-            if chosen := [(x, y) for x, y, _ in in_task if x.setting == setting]:
-                rows += task_rows(
-                    spec, setting, *_columns(spec, chosen), headline=setting == headline_setting, margin=margin
-                )
-        no_verdict += _untestable(spec, headline_setting, ran, rows, common, left_out)
-        headline_units = [s for x, _, s in in_task if x.setting == headline_setting]
-        unanswered += _more_unanswered(spec.name, headline_units)
-        units_allowed[spec.name] = unanswered_allowed(len(headline_units))
+    rows, partial, untestable, unanswered, units_allowed = _tasks_compared(
+        records_a, records_b, pairs, common, left_out, headline_setting, margin
+    )
     adjust(rows)
+    no_verdict = _empty(a, b, headline_setting) + untestable
     no_verdict += [row.unresolved for row in rows if row.headline and row.unresolved]
     differs, accepted = differences(a, b), []
     for allowed, option, reasons in (
@@ -333,6 +314,47 @@ def compare_runs(
         units=units,
         view="cupid view " + " ".join(paths),
     )
+
+
+def _tasks_compared(
+    records_a: dict[Any, UnitRecord],
+    records_b: dict[Any, UnitRecord],
+    pairs: list[tuple[UnitRecord, UnitRecord, tuple[bool, bool]]],
+    common: list[Any],
+    left_out: Counter[str],
+    headline_setting: str,
+    margin: float,
+) -> tuple[list[Row], list[str], list[str], list[str], dict[str, int]]:
+    """Each task both runs ran, on its own: its rows (before Holm, which runs over all of them), what one run holds
+    and the other lacks, why its headline cannot be tested, whether B left more headline units unanswered than A
+    beyond the allowance, and that allowance. Kept apart from the verdict that weighs them all, so that one task's
+    account reads in one place."""
+    rows: list[Row] = []
+    partial: list[str] = []
+    untestable: list[str] = []
+    unanswered: list[str] = []
+    units_allowed: dict[str, int] = {}
+    for spec in TASKS.values():
+        ran = {
+            side: {r.setting for r in records.values() if r.task == spec.name}
+            for side, records in (("a", records_a), ("b", records_b))
+        }
+        if not (ran["a"] and ran["b"]):
+            if ran["a"] or ran["b"]:
+                partial.append(f"task {spec.name} is in run {'A' if ran['a'] else 'B'} only")
+            continue
+        partial += _missing_units(spec.name, headline_setting, records_a, records_b)
+        in_task = [(x, y, s) for x, y, s in pairs if x.task == spec.name]
+        for setting in SETTINGS:
+            if chosen := [(x, y) for x, y, _ in in_task if x.setting == setting]:
+                rows += task_rows(
+                    spec, setting, *_columns(spec, chosen), headline=setting == headline_setting, margin=margin
+                )
+        untestable += _untestable(spec, headline_setting, ran, rows, common, left_out)
+        headline_units = [s for x, _, s in in_task if x.setting == headline_setting]
+        unanswered += _more_unanswered(spec.name, headline_units)
+        units_allowed[spec.name] = unanswered_allowed(len(headline_units))
+    return rows, partial, untestable, unanswered, units_allowed
 
 
 def _pairs(
@@ -492,11 +514,3 @@ def compare(
         allow_partial=allow_partial,
         allow_differs=allow_differs,
     )
-
-
-def _units(c: Comparison) -> str:
-    """The margin's unit for each task compared (`F1 points`, or `F1 points (inference), ... (generation)`)."""
-    units = sorted(set(c.margin_units.values()))
-    if len(units) <= 1:
-        return units[0] if units else "points"
-    return ", ".join(f"{unit} ({task})" for task, unit in c.margin_units.items())

@@ -134,10 +134,13 @@ def _relevant_from_data(source: str) -> dict[str, list[int]]:
     }
 
 
-def figure3(runs: list[Run]) -> Figure:
-    fig = Figure("fig3_f1_vs_position", "Fig. 3: F1 against the mean position of the relevant sessions", "")
+def _f1_by_position(runs: list[Run], width: int) -> tuple[dict[str, dict[int, list[float]]], list[str], int]:
+    """Each run's per-instance F1 (standard setting, scored), binned by the mean position of the instance's relevant
+    sessions; notes for the runs left out (no positions, data not loadable); the instances with no relevant session.
+    The plot and its caption both read these: the binning is one step, the drawing another."""
     lines: dict[str, dict[int, list[float]]] = {}
-    notes, no_relevant, width = [], 0, 1
+    notes: list[str] = []
+    no_relevant = 0
     for run in runs:
         records = [r for r in run.of(INFERENCE.name, FIGURE_SETTING) if r.scored]
         if not records:
@@ -161,6 +164,13 @@ def figure3(runs: list[Run]) -> Figure:
             x = sum(positions) / len(positions)
             bins.setdefault(math.floor(x / width), []).append(r.match_counts().prf().f1)
         lines[run.label] = bins
+    return lines, notes, no_relevant
+
+
+def figure3(runs: list[Run]) -> Figure:
+    fig = Figure("fig3_f1_vs_position", "Fig. 3: F1 against the mean position of the relevant sessions", "")
+    width = 1
+    lines, notes, no_relevant = _f1_by_position(runs, width)
     if not lines:
         fig.caption = "Not drawn: no scored inference records in the standard setting. " + " ".join(notes)
         return fig

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS, family_level
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results.compare import NO_ANSWER, Comparison, Row, _units, margin_question
+from cupid.eval.results.compare import NO_ANSWER, Comparison, Row, margin_question
 
 
 def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
@@ -25,39 +25,51 @@ def _p(value: float | None) -> str:
 def print_comparison(comparison: Comparison, console: Console) -> None:
     """The comparison as people read it: what was compared, what differs, the rows, the verdict."""
     c = comparison
-    console.print(f"A: {c.a}\nB: {c.b}", highlight=False)
-    if c.same_run:
+    for line in _caveats(c):
+        console.print(line, highlight=False)
+    console.print(_table(c))
+    for task, counts in c.per_unit.items():
         console.print(
-            "[yellow]A and B are the same run[/yellow]: every difference is 0 by construction", highlight=False
+            f"{task}: B better on {counts['better']} units, worse on {counts['worse']}, tied on {counts['tied']}",
+            highlight=False,
         )
-    console.print(
-        f"{c.matched} units compared ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B",
-        highlight=False,
-    )
+    if c.units:
+        console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
+        for u in c.units:
+            console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
+    if question := margin_question(c.margin):
+        console.print(f"[yellow]did you mean a fraction?[/yellow] {question}", highlight=False)
+    console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
+
+
+def _caveats(c: Comparison) -> list[str]:
+    """What was compared and what weakens it (same run, no answers, units left out, what differs besides the
+    candidate, too few personas): said before the table, so that no figure is read without them."""
+    lines = [f"A: {c.a}\nB: {c.b}"]
+    if c.same_run:
+        lines.append("[yellow]A and B are the same run[/yellow]: every difference is 0 by construction")
+    lines.append(f"{c.matched} units compared ({c.personas} personas); {c.only_a} only in A, {c.only_b} only in B")
     if c.no_answer:
         where = ", ".join(f"{n} in {side.upper()}" for side, n in sorted(c.no_answer.items()))
-        console.print(
-            f"[yellow]no answer from the candidate[/yellow] on {where}: each counted as {NO_ANSWER}",
-            highlight=False,
-        )
+        lines.append(f"[yellow]no answer from the candidate[/yellow] on {where}: each counted as {NO_ANSWER}")
     if c.left_out:
         settings = ", ".join(f"{k} {n}" for k, n in sorted(c.left_out.items()))
-        console.print(
-            f"[yellow]left out[/yellow] {sum(c.left_out.values())} units a judge failed on (in either run): {settings}",
-            highlight=False,
+        lines.append(
+            f"[yellow]left out[/yellow] {sum(c.left_out.values())} units a judge failed on (in either run): {settings}"
         )
-    for line in c.differs:
-        console.print(
-            f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone",
-            highlight=False,
-        )
-    for line in c.partial:
-        console.print(f"[yellow]not in both runs[/yellow] {line}", highlight=False)
+    lines += [
+        f"[yellow]differs besides the candidate[/yellow] {line}: the difference is not the candidate's alone"
+        for line in c.differs
+    ]
+    lines += [f"[yellow]not in both runs[/yellow] {line}" for line in c.partial]
     if c.personas < MIN_PERSONAS:
-        console.print(
-            f"{c.personas} personas (<{MIN_PERSONAS}): no intervals or p-values, only the differences.",
-            highlight=False,
-        )
+        lines.append(f"{c.personas} personas (<{MIN_PERSONAS}): no intervals or p-values, only the differences.")
+    return lines
+
+
+def _table(c: Comparison) -> Table:
+    """The rows: each figure in A and B, their difference, and where the personas support one its interval, p-values
+    and the smallest difference the pair could detect; the gate's headlines marked."""
     table = Table(
         title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION: "
         f"its {GATE_CONFIDENCE:.1%} studentized bootstrap interval)"
@@ -81,19 +93,16 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         table.add_row(
             name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats_cells, style=style
         )
-    console.print(table)
-    for task, counts in c.per_unit.items():
-        console.print(
-            f"{task}: B better on {counts['better']} units, worse on {counts['worse']}, tied on {counts['tied']}",
-            highlight=False,
-        )
-    if c.units:
-        console.print(f"Largest changes (open with `{c.view}`):", highlight=False)
-        for u in c.units:
-            console.print(f"  {u.task}/{u.setting} {u.key}: {u.a:g} -> {u.b:g}  {u.view}", highlight=False)
-    if question := margin_question(c.margin):
-        console.print(f"[yellow]did you mean a fraction?[/yellow] {question}", highlight=False)
-    console.print(verdict_text(c), style="bold red" if c.exit_code else None, highlight=False)
+    return table
+
+
+def margin_unit_words(c: Comparison) -> str:
+    """The margin's unit for each task compared (`F1 points`, or `F1 points (inference), ... (generation)`): the
+    verdict states the margin in the units each headline is shown in."""
+    units = sorted(set(c.margin_units.values()))
+    if len(units) <= 1:
+        return units[0] if units else "points"
+    return ", ".join(f"{unit} ({task})" for task, unit in c.margin_units.items())
 
 
 def verdict_text(c: Comparison) -> str:
@@ -105,7 +114,7 @@ def verdict_text(c: Comparison) -> str:
             f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
         ]
         return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}{_level(headlines)}"
-    margin = f"a drop beyond the margin {c.margin:g} {_units(c)}" if c.margin else "a drop"
+    margin = f"a drop beyond the margin {c.margin:g} {margin_unit_words(c)}" if c.margin else "a drop"
     allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
         f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "

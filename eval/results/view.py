@@ -166,8 +166,9 @@ def _order(values: Iterable[str], known: tuple[str, ...]) -> list[str]:
     return [v for v in known if v in values] + sorted(values - set(known))
 
 
-def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
-    """(list data, instance key -> instance JSON, unit index -> records JSON per run)."""
+def _shared_data(runs: list[LoadedRun]) -> tuple[str, dict[str, cupid_data.Instance], str | None]:
+    """The data every run ran on, its instances by key, and a note where it cannot be loaded: the page then shows
+    what the records hold instead of failing, since a run's records stand without their data."""
     sources = {r.data for r in runs}
     if len(sources) > 1:
         raise ConfigError(
@@ -175,15 +176,15 @@ def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], li
         )
     source = sources.pop()
     try:
-        dataset = cupid_data.load(source)
-        by_key = {i.key: i for i in dataset.instances}
-        data_note = None
+        return source, {i.key: i for i in cupid_data.load(source).instances}, None
     except Exception as e:  # noqa: BLE001 (unreachable data: show what the records hold)
-        by_key, data_note = (
-            {},
-            f"the data {source!r} could not be loaded ({e}): prior sessions and requests are not shown",
-        )
+        note = f"the data {source!r} could not be loaded ({e}): prior sessions and requests are not shown"
+        return source, {}, note
 
+
+def page_data(runs: list[LoadedRun]) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """(list data, instance key -> instance JSON, unit index -> records JSON per run)."""
+    source, by_key, data_note = _shared_data(runs)
     units: dict[tuple[str, str, str], list[UnitRecord | None]] = {}
     for n, run in enumerate(runs):
         for record in run.records:

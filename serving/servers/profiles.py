@@ -188,14 +188,13 @@ class Profile(BaseModel):
         pipeline parallel) over nodes."""
         if self.engine != "vllm" or not CLUSTER_ARGS & self.vllm.keys():
             return None  # one copy on one node, vLLM's defaults: nothing to refuse (and no need to read them)
+        return self._data_parallel_problem() or self._nodes_problem()
+
+    def _data_parallel_problem(self) -> str | None:
+        """Data parallel across nodes (the first of the two shapes): its fields only together, and adding up. Checked
+        first: a start rank with nnodes is this shape's mistake, not the other's."""
         a, v = self.arg, self.value
-        dp, local, start, headless = (
-            v("data_parallel_size"),
-            a("data_parallel_size_local"),
-            a("data_parallel_start_rank"),
-            v("headless"),
-        )
-        nnodes, node_rank = v("nnodes"), v("node_rank")
+        dp, local, start = v("data_parallel_size"), a("data_parallel_size_local"), a("data_parallel_start_rank")
         multi_dp = local is not None and local < dp
         # vLLM's head waits for engines that never come when the other nodes cannot find it.
         if multi_dp and a("data_parallel_address") is None:
@@ -209,7 +208,7 @@ class Profile(BaseModel):
                     f"{name}: only for data parallel across nodes (data_parallel_size_local below data_parallel_size)"
                 )
         # vLLM's hybrid balancing (a start rank without --headless): an API server per node that nothing here balances.
-        if start is not None and not headless:
+        if start is not None and not v("headless"):
             return (
                 "data_parallel_start_rank is for a headless node (set headless: true); without it vLLM runs an "
                 "API server per node that something else must balance"
@@ -219,43 +218,49 @@ class Profile(BaseModel):
                 f"data_parallel_start_rank {start} + data_parallel_size_local {local} "
                 f"is more than data_parallel_size {dp}"
             )
-        if nnodes > 1:
-            # vLLM infers data parallel ranks from nnodes; this project states them (the fields above).
-            if dp > 1:
-                return (
-                    "nnodes spreads one copy of the model over nodes; for data parallel across nodes use "
-                    "data_parallel_size_local, data_parallel_start_rank and data_parallel_address"
-                )
-            if a("distributed_executor_backend") in ("ray", "uni"):
-                return (
-                    f"nnodes is vLLM's multiprocessing across nodes, not distributed_executor_backend "
-                    f"{a('distributed_executor_backend')} (Ray places a copy over its cluster by itself)"
-                )
-            # The ranks wait for each other until vLLM's timeout when these do not add up.
-            if self.width % nnodes:
-                return (
-                    f"tensor_parallel_size x pipeline_parallel_size ({self.width}) "
-                    f"does not split evenly over nnodes {nnodes}"
-                )
-            if a("master_addr") is None:
-                return "nnodes > 1 needs master_addr, node 0's address (the same on every node)"
-            if node_rank >= nnodes:
-                return f"node_rank {node_rank} is not below nnodes {nnodes}"
-            if (node_rank > 0) != headless:
-                return (
-                    f"node_rank {node_rank}: node 0 runs the API server, every other node is headless "
-                    f"(headless: {str(node_rank > 0).lower()})"
-                )
-        else:
+        return None
+
+    def _nodes_problem(self) -> str | None:
+        """One copy over nodes (`nnodes`, the second shape): node 0 the head, the ranks adding up; without it, none of
+        its fields, and no headless node with nothing to join (it would start engines and wait for a head forever)."""
+        a, v = self.arg, self.value
+        nnodes, node_rank, headless = v("nnodes"), v("node_rank"), v("headless")
+        if nnodes <= 1:
             for name in ("node_rank", "master_addr", "master_port"):
                 if a(name) is not None:
                     return f"{name}: only with nnodes > 1"
-            # A headless node with nothing to join starts engines and waits for a head forever.
-            if headless and start is None:
+            if headless and a("data_parallel_start_rank") is None:
                 return (
                     "headless: a worker node needs data_parallel_size_local, data_parallel_start_rank and "
                     "data_parallel_address (data parallel across nodes), or nnodes > 1 (one copy over nodes)"
                 )
+            return None
+        # vLLM infers data parallel ranks from nnodes; this project states them (the fields above).
+        if v("data_parallel_size") > 1:
+            return (
+                "nnodes spreads one copy of the model over nodes; for data parallel across nodes use "
+                "data_parallel_size_local, data_parallel_start_rank and data_parallel_address"
+            )
+        if a("distributed_executor_backend") in ("ray", "uni"):
+            return (
+                f"nnodes is vLLM's multiprocessing across nodes, not distributed_executor_backend "
+                f"{a('distributed_executor_backend')} (Ray places a copy over its cluster by itself)"
+            )
+        # The ranks wait for each other until vLLM's timeout when these do not add up.
+        if self.width % nnodes:
+            return (
+                f"tensor_parallel_size x pipeline_parallel_size ({self.width}) "
+                f"does not split evenly over nnodes {nnodes}"
+            )
+        if a("master_addr") is None:
+            return "nnodes > 1 needs master_addr, node 0's address (the same on every node)"
+        if node_rank >= nnodes:
+            return f"node_rank {node_rank} is not below nnodes {nnodes}"
+        if (node_rank > 0) != headless:
+            return (
+                f"node_rank {node_rank}: node 0 runs the API server, every other node is headless "
+                f"(headless: {str(node_rank > 0).lower()})"
+            )
         return None
 
     @property

@@ -107,17 +107,26 @@ def test_every_difference_is_b_minus_a_on_the_matched_units(runs):
     )  # the sample: 4 personas
 
 
-def test_a_changed_judge_is_named_and_the_same_answers_differ_by_nothing(runs):
+def test_a_changed_judge_is_named(runs):
     comparison = json.loads(CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["c"]), "--json"]).output)
     assert comparison["differs"] == ["judge decomposer: instant -> local-prefmatcher"]
+
+
+def test_a_run_against_itself_differs_by_nothing(runs):
     same = json.loads(CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"]), "--json"]).output)
     assert all((r["difference"], r["low"], r["high"], r["p_value"]) == (0.0, None, None, None) for r in same["rows"])
-    # The sample's 4 personas are too few to test: no verdict, which a gate does not pass.
+
+
+def test_too_few_personas_are_no_verdict_which_the_gate_does_not_pass(runs):
+    """The sample's 4 personas."""
     gated = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"]), "--fail-if-regression"])
     assert gated.exit_code == EXIT_NO_VERDICT, gated.output
     assert "NO VERDICT: inference/standard: 4 personas compared, fewer than 80 for a verdict" in " ".join(
         gated.output.split()
     )
+
+
+def test_a_run_directory_that_does_not_exist_is_a_usage_error(runs):
     missing = CliRunner().invoke(app, ["compare", str(runs["b"]), str(runs["b"] / "nowhere")])
     assert missing.exit_code == 2 and "nowhere: no such run directory" in missing.output  # an unreadable input
 
@@ -268,7 +277,7 @@ def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_
     )
 
 
-def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
+def test_no_change_passes_the_gate(gate_runs):
     result, comparison = gate(gate_runs["a"], gate_runs["again"])
     assert result.exit_code == 0, result.output
     headline = headline_of(comparison)
@@ -276,7 +285,9 @@ def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
     assert "No significant drop in a headline figure" in result.output and "108 personas" in result.output
     assert "inference/standard/micro_f1, generation/standard/mean_score" in " ".join(result.output.split())
 
-    # The headline setting is in neither pair of runs: no verdict, exit 3, and why; never another setting instead.
+
+def test_a_headline_setting_missing_from_a_run_is_no_verdict(gate_runs):
+    """No verdict, exit 3, and why; never another setting instead."""
     result, comparison = gate(gate_runs["oracle"], gate_runs["a"])
     assert result.exit_code == EXIT_NO_VERDICT, result.output
     assert "inference: setting 'standard' is not in run A (A: oracle; B: standard)" in comparison["no_verdict"]
@@ -284,7 +295,9 @@ def test_no_change_passes_and_no_verdict_is_not_a_pass(gate_runs, tmp_path):
     result, _ = gate(gate_runs["oracle"], gate_runs["oracle"], "--headline-setting", "oracle")
     assert result.exit_code == 0, result.output  # named, it is tested
 
-    # A judge that failed on 7 of 324 units: left out and counted; beyond 2% the comparison is incomplete.
+
+def test_units_a_judge_failed_on_block_the_verdict_only_beyond_two_percent(gate_runs, tmp_path):
+    """A judge that failed on 7 of 324 units: left out and counted; beyond 2% the comparison is incomplete."""
     incomplete = tmp_path / "incomplete"
     shutil.copytree(gate_runs["again"], incomplete)
     lines = (incomplete / "instances.jsonl").read_text().splitlines()
@@ -370,15 +383,20 @@ def test_a_margin_passes_a_drop_smaller_than_itself_that_fails_without_it(gate_r
     assert gate(gate_runs["a"], gate_runs["worse"], "--margin", f"{drop / 10:.2f}")[0].exit_code == EXIT_REGRESSION
 
 
-def test_the_unanswered_rule_and_a_small_margin_are_stated_as_the_code_runs(gate_runs):
-    from cupid.eval.results.compare import _more_unanswered, margin_question, unanswered_allowed
+def test_the_unanswered_allowance_is_one_percent_rounded_down():
+    from cupid.eval.results.compare import _more_unanswered, unanswered_allowed
 
     # A full run's 756 headline units: 7 more unanswered pass, the 8th fails (1%, rounded down); 252: 2 pass, not 3.
     for units, allowed in ((756, 7), (252, 2), (99, 0)):
         assert unanswered_allowed(units) == allowed
         assert _more_unanswered("inference", [(True, False)] * allowed + [(True, True)] * (units - allowed)) == []
         assert _more_unanswered("inference", [(True, False)] * (allowed + 1) + [(True, True)] * (units - allowed - 1))
-    # A margin under 0.1 points asks whether a fraction was meant, on the line before the verdict.
+
+
+def test_a_margin_under_a_tenth_of_a_point_asks_whether_a_fraction_was_meant(gate_runs):
+    """On the line before the verdict."""
+    from cupid.eval.results.compare import margin_question
+
     assert margin_question(0.5) is None and margin_question(0) is None
     result, _ = gate(gate_runs["a"], gate_runs["again"], "--margin", "0.02")
     said = " ".join(result.output.split())

@@ -13,17 +13,21 @@ def rows():
     return [json.loads(line) for line in data.SAMPLE_PATH.read_text().splitlines()]
 
 
-def test_sample_is_valid_and_balanced():
+def test_the_sample_is_twelve_valid_instances_of_eight_sessions():
     dataset = data.load()
     assert dataset.bad_rows == []
     assert len(dataset.instances) == 12
+    assert all(len(i.prior_interactions) == 8 for i in dataset.instances)
+    assert len({i.key for i in dataset.instances}) == 12
+
+
+def test_the_sample_holds_each_instance_type_alike():
+    dataset = data.load()
     assert {t: sum(i.instance_type == t for i in dataset.instances) for t in data.INSTANCE_TYPES} == {
         "consistent": 4,
         "contrastive": 4,
         "changing": 4,
     }
-    assert all(len(i.prior_interactions) == 8 for i in dataset.instances)
-    assert len({i.key for i in dataset.instances}) == 12
 
 
 def test_oracle_keeps_only_sessions_with_the_current_preference():
@@ -60,7 +64,7 @@ def test_bad_rows_are_reported_with_file_line_key_and_field(tmp_path, rows):
     assert f"{path}:5" in problems[3] and "duplicate instance key, first seen at " + f"{path}:4" in problems[3]
 
 
-def test_parquet_json_and_directory_sources(tmp_path, rows):
+def test_data_loads_from_parquet_json_or_a_directory_of_them(tmp_path, rows):
     pq.write_table(pa.Table.from_pylist(rows[:3]), tmp_path / "a.parquet")
     (tmp_path / "b.json").write_text(json.dumps(rows[3:5]))
     (tmp_path / "ignored.txt").write_text("not data")

@@ -108,7 +108,7 @@ def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_ho
     assert summary.tasks["inference"].overall.micro is None
 
 
-def test_cli_exit_code_and_last_line(endpoints, tmp_path, cupid_home):
+def test_a_run_with_failures_exits_1_with_its_count_last_unless_allowed(endpoints, tmp_path, cupid_home):
     args = [str(REPO / ".venv" / "bin" / "cupid"), "eval", "run", "--endpoints", str(endpoints),
             "--candidate", "instant", "--decomposer", "instant", "--matcher", "tinymatch", "--limit", "1",
             "--out", str(tmp_path / "cli"), "--cache", str(tmp_path / "cache.sqlite")]  # fmt: skip

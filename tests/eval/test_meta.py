@@ -35,7 +35,7 @@ def test_alpha_on_krippendorffs_binary_example():
         assert krippendorff_alpha(a, b, level) == pytest.approx(1 - 76 / 84)
 
 
-def test_alpha_ordinal_and_nominal_on_three_labels_by_hand():
+def test_krippendorffs_alpha_equals_its_hand_computation_on_three_labels():
     # Units (Y,Y) (P,P) (N,N) (Y,P) (P,N). Coincidences: o_YY = o_PP = o_NN = 2, o_YP = o_PY = o_PN = o_NP = 1;
     # n_N = 3, n_P = 4, n_Y = 3, n = 10.
     # Ordinal: d2(N,P) = d2(P,Y) = ((3+4)/2)^2 = 12.25, d2(N,Y) = (3+4+3 - (3+3)/2)^2 = 49.

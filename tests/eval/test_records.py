@@ -119,7 +119,7 @@ def test_records_round_trip_through_instances_jsonl_unit_fields_first(tmp_path):
     assert run.records() == {full.unit: full, failed.unit: failed}
 
 
-def test_a_torn_line_is_passed_over_and_closed_before_the_next_append(tmp_path):
+def test_a_torn_last_line_is_passed_over_without_spoiling_the_next_append(tmp_path):
     run = RunDir(tmp_path)
     run.records_file.write_text(_record().to_json() + "\n" + _record(setting="oracle").to_json()[:40])
     assert list(run.records()) == [("p1/consistent", "inference", "standard")]

@@ -136,7 +136,7 @@ def test_relevant_sessions_come_from_the_data_for_older_records(scored_run, tmp_
     assert "records lack relevant_sessions and data" in html and "gone.jsonl" in html
 
 
-def test_figures_across_runs_and_the_cli(tmp_path):
+def test_a_report_across_runs_draws_every_figure_over_all_of_them(tmp_path):
     runs = []
     for i, (own, ref, score) in enumerate((("YY", "YP", 8), ("YP", "PP", 6), ("NN", "NP", 3))):
         records = [
@@ -159,6 +159,9 @@ def test_figures_across_runs_and_the_cli(tmp_path):
     # Mean relevant positions (k + 7)/2 for k = 0, 1, 2: 3.5 in [3, 4), 4 and 4.5 in [4, 5); three runs.
     assert "Instances per bin (all runs): [3, 4): 3, [4, 5): 6." in html
     assert "one point per candidate model (3)" in html
+
+
+def test_a_report_of_a_missing_or_empty_run_directory_is_a_usage_error(tmp_path):
     missing = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and f"{tmp_path / 'nothing'}: no such run directory" in missing.output
     (tmp_path / "empty").mkdir()

@@ -99,8 +99,8 @@ def test_rewards_equal_the_f1_the_run_recorded_in_plain_and_chat_form(scored):
     ) == pytest.approx(want)
 
 
-def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_once(scored, instant_url):
-    records, _, decomposer, _ = scored
+def test_a_stopped_judge_gives_none_where_a_missing_preference_gives_zero(scored):
+    records, _, _, _ = scored
     dataset = cupid.reward_dataset("sample", limit=N)
     answers = [
         "I would rather not say.",
@@ -113,11 +113,16 @@ def test_no_preference_is_zero_a_stopped_judge_is_none_and_duplicates_are_asked_
     assert trl_call(cupid.reward(matcher=stopped, decomposer=stopped), dataset, answers, logged) == [0.0, None, None]
     assert logged["cupid/inference/judge_failure_rate"] == pytest.approx(2 / 3)
 
+
+def test_an_answer_given_twice_in_a_batch_is_judged_once(scored, instant_url):
+    records, _, decomposer, _ = scored
+    dataset = cupid.reward_dataset("sample", limit=N)
+    answers = [records[1].candidate_answer, f"{PREFERENCE_HEADER}\nShort answers with numbers first."]
     judges = Endpoint(base_url=instant_url, model="local-prefmatcher")
     same_row = dataset.select([1, 1, 1])
     logged = {}
     rewards = trl_call(
-        cupid.reward(matcher=judges, decomposer=decomposer), same_row, [answers[2], answers[2], answers[1]], logged
+        cupid.reward(matcher=judges, decomposer=decomposer), same_row, [answers[1], answers[1], answers[0]], logged
     )
     assert rewards[0] == rewards[1] and all(r is not None for r in rewards)
     assert logged["cupid/inference/requests_sent"] == 2 * 3  # two distinct answers: decompose + two matches each
@@ -157,11 +162,12 @@ def test_the_generation_reward_is_the_runs_judge_score_scaled(tmp_path, instant_
     assert logged["cupid/generation/requests_sent"] == 0  # the run's judge requests, answered by its cache
 
 
-def test_the_generation_reward_and_the_dataset_are_checked():
-    from trl.trainer.utils import get_callable_name, is_async_callable
-
+def test_the_generation_reward_refuses_an_inference_metric():
     with pytest.raises(cupid.api.ConfigError, match="metric 'f1' for generation"):
         cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"), metric="f1")
+
+
+def test_a_summary_dataset_needs_a_summarizer_that_answers():
     with pytest.raises(
         cupid.api.ConfigError,
         match="summary setting needs the summarizer's answers to build its prompts: pass summarizer=",
@@ -174,11 +180,19 @@ def test_the_generation_reward_and_the_dataset_are_checked():
             limit=1,
             summarizer=Endpoint(base_url=f"http://127.0.0.1:{free_port()}/v1", model="s", max_retries=0, timeout_s=5),
         )
+
+
+def test_a_generation_dataset_ends_on_the_users_turn_with_its_preference():
     generation = cupid.reward_dataset("sample", task="generation", setting="oracle-preference", limit=1)
     assert (
         generation["prompt"][0][-1]["role"] == "user"
         and generation["current_contextual_preference"][0] in generation["prompt"][0][-1]["content"]
     )
+
+
+def test_the_generation_reward_is_an_async_callable_named_for_trl():
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
     reward = cupid.reward("generation", judge=Endpoint(base_url="http://127.0.0.1:9/v1", model="j"))
     assert get_callable_name(reward) == "cupid_generation_score" and is_async_callable(reward)
 

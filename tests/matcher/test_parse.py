@@ -29,8 +29,11 @@ def test_checklist_fenced_with_prose_around():
     assert parse.checklist(answer) == ["Is it stern?", "Is it direct?"]
 
 
-def test_checklist_bare_json_and_empty_list():
+def test_a_bare_json_checklist_is_read_with_its_items_stripped():
     assert parse.checklist('{"checklist": [" Is it stern? "]}') == ["Is it stern?"]
+
+
+def test_an_empty_checklist_in_a_fenced_block_is_an_empty_list():
     assert parse.checklist('```json\n{"checklist": []}\n```') == []
 
 

@@ -30,7 +30,10 @@ def test_micro_and_macro_differ_as_computed_by_hand():
     assert ma.f1 != pytest.approx(mi.f1)
 
 
-def test_empty_inferred_checklist_and_nothing_to_aggregate():
+def test_an_empty_inferred_checklist_scores_zero():
     empty = MatchCounts(0.0, 0, 0.0, 3)
     assert empty.prf().as_dict() == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+
+
+def test_nothing_to_aggregate_is_none_not_zero():
     assert micro([]) is None and macro([]) is None

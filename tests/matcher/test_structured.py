@@ -74,7 +74,7 @@ def test_judge_pattern_is_the_prompt_format_with_a_score_that_matches_its_label(
     assert admits(fields, answer.replace("Very Good", "Exceptional").replace("Score\n\n8", "Score\n\n10"))
 
 
-def test_decomposer_and_summarizer_patterns_admit_their_prompted_forms():
+def test_the_decomposer_pattern_admits_its_prompted_form_up_to_four_entries():
     checklist = (
         "**Analysis**\n\nTwo aspects: tone and length.\n\n**Checklist**\n\n```json\n"
         + json.dumps({"checklist": ["Is the tone direct?", "Is it short?"]}, indent=2)
@@ -86,6 +86,9 @@ def test_decomposer_and_summarizer_patterns_admit_their_prompted_forms():
     ]
     five = checklist.replace('"Is it short?"', '"a?", "b?", "c?", "d?"')
     assert not admits(schemas.decomposer(None), five)  # at most 4 entries, as the prompt says
+
+
+def test_the_summarizer_pattern_admits_its_prompted_form():
     summary = {
         "summaries": [
             {"session_id": 1, "analysis": "The user plans.", "context": ["A trip"], "preferences": ["Short plans"]}
@@ -95,12 +98,15 @@ def test_decomposer_and_summarizer_patterns_admit_their_prompted_forms():
     assert admits(schemas.summarizer(None), text) and parse.session_summary(text)["preferences"] == ["Short plans"]
 
 
-def test_candidate_inference_pattern_and_the_length_every_pattern_guarantees():
+def test_the_candidate_inference_pattern_admits_one_preference_line():
     answer = (
         "### Analysis\n\nThe user wanted short plans before.\n\n### Most Likely Preference\n\nPlans should be short."
     )
     assert admits(schemas.inference_answer(None), answer) and parse.preference(answer) == "Plans should be short."
     assert not admits(schemas.inference_answer(None), answer + "\nAnd a second line.")
+
+
+def test_every_pattern_fits_in_the_tokens_its_request_allows():
     for cap in (64, 200, 2048):
         for fields in (
             schemas.judge(cap),

@@ -35,11 +35,14 @@ def test_errors_name_file_entry_and_field(tmp_path, entry, field, message):
     assert str(path) in text and "endpoint 'broken'" in text and field in text and message in text
 
 
-def test_not_a_mapping_and_missing_file(tmp_path):
+def test_an_endpoints_file_that_is_not_a_mapping_is_refused(tmp_path):
     path = tmp_path / "ep.yaml"
     path.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_endpoints(path)
+
+
+def test_a_missing_endpoints_file_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="file not found"):
         load_endpoints(tmp_path / "nope.yaml")
 

@@ -119,9 +119,12 @@ def test_cpu_plan_one_slot_beside_the_judges_no_gpu_settings(tmp_path):
     assert "--gpu-memory-utilization" not in vllm_args(profile) and engine_env(profile)["VLLM_CPU_KVCACHE_SPACE"] == "3"
 
 
-def test_judges_keep_their_model_and_take_field_overrides():
+def test_a_judges_profile_takes_field_overrides():
     [judge] = judge_profiles({"prefmatcher": {"vllm": {"gpu_memory_utilization": 0.3}}}, SERVE_DIR)
     assert judge.gpu_memory_utilization == 0.3 and judge.model == "kixlab/prefmatcher-7b"
+
+
+def test_a_judges_model_cannot_be_overridden_nor_its_profile_missing():
     with pytest.raises(ConfigError, match="serve.prefmatcher.model"):
         judge_profiles({"prefmatcher": {"model": "other/model"}}, SERVE_DIR)
     with pytest.raises(ConfigError, match="no serve profile 'nope'"):

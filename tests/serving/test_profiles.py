@@ -117,7 +117,7 @@ def test_runtime_lora_rank_lets_a_server_load_adapters_while_it_runs(tmp_path, s
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env(shipped["prefmatcher-lora"])  # off unless asked for
 
 
-def test_several_adapters_and_any_vllm_argument(tmp_path):
+def test_a_profiles_adapters_with_any_vllm_argument_reach_command_and_engine(tmp_path):
     path = write(
         tmp_path,
         "two",
@@ -355,11 +355,13 @@ def test_bad_profiles_are_refused_with_file_and_field(tmp_path):
         profiles.load("nope", SERVE_DIR)
 
 
-def test_plan_splits_one_gpu_and_refuses_more_than_the_whole(shipped):
+def test_plan_splits_one_gpu_between_two_servers(shipped):
     pair = Plan([shipped["prefmatcher"], shipped["qwen2.5-7b-instruct"]], gpus=H100)
     assert pair.problems() == []
     assert pair.lines()[-1] == "GPU memory: 0.90 of the GPU = 71.7 GiB of NVIDIA H100 80GB HBM3"
 
+
+def test_plan_refuses_shares_that_add_up_to_more_than_the_gpu(shipped):
     three = Plan([shipped["prefmatcher"], shipped["qwen2.5-7b-instruct"], shipped["prefmatcher-lora"]])
     with pytest.raises(
         ServeError,
@@ -579,7 +581,7 @@ def test_plan_counts_every_gpu_a_server_takes_on_this_node(shipped, tmp_path):
     assert Plan([big.with_args(gpu_memory_utilization=0.9)], gpus=h100s).problems() == []
 
 
-def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profile(tmp_path, shipped):
+def test_offline_kwargs_keep_one_copy_of_the_model(tmp_path, shipped):
     kwargs = llm_kwargs(
         profiles.load(str(write(tmp_path, "tp-pp", model="org/m", port=8000, vllm=PARALLEL_SHAPES["tp4-pp2"])))
     )
@@ -590,6 +592,9 @@ def test_offline_kwargs_keep_one_copy_and_requests_never_pick_a_scaled_out_profi
     ) == (4, 2, "mp")
     assert "headless" not in llm_kwargs(shipped["prefmatcher-2node-worker"])  # the server's, not the engine's
     assert llm_kwargs(shipped["tiny"])["distributed_executor_backend"] == "uni"
+
+
+def test_requests_for_a_model_never_pick_a_scaled_out_profile():
     # prefmatcher-2node-head, -2node-worker and -dp8 serve kixlab/prefmatcher-7b too, and sort before it
     assert profiles.for_model("kixlab/prefmatcher-7b", SERVE_DIR)[0].name == "prefmatcher"
 
@@ -734,7 +739,7 @@ def test_requests_find_the_profile_that_serves_them():
 runner = CliRunner()
 
 
-def test_cli_dry_run_prints_the_split_and_the_flags():
+def test_serve_dry_run_prints_the_gpu_split_with_each_servers_flags():
     result = runner.invoke(
         app, ["serve", "up", "--dry-run", "-p", "prefmatcher", "-p", "qwen2.5-7b-instruct", "--batch-invariant"]
     )

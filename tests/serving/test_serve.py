@@ -265,7 +265,7 @@ def test_likely_causes():
     assert server_log.likely_cause("all good") is None
 
 
-def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
+def test_the_vllm_command_serves_the_profiles_model_under_its_name(tmp_path):
     from cupid.serving.servers import engines
 
     engine = engines.get_engine("vllm")
@@ -281,6 +281,12 @@ def test_vllm_command_and_the_build_each_profile_needs(tmp_path, monkeypatch):
     assert command[command.index("--served-model-name") + 1] == "kixlab/prefmatcher-7b"
     assert command[command.index("--generation-config") + 1] == "vllm"
 
+
+def test_a_profile_on_a_vllm_build_it_cannot_run_on_is_refused_with_the_fix(monkeypatch):
+    from cupid.serving.servers import engines
+
+    engine = engines.get_engine("vllm")
+    profile = Profile(model="kixlab/prefmatcher-7b", port=8000)  # a GPU profile
     assert engines.vllm_build() == "cpu"  # what `make setup` installs on a box without CUDA
     monkeypatch.setattr("shutil.which", lambda name: None)
     with pytest.raises(

@@ -16,6 +16,7 @@ import sys
 
 import yaml
 
+from cupid.training.traindir import TrainDir
 from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_train_check.py"
@@ -117,7 +118,7 @@ def test_a_max_length_that_leaves_no_completion_is_refused_by_name(tmp_path, ran
     from cupid.cli import app
 
     check = runpy.run_path(str(SCRIPT))
-    made = check["match_data"](tmp_path / "data", 4, random_model_dir, 512)
+    made = check["match_data"](TrainDir(tmp_path, tmp_path / "data"), 4, random_model_dir, 512)
     cfg = check["sft_config"]("tiny", random_model_dir, tmp_path / "data", tmp_path / "sft", 1)
     config_path = tmp_path / "sft" / "sft.yaml"
     recipe = yaml.safe_load(config_path.read_text())

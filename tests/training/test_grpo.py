@@ -219,7 +219,7 @@ def test_the_shipped_grpo_recipes_pass_their_dry_run(name):
     assert "TRL's GRPOConfig accepts" in result.output and "reward_weights=[1.0, " in result.output
 
 
-def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refused(tmp_path):
+def test_the_7b_recipe_plans_its_gpu_memory_part_by_part(tmp_path):
     recipe = REPO / "configs" / "train" / "grpo-qwen2.5-7b.yaml"
     result = CliRunner().invoke(app, ["train", "grpo", "--config", str(recipe), "--dry-run"])
     assert result.exit_code == 0, result.output
@@ -245,6 +245,9 @@ def test_the_7b_recipe_plans_its_gpu_memory_and_a_plan_that_cannot_fit_is_refuse
         assert started.gpu_memory_utilization == 0.45, label
     assert "the evaluation's server, profile qwen2.5-7b-instruct (0.45) 35.8" in result.output
 
+
+def test_a_grpo_memory_plan_that_cannot_fit_is_refused(tmp_path):
+    recipe = REPO / "configs" / "train" / "grpo-qwen2.5-7b.yaml"
     one_gpu = yaml.safe_load(recipe.read_text())
     one_gpu["memory"] |= {"gpus": 1, "judges_gpu": 0}  # the judges beside the policy on one card: 119.9 GiB
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(one_gpu))

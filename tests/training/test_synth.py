@@ -232,24 +232,36 @@ def test_labelled_fields_tolerate_markdown_and_repeats():
         parse.require_fields("Factor: X\nBackground: Y", ("Factor", "Background", "Preference"))
 
 
-def test_questions_yes_no_and_free_text():
+def test_questions_are_read_from_json_or_a_numbered_list():
     assert parse.questions('```json\n{"checklist": ["Is it short?"]}\n```') == ["Is it short?"]
     assert parse.questions("Questions:\n1. Is it short?\n2. **Does it** end with a question?\nThat is all.") == [
         "Is it short?",
         "Does it end with a question?",
     ]
+
+
+def test_yes_no_reads_a_plain_answer_not_a_hedge():
     assert parse.yes_no("Yes.") is True and parse.yes_no("The answer is no, because") is False
     with pytest.raises(parse.Unusable):
         parse.yes_no("Maybe yes, maybe no")
+
+
+def test_free_text_is_read_after_its_label():
     assert (
         parse.free_text('Request: "Draft my update to Dr. Okafor."', ("request",)) == "Draft my update to Dr. Okafor."
     )
+
+
+def test_an_answer_that_repeats_its_prompt_is_an_echo():
     assert parse.echoes("Lena is a nurse who runs workshops", "Lena is a nurse who runs workshops for parents.")
     assert not parse.echoes("Please draft the update for Dr. Okafor", "Lena is a nurse who runs workshops.")
 
 
-def test_dialogue_score_and_item_choice():
+def test_a_dialogues_score_runs_from_1_to_10_with_the_items_met():
     assert score([True, True, True]) == 10 and score([True, True, False]) == 7 and score([False, False]) == 1
+
+
+def test_the_next_item_raised_is_an_unmet_one_not_mentioned_yet():
     assert pick_unmet([True, False, False], mentioned={1}) == 2  # an unmet item not mentioned yet
     assert pick_unmet([True, False, True], mentioned={1}) == 1  # else the first unmet one again
 

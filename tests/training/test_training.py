@@ -411,7 +411,7 @@ def test_the_check_serves_the_adapter_beside_its_base_at_the_trained_rank(chain,
     cfg = chain.cfg
     names = agreement.served_names(cfg)
     adapter = str((cfg.out_dir / "adapter").resolve())
-    lora, merged = agreement.plan(cfg)
+    lora, merged = agreement.plan(cfg, TrainDir.of(cfg))
     assert lora.asks == {"base": names["base"], "adapter": names["adapter"]} and merged.asks == {
         "trained": names["trained"]
     }
@@ -436,7 +436,7 @@ def test_check_refuses_a_running_server_of_another_model_before_loading_anything
     with pytest.raises(
         ServeError, match=r"serves 'tiny-random-llama' from .*tiny-random-LlamaForCausalLM, not the base model .*export"
     ):
-        agreement.check(other, Console(stderr=True), running=Endpoint(**tiny_server))
+        agreement.check(other, TrainDir.of(other), Console(stderr=True), running=Endpoint(**tiny_server))
     listed = httpx.get(tiny_server["base_url"] + "/models").json()["data"]
     assert agreement.served_names(cfg)["adapter"] not in [m["id"] for m in listed]
 
@@ -486,7 +486,7 @@ def test_training_resumes_from_the_newest_checkpoint(chain, tmp_path):
         shutil.copytree(cfg.out_dir / part, copy / part)
     steps = cfg.sft.max_steps
     more = _load(TINY, out=str(copy), base_model=cfg.base_model, sft__max_steps=steps + 1, sft__measure_loss_on=[])
-    report = sft.train(more, Console(stderr=True))
+    report = sft.train(more, TrainDir.of(more), Console(stderr=True))
     assert report.resumed_from.endswith(f"checkpoint-{steps}")
     assert report.optimizer_steps == steps + 1 and report.logged_losses[-1]["step"] == steps + 1
     assert (copy / "checkpoints" / f"checkpoint-{steps + 1}").is_dir()
@@ -534,9 +534,8 @@ def _write_config(path: Path, **sections) -> Path:
     return path
 
 
-def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one(tmp_path):
-    """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it; an unknown name or a
-    value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with TRL's message."""
+def test_any_sft_config_argument_reaches_the_trainer(tmp_path):
+    """`sft:` is TRL's SFTConfig as given: an argument the project never named reaches it."""
     from cupid.training.sft import sft_config
 
     extra = {
@@ -545,7 +544,8 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
         "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
     }
     path = _write_config(tmp_path / "more.yaml", sft=extra)
-    args = sft_config(config.load(path), "fp32")
+    cfg = config.load(path)
+    args = sft_config(cfg, TrainDir.of(cfg), "fp32")
     assert (args.neftune_noise_alpha, args.lr_scheduler_type, args.lr_scheduler_kwargs) == (
         5,
         "cosine_with_min_lr",
@@ -557,6 +557,12 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
         and "neftune_noise_alpha=5" in result.output
         and "lr_scheduler_type=cosine_with_min_lr" in result.output
     )
+
+
+def test_an_sft_argument_trl_refuses_fails_the_run_with_trls_message(tmp_path):
+    """An unknown name or a value TRL refuses fails `cupid train run --dry-run` (and a run, before anything runs) with
+    TRL's message."""
+    from cupid.training.sft import sft_config
 
     cases = {
         "name": (
@@ -590,7 +596,7 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
     for name, (given, message) in cases.items():
         bad = _write_config(tmp_path / f"{name}.yaml", sft=given)
         with pytest.raises(ConfigError, match=message):
-            sft_config(config.load(bad), "fp32")
+            sft_config(config.load(bad), TrainDir(tmp_path), "fp32")
         for command in (["--dry-run"], []):  # the run refuses it before the match data are made
             result = CliRunner().invoke(
                 cupid_app, ["train", "run", "-c", str(bad), *command, "--out", str(tmp_path / name)]
@@ -605,7 +611,7 @@ def test_any_sft_config_argument_reaches_the_trainer_and_trl_refuses_a_wrong_one
     with pytest.raises(
         ConfigError, match=r"sft\.optim: TRL/transformers refuse it: nope is not a valid OptimizerNames"
     ):
-        sft_config(config.TrainConfig.model_validate(two), "fp32")
+        sft_config(config.TrainConfig.model_validate(two), TrainDir(tmp_path), "fp32")
     with pytest.raises(ConfigError, match=r"sft.*output_dir: set by the chain itself"):
         config.load(_write_config(tmp_path / "owned.yaml", sft={"output_dir": "elsewhere"}))
 
@@ -622,7 +628,7 @@ def test_shipped_configs_give_the_trainer_the_recipe_they_gave_before():
     }
     for name, recipe in before.items():
         cfg = config.load(REPO / "configs" / "train" / f"{name}.yaml")
-        args = sft_config(cfg, "fp32")
+        args = sft_config(cfg, TrainDir.of(cfg), "fp32")
         project = recipe.pop("_project")
         recipe.update(changed_since.get(name, {}))
         assert {k: getattr(args, k) for k in recipe} == recipe, name
@@ -674,7 +680,7 @@ def test_lora_and_quantization_are_checked_by_peft_and_bitsandbytes(tmp_path):
     with pytest.raises(ConfigError, match=r"quantization.*bnb_4bit_compute_dtype: set by the chain itself"):
         config.load(_write_config(tmp_path / "owned2.yaml", quantization={"bnb_4bit_compute_dtype": "float16"}))
     plain = config.load(_write_config(tmp_path / "plain.yaml", quantization={"load_in_4bit": False}))
-    _, lora, bnb = check(plain)
+    _, lora, bnb = check(plain, TrainDir.of(plain))
     assert bnb is None and lora.r == 8 and lora.lora_alpha == 16  # plain LoRA: no BitsAndBytesConfig at all
     result = CliRunner().invoke(cupid_app, ["train", "run", "--config", str(tmp_path / "typo.yaml"), "--dry-run"])
     assert result.exit_code == 2 and "quantization.bnb_4bit_quant_typ: not an argument" in result.output
@@ -704,7 +710,7 @@ def test_check_server_settings_that_cannot_work_are_refused_when_the_config_load
     plain = config.load(
         _write_config(tmp_path / "g.yaml", agreement={"serve": {"engine": "transformers"}, "adapter": False})
     )
-    assert [(s.asks.keys(), s.profile.engine) for s in agreement.plan(plain)] == [
+    assert [(s.asks.keys(), s.profile.engine) for s in agreement.plan(plain, TrainDir.of(plain))] == [
         ({"base"}, "transformers"),
         ({"trained"}, "transformers"),
     ]
@@ -721,7 +727,7 @@ def test_check_without_the_trained_adapter_starts_no_server(chain, tmp_path, ran
     with pytest.raises(
         ServeError, match=r"agreement: LoRA adapter 'train-prefmatcher-tiny-adapter' not found at .*/run/adapter"
     ):
-        agreement.check(moved, Console(stderr=True))
+        agreement.check(moved, TrainDir.of(moved), Console(stderr=True))
     assert state.records() == [] and not (copy / "agreement.json").exists()  # refused before any start
 
 
@@ -730,7 +736,7 @@ def test_missing_base_model_directory_fails_before_loading_anything(tmp_path):
                          labelling=None, match_data=str(tmp_path / "data"))  # fmt: skip
     cfg = config.load(path)
     with pytest.raises(ConfigError, match=r"base_model: directory .*no-such-model does not exist"):
-        sft.train(cfg)
+        sft.train(cfg, TrainDir.of(cfg))
     result = CliRunner().invoke(cupid_app, ["train", "sft", "-c", str(path)])
     assert result.exit_code == 2 and "no-such-model does not exist" in result.output
 
@@ -756,7 +762,8 @@ def test_match_data_with_missing_fields_names_line_and_field(tmp_path, random_mo
         match_data=str(data),
     )
     with pytest.raises(ConfigError) as e:
-        sft.train(config.load(path))
+        cfg = config.load(path)
+        sft.train(cfg, TrainDir.of(cfg))
     assert f"{data / 'train.jsonl'}:2: completion: Field required" in str(e.value)
 
 
@@ -767,7 +774,7 @@ def test_cupid_rows_with_missing_fields_stop_synthesis_before_anything_is_sent(t
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = _load(TINY, out=str(tmp_path / "run"), labelling__data=str(source), labelling__instant_server=False)
     with pytest.raises(DataError) as e:
-        matchdata.label(cfg)
+        matchdata.label(cfg, TrainDir.of(cfg))
     assert f"{source}:2" in str(e.value) and "current_checklist: Field required" in str(e.value)
     assert not (tmp_path / "run" / "label" / "instant").exists()
 
@@ -788,7 +795,7 @@ def test_unreachable_teacher_fails_clearly_and_runs_nothing(tmp_path, instant_ur
         labelling__teacher="closed",
     )
     with pytest.raises(LabellingError, match=r"endpoint 'closed' \(http://127\.0\.0\.1:\d+/v1\) cannot be reached"):
-        matchdata.label(cfg)
+        matchdata.label(cfg, TrainDir.of(cfg))
     assert not (tmp_path / "run" / "label" / "instant").exists()
 
 
@@ -823,7 +830,7 @@ def test_tiny_model_as_candidate_gives_no_match_data(tmp_path, tiny_server, inst
                 labelling__candidates=["tiny"], labelling__limit=1, labelling__settings=["oracle"],
                 labelling__cache=str(tmp_path / "cache.sqlite"))  # fmt: skip
     with pytest.raises(LabellingError) as e:
-        matchdata.label(cfg)
+        matchdata.label(cfg, TrainDir.of(cfg))
     assert "no match data" in str(e.value) and "parse_preference: parse_error: 1" in str(e.value)
     record = _rows(tmp_path / "run" / "label" / "tiny" / "instances.jsonl")[0]
     assert record["status"] == "failed" and record["error"]["raw"]  # the raw answer is kept
@@ -907,7 +914,7 @@ def test_a_diverged_loss_is_written_nan_in_the_reports_free_form_fields_too():
     assert text == '{"loss_before": {"x": 1.0}, "logged_losses": [{"step": 1, "loss": NaN}]}'
 
 
-def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
+def test_liger_is_chosen_only_where_it_runs(tmp_path, monkeypatch):
     """TRL's use_liger_kernel is decided in one place (`sft.choose_liger`): on CUDA where liger-kernel imports, off on
     CPU (never imported there), off where the config says false; asked for where it cannot run, refused by name. The
     choice reaches SFTConfig and picks the tier measured as the fine-tune runs."""
@@ -933,7 +940,7 @@ def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
     recipe = REPO / "configs" / "train" / "prefmatcher-qwen2.5-7b.yaml"
     cfg = config.load(recipe)
     assert liger(cfg) == (False, "no CUDA GPU (Liger's kernels are triton's, CUDA only)")
-    assert sft_config(cfg, "fp32").use_liger_kernel is False
+    assert sft_config(cfg, TrainDir.of(cfg), "fp32").use_liger_kernel is False
     # An H200 where liger-kernel imports: on, and the >= 120 GiB tier measured with it; false in the config: off, and
     # the tier measured without it.
 
@@ -942,19 +949,22 @@ def test_liger_is_chosen_where_it_runs_and_never_on_cpu(tmp_path, monkeypatch):
 
     monkeypatch.setattr("cupid.training.sft.liger", on_cuda)
     monkeypatch.setattr("cupid.training.sft.gpu_gib", lambda: 139.8)
-    on = sft_config(cfg, "fp32")
+    on = sft_config(cfg, TrainDir.of(cfg), "fp32")
     assert (on.use_liger_kernel, on.per_device_train_batch_size, on.gradient_accumulation_steps) == (True, 16, 2)
-    off = sft_config(config.load(recipe, {"sft.use_liger_kernel": False}), "fp32")
+    off = sft_config(config.load(recipe, {"sft.use_liger_kernel": False}), TrainDir.of(cfg), "fp32")
     assert (off.use_liger_kernel, off.per_device_train_batch_size, off.gradient_accumulation_steps) == (False, 8, 4)
 
 
-def test_the_dry_run_says_whether_liger_runs_and_refuses_it_on_cpu_in_one_line(tmp_path):
+def test_the_dry_run_says_whether_liger_runs(tmp_path):
     path = _write_config(tmp_path / "tiny.yaml", out=str(tmp_path / "run"))
     result = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "sft: Liger's kernels (use_liger_kernel) off: no CUDA GPU (Liger's kernels are triton's, CUDA only)" in (
         result.output.splitlines()
     )
+
+
+def test_liger_asked_for_on_cpu_is_refused_in_one_line(tmp_path):
     asked = _write_config(tmp_path / "liger.yaml", out=str(tmp_path / "run"), sft={"use_liger_kernel": True})
     refused = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(asked), "--dry-run"])
     assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
