@@ -5,6 +5,7 @@ once (a typed ServerRecord indexed as a dict, after its first vLLM start). Only 
 figures is checked here, never their values: timing lives in the bench. The quick form serves the tiny random-weight
 model (its directory, linked into a private state directory: nothing is downloaded)."""
 
+import ast
 import json
 import math
 import os
@@ -117,3 +118,14 @@ def test_the_viewer_bench_runs_in_a_real_browser(tmp_path):
     for name in ("one run", "two runs compared"):
         line = next(line for line in lines if line.startswith(f"{name}: page "))
         assert "every unit openable" in line and "opening a unit" in line
+
+
+def test_the_family_level_bench_counts_each_side_under_both_step_downs():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gate_family_level", "--pairs", "3", "--personas", "20", "--laws", "normal (1.2)"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    figures = ast.literal_eval(out.strip())
+    assert (figures["law"], figures["pairs"], figures["personas"]) == ("normal (1.2)", 3, 20)
+    for step in ("under 0.035/m (below, above)", "under 0.035/m^1.5 (below, above)"):
+        assert set(figures[step]) == {2, 8, 20, 80} and all(sum(c) <= 3 for c in figures[step].values())
