@@ -78,7 +78,6 @@ GATE_PERSONAS = 80  # fewer, and the gate gives no verdict: skewed changes push 
 GATE_CONFIDENCE = 0.965
 FAMILY_PENALTY = 1.5  # a gate's family of m tests: Holm's thresholds (1 - confidence)/k**1.5, k = m, m - 1, ..., 1
 RARE_SHARE = 0.05  # the rarest share of personas carrying a change that a family's personas must hold (`gate_personas`)
-FAMILY_HELD = "held within 3.5%"  # one side's family-wise false alarms on null pairs (bench/gate_family_level.py)
 RESOLVE_TAIL = 20  # resamples beyond the observed t that state a p-value to within ~a quarter of itself
 MAX_RESAMPLES = 1_000_000  # a test's most: resolves a gate's family of ~420 tests (100 candidates' night)
 _ROUND = 8_000  # resamples drawn at once while resolving (~16 MB of draws at 252 personas)
@@ -148,7 +147,7 @@ class Difference(BaseModel):
     def floor(self) -> float | None:
         """The smallest p-value its resamples can state, 2/(resamples + 1); None for a p-value with none (exact, or
         the t law's)."""
-        return 2 / (self.resamples + 1) if self.resamples else None
+        return _floor(self.resamples) if self.resamples else None
 
     def resolve(self, threshold: float) -> bool:
         """Resample a bootstrap-t p-value further where it sits near its floor, until `RESOLVE_TAIL` resamples lie
@@ -192,9 +191,10 @@ def detectable(
 
 
 def family_level(tests: int, personas: int, confidence: float = GATE_CONFIDENCE) -> str:
-    """The sentence a gate's verdict is read by: its family's step-down, the level held, and the persona-level
-    changes it holds for at these personas (1 in `RARE_SHARE`'s 20 or more at `gate_personas`; rarer carriers below
-    them can be missing from the sample, and then a false alarm is likelier than the level)."""
+    """The sentence a gate's verdict is read by: its family's step-down, the level held (its own, 1 - confidence, as
+    bench/gate_family_level.py measured it on null pairs), and the persona-level changes it holds for at these
+    personas (1 in `RARE_SHARE`'s 20 or more at `gate_personas`; rarer carriers below them can be missing from the
+    sample, and then a false alarm is likelier than the level)."""
     alpha, tests = 1 - confidence, max(tests, 1)
     needed = gate_personas(tests, confidence)
     if personas >= needed:
@@ -207,7 +207,7 @@ def family_level(tests: int, personas: int, confidence: float = GATE_CONFIDENCE)
         )
     return (
         f"{tests} headline test(s), {personas} personas, Holm stepping at {alpha:.3f}/k^{FAMILY_PENALTY:g}: one "
-        f"side's family-wise false alarms {FAMILY_HELD} under skewed persona-level {reach}."
+        f"side's family-wise false alarms held within {alpha:.1%} under skewed persona-level {reach}."
     )
 
 
@@ -236,6 +236,11 @@ def _weights(n: int, n_resamples: int, seed: int) -> np.ndarray:
     weights = rng.multinomial(n, np.full(n, 1.0 / n), size=n_resamples).astype(float)
     weights.flags.writeable = False
     return weights
+
+
+def _floor(resamples: int) -> float:
+    """The smallest two-sided p-value `resamples` bootstrap-t resamples can state: none beyond the observed t."""
+    return 2 / (resamples + 1)
 
 
 def _draws(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
@@ -439,7 +444,7 @@ class _Tail:
         return min(self.at_or_above, self.at_or_below)
 
     def floor(self) -> float:
-        return 2 / (self.resamples + 1)
+        return _floor(self.resamples)
 
     def p_value(self) -> float:
         """Two-sided: the observed t's place among the resamples, (count + 1) / (resamples + 1) each side."""

@@ -74,7 +74,7 @@ class Row(Difference):
     metric: str
     p_holm: float | None = None
     headline: bool = False
-    unresolved: str | None = None  # why its family gives it no verdict (too few personas, a p-value not resolved)
+    unresolved: str | None = None  # why its family gives it no verdict: its p-value cannot go under its threshold
 
     @property
     def regression(self) -> bool:

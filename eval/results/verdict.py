@@ -109,11 +109,12 @@ def verdict_text(c: Comparison) -> str:
     """What the gate decided, what it tested, what it accepted, and what it could not see."""
     headlines = [r for r in c.rows if r.headline and r.gated]
     accepted = f"; accepted: {'; '.join(c.accepted)}" if c.accepted else ""
+    level = _level(headlines)
     if c.regressed:
         drops = [
             f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
         ]
-        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}{_level(headlines)}"
+        return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}{level}"
     margin = f"a drop beyond the margin {c.margin:g} {margin_unit_words(c)}" if c.margin else "a drop"
     allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
@@ -121,7 +122,6 @@ def verdict_text(c: Comparison) -> str:
         f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
         + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
     )
-    level = _level(headlines)
     if c.no_verdict:
         return (
             "NO VERDICT: "
