@@ -36,7 +36,7 @@ from cupid.serving.cache import cache_path
 from cupid.serving.client import per_loop
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.on_demand import ServedModel
-from cupid.serving.registry import DEFAULT_FILE, EndpointLike, resolve
+from cupid.serving.registry import DEFAULT_FILE, URL_SCHEMES, EndpointLike, resolve
 from cupid.serving.servers.lifecycle import live_endpoints
 
 T = TypeVar("T")
@@ -269,7 +269,7 @@ def _bound_roles(roles: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Endpo
     names: dict[str, Any] = {}
     bound: dict[str, Endpoint] = {}
     for role, value in roles.items():
-        if isinstance(value, Endpoint) or (isinstance(value, str) and value.startswith(("http://", "https://"))):
+        if isinstance(value, Endpoint) or (isinstance(value, str) and value.startswith(URL_SCHEMES)):
             bound[role] = endpoint(value)
             names[role] = role
         else:

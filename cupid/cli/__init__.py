@@ -6,8 +6,6 @@ should be, an output that cannot be written) is one line on stderr and exit 2, w
 (`errors.CupidGroup`)."""
 
 import os
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as installed_version
 
 import typer
 
@@ -25,6 +23,7 @@ from cupid.cli.synth import app as synth_app
 from cupid.cli.track import main as track_main
 from cupid.cli.train import app as train_app
 from cupid.cli.view import main as view_main
+from cupid.common import install
 from cupid.common.verbosity import set_verbosity
 from cupid.common.verbosity import verbose as verbose_set
 
@@ -40,10 +39,8 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        try:
-            typer.echo(f"cupid {installed_version('cupid-eval')}")
-        except PackageNotFoundError:
-            typer.echo("cupid (not installed: run from a checkout)")
+        found = install.version(install.DISTRIBUTION)
+        typer.echo(f"cupid {found}" if found else "cupid (not installed: run from a checkout)")
         raise typer.Exit()
 
 

