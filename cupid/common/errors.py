@@ -8,6 +8,11 @@ class ServeError(RuntimeError):
     pass
 
 
+class NotInstalled(ServeError):
+    """What a command needs is not installed: the user's to install (a usage error, exit 2), not a failure of the
+    work."""
+
+
 def failure_line(error: BaseException) -> str:
     """A failure in one line (what happened, root cause, likely cause: the message a server's start failure
     writes, without its log's last lines), for tables and records."""

