@@ -89,3 +89,26 @@ def detectable(changes: np.ndarray, margin: float, alpha: float, power: float) -
         mid = (low + high) / 2
         low, high = (low, mid) if found(mid) else (mid, high)
     return high
+
+
+def statement(tests: int, personas: int, alpha: float, horizon: int = 0) -> str:
+    """The sentence a gate's verdict is read by: what is tested and what is bounded, in words a user can check.
+    `horizon`: a night's family, held at `alpha` / `horizon` so that `horizon` nights together stay within `alpha`
+    (0: a comparison, no nights)."""
+    tested = (
+        f"{tests} headline test(s) on {personas} personas, each a betting e-value on the personas' mean change of "
+        "the figure (each persona's figure on its own units: for micro F1, persona-averaged), Holm across them"
+    )
+    bound = "whatever the law of the persona-level changes, as long as personas are drawn independently"
+    if not horizon:
+        return f"{tested}: a false REGRESSION among them at most {alpha:.1%} of the time, {bound}."
+    if horizon == 1:
+        return (
+            f"{tested}: a false REGRESSION tonight at most {alpha:.1%} of the time, {bound}; a rate per night, so "
+            f"over 30 nights at most {30 * alpha:.2f} nights with one are expected (`horizon:` bounds any over "
+            "several nights)."
+        )
+    return (
+        f"{tested}: a false REGRESSION tonight at most {alpha / horizon:.2%} of the time, so any over {horizon} "
+        f"nights at most {alpha:.1%}, {bound}."
+    )

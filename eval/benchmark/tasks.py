@@ -8,7 +8,7 @@ candidate again, so two scorings of one run differ only in their judges.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -67,6 +67,8 @@ class TaskSpec:
     scale: float  # how a figure is shown (100: as a percentage)
     points: str  # the unit of a shown figure's difference (a gate's margin is in it)
     headline: tuple[str, ...]  # the estimates the nightly compares night to night; the first ranks the leaderboard
+    # the first headline's range on any units: the gate's persona-level changes, mapped to [-1, 1], are bounded by it
+    bounds: tuple[float, float]
     prompts: tuple[str, ...]  # the prompts whose versions make a run's identity
     unit_score: Callable[[UnitRecord], float | None]  # one scored unit's figure, as the viewer lists it
     ground_truth: tuple[str, ...]  # the instance's fields its scorer reads (a reward dataset's columns)
@@ -90,6 +92,13 @@ class TaskSpec:
                 personas.append(record.persona_id)
                 rows.append(columns)
         return personas, np.array(rows, dtype=float) if rows else np.zeros((0, 0))
+
+    def persona_figures(self, personas: Sequence[str], columns: np.ndarray) -> np.ndarray:
+        """The first headline figure on each persona's own units (personas in sorted order), mapped from `bounds` to
+        [0, 1]: what the gate's test compares persona by persona."""
+        _, (sums,) = stats.by_persona(personas, np.asarray(columns, dtype=float))
+        low, high = self.bounds
+        return np.clip((self.statistic(sums)[self.headline[0]] - low) / (high - low), 0.0, 1.0)
 
     def intervals(self, records: Iterable[UnitRecord], reference: bool = False) -> dict[str, Interval]:
         """Its figures on the scored units, each with its interval over personas (`eval.benchmark.stats`)."""
@@ -147,6 +156,7 @@ INFERENCE = TaskSpec(
     scale=100,
     points="F1 points",
     headline=("micro_f1", "macro_f1"),  # micro: the published aggregate
+    bounds=(0.0, 1.0),
     prompts=("inference", "decomposer", "prefmatcher", "matcher_fewshot"),
     unit_score=lambda record: round(100 * record.scores.f1, 1) if record.scores else None,  # F1 in %
     ground_truth=("current_contextual_preference", "current_checklist"),
@@ -171,6 +181,7 @@ GENERATION = TaskSpec(
     scale=1,
     points="judge-score points",
     headline=("mean_score",),
+    bounds=(NO_CREDIT, 10),  # the judge's 1-10
     prompts=("generation", "judge", prompts.ORACLE_PREFERENCE),
     unit_score=lambda record: record.score,  # the judge's 1-10
     ground_truth=("current_contextual_preference", "current_checklist", "current_request"),

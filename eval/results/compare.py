@@ -19,14 +19,17 @@ the same data, judges and prompts (`differences`). Anything else has no verdict 
 name (`allow_partial`: the verdict covers the units both ran; `allow_differs`: the difference is not the
 candidate's alone); what was accepted is stated with the verdict.
 
-One test per task decides REGRESSION: the task's first headline figure (inference: micro F1; generation: the
-mean judge score) in the headline setting (standard, unless named) over all instance types, by the studentized
-bootstrap (`stats.paired(studentized=True)`), against a drop of `margin` (0: any drop), its p-values adjusted by
-Holm across the tasks, flagged when the difference is below -margin at p_holm < 1 - confidence with at least
-`GATE_PERSONAS` personas. Where a task's headline cannot be tested (too few personas, the setting missing from a
-run, judges failing beyond the threshold) the comparison says why and has no verdict: a gate on it fails closed
-(`EXIT_NO_VERDICT`). Every other row's `p_holm` is adjusted by Holm across those rows. `detectable` is the
-smallest difference the row's test finds at 80% power in its family: a "no significant change" is read beside it.
+One test per task decides REGRESSION, on the task's first headline figure (inference: micro F1; generation: the
+mean judge score) in the headline setting (standard, unless named) over all instance types: each persona's figure on
+its own units, in both runs, mapped to [0, 1] by the figure's range (`TaskSpec.persona_figures`); the test asks
+whether the personas' mean change dropped below -`margin`, by a betting e-value (`evalues`: its level holds for any
+law of bounded changes, sparse ones included), p = 1/e adjusted by Holm across the tasks, flagged at p_holm <
+`GATE_ALPHA` with at least `GATE_PERSONAS` personas. What it tests is thus the persona-averaged figure (for micro F1,
+each persona's micro F1 averaged over personas; the row shows the published micro F1's change beside it). Where a
+task's headline cannot be tested (too few personas, the setting missing from a run, judges failing beyond the
+threshold) the comparison says why and has no verdict: a gate on it fails closed (`EXIT_NO_VERDICT`). Every other
+row's `p_holm` is adjusted by Holm across those rows. `detectable` is the smallest difference the row's test finds at
+80% power in its family: a "no significant change" is read beside it.
 """
 
 from __future__ import annotations
@@ -38,15 +41,15 @@ from typing import Any
 from urllib.parse import quote
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
-from cupid.eval.benchmark import stats
+from cupid.eval.benchmark import evalues, stats
 from cupid.eval.benchmark.data import INSTANCE_TYPES
 from cupid.eval.benchmark.grid import cell_name, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.settings import SETTINGS
-from cupid.eval.benchmark.stats import CONFIDENCE, GATE_CONFIDENCE, GATE_PERSONAS, Difference, holm
+from cupid.eval.benchmark.stats import CONFIDENCE, GATE_ALPHA, GATE_PERSONAS, POWER, Difference, holm
 from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 from cupid.eval.results.pages import default_out
 
@@ -73,20 +76,25 @@ class Row(Difference):
     instance_type: str | None
     metric: str
     p_holm: float | None = None
+    alpha: float = GATE_ALPHA  # the family-wise level its family is held at (a gate's headline: flagged under it)
     headline: bool = False
-    unresolved: str | None = None  # why its family gives it no verdict: its p-value cannot go under its threshold
+    # the gate's test, on a headline row: the personas' mean change of the figure (its units: what is tested), and
+    # the e-value against a drop below `null` (-margin); the row's `p_value` is then 1/e, `detectable` the test's own
+    persona_change: float | None = None
+    e_value: float | None = None
+    _changes: np.ndarray | None = PrivateAttr(default=None)  # each persona's change in [-1, 1], for `detectable`
+    _span: float = PrivateAttr(default=1.0)  # the figure's range: its units per unit of the [-1, 1] changes
 
     @property
     def regression(self) -> bool:
-        """A headline figure that dropped significantly by more than the margin (`null` is -margin; Holm across the
+        """A headline figure whose personas' mean change dropped below -margin at the gate's level (Holm across the
         headline tests), on enough personas for a verdict."""
         return (
             self.headline
             and self.gated
-            and self.difference < self.null
-            and self.unresolved is None
+            and self.e_value is not None
             and self.p_holm is not None
-            and self.p_holm < 1 - GATE_CONFIDENCE
+            and self.p_holm < self.alpha
         )
 
     @property
@@ -186,55 +194,44 @@ def task_rows(
 ) -> list[Row]:
     """B - A of a task's figures in one setting, over all units and by instance type: row i of `a` and `b` holds
     one unit's columns (`TaskSpec.columns`) in each run. `headline`: this is the task's headline setting, whose
-    headline figure gets the gate's test (the studentized bootstrap, against a drop of `margin` in shown units)."""
+    headline figure gets the gate's test (against a drop of `margin` in shown units)."""
     rows = []
     names, types = np.asarray(personas), np.asarray(instance_types)
     for group in (None, *INSTANCE_TYPES):
         chosen = np.ones(len(names), dtype=bool) if group is None else types == group
-        differences = stats.paired(names[chosen], a[chosen], b[chosen], spec.statistic)
-        if headline and group is None and differences:
-            differences |= stats.paired(
-                personas,
-                a,
-                b,
-                stats.only(spec.statistic, spec.headline[0]),
-                studentized=True,
-                null=-margin / spec.scale,
-                confidence=GATE_CONFIDENCE,
-            )
-        for metric, d in differences.items():
-            row = Row(
-                task=spec.name,
-                setting=setting,
-                instance_type=group,
-                metric=metric,
-                headline=headline and group is None and metric == spec.headline[0],
-                **d.model_dump(),
-            )
-            row.carry_tail(d)
+        for metric, d in stats.paired(names[chosen], a[chosen], b[chosen], spec.statistic).items():
+            row = Row(task=spec.name, setting=setting, instance_type=group, metric=metric, **d.model_dump())
+            if headline and group is None and metric == spec.headline[0]:
+                gate(row, spec, names, a, b, margin)
             rows.append(row)
     return rows
 
 
-def holm_family(rows: list[Row]) -> None:
-    """Holm across the rows that have a p-value (one family): each p-value first resolved for the family's smallest
-    threshold (`Difference.resolve`; where it cannot be, `unresolved` says why and the row has no verdict), then each
-    one's `p_holm`, and its `detectable` for a family of that size at its test's level. A family of the gate's tests
-    (studentized headlines) steps down at `stats.FAMILY_PENALTY`."""
+def gate(row: Row, spec: TaskSpec, personas: np.ndarray, a: np.ndarray, b: np.ndarray, margin: float) -> None:
+    """Make `row` the task's headline test: each persona's figure in both runs (`TaskSpec.persona_figures`), their
+    mean change, and the e-value against a drop below -`margin` (shown units); its p-value is 1/e."""
+    low, high = spec.bounds
+    changes = spec.persona_figures(personas, b) - spec.persona_figures(personas, a)
+    bounded_margin = margin / spec.scale / (high - low)
+    row.headline, row.persona_change = True, float(changes.mean()) * (high - low)
+    if row.gated:  # under `GATE_PERSONAS` the row describes, as the others do
+        row.null, row.e_value = -margin / spec.scale, evalues.e_value(changes, bounded_margin)
+        row.p_value = evalues.p_value(row.e_value)
+        row._changes, row._span = changes, high - low
+
+
+def holm_family(rows: list[Row], alpha: float = GATE_ALPHA) -> None:
+    """Holm across the rows that have a p-value (one family): each one's `p_holm`, and its `detectable` for a family
+    of that size at its test's level (a gate's headline at `alpha`, the family's: its own test's,
+    `evalues.detectable`; a described row at 1 - `CONFIDENCE`)."""
     tested = [row for row in rows if row.p_value is not None]
-    gate = bool(tested) and all(row.studentized for row in tested)
-    penalty, level = (stats.FAMILY_PENALTY, GATE_CONFIDENCE) if gate else (1.0, CONFIDENCE)
-    smallest = (1 - level) / max(len(tested), 1) ** penalty
-    for row in tested:
-        row.unresolved = (
-            None
-            if row.resolve(smallest)
-            else f"{row.name}: its p-value cannot go under the smallest Holm threshold of its family "
-            f"({smallest:.2g}, {len(tested)} tests) at {row.resamples} resamples"
-        )
-    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None], penalty), strict=True):
-        row.p_holm = p
-        row.detectable = stats.detectable(row.se, row.personas, len(tested), level, penalty)
+    for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None]), strict=True):
+        row.p_holm, row.alpha = p, alpha
+        if row.e_value is not None and row._changes is not None:
+            drop = evalues.detectable(row._changes, -row.null / row._span, alpha / len(tested), POWER)
+            row.detectable = None if drop is None else drop * row._span  # beyond the margin, as the t rows'
+        else:
+            row.detectable = stats.detectable(row.se, row.personas, len(tested), CONFIDENCE)
 
 
 def adjust(rows: list[Row]) -> None:
@@ -278,7 +275,6 @@ def compare_runs(
     )
     adjust(rows)
     no_verdict = _empty(a, b, headline_setting) + untestable
-    no_verdict += [row.unresolved for row in rows if row.headline and row.unresolved]
     differs, accepted = differences(a, b), []
     for allowed, option, reasons in (
         (allow_partial, "allow_partial", partial),

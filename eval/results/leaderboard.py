@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, ValidationError
 from cupid.common.config import ConfigError
 from cupid.common.files import write_atomic
 from cupid.eval.benchmark.rundir import RunIdentity
-from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS, N_RESAMPLES, Interval
+from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES, Interval
 from cupid.eval.benchmark.summary import Requests
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, Row
@@ -80,7 +80,7 @@ class Leaderboard(BaseModel):
     regressions: list[str] = Field(default_factory=list)
     with_failures: list[str] = Field(default_factory=list)
     no_verdict: list[str] = Field(default_factory=list)  # candidates a comparison of tonight gave no verdict
-    family_level: str = ""  # the night's family of headline tests: its step-down and level (`stats.family_level`)
+    family_level: str = ""  # the night's family of headline tests: what is tested and bounded (`evalues.statement`)
     exit_code: int = 0
     report: str | None = None
 
@@ -227,8 +227,8 @@ def leaderboard_markdown(board: Leaderboard) -> str:
             f"Change since {board.previous or 'nothing (first night)'}, and since each candidate's baseline night, "
             "on the units both nights ran (the candidate's own failures as empty answers). 95% intervals, personas "
             f"resampled (none under {MIN_PERSONAS} personas); a change's interval is paired. **REGRESSION**: a task's "
-            f"headline figure (micro F1, the mean judge score) dropped at p < {1 - GATE_CONFIDENCE:.3f}, Holm across "
-            "every headline test of the night (candidates x tasks x {previous, baseline}). "
+            "headline figure (micro F1, the mean judge score; each persona's own, averaged) dropped at the gate's "
+            "level, Holm across every headline test of the night (candidates x tasks x {previous, baseline}). "
             + (f"{board.family_level} " if board.family_level else "")
             + "F1 in % (micro: the published aggregate)."
         ),

@@ -10,11 +10,12 @@ import re
 from pathlib import Path
 
 from cupid.common.config import ConfigError
+from cupid.eval.benchmark.evalues import statement
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig
-from cupid.eval.benchmark.stats import Interval, family_level
+from cupid.eval.benchmark.stats import GATE_ALPHA, Interval
 from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import HEADLINE_SETTING, Comparison, Row, compare_runs, holm_family
@@ -152,10 +153,11 @@ def compare(
         entry.unanswered += [f"since the baseline ({baseline}): {why}" for why in comparison.unanswered]
 
 
-def flag_regressions(entries: list[Entry], night: str) -> str:
+def flag_regressions(entries: list[Entry], night: str, horizon: int = 1) -> str:
     """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
-    its baseline where that comparison has a verdict, one family (`holm_family`: the gate's step-down); returned: the
-    sentence its level is read by (`stats.family_level`, which the leaderboard prints). Then tonight becomes the
+    its baseline where that comparison has a verdict, one Holm family at `GATE_ALPHA` / `horizon` (so that `horizon`
+    nights together stay within `GATE_ALPHA`); returned: the sentence its level is read by (`evalues.statement`,
+    which the leaderboard prints). Then tonight becomes the
     baseline of each candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last
     night (unless its setup changed since, which is why it asked)."""
     tests = [
@@ -169,13 +171,11 @@ def flag_regressions(entries: list[Entry], night: str) -> str:
         for row in changes.values()
         if row.headline and row.gated
     ]
-    holm_family([row for _, _, row in tests])
-    level = family_level(len(tests), min(row.personas for _, _, row in tests)) if tests else ""
+    holm_family([row for _, _, row in tests], GATE_ALPHA / horizon)
+    level = statement(len(tests), min(row.personas for _, _, row in tests), GATE_ALPHA, horizon) if tests else ""
     for entry, side, row in tests:
         if row.regression:
             (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
-        if row.unresolved:
-            (entry.no_verdict if side == "previous" else entry.baseline_no_verdict).append(row.unresolved)
     for entry in entries:
         if entry.baseline_pending is None:
             continue

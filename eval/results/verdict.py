@@ -6,7 +6,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from cupid.eval.benchmark.stats import GATE_CONFIDENCE, MIN_PERSONAS, family_level
+from cupid.eval.benchmark.evalues import statement
+from cupid.eval.benchmark.stats import GATE_ALPHA, MIN_PERSONAS
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import NO_ANSWER, Comparison, Row, margin_question
 
@@ -72,7 +73,7 @@ def _table(c: Comparison) -> Table:
     and the smallest difference the pair could detect; the gate's headlines marked."""
     table = Table(
         title="B - A, 95% t interval on a paired bootstrap over personas (* the headline tested for REGRESSION: "
-        f"its {GATE_CONFIDENCE:.1%} studentized bootstrap interval)"
+        "its p is the gate's, 1/e of a betting e-value on the personas' mean change)"
     )
     for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
         table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
@@ -118,8 +119,9 @@ def verdict_text(c: Comparison) -> str:
     margin = f"a drop beyond the margin {c.margin:g} {margin_unit_words(c)}" if c.margin else "a drop"
     allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
-        f"{', '.join(r.name for r in headlines)}: {margin}, studentized bootstrap, two-sided at level "
-        f"{1 - GATE_CONFIDENCE:.3f}, Holm across {len(headlines)} test(s), {c.personas} personas"
+        f"{', '.join(r.name for r in headlines)}: {margin} in the personas' mean, "
+        + ", ".join(f"{r.name} {_fmt(r.persona_change, TASKS[r.task].scale, True)}" for r in headlines)
+        + f", one-sided at family-wise level {GATE_ALPHA:.3f}, {c.personas} personas"
         + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
     )
     if c.no_verdict:
@@ -140,5 +142,5 @@ def verdict_text(c: Comparison) -> str:
 
 
 def _level(headlines: list[Row]) -> str:
-    """The family's level, as `stats.family_level` states it (nothing where no headline was tested)."""
-    return f". {family_level(len(headlines), min(r.personas for r in headlines))}" if headlines else ""
+    """What the family tests and bounds, as `evalues.statement` says it (nothing where no headline was tested)."""
+    return f". {statement(len(headlines), min(r.personas for r in headlines), GATE_ALPHA)}" if headlines else ""

@@ -12,8 +12,10 @@ or the later night `baseline:` names; kept across nights it skips, read from its
 ran and decided as `cupid compare`'s gate decides (`eval.results.compare`: paired, personas resampled, the candidate's
 own failures against it, a verdict only on the same evaluation; `eval.results.regressions` reads the finished runs): a
 drift too slow for one night to show is seen against the baseline. REGRESSION is a task's headline figure (inference:
-micro F1, generation: the mean judge score, in the headline setting) that dropped beyond `margin` at the gate's level,
-Holm across every headline test of the night (candidates x tasks x {previous, baseline}), or a candidate that left more
+micro F1, generation: the mean judge score, in the headline setting; each persona's own, averaged) that dropped beyond
+`margin` at the gate's level (2.5% / `horizon` a night: a false alarm tonight at most that likely, whatever the law of
+the changes), Holm across every headline test of the night (candidates x tasks x {previous, baseline}), or a candidate
+that left more
 than 1% more units unanswered. A comparison that is not the same evaluation (judges, prompts or data changed; units
 missing) or too small is NO VERDICT, never ok; a baseline whose setup changed, or whose run is gone, is replaced by
 tonight, once tonight's regressions are decided and only if it was not flagged and its test since last night has a
@@ -95,6 +97,12 @@ class NightlyConfig(BaseModel):
         ge=0,
         description="the drop a headline may show before it is a regression, in points of its shown figure (F1 "
         "points, judge-score points; 2 is 2 points, not a fraction), as `cupid compare --margin`",
+    )
+    horizon: int = Field(
+        1,
+        ge=1,
+        description="nights the gate's level covers together: each night's family is held at 2.5%/horizon, so that "
+        "a false REGRESSION in any of `horizon` nights is at most 2.5% likely (1: 2.5% a night, a rate)",
     )
 
     @field_validator("headline_setting")
@@ -350,7 +358,7 @@ def _run_night(
         compare(entry, before, baseline, night, root, cfg.headline_setting,
                 last_night=prev_dir.name if prev_dir else None, margin=cfg.margin,
                 first=entry.model not in latest)  # fmt: skip
-    level = flag_regressions(entries, night)
+    level = flag_regressions(entries, night, cfg.horizon)
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
     board.family_level = level
     write_leaderboard(board, night_dir, root)

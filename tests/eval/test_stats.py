@@ -145,24 +145,6 @@ def test_paired_difference_is_b_minus_a_of_the_figures_and_zero_when_nothing_cha
         assert holm(list(many)) == pytest.approx(list(multipletests(many, method="holm")[1]))
 
 
-def test_a_gates_family_steps_down_at_its_penalty():
-    # Thresholds alpha/k^1.5: the smallest p times 4^1.5, then 3^1.5, 2^1.5, 1, step-down; one test pays nothing.
-    stepped = [0.01 * 8, 0.03 * 3**1.5, 0.03 * 3**1.5, 0.5]
-    assert holm([0.01, 0.04, 0.03, 0.5], stats.FAMILY_PENALTY) == pytest.approx(stepped)
-    assert holm([0.02], stats.FAMILY_PENALTY) == [0.02]
-
-
-def test_a_familys_level_is_stated_for_the_carriers_its_personas_hold():
-    alpha = 1 - stats.GATE_CONFIDENCE
-    for tests in (1, 2, 20, 78, 400):
-        n = stats.gate_personas(tests)  # the fewest that miss every carrier under the smallest one-sided threshold
-        assert 0.95**n <= alpha / (2 * tests) and (n == stats.GATE_PERSONAS or 0.95 ** (n - 1) > alpha / (2 * tests))
-    assert (stats.gate_personas(1), stats.gate_personas(80), stats.gate_personas(400)) == (80, 165, 196)
-    assert "carried by 1 persona in 20 or more." in stats.family_level(78, 252)
-    short = stats.family_level(78, 80)  # too few for rare carriers: what the level holds for there, and what it needs
-    assert "carried by 1 persona in 10 or more; rarer carriers can raise false alarms (1 in 20 needs 164" in short
-
-
 # ---------------------------------------------------------------- CUPID-shaped runs, simulated
 
 N_PERSONAS, PER_PERSONA, N_PAIRS = 252, 3, 1000
