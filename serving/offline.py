@@ -36,7 +36,7 @@ from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet import gpu_memory
 from cupid.serving.fleet.gpu_memory import Plan
 from cupid.serving.servers import lifecycle, profiles, vllm_args
-from cupid.serving.servers.engines import VLLM_INSTALL, vllm_build
+from cupid.serving.servers.engines import vllm_build, vllm_install
 from cupid.serving.servers.profiles import Profile
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
@@ -369,8 +369,8 @@ def vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[st
     build = vllm_build()
     if build is None:
         raise ConfigError(
-            f"the vllm-offline executor needs vLLM, which is not installed here: {VLLM_INSTALL['cpu']} on CPU, "
-            f"{VLLM_INSTALL['cuda']}"
+            f"the vllm-offline executor needs vLLM, which is not installed here: {vllm_install('cpu')} on CPU, "
+            f"{vllm_install('cuda')}"
         )
     local = [e for e in endpoints.values() if urlparse(e.url).hostname in LOCAL_HOSTS]
     chosen = {e.model: profiles.for_model(e.model, directory)[0] for e in local}
@@ -379,7 +379,7 @@ def vllm_loader(endpoints: dict[str, Endpoint], directory: Path) -> Callable[[st
         if p.device != build:
             raise ConfigError(
                 f"profile '{p.name}' runs on {p.device}, but this environment has vLLM's {build} build; "
-                f"the {p.device} build comes with {VLLM_INSTALL[p.device]}"
+                f"the {p.device} build comes with {vllm_install(p.device)}"
             )
     if any(p.on_gpu for p in unique) and shutil.which("nvidia-smi") is None:
         raise ConfigError("the vllm-offline executor needs an NVIDIA GPU for these profiles (nvidia-smi not found)")

@@ -350,8 +350,9 @@ def test_a_command_whose_extra_is_missing_names_the_extra_in_one_line(tmp_path, 
         assert done.returncode == 0, done.stderr
         return
     assert done.returncode == USAGE, done.stdout + done.stderr
-    assert done.stderr.strip().splitlines() == [
-        f"error: this command needs trl, which the [{extra}] extra installs: pip install 'cupid-eval[{extra}]'"
+    assert done.stderr.strip().splitlines() == [  # the suite runs in a checkout: the checkout's command (a wheel's:
+        # tests/test_wheel_install.py)
+        f"error: this command needs trl, which the [{extra}] extra installs: pip install -e '.[{extra}]'"
     ]
 
 

@@ -92,3 +92,59 @@ def test_the_installed_command_writes_only_under_cupid_home_and_out(installed, t
     written = [p for p in tmp_path.rglob("*") if p.is_file() or p.is_symlink()]
     allowed = (home, out, xdg / "cupid" / "vllm-args")
     assert written and all(any(p.is_relative_to(place) for place in allowed) for p in written), written
+
+
+HIDDEN = """import sys
+class Missing:  # trl, as an install without the [train] extra has it: not there
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "trl":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Missing())
+from cupid.cli import app
+sys.argv[0] = "cupid"
+app()
+"""
+
+
+def test_a_wheel_install_is_told_the_extra_by_name_and_doctor_fix_leaves_it_sound(installed, tmp_path):
+    """A pip user has no checkout: a missing extra is `pip install 'cupid-eval[X]'`. What the package index leaves
+    beside a CPU torch (a CUDA torchvision) is found by `cupid doctor` (exit 1) and taken out by `--fix`, which has
+    nothing to do a second time."""
+    work, env = tmp_path / "work", {"PATH": f"{installed}:/usr/bin:/bin", "CUPID_HOME": str(tmp_path / "home")}
+    work.mkdir()
+    (work / "hidden.py").write_text(HIDDEN)
+    args = ["train", "run", "--config", "configs/train/tiny.yaml", "--dry-run"]
+    refused = subprocess.run([str(installed / "python"), "hidden.py", *args], cwd=work, env=env, capture_output=True,
+                             text=True, timeout=300, check=False)  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "error: this command needs trl, which the [train] extra installs: pip install 'cupid-eval[train]'"
+    )
+
+    purelib = Path(
+        subprocess.run([str(installed / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+    )  # fmt: skip
+    (purelib / "torchvision").mkdir()
+    (purelib / "torchvision" / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")'
+    )
+    info = purelib / "torchvision-0.28.0.dist-info"  # the index's build label, not the CPU torch's `+cpu`
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.28.0\n")
+    (info / "RECORD").write_text(
+        "torchvision/__init__.py,,\ntorchvision-0.28.0.dist-info/METADATA,,\ntorchvision-0.28.0.dist-info/RECORD,,\n"
+    )
+
+    def doctor(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(installed / "cupid"), "doctor", *flags], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=300, check=False)  # fmt: skip
+
+    broken = doctor()
+    assert broken.returncode == 1 and "pip uninstall -y torchvision" in broken.stdout, broken.stdout + broken.stderr
+    fixed = doctor("--fix")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "fix: pip uninstall -y torchvision" in fixed.stdout and fixed.stdout.strip().endswith("ok: nothing broken")
+    assert not (purelib / "torchvision").exists()
+    again = doctor("--fix")
+    assert again.returncode == 0 and "fix:" not in again.stdout, again.stdout + again.stderr

@@ -20,7 +20,7 @@ from cupid.cli.meta import app as meta_app
 from cupid.cli.nightly import main as nightly_main
 from cupid.cli.report import main as report_main
 from cupid.cli.serve import app as serve_app
-from cupid.cli.synth import app as synth_app
+from cupid.cli.synth import main as synth_main
 from cupid.cli.track import main as track_main
 from cupid.cli.train import app as train_app
 from cupid.cli.view import main as view_main
@@ -83,8 +83,8 @@ def _root(
 app.add_typer(serve_app, name="serve")
 app.add_typer(eval_app, name="eval")
 app.add_typer(meta_app, name="meta")
-app.add_typer(synth_app, name="synth")
 app.add_typer(train_app, name="train")
+app.command("synth")(synth_main)
 app.command("demo")(demo_main)
 app.command("doctor")(doctor_main)
 app.command("report")(report_main)

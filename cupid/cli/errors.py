@@ -44,14 +44,15 @@ EXTRA_OF = {
 
 
 def missing_extra_line(e: ModuleNotFoundError) -> str | None:
-    """`needs <module>, which the <extra> extra installs: pip install 'cupid-eval[<extra>]'`, for a library an extra
-    brings; None for any other missing module (a bug, or a broken install: its traceback)."""
+    """`needs <module>, which the <extra> extra installs: pip install 'cupid-eval[<extra>]'` (the checkout's command
+    in a checkout), for a library an extra brings; None for any other missing module (a bug, or a broken install: its
+    traceback)."""
     top = (e.name or "").split(".")[0]
     if top not in EXTRA_OF:
         return None
     extra = EXTRA_OF[top]
     box = " ([gpu] on a CUDA box)" if extra == "cpu" else ""
-    return f"this command needs {top}, which the [{extra}] extra installs: pip install 'cupid-eval[{extra}]'{box}"
+    return f"this command needs {top}, which the [{extra}] extra installs: {install.pip_install(extra)}{box}"
 
 
 def torch_mismatch_line(e: BaseException) -> str | None:

@@ -13,16 +13,10 @@ from cupid.training.synth.pipeline import run
 
 DEFAULT_CONFIG = "configs/synth/tiny.yaml"
 
-app = typer.Typer(
-    invoke_without_command=True,
-    no_args_is_help=False,
-    help="Synthesize new CUPID-style instances (personas -> factors -> 13 sessions -> dialogues -> instances).",
-)
 err = Console(stderr=True)
 
 
-@app.callback()
-def synth(
+def main(
     config: str = typer.Option(
         DEFAULT_CONFIG, help="synthesis config YAML (configs/synth/*.yaml); options below override it"
     ),
@@ -40,7 +34,8 @@ def synth(
     no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write the request cache"),
     allow_failures: bool = typer.Option(False, "--allow-failures", help="exit 0 even when personas failed"),
 ) -> None:
-    """Run (or resume) a synthesis run; the last line counts finished and failed personas."""
+    """Synthesize new CUPID-style instances (personas -> factors -> 13 sessions -> dialogues -> instances); a run
+    resumes where it stopped, and its last line counts finished and failed personas."""
     values: dict[str, Any] = dict(read_yaml(config) or {})
     options = {
         "personas": personas,

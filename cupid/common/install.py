@@ -8,8 +8,11 @@ removing them is the fix (`make setup` does it)."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
 import shutil
 from dataclasses import dataclass
+from functools import cache
 
 TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")  # built against one torch build each
 DISTRIBUTION = "cupid-eval"
@@ -20,6 +23,27 @@ def version(distribution: str) -> str | None:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+@cache
+def editable() -> bool:
+    """Whether this is a checkout's install (`pip install -e .`, `make setup`: pip's `direct_url.json` says
+    `dir_info.editable`) or a checkout on sys.path with nothing installed, rather than a wheel installed by name. The
+    two need different words to add an extra."""
+    try:
+        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        return True
+    try:
+        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable"))
+    except (ValueError, AttributeError):
+        return False
+
+
+def pip_install(extra: str) -> str:
+    """The command that adds `extra` to this install, in the words of the way it was installed: every line that says
+    an extra is missing uses it."""
+    return f"pip install -e '.[{extra}]'" if editable() else f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 def _local(version_: str) -> str:
@@ -112,3 +136,57 @@ def report() -> list[tuple[str, str]]:
     fix = torch_mismatch()
     rows.append(("torch companions", f"MISMATCH: {fix}" if fix else "consistent"))
     return rows
+
+
+def _size_gb(distribution: str) -> float:
+    files = importlib.metadata.distribution(distribution).files or []
+    total = 0
+    for file in files:
+        try:
+            total += file.locate().stat().st_size
+        except OSError:
+            continue
+    return total / 1e9
+
+
+def cpu_only() -> bool:
+    """No CUDA here: a CPU build of torch, or none, or no NVIDIA driver (its metadata's build label, nothing
+    imported)."""
+    torch = version("torch")
+    return torch is None or _local(torch) == "cpu" or shutil.which("nvidia-smi") is None
+
+
+def costs() -> list[tuple[str, str, str | None]]:
+    """What this environment holds or sets that costs time or space without serving any command here: (what, what it
+    costs and what to do, the command `cupid doctor --fix` runs for it, or None where it is the user's to change)."""
+    found: list[tuple[str, str, str | None]] = []
+    if version("triton") is not None and cpu_only():
+        found.append(
+            (
+                "triton",
+                f"installed ({_size_gb('triton'):.1f} GB), unused without CUDA (xgrammar lists it for GPU kernels; "
+                "vLLM's CPU build disables it) and looked at by every process that imports vLLM: "
+                "pip uninstall -y triton",
+                "pip uninstall -y triton",
+            )
+        )
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        found.append(
+            (
+                "PYTHONDONTWRITEBYTECODE",
+                "set: Python keeps no compiled bytecode, so every process compiles all it imports again (a vLLM start "
+                "takes over twice as long, `cupid eval run` is slower to begin): unset it where you run cupid",
+                None,
+            )
+        )
+    return found
+
+
+def fixes() -> list[list[str]]:
+    """What `cupid doctor --fix` uninstalls, as package lists: the companions built for another torch, triton without
+    CUDA. Empty once applied (idempotent)."""
+    out = []
+    if (mismatch := torch_mismatch()) is not None:
+        out.append(mismatch.removeprefix("pip uninstall -y ").split())
+    out += [fix.removeprefix("pip uninstall -y ").split() for _, _, fix in costs() if fix]
+    return out

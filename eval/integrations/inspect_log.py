@@ -16,6 +16,7 @@ from typing import Any
 
 from cupid.common.config import ConfigError
 from cupid.common.files import write_atomic
+from cupid.common.install import pip_install
 from cupid.eval.benchmark.records import StageError, UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.benchmark.summary import Summary, summarize
@@ -74,7 +75,7 @@ def _finished_cupid_logs(logs: list[str | Path]) -> list[tuple[str | Path, Any, 
     try:
         from inspect_ai.log import read_eval_log
     except ImportError:
-        raise ConfigError("reading inspect-ai logs needs the inspect extra: pip install -e '.[inspect]'") from None
+        raise ConfigError(f"reading inspect-ai logs needs the inspect extra: {pip_install('inspect')}") from None
 
     runs = []
     for path in logs:

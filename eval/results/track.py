@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from cupid.common.config import ConfigError
 from cupid.common.files import read_json, write_atomic
-from cupid.common.install import DISTRIBUTION
+from cupid.common.install import DISTRIBUTION, pip_install
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity
@@ -41,7 +41,6 @@ if TYPE_CHECKING:  # the literal sits with RunConfig; this module reads runs' fi
     from cupid.eval.benchmark.runner import Tracker
 
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
-INSTALL = "pip install -e '.[track]'  (in this project's .venv: .venv/bin/pip install -e '.[track]')"
 IDS_FILE = "tracker.json"
 TABLE = "units.json"  # the per-unit table's artifact name
 PROJECT = "cupid"  # the experiment (MLflow) or project (W&B) when the environment names none
@@ -58,7 +57,8 @@ def require(tracker: str) -> None:
         found = False
     if not found:
         raise ConfigError(
-            f"--track {tracker}: the {tracker} package is not installed; install the tracker extra: {INSTALL}"
+            f"--track {tracker}: the {tracker} package is not installed; install the tracker extra: "
+            f"{pip_install('track')}"
         )
 
 

