@@ -82,9 +82,9 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
         assert side["requests_per_s"] > 0 and side["completion_tokens"] > 0, compare
     assert compare["ratio_requests_per_s"] > 0
 
-    # A night's statistics: the collapsed candidate's four headline tests flagged, every p-value resolved.
+    # A night's statistics: the collapsed candidate's four headline tests flagged, and no other.
     (night,) = results["night_statistics"]
-    assert (night["candidates"], night["headline tests"], night["flagged"], night["unresolved"]) == (2, 8, 4, 0), night
+    assert (night["candidates"], night["headline tests"], night["flagged"]) == (2, 8, 4), night
     assert night["total s"] >= 0
 
     levels = results["concurrency_tiny_vllm_cpu"]
@@ -120,12 +120,25 @@ def test_the_viewer_bench_runs_in_a_real_browser(tmp_path):
         assert "every unit openable" in line and "opening a unit" in line
 
 
-def test_the_family_level_bench_counts_each_side_under_both_step_downs():
+def test_the_gate_level_bench_gives_both_tests_rates_for_each_family_and_power_with_its_interval():
     out = subprocess.run(
-        [sys.executable, "-m", "bench.gate_family_level", "--pairs", "3", "--personas", "20", "--laws", "normal (1.2)"],
+        [sys.executable, "-m", "bench.gate_level", "--tests", "50", "--power-draws", "20",
+         "--laws", "sparse: 2% gain 0.5, 8% lose 0.125", "--power-laws", "normal, sd 0.15"],
         cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    figures = ast.literal_eval(out.strip())
-    assert (figures["law"], figures["pairs"], figures["personas"]) == ("normal (1.2)", 3, 20)
-    for step in ("under 0.035/m (below, above)", "under 0.035/m^1.5 (below, above)"):
-        assert set(figures[step]) == {2, 8, 20, 80} and all(sum(c) <= 3 for c in figures[step].values())
+    rows = [ast.literal_eval(line) for line in out.splitlines() if line.startswith("{")]
+    level, power = rows[:3], rows[3:]
+    assert [row["personas"] for row in level] == [80, 138, 252]
+    assert all(set(row) >= {"m=1", "m=2", "m=8", "m=20", "m=80"} for row in level)
+    assert all(0 <= rate <= 100 for row in level for key, pair in row.items() if key[:2] == "m=" for rate in pair)
+    assert len(power) == 9 and all(0 < row["detectable"] < 1 and "[" in row["at detectable"] for row in power)
+
+
+def test_the_nights_bench_counts_false_alarms_and_finds_a_drop():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gate_nights", "--labs", "2", "--nights", "3", "--horizon", "1", "--drop", "0.3"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    null, found = (ast.literal_eval(line) for line in out.strip().splitlines())
+    assert null["labs"] == 2 and null["false alarms per lab"] >= 0
+    assert found["within 1"].startswith("100.0%")  # every persona 0.3 lower: flagged on its first night

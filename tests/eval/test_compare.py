@@ -254,8 +254,11 @@ def test_a_candidate_that_fails_a_fifth_of_its_personas_fails_the_gate(gate_runs
     lost = [a[u].match_counts() for u in failed]
     expected_b = micro(kept + [MatchCounts(0.0, max(c.n_predicted, 1), 0.0, c.n_true) for c in lost]).f1
     headline = headline_of(comparison)
-    assert headline["b"] == pytest.approx(expected_b) and headline["p_holm"] < 0.035 and headline["studentized"]
-    assert headline["detectable"] is not None and headline["detectable"] > 0
+    assert headline["b"] == pytest.approx(expected_b) and comparison["unanswered"]
+    # The headline's own test leans the same way (a fifth of the personas each lose their F1 of ~0.14: a mean drop of
+    # 3.2 points, under the 5.8 it states it finds 80% of the time: a valid test for any law of changes in [-1, 1]
+    # must allow for rare large gains); the unanswered rule is what fails it.
+    assert headline["persona_change"] < 0 and headline["e_value"] > 1 and 0 < headline["detectable"]
 
 
 def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_runs):
@@ -401,3 +404,4 @@ def test_a_margin_under_a_tenth_of_a_point_asks_whether_a_fraction_was_meant(gat
     result, _ = gate(gate_runs["a"], gate_runs["again"], "--margin", "0.02")
     said = " ".join(result.output.split())
     assert "did you mean a fraction? the margin 0.02 is in points" in said and "for 2 points give 2" in said
+
