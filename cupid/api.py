@@ -270,7 +270,10 @@ def _bound_roles(roles: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Endpo
     bound: dict[str, Endpoint] = {}
     for role, value in roles.items():
         if isinstance(value, Endpoint) or (isinstance(value, str) and value.startswith(URL_SCHEMES)):
-            bound[role] = endpoint(value)
+            try:
+                bound[role] = endpoint(value)
+            except ConfigError as e:  # a base URL asked for its model: which role's it is
+                raise ConfigError(f"{role} '{value}': {e}") from None
             names[role] = role
         else:
             names[role] = value  # a name, a served model, or None

@@ -214,17 +214,21 @@ def _served_model(base_url: str) -> str:
 
     url = base_url.rstrip("/") + "/models"
     try:
-        listed = [
-            m["id"]
-            for m in http_get(url, timeout=10).json()["data"]
-            if m.get("parent") is None and m["id"] != ANY_MODEL
-        ]
+        answer = http_get(url, timeout=10)
     except httpx.TransportError as e:
         raise ConfigError(
             f"{url}: nothing answers ({type(e).__name__}: {e}): "
             "start the server (`cupid serve up`) or check the address"
         ) from None
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except httpx.HTTPError as e:
+        raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
+    if answer.status_code == 404 and not base_url.rstrip("/").endswith(API_PATH):
+        raise ConfigError(
+            f"{url}: no model list (HTTP 404): its base_url lacks the API path: {base_url.rstrip('/')}{API_PATH}"
+        )
+    try:
+        listed = [m["id"] for m in answer.json()["data"] if m.get("parent") is None and m["id"] != ANY_MODEL]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{url}: no model list ({type(e).__name__}: {e}); pass model=") from None
     if len(listed) != 1:
         raise ConfigError(f"{url} serves {len(listed)} models ({', '.join(listed) or 'none'}): pass model=")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cupid.common.config import read_yaml
 from cupid.common.files import prepared_model
 from cupid.serving.servers import profiles
@@ -115,3 +117,79 @@ def test_the_demo_on_a_taken_port_says_so_in_one_line_and_another_port_is_taken_
     assert "Traceback" not in done.stderr and not list(work.iterdir())
     planned = cupid("demo", "--port", "8611", "--dry-run", "--out", str(tmp_path / "out"), cwd=work, home=home)
     assert "serve profile 'tiny' on :8611" in planned.stderr, planned.stderr
+
+
+WATCHED = """import atexit, sys
+atexit.register(lambda: print("vllm imported" if "vllm" in sys.modules else "vllm not imported", file=sys.stderr))
+{body}
+"""
+CLI = "from cupid.cli import app\nsys.argv[0] = 'cupid'\napp()"
+API = """import cupid
+from cupid.common.config import ConfigError
+try:
+    cupid.evaluate(
+        "{candidate}", matcher="{judge}", decomposer="{judge}", out="run", cache="cache.sqlite", progress=False
+    )
+except ConfigError as e:
+    print(e, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def refused(tmp_path: Path, body: str, *args: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """`body` run from an empty directory with a fresh CUPID_HOME and a fresh user cache (vLLM's parser's results are
+    kept there), as a first-time user meets it."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir(parents=True)
+    script = tmp_path / "watched.py"
+    script.write_text(WATCHED.format(body=body))
+    env = {**os.environ, "CUPID_HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    done = subprocess.run([sys.executable, str(script), *args], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    return done, work, home
+
+
+def test_endpoints_that_do_not_answer_are_refused_by_the_cli_before_vllm_or_any_file(tmp_path):
+    """The shipped endpoints' `tiny` with no server on its port, from a fresh directory: exit 2 naming every role and
+    how to start it; vLLM is not imported (its parser is read where a server starts, not for a refusal's hint) and
+    nothing is written: no run directory, no cache."""
+    roles = [
+        arg for role in ("candidate", "decomposer", "matcher", "judge", "summarizer") for arg in (f"--{role}", "tiny")
+    ]
+    with socket.socket() as probe:  # the shipped entry's port: free, or this check is moot
+        if probe.connect_ex(("127.0.0.1", 8011)) == 0:
+            pytest.skip("something listens on 127.0.0.1:8011")
+    done, work, home = refused(tmp_path, CLI, "eval", "run", *roles, "--limit", "2", "--out", "runs/x")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[-2].startswith("error: candidate, decomposer, matcher, judge, summarizer 'tiny' at "), lines
+    assert lines[-2].endswith("start it: cupid serve up --profile tiny; nothing was sent to it"), lines
+    assert lines[-1] == "vllm not imported"
+    assert not list(work.iterdir()) and not home.exists()
+
+
+def test_the_python_api_refuses_the_same_way_naming_the_role_and_the_api_path(tmp_path, instant_url):
+    from cupid.serving.servers.ports import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    done, work, home = refused(tmp_path, API.format(candidate=dead, judge=instant_url))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[-2].startswith(f"candidate '{dead}': {dead}/models: nothing answers (ConnectError"), lines
+    assert lines[-1] == "vllm not imported"
+    assert not list(work.iterdir()) and not home.exists()
+
+    # by name (the shipped endpoints file's `tiny`, nothing on its port): the run's own refusal, before any file
+    done, work, home = refused(tmp_path / "named", API.format(candidate="tiny", judge="tiny"))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert lines[-2].startswith("candidate, decomposer, matcher 'tiny' at http://127.0.0.1:8011/v1 does not answer")
+    assert lines[-1] == "vllm not imported"
+    assert not list(work.iterdir()) and not home.exists()
+
+    bare = instant_url.removesuffix("/v1")  # a server that answers, at a base URL without its API path
+    done, _, _ = refused(tmp_path / "bare", API.format(candidate=bare, judge=instant_url))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-2] == (
+        f"candidate '{bare}': {bare}/models: no model list (HTTP 404): its base_url lacks the API path: {instant_url}"
+    )

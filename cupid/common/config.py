@@ -48,9 +48,9 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
 
-def validate(model: type[T], data: Any, where: str) -> T:
+def validate(model: type[T], data: Any, where: str, context: dict[str, Any] | None = None) -> T:
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         raise ConfigError(describe(e, where)) from None
 

@@ -35,14 +35,15 @@ from cupid.eval.benchmark.summary import Requests, Summary, markdown, summarize,
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
-from cupid.serving.cache import open_cache, renamed_no_cache
+from cupid.serving.cache import cache_path, open_cache, renamed_no_cache
 from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.executors import open_client
 from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
-from cupid.serving.registry import lookup, missing_keys
+from cupid.serving.registry import EndpointDown, down_message, lookup, missing_keys, unreachable
 from cupid.serving.servers.lifecycle import first_notice, live_endpoints
+from cupid.serving.servers.profiles import start_hint
 
 Tracker = Literal[
     "mlflow", "wandb"
@@ -270,6 +271,7 @@ async def arun(
     def say(m: str) -> None:
         console.print(m, highlight=False)
 
+    _refuse_dead_endpoints(cfg, run_servers, endpoints or {})
     # one writer per run directory: a second run on it is refused before it starts anything
     with hold(cfg.out, say) if cfg.out else contextlib.nullcontext():
         own = None
@@ -296,6 +298,21 @@ async def arun(
             if own is not None:
                 own.stop_all()
         return result
+
+
+def _refuse_dead_endpoints(cfg: RunConfig, run_servers: RunServers | None, given: dict[str, Endpoint]) -> None:
+    """An endpoint that does not answer (or at a base URL without its API path, or without the model), refused before
+    anything is written (no run directory, no cache file), where no answer can come from a cache: none is used, it is
+    refreshed, or its file is not there yet. With a cache file the client asks before the first request it must send
+    (a run answered from the cache asks nothing); a run that brings servers asks once they are planned."""
+    if cfg.executor != "http" or run_servers is not None or cfg.serve or cfg.served_candidates:
+        return
+    path = cache_path(cfg.cache)
+    if path is not None and path.exists() and not cfg.refresh:
+        return
+    used = _resolve(cfg, None, given)
+    if down := unreachable(used):
+        raise EndpointDown(down_message(down, used, cfg.roles().bound(), start_hint(cfg.profiles)))
 
 
 def _resolve(

@@ -346,8 +346,9 @@ def override(profile: Profile, fields: dict[str, Any], where: str) -> Profile:
     return validate(Profile, data, where)
 
 
-def load(name_or_path: str, directory: str | Path = DEFAULT_DIR) -> Profile:
-    """A profile by name (`configs/serve/NAME.yaml`) or by path to a YAML file."""
+def load(name_or_path: str, directory: str | Path = DEFAULT_DIR, *, checked: bool = True) -> Profile:
+    """A profile by name (`configs/serve/NAME.yaml`) or by path to a YAML file. `checked=False` leaves out what
+    reads vLLM's parser (a slow import): for a caller that only looks (its port), never one that starts it."""
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):
         folder = locate(directory)
@@ -360,11 +361,11 @@ def load(name_or_path: str, directory: str | Path = DEFAULT_DIR) -> Profile:
         raise ConfigError(f"{path}: expected a mapping of profile fields")
     if "name" in data:
         raise ConfigError(f"{path}: 'name' comes from the file name ({path.stem}); remove it")
-    return validate(Profile, {**data, "name": path.stem}, str(path))
+    return validate(Profile, {**data, "name": path.stem}, str(path), None if checked else {AS_SERVED: True})
 
 
-def load_all(directory: str | Path = DEFAULT_DIR) -> dict[str, Profile]:
-    return {p.stem: load(str(p)) for p in sorted(locate(directory).glob("*.yaml"))}
+def load_all(directory: str | Path = DEFAULT_DIR, *, checked: bool = True) -> dict[str, Profile]:
+    return {p.stem: load(str(p), checked=checked) for p in sorted(locate(directory).glob("*.yaml"))}
 
 
 def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile, str | None]:
@@ -390,7 +391,7 @@ def start_hint(directory: str | Path = DEFAULT_DIR) -> Hint:
         if not local(endpoint):
             return how_to_start(endpoint)
         try:
-            known = load_all(directory)
+            known = load_all(directory, checked=False)  # their ports only: a refusal never waits on vLLM's import
         except ConfigError:
             known = {}
         port = urlparse(endpoint.url).port
