@@ -151,7 +151,8 @@ def test_help_shows_a_flag_bare_and_an_option_with_its_value(command):
 
 def test_eval_list_names_every_task_setting_metric_and_role():
     listed = CliRunner().invoke(app, ["eval", "list"]).output
-    for word in ("inference", "generation", "oracle-preference", "summary", "micro_f1", "mean_score", "decomposer"):
+    for word in ("inference", "generation", "oracle-preference", "summary", "micro_f1", "mean_score", "decomposer",
+                 "summarizer"):  # fmt: skip
         assert word in listed, listed
 
 

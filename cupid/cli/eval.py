@@ -19,6 +19,7 @@ from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.runner import dry_run as write_requests
+from cupid.eval.benchmark.settings import extra_roles
 from cupid.eval.benchmark.summary import Summary, tables
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.workflows.logged_run import run_and_log  # the run, then its tracker run when `track:` asks
@@ -184,9 +185,11 @@ def check_data(source: str = typer.Argument("sample", help="'sample', a local pa
 
 @app.command("list")
 def list_tasks() -> None:
-    """The tasks, the settings each runs in, their figures (the headline first), and the judge roles that score them."""
-    table = Table("task", "settings", "figures (headline first)", "judges", title="CUPID tasks")
+    """The tasks, the settings each runs in, their figures (the headline first), and every role a run binds: the
+    judges that score each task, and the roles a setting adds (the summary setting's summarizer)."""
+    table = Table("task", "settings", "figures (headline first)", "roles", title="CUPID tasks")
     for spec in TASKS.values():
         figures = [*spec.headline, *(m for m in spec.metrics if m not in spec.headline)]
-        table.add_row(spec.name, ", ".join(spec.settings), ", ".join(figures), ", ".join(spec.roles))
+        added = [f"{role} ({setting})" for setting in spec.settings for role in extra_roles([setting])]
+        table.add_row(spec.name, ", ".join(spec.settings), ", ".join(figures), ", ".join([*spec.roles, *added]))
     console.print(table)
