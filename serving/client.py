@@ -45,12 +45,14 @@ class ChatRequest:
     model: str
     messages: list[dict[str, str]]
     params: dict[str, Any] = field(default_factory=dict)
+    revision: str | None = None  # the weights' fingerprint (`Endpoint.revision`): in the key, never sent
 
     def body(self) -> dict[str, Any]:
         return {"model": self.model, "messages": self.messages, **self.params}
 
     def key(self) -> str:
-        canonical = json.dumps(self.body(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        keyed = self.body() | ({"revision": self.revision} if self.revision else {})  # without one: the old keys
+        canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -145,7 +147,7 @@ class Client:
             merged["max_tokens"] = endpoint.max_tokens
         merged.update(endpoint.extra_body)
         merged.update({k: v for k, v in params.items() if v is not None})
-        return ChatRequest(endpoint.model, messages, merged)
+        return ChatRequest(endpoint.model, messages, merged, endpoint.revision)
 
     async def chat(self, name: str, messages: list[dict[str, str]], **params: Any) -> Answer:
         return await self.send(name, self.request(name, messages, **params))

@@ -47,6 +47,17 @@ class Endpoint(BaseModel):
         "follows it (its address), whatever base_url says",
     )
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra request fields, sent as is")
+    revision: str | None = Field(
+        default=None,
+        description="the served weights' fingerprint (set by a run that serves this judge from its profile; never "
+        "sent): part of every request's cache key and of the run's identity, so that weights refitted under the "
+        "same name are never answered from the old ones' cache and a comparison names the change",
+    )
+
+    @property
+    def identity(self) -> str:
+        """The model as a run's identity names it: its served name, and its weights' fingerprint where known."""
+        return f"{self.model}@{self.revision}" if self.revision else self.model
 
     @property
     def url(self) -> str:

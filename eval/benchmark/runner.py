@@ -165,11 +165,11 @@ def _constrained_tasks(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> list[s
 
 
 def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> RunIdentity:
-    roles = {role: endpoints[name].model for role, name in cfg.roles().bound().items()}
+    roles = {role: endpoints[name].identity for role, name in cfg.roles().bound().items()}
     if constrained := _constrained_tasks(cfg, endpoints):  # a constrained run is another run
         roles["candidate"] += f" [answer format constrained: {', '.join(constrained)}]"
     if cfg.reference:
-        roles["reference"] = endpoints[cfg.reference].model
+        roles["reference"] = endpoints[cfg.reference].identity
     return RunIdentity(data=cfg.data, roles=roles, prompts=prompts.versions(*_prompt_names(cfg)))
 
 

@@ -166,7 +166,10 @@ def plan_servers(
     run_servers.judges = [Server(placed, say) for placed in placed_judges]
     run_servers.slots = [[Server(placed, say) for placed in slot] for slot in placed_slots]
     for judge in run_servers.judges:
-        run_servers.endpoints[judge.profile.name] = endpoint_for(judge.profile)  # an endpoints-file entry wins
+        # an endpoints-file entry wins; the weights' fingerprint goes with every request (a refitted judge under the
+        # same name is another judge)
+        revision = fingerprint(judge.profile.model_path(), *judge.profile.adapter_paths().values())
+        run_servers.endpoints[judge.profile.name] = endpoint_for(judge.profile, revision=revision)
     by_name = {c.name: c for c in candidates}
     judge_servers = {server.profile.name: server for server in run_servers.judges}
     for name, host in hosts.items():

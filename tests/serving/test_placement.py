@@ -258,3 +258,37 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
     assert max(overlap) == 2  # two slots at once
     assert order.index("a1") < order.index("a2")  # a slot's candidates in turn
     assert "ran a1" in (tmp_path / "slot-1.log").read_text() and "ran b1" in (tmp_path / "slot-2.log").read_text()
+
+
+def test_a_judge_served_from_its_profile_carries_its_weights_in_the_cache_key_and_the_runs_identity(tmp_path):
+    # A refitted judge exported over the same directory and served under the same name is another judge: its
+    # requests miss the old one's cache entries, and the run's identity (what `cupid compare` reads) names the change.
+    from cupid.eval.benchmark.rundir import Run, RunIdentity
+    from cupid.eval.results.compare import differences
+    from cupid.serving.client import Client
+
+    model = tmp_path / "export"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"v1")
+    (tmp_path / "serve").mkdir()
+    (tmp_path / "serve" / "judge.yaml").write_text(
+        f"model: {model}\nserved_name: local-prefmatcher\nport: 8011\ndevice: cpu\n"
+    )
+
+    def served() -> tuple[str, str]:
+        endpoint = plan_servers({"judge": {}}, [], [], directory=tmp_path / "serve").endpoints["judge"]
+        request = Client({"judge": endpoint}).request("judge", [{"role": "user", "content": "hi"}])
+        assert request.body()["model"] == "local-prefmatcher" and "revision" not in request.body()  # never sent
+        return request.key(), endpoint.identity
+
+    key, identity = served()
+    assert served() == (key, identity)  # unchanged weights: tomorrow's night reuses the cache
+    time.sleep(0.01)
+    (model / "model.safetensors").write_bytes(b"v2, refitted")
+    refitted_key, refitted = served()
+    assert refitted_key != key and refitted != identity and refitted.startswith("local-prefmatcher@")
+
+    def run(judge: str) -> Run:
+        return Run(tmp_path / judge, RunIdentity(data="d", roles={"matcher": judge}), None, [])
+
+    assert differences(run(identity), run(refitted)) == [f"judge matcher: {identity} -> {refitted}"]
