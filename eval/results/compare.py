@@ -277,8 +277,8 @@ def compare_runs(
     no_verdict = _empty(a, b, headline_setting) + untestable
     differs, accepted = differences(a, b), []
     for allowed, option, reasons in (
-        (allow_partial, "allow_partial", partial),
-        (allow_differs, "allow_differs", [f"differs: {line}" for line in differs]),
+        (allow_partial, "--allow-partial", partial),
+        (allow_differs, "--allow-differs", [f"differs: {line}" for line in differs]),
     ):
         if reasons and allowed:
             accepted += [f"{reason} (accepted: {option})" for reason in reasons]

@@ -172,7 +172,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     for entry in fourth.models:
         assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
         assert entry.no_verdict == [
-            "not the same evaluation: differs: judge decomposer: instant -> instant-v2 (allow_differs accepts it)"
+            "not the same evaluation: differs: judge decomposer: instant -> instant-v2 (--allow-differs accepts it)"
         ]
         # Its baseline's setup differs too: tonight is its baseline from now on, and the leaderboard says so.
         assert (entry.baseline, entry.baseline_regressions) == ("2025-03-04", [])
