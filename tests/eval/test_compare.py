@@ -404,4 +404,3 @@ def test_a_margin_under_a_tenth_of_a_point_asks_whether_a_fraction_was_meant(gat
     result, _ = gate(gate_runs["a"], gate_runs["again"], "--margin", "0.02")
     said = " ".join(result.output.split())
     assert "did you mean a fraction? the margin 0.02 is in points" in said and "for 2 points give 2" in said
-
