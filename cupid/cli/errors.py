@@ -9,18 +9,26 @@ import typer
 from typer.core import TyperGroup
 
 from cupid.common import install
-from cupid.common.config import ConfigError
 from cupid.common.errors import NotInstalled, ServeError, failure_line
-from cupid.eval.benchmark.data import DataError
-from cupid.eval.benchmark.records import RecordError
 
 EXIT_FAILED = 1  # the work failed: failed units, a server that did not start
 EXIT_USAGE = 2  # typer's own code for a bad option; also a config or an input the user must fix
-UserErrors = (ConfigError, RecordError, DataError, OSError)
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """The errors that are a user's mistake. Imported when an error reaches the root, not at every start: `cupid
+    --version` loads none of the library."""
+    from cupid.common.config import ConfigError
+    from cupid.eval.benchmark.data import DataError
+    from cupid.eval.benchmark.records import RecordError
+
+    return (ConfigError, RecordError, DataError, OSError)
 
 
 def user_error_line(e: BaseException) -> str:
     """One line for a user's mistake: what and where, and what to do where the system says."""
+    from cupid.common.config import ConfigError
+
     if isinstance(e, OSError) and not isinstance(e, ConfigError):
         where = f"{e.filename}: " if e.filename else ""
         what = e.strerror or str(e)
@@ -77,7 +85,7 @@ class CupidGroup(TyperGroup):
     def invoke(self, ctx: click.Context):  # type: ignore[no-untyped-def]
         try:
             return super().invoke(ctx)
-        except UserErrors as e:
+        except user_errors() as e:
             if debugging():
                 raise
             typer.echo(f"error: {user_error_line(e)}", err=True)
