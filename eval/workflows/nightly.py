@@ -140,12 +140,13 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
-    """Each served candidate checked on its own (its profile, its adapter): name -> why it cannot run tonight."""
+    """Each served candidate checked on its own (its profile, its adapter, its local weights): name -> why it cannot
+    run tonight. The weights are checked here, not only when its server starts, so that a dry run says so too."""
     refused = {}
     for model in cfg.models:
         if isinstance(model, ServedModel):
             try:
-                model.to_profile(configs[model.name].profiles)
+                model.to_profile(configs[model.name].profiles).check_local_files(f"candidate '{model.name}'")
             except (ConfigError, ServeError) as e:
                 refused[model.name] = str(e)
     return refused

@@ -29,7 +29,7 @@ from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet.placement import Placed
 from cupid.serving.servers import lifecycle, lora, probes, profiles, server_log, state
 from cupid.serving.servers.engines import get_engine
-from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.profiles import Profile, made_by
 from cupid.serving.servers.vllm_args import lora_rank_for
 
 
@@ -108,7 +108,9 @@ def endpoint_for(profile: Profile, model: str | None = None, **fields: Any) -> E
 
 def _rank_for(adapter: str) -> int:
     """The smallest --max-lora-rank vLLM accepts that holds the adapter's rank."""
-    config = Path(adapter).expanduser() / "adapter_config.json"
+    config = Path(adapter).expanduser().resolve() / "adapter_config.json"
+    if not config.exists():
+        raise ConfigError(f"LoRA adapter {config.parent} not found (no adapter_config.json); {made_by(adapter)}")
     try:
         rank = int(json.loads(config.read_text())["r"])
     except (OSError, ValueError, KeyError, TypeError):

@@ -30,6 +30,7 @@ from cupid.common.errors import ServeError
 from cupid.common.files import PREPARED, prepared_model
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import Hint, how_to_start, local
+from cupid.serving.servers.engines import Engine, capabilities
 from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
@@ -116,9 +117,10 @@ class Profile(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> Profile:
-        if self.engine == "transformers" and (self.vllm or self.runtime_lora_rank or self.lora_adapters):
+        can = self.engine_can
+        if (self.vllm and not can.engine_args) or ((self.runtime_lora_rank or self.lora_adapters) and not can.lora):
             raise ValueError(
-                "vllm, lora_adapters, runtime_lora_rank: vllm engine only (this profile uses the transformers engine)"
+                f"vllm, lora_adapters, runtime_lora_rank: vllm engine only (this profile uses the {self.engine} engine)"
             )
         if self.device != "cpu" and (
             cpu_only := [k for k in ("cpu_kvcache_space_gib", "cpu_reserved_cores") if getattr(self, k) is not None]
@@ -186,7 +188,7 @@ class Profile(BaseModel):
         One way per shape: data parallel across nodes is a head (`data_parallel_size_local` of the copies,
         the API server) and headless nodes (`data_parallel_start_rank`); `nnodes` spreads one copy (tensor x
         pipeline parallel) over nodes."""
-        if self.engine != "vllm" or not CLUSTER_ARGS & self.vllm.keys():
+        if not self.engine_can.engine_args or not CLUSTER_ARGS & self.vllm.keys():
             return None  # one copy on one node, vLLM's defaults: nothing to refuse (and no need to read them)
         return self._data_parallel_problem() or self._nodes_problem()
 
@@ -264,8 +266,22 @@ class Profile(BaseModel):
         return None
 
     @property
+    def engine_can(self) -> type[Engine]:
+        """What this profile's engine can do (`engines.Engine`'s capabilities)."""
+        return capabilities(self.engine)
+
+    @property
+    def imports_vllm(self) -> bool:
+        return self.engine_can.imports_vllm
+
+    @property
+    def device_chosen(self) -> str | None:
+        """The device this profile picks where its engine runs on several (vLLM: cuda or cpu); None where it has one."""
+        return self.device if len(self.engine_can.devices) > 1 else None
+
+    @property
     def on_gpu(self) -> bool:
-        return self.engine == "vllm" and self.device == "cuda"
+        return self.engine_can.device_of(self.device) == "cuda"
 
     @property
     def served(self) -> str:
@@ -309,16 +325,15 @@ class Profile(BaseModel):
         """Refuse before starting what would fail inside the server: missing adapters, ranks above the limit."""
         where = where or f"profile '{self.name}'"
         if _looks_local(self.model) and not Path(self.model_path()).is_dir():
-            prepare = "; prepare it: cupid serve prepare-tiny" if self.model.startswith(PREPARED) else ""
-            raise ServeError(f"{where}: model directory {self.model_path()} not found{prepare}")
+            make = "prepare it: cupid serve prepare-tiny" if self.model.startswith(PREPARED) else made_by(self.model)
+            raise ServeError(f"{where}: model directory {self.model_path()} not found; {make}")
         for name, path in self.adapter_paths().items():
             local = Path(path)
             if not _looks_local(self.lora_adapters[name]):
                 continue
             if not (local / "adapter_config.json").is_file():
                 raise ServeError(
-                    f"{where}: LoRA adapter '{name}' not found at {local} (no adapter_config.json); "
-                    "train it first (`make train`) or fix lora_adapters"
+                    f"{where}: LoRA adapter '{name}' not found at {local} (no adapter_config.json); {made_by(path)}"
                 )
             rank, limit = json.loads((local / "adapter_config.json").read_text()).get("r"), self.arg("max_lora_rank")
             if isinstance(rank, int) and limit is not None and rank > limit:
@@ -326,6 +341,27 @@ class Profile(BaseModel):
                     f"{where}: LoRA adapter '{name}' has rank {rank}, above vllm.max_lora_rank {limit}: "
                     f"set max_lora_rank to {lora_rank_for(rank)}"
                 )
+
+
+TRAIN_CONFIGS = Path("configs/train")
+
+
+def made_by(path: str | Path) -> str:
+    """What to do about a local model or adapter that is not there: most are a training run's output (its
+    adapter/ or export/), so the line names the command of the training config (configs/train/*.yaml, the working
+    directory's or the shipped ones) whose `out` holds the path; a user who was only told "not found" would have to
+    find that config by reading them. Unreadable configs are passed over: this is a hint, not a check of them."""
+    target = Path(path).expanduser().resolve()
+    for config in sorted(locate(TRAIN_CONFIGS).glob("*.yaml")):
+        try:
+            data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        out = data.get("out") if isinstance(data, dict) else None
+        if isinstance(out, str) and target.is_relative_to(Path(out).expanduser().resolve()):
+            command = "grpo" if "policy" in data else "run"  # a GRPO recipe trains a policy; the others PrefMatcher
+            return f"train it first: cupid train {command} --config {TRAIN_CONFIGS / config.name}"
+    return f"train it first (cupid train run --config with a config whose out: holds {path}) or fix the path"
 
 
 def _looks_local(path: str) -> bool:
@@ -374,7 +410,7 @@ def for_model(model: str, directory: str | Path = DEFAULT_DIR) -> tuple[Profile,
     A model no profile names is loaded as a plain Hub id or directory with the profile defaults. Profiles only
     a server runs (data parallel, or spread over nodes) are passed over: `vllm.LLM` runs one copy here."""
     for profile in load_all(directory).values() if locate(directory).is_dir() else []:
-        if profile.engine != "vllm" or profile.scaled_out:
+        if not profile.engine_can.offline or profile.scaled_out:
             continue
         if profile.served == model:
             return profile, None

@@ -20,7 +20,7 @@ from cupid.eval.results.leaderboard import Leaderboard
 from cupid.eval.workflows import nightly
 from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.servers.instant import start as start_instant
-from tests.helpers import sample_copies, write_endpoints
+from tests.helpers import REPO, sample_copies, write_endpoints
 
 NONSENSE = "Zebras prefer quantum marmalade."  # shares no word with any sample preference: F1 0
 
@@ -244,7 +244,7 @@ def test_broken_candidates_are_rows_with_their_reason_and_the_others_are_scored(
     # The sample's 4 personas: the estimate, and no interval bounds as numbers in leaderboard.json
     f1 = entries["instant"]["metrics"]["inference/standard/micro_f1"]
     assert f1["personas"] == 4 and f1["estimate"] >= 0 and (f1["low"], f1["high"]) == (None, None)
-    assert "no-adapter/adapter_config.json: not a LoRA adapter" in entries["untrained"]["error"]
+    assert f"LoRA adapter {tmp_path / 'no-adapter'} not found" in entries["untrained"]["error"]
     assert "no-such-profile" in entries["misnamed"]["error"]
     assert "no-such-endpoint" in entries["no-such-endpoint"]["error"]
     for name in ("untrained", "misnamed", "no-such-endpoint"):
@@ -280,6 +280,24 @@ def test_a_bad_cache_stops_the_night_with_its_reason(tmp_path, instant_url, cupi
     board = json.loads((tmp_path / "nightly" / "2025-03-02" / "leaderboard.json").read_text())
     assert f"request cache {tmp_path / 'cache.sqlite'}: not a SQLite file" in board["error"]
     assert by_model(board)["instant"]["error"].startswith("the night did not start: request cache")
+
+
+def test_the_cpu_night_dry_run_names_the_missing_weights_and_how_to_train_them(tmp_path, cupid_home, monkeypatch):
+    """From a directory where `make train` has not run, neither trained candidate would run, and the dry run says
+    which file is missing and which training config makes it; once the export exists, its candidate is planned."""
+    monkeypatch.chdir(tmp_path)
+    dry_run = ["nightly", "--dry-run", "--config", str(REPO / "configs/eval/nightly-tiny.yaml")]
+    result = CliRunner().invoke(app, dry_run)
+    assert result.exit_code == 0, result.output
+    refusals = {line.split(" would not run: ")[0]: line for line in result.output.splitlines() if "would not" in line}
+    assert set(refusals) == {"nightly: tiny-trained-lora", "nightly: tiny-trained-merged"}, result.output
+    for refusal, missing in zip(refusals.values(), ("adapter", "export"), strict=True):
+        assert f"{tmp_path.resolve() / 'runs/train/tiny' / missing} not found" in refusal, refusal
+        assert refusal.endswith("train it first: cupid train run --config configs/train/tiny.yaml"), refusal
+    (tmp_path / "runs/train/tiny/export").mkdir(parents=True)  # what the training's export writes
+    result = CliRunner().invoke(app, dry_run)
+    assert "tiny-trained-merged would not run" not in result.output
+    assert "tiny-trained-merged: tiny-trained-merged@" in result.output  # in the plan's candidates
 
 
 def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
@@ -401,7 +419,7 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
 
 
 @pytest.mark.slow  # ~40 s (three nights of 20 candidates): the whole suite runs it, `make check` does not
-def test_twenty_candidates_flag_both_collapses_and_a_skipped_night_keeps_its_baseline(
+def test_twenty_candidates_flag_both_collapses_a_skipped_night_keeps_its_baseline(
     tmp_path, instant_url, drifted_url, cupid_home
 ):
     """20 candidates, both tasks, 80 personas: 18 that never change, one that collapses on night 3, and one that

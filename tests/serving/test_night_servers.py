@@ -110,8 +110,8 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     lora = {"name": "lora-cand", "profile": "judge", "adapter": str(night_parts / "adapter"),
             "endpoint": {"max_tokens": 64, "constrain_candidate": True, "timeout_s": 600}}  # fmt: skip
     rider = {**lora, "name": "lora-rider", "profile": "sessionjudge"}
-    # Refused before vLLM starts (a start that fails inside vLLM, with its root cause from the log, is tested in
-    # test_serve.py; the night records either kind the same way).
+    # Refused by the night's check of each candidate, before any server starts (a start that fails inside vLLM, with
+    # its root cause from the log, is tested in test_serve.py; the night records either kind the same way).
     broken = {"name": "broken-cand", "profile": "judge", "model": str(night_parts / "no-such-model")}
     cache = tmp_path / "cache.sqlite"
 
@@ -122,7 +122,7 @@ def test_a_night_serves_judges_once_candidates_in_turn_and_leaves_nothing_runnin
     entries = {e["model"]: e for e in board["models"]}
     assert code & 1  # failures: the broken candidate
     failed = entries["broken-cand"]
-    assert failed["status"] == "error" and failed["error"].startswith("server did not start")
+    assert failed["status"] == "error" and failed["error"].startswith("candidate 'broken-cand': model directory")
     assert "no-such-model not found" in failed["error"]
     # DID NOT RUN: the reason stands for its units (none counted as failed), and no server is listed as served
     assert (failed["n_scored"], failed["n_failed"], failed["failures"], failed["served"]) == (0, 0, {}, None)

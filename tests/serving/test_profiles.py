@@ -711,7 +711,8 @@ def test_local_adapter_checks_use_the_adapters_own_config(tmp_path):
         lora_adapters={"gone": "runs/none/adapter"},
         vllm={"max_lora_rank": 64},
     )
-    with pytest.raises(ServeError, match=r"'gone' not found at .*runs/none/adapter .*make train"):
+    gone = r"'gone' not found at .*runs/none/adapter .*train it first \(cupid train run --config"
+    with pytest.raises(ServeError, match=gone):
         profiles.load(str(missing)).check_local_files()
     ok = write(
         tmp_path,
