@@ -193,7 +193,7 @@ def measure(
     profile = served.profile
     adapters = profile.adapter_paths()
     what = ", ".join(f"'{name}' ({which})" for which, name in served.asks.items())
-    device = f" {profile.device}" if profile.engine == "vllm" else ""
+    device = f" {profile.device_chosen}" if profile.device_chosen else ""
     console.print(
         f"[bold]check[/bold]: serving {profile.model}"
         + (f" + LoRA {', '.join(adapters.values())}" if adapters else "")
@@ -216,7 +216,7 @@ def measure(
         record = state.find(server.name)  # None: a server already answering as it was used as it is
         if record is not None:
             info.update(record.model_dump(include={"pid", "tied_to", "command", "env"}))
-            info["device"] = profile.device if profile.engine == "vllm" else "cpu"
+            info["device"] = profile.engine_can.device_of(profile.device)
         info["listed"] = _listed(server.base_url, server.profile.api_key())
         missing = sorted(set(served.asks.values()) - {m["id"] for m in info["listed"]})
         if missing and get_engine(profile.engine).lists_served_model:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.endpoint import Endpoint
+from cupid.serving.servers.engines import capabilities
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
 
@@ -283,7 +284,7 @@ class Agreement(_Section):
             )
         if "max_lora_rank" in (self.serve.get("vllm") or {}):
             raise ValueError("serve.vllm.max_lora_rank: set by the check from agreement.max_lora_rank")
-        if self.adapter and self.serve.get("engine", "vllm") != "vllm":
+        if self.adapter and not capabilities(self.serve.get("engine", "vllm")).lora:
             raise ValueError(
                 f"adapter: serving the LoRA adapter needs the vllm engine (serve.engine is {self.serve['engine']}); "
                 "set adapter: false"

@@ -15,7 +15,7 @@ from cupid.common.config import ConfigError, validate
 from cupid.common.errors import NotInstalled, ServeError
 from cupid.serving.fleet.gpu_memory import Plan, gpus
 from cupid.serving.servers import lifecycle, profiles, server_log, state, tiny_model
-from cupid.serving.servers.engines import get_engine, vllm_build
+from cupid.serving.servers.engines import capabilities, get_engine
 from cupid.serving.servers.ports import port_free, taken
 from cupid.serving.servers.profiles import Profile
 from cupid.serving.servers.vllm_args import engine_env
@@ -77,8 +77,8 @@ def _profiles(
             "served_name": name,
             "port": 8000,
         }
-        if fields["engine"] == "vllm":
-            fields["device"] = vllm_build() or "cuda"  # the build installed here decides
+        if device := capabilities(fields["engine"]).installed_device():  # vLLM: the build installed here decides
+            fields["device"] = device
         chosen = [validate(Profile, fields, "--model/--name")]
     if (fraction := overrides.pop("gpu_memory_utilization", None)) is not None:  # a vLLM argument
         overrides["vllm"] = {"gpu_memory_utilization": fraction}

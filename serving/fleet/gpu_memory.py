@@ -137,7 +137,7 @@ class Plan:
         out = []
         for p in self.profiles:
             share = f", {p.gpu_memory_utilization:g} of the GPU" if p.on_gpu else ""
-            device = f" ({p.device})" if p.engine == "vllm" else ""
+            device = f" ({p.device_chosen})" if p.device_chosen else ""
             out.append(f"{p.name}: {p.engine}{device} {p.served} on {p.host}:{p.port}{share}")
         shares = self.vllm_fractions()
         if shares:

@@ -40,7 +40,7 @@ class Placed:
 
     def line(self) -> str:
         p = self.profile
-        where = f"GPU {','.join(map(str, self.gpus))}" if self.gpus else p.device if p.engine == "vllm" else p.engine
+        where = f"GPU {','.join(map(str, self.gpus))}" if self.gpus else p.device_chosen or p.engine
         share = f", {p.gpu_memory_utilization:g} of each GPU" if p.on_gpu else ""
         adapters = f" + LoRA {', '.join(p.lora_adapters)}" if p.lora_adapters else ""
         return f"{p.name}: {p.served}{adapters} on {where}, :{p.port}{share}"

@@ -12,33 +12,75 @@ import importlib.metadata
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from cupid.common import install
 from cupid.common.errors import ServeError
-from cupid.serving.servers.vllm_args import vllm_args
-
-if TYPE_CHECKING:
-    from cupid.serving.servers.profiles import Profile
+from cupid.serving.servers.vllm_args import VllmProfile, vllm_args
 
 CPU_HINT = "On CPU, vLLM's CPU build serves CPU profiles (`cupid serve up --profile tiny`, after `make setup`)."
 
 
+class ServedProfile(VllmProfile, Protocol):
+    """What an engine reads of a serve profile (`profiles.Profile`, which asks the engines what they can do: never
+    the other way round)."""
+
+    @property
+    def served(self) -> str: ...
+
+    @property
+    def handle(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def api_key_env(self) -> str | None: ...
+
+    @property
+    def headless(self) -> bool: ...
+
+    def api_key(self) -> str | None: ...
+
+
 class Engine:
+    """A serving engine: how its server starts, and what it can do. The rest of the package asks an engine's
+    capabilities (`ENGINES[profile.engine].lora`), never its name: a new engine is a class here, with its own."""
+
     name: ClassVar[str]
     ready_paths: ClassVar[tuple[str, ...]] = ("/health", "/v1/models")
     lists_served_model: ClassVar[bool] = False  # /v1/models names the served model once it is loaded
+    structured_output: ClassVar[bool] = False  # enforces a request's answer format (the others' answers are parsed)
+    live_concurrency: ClassVar[int] = 16  # what a client may send a live server at once
+    engine_args: ClassVar[bool] = False  # takes a profile's `vllm:` arguments (parallelism, scale-out, memory share)
+    lora: ClassVar[bool] = False  # serves LoRA adapters (named at start, or loaded at runtime)
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)  # where it runs: the profile's `device` picks among several
+    imports_vllm: ClassVar[bool] = False  # its process imports vLLM: slow to start, counted (`count_vllm_start`)
+    offline: ClassVar[bool] = False  # its models also load in this process (`serving.offline`, `vllm.LLM`)
 
-    def preflight(self, profile: Profile) -> None:
+    @classmethod
+    def device_of(cls, device: str) -> str:
+        """Where a profile asking for `device` runs: there where this engine runs there, else where it always runs."""
+        return device if device in cls.devices else cls.devices[0]
+
+    @classmethod
+    def installed_device(cls) -> str | None:
+        """The device a profile made on the command line picks where this engine runs on several (None: one)."""
+        return None
+
+    def preflight(self, profile: ServedProfile) -> None:
         """Fail before starting anything when the engine cannot run this profile."""
 
-    def prepare(self, profile: Profile, workdir: Path) -> None:
+    def prepare(self, profile: ServedProfile, workdir: Path) -> None:
         """Set up the server's working directory just before it starts."""
 
-    def command(self, profile: Profile, workdir: Path) -> list[str]:
+    def command(self, profile: ServedProfile, workdir: Path) -> list[str]:
         raise NotImplementedError
 
-    def env(self, profile: Profile, workdir: Path) -> dict[str, str]:
+    def env(self, profile: ServedProfile, workdir: Path) -> dict[str, str]:
         """What the engine itself adds to the environment (the profile's own: `vllm_args.engine_env`)."""
         return {}
 
@@ -64,7 +106,7 @@ class TransformersEngine(Engine):
 
     name = "transformers"
 
-    def preflight(self, profile: Profile) -> None:
+    def preflight(self, profile: ServedProfile) -> None:
         model_dir = Path(profile.model_path())
         if not (model_dir / "config.json").is_file():
             raise ServeError(
@@ -75,14 +117,14 @@ class TransformersEngine(Engine):
         if profile.served.startswith("/") or ".." in Path(profile.served).parts:
             raise ServeError(f"served name {profile.served!r} must be a relative name such as 'org/model'")
 
-    def prepare(self, profile: Profile, workdir: Path) -> None:
+    def prepare(self, profile: ServedProfile, workdir: Path) -> None:
         link = workdir / profile.served
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(Path(profile.model_path()), target_is_directory=True)
 
-    def command(self, profile: Profile, workdir: Path) -> list[str]:
+    def command(self, profile: ServedProfile, workdir: Path) -> list[str]:
         return [
             _bin("transformers"), "serve", profile.served,
             "--host", profile.host, "--port", str(profile.port),
@@ -91,7 +133,7 @@ class TransformersEngine(Engine):
             "--cb-num-blocks", str(CPU_KV_BLOCKS), "--cb-max-batch-tokens", str(CPU_MAX_BATCH_TOKENS),
         ]  # fmt: skip
 
-    def env(self, profile: Profile, workdir: Path) -> dict[str, str]:
+    def env(self, profile: ServedProfile, workdir: Path) -> dict[str, str]:
         cache = workdir / "hf-cache"  # `/v1/models` scans a Hub cache and fails when there is none
         cache.mkdir(parents=True, exist_ok=True)
         return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
@@ -139,8 +181,19 @@ class VllmEngine(Engine):
 
     name = "vllm"
     lists_served_model = True
+    structured_output = True
+    live_concurrency = 256  # vLLM batches hundreds
+    engine_args = True
+    lora = True
+    devices = ("cuda", "cpu")
+    imports_vllm = True
+    offline = True
 
-    def preflight(self, profile: Profile) -> None:
+    @classmethod
+    def installed_device(cls) -> str | None:
+        return vllm_build() or "cuda"  # the build installed here decides
+
+    def preflight(self, profile: ServedProfile) -> None:
         name, device = profile.handle, profile.device
         if profile.api_key_env and not profile.api_key():
             raise ServeError(f"'{name}' requires an API key from ${profile.api_key_env}, which is not set")
@@ -160,7 +213,7 @@ class VllmEngine(Engine):
         if mismatch := install.mismatch_line():  # the server would die importing transformers
             raise ServeError(f"'{name}' cannot start: {mismatch}")
 
-    def command(self, profile: Profile, workdir: Path) -> list[str]:
+    def command(self, profile: ServedProfile, workdir: Path) -> list[str]:
         model = profile.model_path()
         if profile.headless:  # `vllm serve` takes the model as its first argument (`--model` is deprecated there)
             start = ["vllm.entrypoints.cli.main", "serve", model]
@@ -174,7 +227,7 @@ class VllmEngine(Engine):
             *vllm_args(profile),
         ]  # fmt: skip
 
-    def env(self, profile: Profile, workdir: Path) -> dict[str, str]:
+    def env(self, profile: ServedProfile, workdir: Path) -> dict[str, str]:
         # vLLM reads the key from VLLM_API_KEY as it would from --api-key; in the environment it stays
         # off the command line (visible in `ps`), out of the record and out of vLLM's logged arguments.
         key = profile.api_key()
@@ -182,6 +235,11 @@ class VllmEngine(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {TransformersEngine.name: TransformersEngine, VllmEngine.name: VllmEngine}
+
+
+def capabilities(name: str | None) -> type[Engine]:
+    """What the engine `name` can do (an unknown name, as an old record may hold: what every engine can)."""
+    return ENGINES.get(name or "", Engine)
 
 
 def get_engine(name: str) -> Engine:

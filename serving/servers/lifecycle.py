@@ -20,7 +20,7 @@ from cupid.common.errors import ServeError
 from cupid.common.processes import alive
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import watchdog
-from cupid.serving.servers.engines import Engine, get_engine
+from cupid.serving.servers.engines import Engine, capabilities, get_engine
 from cupid.serving.servers.ports import port_free, taken
 from cupid.serving.servers.probes import group_alive, healthy, ready
 from cupid.serving.servers.profiles import Profile
@@ -104,7 +104,7 @@ def _launch(
         )
     if tied:
         watchdog.tie(process.pid)
-    if engine.name == "vllm":
+    if engine.imports_vllm:
         count_vllm_start(f"server {name}")
     record = ServerRecord(
         profile=profile,
@@ -178,17 +178,13 @@ def status() -> list[ServerStatus]:
     return out
 
 
-# What a client may send to a live server at once: vLLM batches hundreds, `transformers serve` on CPU a few.
-LIVE_CONCURRENCY = {"vllm": 256, "transformers": 16}
-
-
 def endpoint_fields(base_url: str, engine: str, api_key_env: str | None) -> dict[str, Any]:
     """How a client talks to a server this project starts: a running one (`live_endpoints`) or one a run brings."""
     return {
         "base_url": base_url,
         "api_key_env": api_key_env,
-        "max_concurrency": LIVE_CONCURRENCY.get(engine, 16),
-        "structured_output": engine == "vllm",  # vLLM enforces answer formats; transformers ignores them
+        "max_concurrency": capabilities(engine).live_concurrency,
+        "structured_output": capabilities(engine).structured_output,  # answer formats a server ignores are parsed
     }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cupid.common.files import state_dir
+from cupid.serving.servers.engines import capabilities
 from cupid.serving.servers.profiles import AS_SERVED, Profile
 
 
@@ -56,7 +57,8 @@ class ServerRecord(BaseModel):
         if isinstance(data, dict) and "profile" not in data and "port" in data:
             fields = ("engine", "model", "served_name", "host", "port", "api_key_env")
             profile = {k: data[k] for k in fields if data.get(k) is not None}
-            device = {"device": data["device"]} if data.get("engine") == "vllm" and "device" in data else {}
+            several = len(capabilities(data.get("engine")).devices) > 1  # a device of its own to keep
+            device = {"device": data["device"]} if several and "device" in data else {}
             return {**data, "profile": {"name": data.get("name", ""), **profile, **device}}
         return data
 

@@ -28,6 +28,9 @@ class VllmProfile(Protocol):
     def device(self) -> str: ...
 
     @property
+    def imports_vllm(self) -> bool: ...
+
+    @property
     def lora_adapters(self) -> dict[str, str]: ...
 
     @property
@@ -202,7 +205,7 @@ def check_vllm_args(args: list[str]) -> None:
 def engine_env(profile: VllmProfile) -> dict[str, str]:
     """What vLLM reads from the environment rather than its arguments (recorded: never a secret here)."""
     env = {}
-    if profile.engine == "vllm":
+    if profile.imports_vllm:
         # vLLM gives up on compiling an answer-format regex after 5 s (a guard against hostile patterns) and the
         # request then never ends; ours are the project's own, bounded, and a busy CPU compiles them slowly.
         env["VLLM_REGEX_COMPILATION_TIMEOUT_S"] = str(REGEX_COMPILATION_TIMEOUT_S)
@@ -215,7 +218,8 @@ def engine_env(profile: VllmProfile) -> dict[str, str]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(profile.cpu_kvcache_space_gib)
     if profile.cpu_reserved_cores is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(profile.cpu_reserved_cores)
-    if profile.engine == "vllm" and profile.device == "cpu" and profile.arg("distributed_executor_backend") == "uni":
+    in_process = profile.arg("distributed_executor_backend") == "uni"
+    if profile.imports_vllm and profile.device == "cpu" and in_process:
         # The model inside the engine process, as `uni` says: vLLM's CPU build swaps `uni` for its multiprocessing
         # executor (a worker process of its own) unless V1 multiprocessing is off, which its API server ignores for
         # the engine process and `vllm.LLM` honours (no process at all). Each spawned process imports vLLM afresh,
