@@ -29,13 +29,15 @@ def version(distribution: str) -> str | None:
 def editable() -> bool:
     """Whether this is a checkout's install (`pip install -e .`, `make setup`: pip's `direct_url.json` says
     `dir_info.editable`) or a checkout on sys.path with nothing installed, rather than a wheel installed by name. The
-    two need different words to add an extra."""
+    two need different words to add an extra. Every distribution of the name is read: a build leaves a
+    `cupid_eval.egg-info` in the checkout, which the working directory on sys.path puts first."""
+    found = list(importlib.metadata.distributions(name=DISTRIBUTION))
+    return not found or any(_editable(d.read_text("direct_url.json")) for d in found)
+
+
+def _editable(direct_url: str | None) -> bool:
     try:
-        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
-    except importlib.metadata.PackageNotFoundError:
-        return True
-    try:
-        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable"))
+        return bool(json.loads(direct_url or "{}").get("dir_info", {}).get("editable"))
     except (ValueError, AttributeError):
         return False
 

