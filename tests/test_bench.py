@@ -120,7 +120,7 @@ def test_the_viewer_bench_runs_in_a_real_browser(tmp_path):
         assert "every unit openable" in line and "opening a unit" in line
 
 
-def test_the_gate_level_bench_gives_both_tests_rates_for_each_family_and_power_with_its_interval():
+def test_the_gate_level_bench_gives_both_tests_rates_and_the_power_with_its_interval():
     out = subprocess.run(
         [sys.executable, "-m", "bench.gate_level", "--tests", "50", "--power-draws", "20",
          "--laws", "sparse: 2% gain 0.5, 8% lose 0.125", "--power-laws", "normal, sd 0.15"],

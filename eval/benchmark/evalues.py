@@ -52,7 +52,7 @@ def log_e_values(changes: np.ndarray, margin: float = 0.0) -> np.ndarray:
 
 def e_value(changes: np.ndarray, margin: float = 0.0) -> float:
     """The e-value against "mean change >= -margin" (see `log_e_values`)."""
-    return float(np.exp(min(log_e_values(changes, margin), 700.0)))
+    return float(np.exp(min(float(log_e_values(changes, margin)), 700.0)))
 
 
 def p_value(e: float) -> float:

@@ -93,7 +93,7 @@ class TaskSpec:
                 rows.append(columns)
         return personas, np.array(rows, dtype=float) if rows else np.zeros((0, 0))
 
-    def persona_figures(self, personas: Sequence[str], columns: np.ndarray) -> np.ndarray:
+    def persona_figures(self, personas: Sequence[str] | np.ndarray, columns: np.ndarray) -> np.ndarray:
         """The first headline figure on each persona's own units (personas in sorted order), mapped from `bounds` to
         [0, 1]: what the gate's test compares persona by persona."""
         _, (sums,) = stats.by_persona(personas, np.asarray(columns, dtype=float))

@@ -137,7 +137,9 @@ COPIES = 27  # the sample's 4 personas 27 times: 108 personas, 324 units per tas
 # 20 copies' 240 instances hold GATE_PERSONAS (80)
 UNITS = 3 * 4 * COPIES
 FIFTH = r"\(case sample-\d+-(0|5|10|15|20|25)\)"  # 6 copies of 4 personas: 24 of 108
-SOME = r"\(case sample-\d+-(0|1|2|3)\)"  # 4 copies of 4 personas: 16 of 108 answer a preference that matches nothing
+# 13 copies of 4 personas: 52 of 108 answer a preference that matches nothing (a drop the gate's test finds; with 16
+# it stays under its detectable)
+SOME = r"\(case sample-\d+-(\d|1[0-2])\)"
 
 
 def instant_with(*args):

@@ -37,7 +37,7 @@ def family_flags(rng: np.random.Generator, tests: int, personas: int) -> int:
     return sum(r.regression for r in rows)
 
 
-def test_a_family_of_twenty_keeps_its_level_under_a_sparse_change_that_nets_to_nothing():
+def test_a_family_of_twenty_keeps_its_level_under_a_sparse_change_netting_to_zero():
     # 150 nights of 20 null tests at 138 personas: a night with any false REGRESSION at most 2.5% of the time
     # (3.75 of 150). The bootstrap-t with Holm stepping at 0.035/k^1.5 flagged 96 of these 150 nights (64%).
     rng = np.random.default_rng(74)

@@ -260,7 +260,7 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
     assert "ran a1" in (tmp_path / "slot-1.log").read_text() and "ran b1" in (tmp_path / "slot-2.log").read_text()
 
 
-def test_a_judge_served_from_its_profile_carries_its_weights_in_the_cache_key_and_the_runs_identity(tmp_path):
+def test_a_judge_served_from_a_profile_keys_the_cache_and_the_run_by_its_weights(tmp_path):
     # A refitted judge exported over the same directory and served under the same name is another judge: its
     # requests miss the old one's cache entries, and the run's identity (what `cupid compare` reads) names the change.
     from cupid.eval.benchmark.rundir import Run, RunIdentity
