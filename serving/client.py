@@ -3,16 +3,21 @@
 Callers fire all their requests at once; each endpoint's semaphore bounds what is in flight (vLLM
 batches whatever is in flight), retries back off on 429/5xx/connection errors, identical requests
 in flight at the same time are sent once, and answered requests are read from the cache.
+
+What carries one request to its endpoint is the client's transport (as httpx's): HTTP unless another is given
+(`Transport`; `MockTransport` answers from a function, for tests and a backend inside this process), with
+everything above it (cache, one send for identical requests, bounds, retries, classification) the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Self, TypeVar
 
@@ -91,6 +96,58 @@ def classify(status: int, text: str) -> RequestFailed:
     return RequestFailed(f"http_{status}", text)
 
 
+@dataclass(frozen=True)
+class Response:
+    """What came back for one request: the HTTP status and the body (an OpenAI chat completion when 200)."""
+
+    status: int
+    text: str
+
+    @classmethod
+    def completion(cls, content: str, finish_reason: str = "stop", usage: dict[str, Any] | None = None) -> Response:
+        """A 200 answer carrying `content`, as an OpenAI-compatible server writes it."""
+        body = {"choices": [{"message": {"content": content}, "finish_reason": finish_reason}], "usage": usage}
+        return cls(200, json.dumps(body))
+
+
+class Transport(Protocol):
+    """One attempt at one request: its endpoint's answer, or a `RequestFailed` where none came (a connection,
+    a timeout). The client keeps the rest: the cache, one send for identical requests, the endpoint's concurrency,
+    retries, and reading the answer (`answer_of`)."""
+
+    async def __call__(self, name: str, endpoint: Endpoint, request: ChatRequest) -> Response: ...
+
+
+Handler = Callable[[str, ChatRequest], "Response | Awaitable[Response]"]
+
+
+class MockTransport:
+    """A transport that asks a function (`handler(endpoint name, request)`, plain or async) instead of a server, as
+    httpx's `MockTransport`: tests see what a client sends and choose what comes back, 429s and garbled bodies
+    included; a backend inside this process answers the same way."""
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+
+    async def __call__(self, name: str, endpoint: Endpoint, request: ChatRequest) -> Response:
+        found = self.handler(name, request)
+        return await found if inspect.isawaitable(found) else found
+
+
+def answer_of(response: Response, latency: float) -> Answer:
+    """The answer a response carries, or the reason it carries none (`classify`; a body that is not a completion:
+    bad_response)."""
+    if response.status != 200:
+        raise classify(response.status, response.text)
+    try:
+        data = json.loads(response.text)
+        choice = data["choices"][0]
+        content = choice["message"].get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise RequestFailed("bad_response", response.text[:2000]) from None
+    return Answer(content, choice.get("finish_reason"), data.get("usage"), latency, cached=False)
+
+
 class ManagedServer(Protocol):
     """A server a run brings, as its requests see it (`serving.fleet.Server`, or `AdapterOnServer`: a LoRA candidate
     in a judge's server): started on the first request that needs it, restarted when it stops answering."""
@@ -119,6 +176,7 @@ class Client:
         servers: dict[str, ManagedServer] | None = None,
         roles: dict[str, str] | None = None,
         down_hint: Hint | None = None,
+        transport: Transport | None = None,
     ):
         self.endpoints = endpoints
         self.cache = cache
@@ -135,6 +193,7 @@ class Client:
         # A run answered from the cache asks nothing; `down_hint` says what to do then.
         self.roles, self.down_hint = roles, down_hint
         self._answering: dict[str, asyncio.Future[dict[str, Problem]]] = {}
+        self.transport = transport or self._http_post  # what carries a request (`Transport`): HTTP by default
 
     def limit(self, name: str) -> int:
         return self.concurrency or self.endpoints[name].max_concurrency
@@ -249,27 +308,23 @@ class Client:
         raise AssertionError("unreachable")
 
     async def _post(self, name: str, request: ChatRequest) -> Answer:
-        http = self._client(name)
         endpoint = self.endpoints[name]
         async with self._slot(name):
             started = time.perf_counter()
-            try:
-                async with http.post(endpoint.url + "/chat/completions", json=request.body()) as response:
-                    status, text = response.status, await response.text()
-            except TimeoutError:
-                raise RequestFailed("timeout", f"no answer after {endpoint.timeout_s}s", True) from None
-            except aiohttp.ClientError as e:
-                raise RequestFailed("connection", f"{type(e).__name__}: {e} ({endpoint.url})", True) from None
+            response = await self.transport(name, endpoint, request)
             latency = time.perf_counter() - started
-        if status != 200:
-            raise classify(status, text)
+        return answer_of(response, latency)
+
+    async def _http_post(self, name: str, endpoint: Endpoint, request: ChatRequest) -> Response:
+        """The default transport: a POST to the endpoint's /chat/completions, on its own session."""
+        http = self._client(name)
         try:
-            data = json.loads(text)
-            choice = data["choices"][0]
-            content = choice["message"].get("content") or ""
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise RequestFailed("bad_response", text[:2000]) from None
-        return Answer(content, choice.get("finish_reason"), data.get("usage"), latency, cached=False)
+            async with http.post(endpoint.url + "/chat/completions", json=request.body()) as response:
+                return Response(response.status, await response.text())
+        except TimeoutError:
+            raise RequestFailed("timeout", f"no answer after {endpoint.timeout_s}s", True) from None
+        except aiohttp.ClientError as e:
+            raise RequestFailed("connection", f"{type(e).__name__}: {e} ({endpoint.url})", True) from None
 
     def _slot(self, name: str) -> asyncio.Semaphore:
         if name not in self._slots:

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from cupid.serving.cache import Cache
-from cupid.serving.client import Client, RequestFailed, classify
+from cupid.serving.client import Client, MockTransport, RequestFailed, Response, classify
 from cupid.serving.endpoint import Endpoint
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -87,3 +87,61 @@ def test_request_carries_endpoint_defaults_and_overrides(instant_url):
 def test_error_classification(status, text, reason, retryable):
     failure = classify(status, text)
     assert (failure.reason, failure.retryable) == (reason, retryable)
+
+
+# A transport in place of HTTP (`MockTransport`): what the client sends, and the answer chosen for it, with no server
+# and no patched method; the client's own work (cache, one send, bounds, reading answers) is the same over it.
+
+
+def _endpoints(**kw) -> dict[str, Endpoint]:
+    return {"e": Endpoint(base_url="http://nowhere.invalid/v1", model="m", **kw)}
+
+
+async def test_a_transport_answers_in_place_of_http(tmp_path):
+    seen = []
+
+    def handler(name, request):
+        seen.append((name, request.body()["messages"], request.body()["max_tokens"]))
+        return Response.completion("hi", usage={"completion_tokens": 1})
+
+    cache = Cache(tmp_path / "c.sqlite")
+    async with Client(_endpoints(max_tokens=5), cache, transport=MockTransport(handler)) as client:
+        answers = await asyncio.gather(*[client.chat("e", HELLO) for _ in range(3)])
+        again = await client.chat("e", HELLO)
+    assert [a.content for a in answers] == ["hi"] * 3 and answers[0].usage == {"completion_tokens": 1}
+    assert seen == [("e", HELLO, 5)]  # one send for identical requests in flight, the endpoint's cap on it
+    assert again.cached and client.stats.sent == 1
+    cache.close()
+
+
+@pytest.mark.parametrize(
+    "response, reason",
+    [(Response(429, "slow down"), "rate_limited"), (Response(400, "prompt is too long"), "context_length_exceeded"),
+     (Response(200, "{not json"), "bad_response"), (Response(200, '{"choices": []}'), "bad_response")],
+)  # fmt: skip
+async def test_what_a_transport_returns_is_read_as_http_would_be(response, reason):
+    async def handler(name, request):
+        return response
+
+    async with Client(_endpoints(max_retries=0), transport=MockTransport(handler)) as client:
+        with pytest.raises(RequestFailed) as e:
+            await client.chat("e", HELLO)
+    assert e.value.reason == reason and client.stats.failed == 1
+
+
+async def test_a_transport_runs_within_the_endpoint_bound():
+    """The endpoint's concurrency bounds the transport's calls as it bounds HTTP's."""
+    running, most = 0, 0
+
+    async def handler(name, request):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return Response.completion(request.messages[0]["content"])
+
+    async with Client(_endpoints(max_concurrency=3), transport=MockTransport(handler)) as client:
+        asks = [client.chat("e", [{"role": "user", "content": str(i)}]) for i in range(12)]
+        answers = await asyncio.gather(*asks)
+    assert [a.content for a in answers] == [str(i) for i in range(12)] and most == 3
