@@ -49,7 +49,7 @@ from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.serving.client import ChatRequest, Client
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.registry import load_endpoints
+from cupid.serving.registry import DEFAULT_FILE, load_endpoints
 from cupid.serving.servers import lifecycle, profiles, tiny_model
 from cupid.serving.servers.instant import start as start_instant
 from cupid.serving.servers.ports import free_port
@@ -207,7 +207,7 @@ def demo_workload(base_url: str, workdir: Path, workload: Workload, *, free: boo
         cfg["limit"] = workload.demo_limit
     if workload.demo_sessions is not None:
         cfg["data"] = str(fewer_sessions(cfg.get("data", "sample"), workload.demo_sessions, workdir / "data.jsonl"))
-    shipped = load_endpoints(ROOT / cfg.get("endpoints", "configs/endpoints.yaml"))
+    shipped = load_endpoints(ROOT / cfg.get("endpoints", DEFAULT_FILE))
     roles = RunConfig(**cfg).roles().bound()
     unconstrained = {"structured_output": False, "constrain_candidate": False} if free else {}
     capped = {"max_tokens": workload.demo_max_tokens} if workload.demo_max_tokens is not None else {}

@@ -23,7 +23,7 @@ from cupid.eval.benchmark.data import Dataset  # noqa: F401 (the API)
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect  # noqa: F401 (the API)
 from cupid.eval.benchmark.judges import open_judges  # noqa: F401 (the API)
 from cupid.eval.benchmark.records import Labels, Scoring, StageError  # noqa: F401 (the API)
-from cupid.eval.benchmark.runner import Executor, InstanceType, RunConfig, RunResult, Tracker  # noqa: F401 (the API)
+from cupid.eval.benchmark.runner import InstanceType, RunConfig, RunResult, Tracker  # noqa: F401 (the API)
 from cupid.eval.benchmark.settings import Setting  # noqa: F401 (the API)
 from cupid.eval.benchmark.stages import StageFailed  # noqa: F401 (the API)
 from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
@@ -35,9 +35,11 @@ from cupid.matcher.parse import MatchItem  # noqa: F401 (the API)
 from cupid.serving.cache import cache_path
 from cupid.serving.client import per_loop
 from cupid.serving.endpoint import Endpoint
+from cupid.serving.executors import Executor  # noqa: F401 (the API)
 from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.registry import DEFAULT_FILE, URL_SCHEMES, EndpointLike, resolve
 from cupid.serving.servers.lifecycle import live_endpoints
+from cupid.serving.servers.profiles import DEFAULT_DIR as PROFILES_DIR
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -218,7 +220,7 @@ async def aevaluate(
     executor: Executor = "http",
     serve: dict[str, dict[str, Any]] | Sequence[str] | None = None,
     refresh: bool = False,
-    profiles: str | Path = "configs/serve",
+    profiles: str | Path = PROFILES_DIR,
     track: Tracker | None = None,
     **misspelt: Any,
 ) -> RunResult:

@@ -123,8 +123,8 @@ Handler = Callable[[str, ChatRequest], "Response | Awaitable[Response]"]
 
 class MockTransport:
     """A transport that asks a function (`handler(endpoint name, request)`, plain or async) instead of a server, as
-    httpx's `MockTransport`: tests see what a client sends and choose what comes back, 429s and garbled bodies
-    included; a backend inside this process answers the same way."""
+    httpx's `MockTransport`: tests see what a client sends and choose what comes back, rate limits (429) and
+    garbled bodies included; a backend inside this process answers the same way."""
 
     def __init__(self, handler: Handler):
         self.handler = handler

@@ -4,6 +4,7 @@ engine inside this process (`serving.offline`). Every command that runs requests
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal, get_args
 
 from cupid.common.config import ConfigError
 from cupid.serving import offline
@@ -12,7 +13,8 @@ from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.servers import profiles
 
-EXECUTORS = ("http", "vllm-offline", "transformers-offline")
+Executor = Literal["http", "vllm-offline", "transformers-offline"]  # a run config's `executor:`
+EXECUTORS: tuple[str, ...] = get_args(Executor)
 
 
 def open_client(

@@ -35,11 +35,10 @@ from cupid.serving.client import Answer, ChatRequest, Client, RequestFailed
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.fleet import gpu_memory
 from cupid.serving.fleet.gpu_memory import Plan
+from cupid.serving.registry import LOCAL_HOSTS
 from cupid.serving.servers import lifecycle, profiles, vllm_args
 from cupid.serving.servers.engines import vllm_build, vllm_install
 from cupid.serving.servers.profiles import Profile
-
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 # What an offline answer does not carry (log-probabilities, more than one choice), or what the chat API gives in
 # another form than `SamplingParams` takes it (logit_bias: string token ids), among the fields both share.

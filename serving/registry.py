@@ -14,6 +14,7 @@ from cupid.common.tls import http_get
 from cupid.serving.endpoint import Endpoint, bearer
 
 DEFAULT_FILE = "configs/endpoints.yaml"
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "0.0.0.0", "::1"})  # a server on this machine
 URL_SCHEMES = ("http://", "https://")  # a name that starts so is a base URL
 
 Started = Callable[[], Mapping[str, Endpoint]]
@@ -138,7 +139,7 @@ def unreachable(endpoints: Mapping[str, Endpoint], timeout: float = REACH_TIMEOU
 def local(endpoint: Endpoint) -> bool:
     from urllib.parse import urlparse
 
-    return urlparse(endpoint.url).hostname in ("127.0.0.1", "localhost", "0.0.0.0", "::1")
+    return urlparse(endpoint.url).hostname in LOCAL_HOSTS
 
 
 def how_to_start(endpoint: Endpoint) -> str:

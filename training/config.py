@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.endpoint import Endpoint
+from cupid.serving.registry import DEFAULT_FILE as ENDPOINTS_FILE
 from cupid.serving.servers.engines import capabilities
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
@@ -29,7 +30,7 @@ class Labelling(_Section):
 
     data: str = Field(default="sample", description="'sample', a local CUPID-format file/dir, or a Hub id")
     split: str = Field(default="train", description="Hub split (local files have none)")
-    endpoints: str | None = Field(default="configs/endpoints.yaml", description="endpoints YAML file")
+    endpoints: str | None = Field(default=ENDPOINTS_FILE, description="endpoints YAML file")
     add_endpoints: dict[str, Endpoint] = Field(
         default_factory=dict, description="more endpoints written inline (e.g. the candidates), on top of the file's"
     )

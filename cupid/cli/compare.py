@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
+from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.benchmark.settings import SETTINGS
@@ -61,7 +62,7 @@ def main(
         )
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     if as_json:
         typer.echo(comparison.model_dump_json(indent=2))
     else:

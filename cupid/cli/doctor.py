@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cupid.cli.errors import EXIT_FAILED
 from cupid.common import install
 
 console = Console(soft_wrap=True)
@@ -44,7 +45,7 @@ def main(
         for packages in install.fixes():
             if not _uninstall(packages):
                 print(f"could not run pip here: run pip uninstall -y {' '.join(packages)}")
-                raise typer.Exit(1)
+                raise typer.Exit(EXIT_FAILED)
     table = Table("component", "installed", title="cupid doctor")
     for what, state in install.report():
         table.add_row(what, state)
@@ -57,5 +58,5 @@ def main(
         print(f"costly: {what} {cost}" + (" (cupid doctor --fix)" if command else ""))
     if line := install.mismatch_line():
         print(f"broken: {line} (cupid doctor --fix)")
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
     print("ok: nothing broken")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cupid.cli.errors import EXIT_FAILED
 from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.rundir import RunDir
@@ -101,7 +102,7 @@ def _run(config: str | None, dry_run: str | None, allow_failures: bool, no_cache
         f"{summary.n_scored} scored of {summary.n_runs}; results in {cfg.out}"
     )
     if problems and not allow_failures:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 def _check_options(given: dict[str, Any]) -> None:
@@ -180,7 +181,7 @@ def check_data(source: str = typer.Argument("sample", help="'sample', a local pa
     for bad in dataset.bad_rows:
         console.print(f"[red]bad row:[/red] {escape(str(bad))}", highlight=False)
     if dataset.bad_rows:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
 
 
 @app.command("list")

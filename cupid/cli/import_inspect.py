@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.summary import markdown
 from cupid.eval.integrations.inspect_log import import_logs
@@ -20,6 +21,6 @@ def main(
         summary = import_logs(list(logs), out)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     typer.echo(markdown(summary))
     typer.echo(f"run directory: {out}")

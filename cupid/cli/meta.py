@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.results.meta import LABELS, agree, correlate, f1_table, labels_from, read_table
 
@@ -21,7 +22,7 @@ def _fail(e: Exception) -> NoReturn:
     Console(stderr=True, soft_wrap=True).print(
         f"[red]error:[/red] {escape(str(e))}", highlight=False
     )  # paths and rows never wrapped
-    raise typer.Exit(2)
+    raise typer.Exit(EXIT_USAGE)
 
 
 @app.command("agree")

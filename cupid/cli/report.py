@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.results.pages import default_out
 from cupid.eval.results.report import build
@@ -23,7 +24,7 @@ def main(
         page = build(run_dirs, target)
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     except KeyboardInterrupt:
         typer.echo(f"interrupted: no report written in {target}", err=True)
         raise typer.Exit(130) from None

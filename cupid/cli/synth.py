@@ -7,6 +7,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from cupid.cli.errors import EXIT_FAILED, EXIT_USAGE
 from cupid.common.config import ConfigError, read_yaml, validate
 from cupid.training.synth.config import SynthConfig
 from cupid.training.synth.pipeline import run
@@ -58,7 +59,7 @@ def main(
         summary = run(cfg, console=err)
     except (ConfigError, ValueError) as e:
         err.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     for pid, failure in summary["failures"].items():
         err.print(f"[yellow]failed {pid}[/yellow] at {failure['step']}: {failure['reason']}", highlight=False)
     requests = summary["requests"]
@@ -69,4 +70,4 @@ def main(
         f"{summary['retries']} retries; {summary['seconds']}s"
     )
     if summary["failed"] and not allow_failures:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)

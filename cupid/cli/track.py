@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from cupid.cli.errors import EXIT_FAILED, EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.results.track import log, read, require
@@ -25,9 +26,9 @@ def main(
         runs = [run for path in paths for run in read(path)]
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     ids = log(runs, to, lambda m: typer.echo(m, err=True))  # type: ignore[arg-type]
     for run, run_id in zip(runs, ids, strict=True):
         typer.echo(f"{run.name}: {to} run {run_id}" if run_id else f"{run.name}: not logged")
     if None in ids:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.common.errors import ServeError
 from cupid.eval.benchmark.data import DataError, local_path
@@ -68,7 +69,7 @@ def _guarded(action: Callable[[], Any]) -> Any:
         err.print(
             f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True
         )  # whole lines: paths stay greppable
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 def _print_labelling(report: LabelReport | None) -> None:

@@ -54,7 +54,7 @@ def main(
         page = build(run_dirs, out or default_out(run_dirs))
     except (ConfigError, RecordError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+        raise typer.Exit(EXIT_USAGE) from None
     typer.echo(str(page))
     if serve_it:
         serve(page, port)

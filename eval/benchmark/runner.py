@@ -31,27 +31,28 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.benchmark.settings import Setting, built_from_answers, extra_prompts, extra_roles
 from cupid.eval.benchmark.stages import Roles
-from cupid.eval.benchmark.summary import Requests, Summary, markdown, summarize, tables
+from cupid.eval.benchmark.summary import Requests, Summary, summarize, tables
 from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import cache_path, open_cache, renamed_no_cache
 from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint
-from cupid.serving.executors import open_client
+from cupid.serving.executors import Executor, open_client
 from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.fleet.run_servers import RunServers, plan_servers, profile_fingerprints
+from cupid.serving.registry import DEFAULT_FILE as ENDPOINTS_FILE
 from cupid.serving.registry import EndpointDown, down_message, lookup, missing_keys, unreachable
 from cupid.serving.servers.lifecycle import first_notice, live_endpoints
+from cupid.serving.servers.profiles import DEFAULT_DIR as PROFILES_DIR
 from cupid.serving.servers.profiles import start_hint
 
 Tracker = Literal[
     "mlflow", "wandb"
-]  # `track:`: the run is logged there once it ends (eval.track, on top of the runner)
+]  # `track:`: the run is logged there once it ends (eval.workflows.logged_run, on top of the runner)
 
 
 InstanceType = Literal["consistent", "contrastive", "changing"]
-Executor = Literal["http", "vllm-offline", "transformers-offline"]
 
 
 class RunConfig(BaseModel):
@@ -63,12 +64,12 @@ class RunConfig(BaseModel):
         default="sample",
         description="'sample', a local .jsonl/.json/.parquet file or directory, or a Hub id (kixlab/CUPID)",
     )
-    endpoints: str = Field(default="configs/endpoints.yaml", description="endpoints YAML")
+    endpoints: str = Field(default=ENDPOINTS_FILE, description="endpoints YAML")
     candidate: str | ServedModel = Field(
         description="endpoint name, or a model this run serves: {name, model, profile, adapter}"
     )
     profiles: str = Field(
-        default="configs/serve",
+        default=str(PROFILES_DIR),
         description="directory of the serve profiles that `serve:`, served candidates and the offline executors name",
     )
     serve: dict[str, dict[str, Any]] = Field(
@@ -221,9 +222,6 @@ class RunResult:
     def tables(self) -> list[Table]:
         """The tables of `summary.md`, as data (title, headers, rows)."""
         return tables(self.summary)
-
-    def markdown(self) -> str:
-        return markdown(self.summary)
 
 
 def run(

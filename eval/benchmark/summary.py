@@ -75,7 +75,7 @@ class Summary(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _read(cls, data: Any) -> Any:
-        """The task blocks are read with the figures their task declares (`BLOCKS`)."""
+        """The task blocks are read with the figures their task declares (`blocks_by_task`: each task's `block`)."""
         if not isinstance(data, dict) or "tasks" in data:
             return data
 

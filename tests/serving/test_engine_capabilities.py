@@ -12,7 +12,7 @@ from cupid.serving.servers.engines import ENGINES, Engine, TransformersEngine, V
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = ("cupid", "matcher", "serving", "eval", "training")  # the folders of the `cupid` package (package-dir)
 NAMES = "|".join(map(re.escape, ENGINES))
-# A name compared (`== "vllm"`, `"vllm" != x`, `engine in ("vllm", ...)`) or a table keyed by engine names (`{"vllm": 256`).
+# A name compared (`== "vllm"`, `"vllm" != x`, `engine in ("vllm", ...)`) or a table keyed by engine names
 BY_NAME = re.compile(
     rf"""(==|!=)\s*["']({NAMES})["']|["']({NAMES})["']\s*(==|!=)|engine\S*\s+(not\s+)?in\s*[(\[{{]\s*["']({NAMES})["']"""
     rf"""|\{{\s*["']({NAMES})["']\s*:\s*\d"""

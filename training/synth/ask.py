@@ -11,7 +11,7 @@ with that reason.
 
 Every step states its answer's shape: a regex (`Shape`, built from `matcher.schemas`) of the form its
 prompt asks for, given the characters of free text the step's cap leaves. Where the endpoint's engine
-enforces structured output, the request carries it (`eval.stages.constraint`, the one place that decides)
+enforces structured output, the request carries it (`eval.benchmark.stages.constraint`, the one place that decides)
 and the answer has that form by construction, ending within the cap even at one character per token;
 elsewhere the prompt alone asks for it. Either way the step's reader checks everything again, and
 content rules (a factor not named after its type, a request that names its factor ...) are checks only:

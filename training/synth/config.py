@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import renamed_no_cache
+from cupid.serving.registry import DEFAULT_FILE as ENDPOINTS_FILE
 
 Role = Literal["generator", "user_simulator", "assistant_simulator"]
 
@@ -52,7 +53,7 @@ class SynthConfig(BaseModel):
     def _renamed(cls, data: Any) -> Any:
         return renamed_no_cache(data, "synthesis config")
 
-    endpoints: str = Field(default="configs/endpoints.yaml", description="endpoints YAML the roles are looked up in")
+    endpoints: str = Field(default=ENDPOINTS_FILE, description="endpoints YAML the roles are looked up in")
     generator: str = Field(description="endpoint that writes personas, factors, preferences, checklists and requests")
     user_simulator: str = Field(description="endpoint that plays the user: judges checklist items, writes feedback")
     assistant_simulator: str = Field(description="endpoint that plays the AI assistant in the dialogues")

@@ -5,7 +5,7 @@ Run directory:
   personas/<id>.json       a finished persona: template, random choices, factors, 13 sessions with
                            dialogues, and every raw model answer; written whole (temp file + rename)
   failed/<id>.json         a failed persona: the step, the reason and the raw answers so far
-  instances.jsonl          the CUPID rows of every finished persona, checked by `eval.data.load`
+  instances.jsonl          the CUPID rows of every finished persona, checked by `eval.benchmark.data.load`
   summary.json             counts, failures by step, retries spent, requests sent/cached
 
 A rerun skips finished personas (no request at all) and runs failed and missing ones again; their
