@@ -107,16 +107,24 @@ def flaky_url():
 
 
 @pytest.fixture
-def endpoints(tmp_path, instant_url, tiny_server):
-    """Run endpoints: the instant server under several names, the session server's model as is (free answers: noise),
-    as a prefmatcher-format matcher, and with answer formats enforced (`tinyformat`), and a paid-style endpoint
-    whose key variable is unset."""
+def endpoints(request, tmp_path, instant_url):
+    """Run endpoints: the instant server under several names and a paid-style endpoint whose key variable is unset;
+    for a test that also asks for `tiny_server`, the session server's model as is (free answers: noise), as a
+    prefmatcher-format matcher, and with answer formats enforced (`tinyformat`). The tiny server is not asked for
+    here: a test names it itself, which makes it slow (tests/plugins/collection.py), and one that only needs the
+    instant server stays in `make check`."""
+    tiny = request.getfixturevalue("tiny_server") if "tiny_server" in request.fixturenames else None
+    served = {}
+    if tiny is not None:
+        served = {
+            "tiny": tiny,
+            "tinymatch": {**tiny, "matcher_prompt": "prefmatcher"},
+            "tinyformat": {**tiny, "structured_output": True},
+        }
     return write_endpoints(
         tmp_path / "endpoints.yaml",
         instant={"base_url": instant_url, "model": "instant"},
         pm={"base_url": instant_url, "model": "local-prefmatcher"},
-        tiny=tiny_server,
-        tinymatch={**tiny_server, "matcher_prompt": "prefmatcher"},
-        tinyformat={**tiny_server, "structured_output": True},
+        **served,
         paid={"base_url": instant_url, "model": "paid-4o", "api_key_env": "CUPID_TEST_MISSING_KEY"},
     )

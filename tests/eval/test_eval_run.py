@@ -72,7 +72,7 @@ def test_resume_reruns_only_what_is_missing_and_pays_nothing_twice(endpoints, tm
     assert third.requests == Requests(sent=0, cached=0)
 
 
-def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoints, tmp_path, cupid_home):
+def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoints, tiny_server, tmp_path, cupid_home):
     cfg = config(endpoints, tmp_path, candidate="tiny", limit=2)
     summary = run(cfg).summary
     rows = records(tmp_path / "run")
@@ -94,7 +94,7 @@ def test_real_tiny_candidate_failures_are_recorded_counted_and_kept_out(endpoint
     assert (rerun.n_failed, rerun.failures) == (2, summary.failures)
 
 
-def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_home):
+def test_real_tiny_matcher_failure_names_the_stage(endpoints, tiny_server, tmp_path, cupid_home):
     summary = run(config(endpoints, tmp_path, matcher="tinymatch", limit=1)).summary
     (row,) = records(tmp_path / "run")
     # `tinymatch` is the random-weight model with no structured output: noise cannot be a JSON list labelling each
@@ -108,7 +108,7 @@ def test_real_tiny_matcher_failure_names_the_stage(endpoints, tmp_path, cupid_ho
     assert summary.tasks["inference"].overall.micro is None
 
 
-def test_a_run_with_failures_exits_1_with_its_count_last_unless_allowed(endpoints, tmp_path, cupid_home):
+def test_a_run_with_failures_exits_1_with_its_count_last_unless_allowed(endpoints, tiny_server, tmp_path, cupid_home):
     args = [str(REPO / ".venv" / "bin" / "cupid"), "eval", "run", "--endpoints", str(endpoints),
             "--candidate", "instant", "--decomposer", "instant", "--matcher", "tinymatch", "--limit", "1",
             "--out", str(tmp_path / "cli"), "--cache", str(tmp_path / "cache.sqlite")]  # fmt: skip
@@ -137,7 +137,7 @@ def test_dry_run_writes_batch_requests_and_sends_nothing(tmp_path, cupid_home):
     assert not (tmp_path / "run").exists()
 
 
-def test_refusals_before_sending(endpoints, tmp_path, cupid_home, monkeypatch):
+def test_refusals_before_sending(endpoints, tiny_server, tmp_path, cupid_home, monkeypatch):
     monkeypatch.delenv("CUPID_TEST_MISSING_KEY", raising=False)
     with pytest.raises(ConfigError, match="CUPID_TEST_MISSING_KEY"):
         run(config(endpoints, tmp_path, matcher="paid"))

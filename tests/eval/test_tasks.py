@@ -45,7 +45,7 @@ def sent(cache_file, prompt_name):
     return [r for r in rows if r["messages"][0]["content"] == system]
 
 
-def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tmp_path, cupid_home):
+def test_every_task_and_setting_with_the_real_tiny_candidate(endpoints, tiny_server, tmp_path, cupid_home):
     summary = run(config(endpoints, tmp_path, candidate="tiny", settings=SETTINGS, limit=1)).summary
     rows = {(r["task"], r["setting"]): r for r in records(tmp_path)}
     # oracle-preference is a generation setting only
