@@ -1,6 +1,6 @@
 """The documents' own rules: measurements live on docs/performance.md, stamped with their commit, date, machine and
-command, never in the code's comments, docstrings or messages, nor in the Makefile (a figure there goes stale with no
-one to restamp it; the reason stays, `imports vLLM, which is slow`)."""
+command, never in the code's comments, docstrings or messages, nor in the Makefile or the configs' comments (a figure
+there goes stale with no one to restamp it; the reason stays, `imports vLLM, which is slow`)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def durations_in_code(repo: Path) -> list[str]:
                 found += [f"{path.relative_to(repo)}:{line + i}: {d}" for i, d in measured_durations(text)]
     for number, line in enumerate((repo / "Makefile").read_text().splitlines(), 1):
         found += [f"Makefile:{number}: {d}" for _, d in measured_durations(line)]
+    for path in sorted((repo / "configs").rglob("*.yaml")):  # a config's comments say what a setting does
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "#" in line:
+                comment = line[line.index("#") :]
+                found += [f"{path.relative_to(repo)}:{number}: {d}" for _, d in measured_durations(comment)]
     return found
 
 
@@ -67,12 +72,16 @@ def test_the_duration_check_finds_a_planted_figure(tmp_path):
         assert measured_durations(planted), planted
     assert measured_durations("# polls its health every 0.2 s; vLLM gives up after 5 s") == []
     (tmp_path / "Makefile").write_text("all:\n\ttrue\n")
-    for folder in PACKAGE:
-        (tmp_path / folder).mkdir()
+    for folder in (*PACKAGE, "configs/serve"):
+        (tmp_path / folder).mkdir(parents=True)
     (tmp_path / "serving" / "m.py").write_text('"""A module:\nits import takes ~2 s."""\n\nX = 1  # it took 12 s\n')
     assert durations_in_code(tmp_path) == ["serving/m.py:2: ~2 s", "serving/m.py:4: 12 s"]
     (tmp_path / "Makefile").write_text("# the suite: 7:03-8:57 on 2 cores\nall:\n\ttrue\n")
     assert durations_in_code(tmp_path)[2:] == ["Makefile:1: 7:03", "Makefile:1: 8:57"]
+    (tmp_path / "configs/serve/p.yaml").write_text(
+        "startup_timeout_s: 600   # gives up after 600 s\nvllm:\n  enforce_eager: true  # starts in ~35 s on 2 cores\n"
+    )
+    assert durations_in_code(tmp_path)[4:] == ["configs/serve/p.yaml:3: ~35 s"]
 
 
 def _references():
