@@ -32,8 +32,7 @@ def _models() -> list[tuple[str, str, type[BaseModel]]]:
     from cupid.eval.workflows.nightly import NightlyConfig
     from cupid.serving.endpoint import Endpoint
     from cupid.serving.servers.profiles import Profile
-    from cupid.training.config import TrainConfig
-    from cupid.training.grpo import GrpoRunConfig
+    from cupid.training.config import GrpoRunConfig, TrainConfig
     from cupid.training.synth.config import SynthConfig
 
     return [

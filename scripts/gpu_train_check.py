@@ -214,7 +214,7 @@ REWARDS = {"vowels": vowel_share, "constant": constant}
 def grpo_config(shape: str, model: Path, out: Path, steps: int) -> Any:
     """The shipped GRPO recipe's LoRA and arguments (the 7B's, or the tiny one's) on the made model, without vLLM
     (none runs here), the evaluation off."""
-    from cupid.training import grpo
+    from cupid.training import config
 
     name = "grpo-qwen2.5-7b" if shape != "tiny" else "grpo-tiny"
     recipe = read_yaml(f"configs/train/{name}.yaml")
@@ -236,7 +236,7 @@ def grpo_config(shape: str, model: Path, out: Path, steps: int) -> Any:
     path = out / "grpo.yaml"
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg))
-    return grpo.load(path)
+    return config.load_grpo(path)
 
 
 BATCH_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")

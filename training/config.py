@@ -1,4 +1,6 @@
-"""A training run as one YAML file (`configs/train/*.yaml`): labelling (match data), fine-tune, export, check.
+"""A training run as one YAML file (`configs/train/*.yaml`): labelling (match data), fine-tune, export, check
+(`TrainConfig`, `load`); and a GRPO recipe (`configs/train/grpo-*.yaml`: `GrpoRunConfig`, `load_grpo`), the two side
+by side.
 
 Every section forbids unknown keys, so a misspelt hyperparameter fails before anything runs
 instead of silently taking its default. Paths are kept as written and resolved when used.
@@ -12,10 +14,13 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.eval.benchmark.tasks import INFERENCE, TaskName
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE as ENDPOINTS_FILE
 from cupid.serving.servers.engines import capabilities
+from cupid.serving.servers.profiles import DEFAULT_DIR as PROFILES_DIR
+from cupid.training.grpo_memory import MemoryPlan
 
 TEST_SPLIT_IDS = ("kixlab/cupid",)  # the benchmark itself: never training input unless forced
 
@@ -376,4 +381,109 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConf
         node[leaf] = value
     cfg = validate(TrainConfig, data, str(path))
     cfg.source = str(path)
+    return cfg
+
+
+# GRPOConfig arguments the run sets itself: checkpoints (and TRL's completion tables) in the run directory.
+GRPO_SET_BY_THE_RUN = {"output_dir"}
+
+
+class Data(_Section):
+    """The prompts (`cupid.reward_dataset`): any CUPID-format data; train on synthesized personas, evaluate on
+    others."""
+
+    source: str = Field(default="sample", description="'sample', a CUPID-format file or directory, or a Hub id")
+    setting: Literal["standard", "oracle"] = Field(
+        default="standard",
+        description="the setting the prompts show (standard: all 8 prior sessions; oracle: the relevant ones)",
+    )
+    types: list[str] | None = Field(
+        default=None, description="only these instance types (consistent, contrastive, changing); default: all"
+    )
+    limit: int | None = Field(default=None, ge=1, description="only the first N instances")
+
+
+class Reward(_Section):
+    """The arguments of `cupid.reward`."""
+
+    task: TaskName = Field(
+        default=INFERENCE.name, description="inference (the inferred preference's F1) or generation (the judge's score)"
+    )
+    matcher: str = Field(
+        default="prefmatcher", description="the matcher endpoint (inference): a name, a running profile or a base URL"
+    )
+    decomposer: str = Field(default="decomposer", description="the decomposer endpoint (inference)")
+    judge: str = Field(default="judge", description="the judge endpoint (generation)")
+    endpoints_file: str = Field(default=ENDPOINTS_FILE, description="endpoints YAML the names are looked up in")
+    metric: str | None = Field(default=None, description="inference: f1 (default), precision or recall")
+    cache: str | None = Field(default=None, description="the request cache: a SQLite file, `default`, or null (none)")
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="requests in flight per judge endpoint (default: the endpoint's max_concurrency)",
+    )
+
+
+class Evaluation(_Section):
+    """After training: `cupid eval run` of the adapter served by vLLM on the policy, and of the policy alone, on the
+    evaluation data's instances of personas the training data does not hold."""
+
+    enabled: bool = Field(default=True, description="evaluate after training")
+    data: Data = Field(
+        default_factory=Data, description="where the held-out instances come from (training personas left out)"
+    )
+    profile: str = Field(default="tiny", description="the serve profile that serves the policy (PROFILES/NAME.yaml)")
+    profiles: str = Field(default=str(PROFILES_DIR), description="the serve profiles' directory")
+    baseline: bool = Field(default=True, description="also evaluate the policy without the adapter (a second server)")
+    runtime_lora: bool = Field(
+        default=False,
+        description=(
+            "load the adapter into the profile's server of the policy at run time (one already answering, started "
+            "with a runtime_lora_rank, is used as it is) instead of serving it on a server of its own"
+        ),
+    )
+    endpoint: dict[str, Any] = Field(
+        default_factory=dict, description="the served candidate's endpoint fields (max_tokens, ...)"
+    )
+
+
+class GrpoRunConfig(_Section):
+    name: str = Field(
+        min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="the run's name: the adapter's served name"
+    )
+    out: str = Field(description="run directory: checkpoints, adapter, report, evaluations")
+    policy: str = Field(
+        min_length=1, description="local model directory, Hub id or prepared:NAME (<state>/models/NAME)"
+    )
+    lora: dict[str, Any] = Field(default_factory=lambda: {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+                                 description="peft's LoraConfig arguments")  # fmt: skip
+    data: Data = Field(default_factory=Data)
+    reward: Reward = Field(default_factory=Reward)
+    grpo: dict[str, Any] = Field(default_factory=dict, description="TRL's GRPOConfig arguments")
+    format_reward: bool = Field(
+        default=False,
+        description="cupid's format reward beside the judges' (inference): graded, so a small policy's groups vary; "
+        "weigh the two with grpo.reward_weights",
+    )
+    evaluate: Evaluation = Field(default_factory=Evaluation)
+    memory: MemoryPlan | None = Field(
+        default=None, description="the GPU memory plan (GPU recipes): checked before the policy loads"
+    )
+    source: str = Field(default="(inline)", exclude=True)
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+
+def load_grpo(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunConfig:
+    """A GRPO recipe from its YAML file (`overrides` over it), checked: `cupid train grpo --config FILE`."""
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of GRPO settings")
+    cfg = validate(GrpoRunConfig, {**data, **(overrides or {})}, str(path))
+    cfg.source = str(path)
+    if owned := sorted(GRPO_SET_BY_THE_RUN & cfg.grpo.keys()):
+        named = ", ".join(sorted(GRPO_SET_BY_THE_RUN))
+        raise ConfigError(f"{path}: grpo.{owned[0]}: set by the run itself ({named} are)")
     return cfg

@@ -1,10 +1,10 @@
 """`cupid train grpo`: teach a policy to infer preferences, with PrefMatcher as the reward (TRL's GRPOTrainer).
 
-One YAML file (`configs/train/grpo-*.yaml`): the policy, `lora:` (peft's `LoraConfig` arguments, under peft's
-names), the data (`cupid.reward_dataset`), `reward:` (the arguments of `cupid.reward`) and `grpo:` (TRL's
-`GRPOConfig` arguments as given, checked by TRL at `--dry-run` as `sft:` is). The run writes its adapter, then
-evaluates it with `cupid eval run` on held-out data, served by vLLM on the policy (and the policy alone, the
-baseline), so a training run ends with a CUPID score beside the base model's.
+One YAML file (`configs/train/grpo-*.yaml`, read by `training.config.load_grpo` beside SFT's): the policy, `lora:`
+(peft's `LoraConfig` arguments, under peft's names), the data (`cupid.reward_dataset`), `reward:` (the arguments of
+`cupid.reward`) and `grpo:` (TRL's `GRPOConfig` arguments as given, checked by TRL at `--dry-run` as `sft:` is). The
+run writes its adapter, then evaluates it with `cupid eval run` on held-out data, served by vLLM on the policy (and
+the policy alone, the baseline), so a training run ends with a CUPID score beside the base model's.
 
 The report is written before the evaluation starts, and the trainer's memory is released first: on one GPU the
 evaluation's vLLM needs what the policy held. What changed is counted on the adapter's own weights against a copy of
@@ -18,19 +18,19 @@ import asyncio
 import gc
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from rich.console import Console
 
-from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.stats import Interval
-from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.integrations.reward import Judges, format_reward, reward, reward_dataset, value
 from cupid.serving.fleet.on_demand import ServedModel
 from cupid.serving.registry import require_reachable
@@ -38,105 +38,8 @@ from cupid.serving.servers import profiles
 from cupid.serving.servers.vllm_args import lora_rank_for
 from cupid.training import grpo_memory, trl_args
 from cupid.training.base_model import load_policy, resolve_policy
-from cupid.training.grpo_memory import MemoryPlan
+from cupid.training.config import GrpoRunConfig
 from cupid.training.traindir import TrainDir
-
-# GRPOConfig arguments the run sets itself: checkpoints (and TRL's completion tables) in the run directory.
-SET_BY_THE_RUN = {"output_dir"}
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Data(_Section):
-    """The prompts (`cupid.reward_dataset`): any CUPID-format data; train on synthesized personas, evaluate on
-    others."""
-
-    source: str = Field(default="sample", description="'sample', a CUPID-format file or directory, or a Hub id")
-    setting: Literal["standard", "oracle"] = Field(
-        default="standard",
-        description="the setting the prompts show (standard: all 8 prior sessions; oracle: the relevant ones)",
-    )
-    types: list[str] | None = Field(
-        default=None, description="only these instance types (consistent, contrastive, changing); default: all"
-    )
-    limit: int | None = Field(default=None, ge=1, description="only the first N instances")
-
-
-class Reward(_Section):
-    """The arguments of `cupid.reward`."""
-
-    task: TaskName = Field(
-        default=INFERENCE.name, description="inference (the inferred preference's F1) or generation (the judge's score)"
-    )
-    matcher: str = Field(
-        default="prefmatcher", description="the matcher endpoint (inference): a name, a running profile or a base URL"
-    )
-    decomposer: str = Field(default="decomposer", description="the decomposer endpoint (inference)")
-    judge: str = Field(default="judge", description="the judge endpoint (generation)")
-    endpoints_file: str = Field(
-        default="configs/endpoints.yaml", description="endpoints YAML the names are looked up in"
-    )
-    metric: str | None = Field(default=None, description="inference: f1 (default), precision or recall")
-    cache: str | None = Field(default=None, description="the request cache: a SQLite file, `default`, or null (none)")
-    max_concurrency: int | None = Field(
-        default=None,
-        ge=1,
-        description="requests in flight per judge endpoint (default: the endpoint's max_concurrency)",
-    )
-
-
-class Evaluation(_Section):
-    """After training: `cupid eval run` of the adapter served by vLLM on the policy, and of the policy alone, on the
-    evaluation data's instances of personas the training data does not hold."""
-
-    enabled: bool = Field(default=True, description="evaluate after training")
-    data: Data = Field(
-        default_factory=Data, description="where the held-out instances come from (training personas left out)"
-    )
-    profile: str = Field(default="tiny", description="the serve profile that serves the policy (PROFILES/NAME.yaml)")
-    profiles: str = Field(default="configs/serve", description="the serve profiles' directory")
-    baseline: bool = Field(default=True, description="also evaluate the policy without the adapter (a second server)")
-    runtime_lora: bool = Field(
-        default=False,
-        description=(
-            "load the adapter into the profile's server of the policy at run time (one already answering, started "
-            "with a runtime_lora_rank, is used as it is) instead of serving it on a server of its own"
-        ),
-    )
-    endpoint: dict[str, Any] = Field(
-        default_factory=dict, description="the served candidate's endpoint fields (max_tokens, ...)"
-    )
-
-
-class GrpoRunConfig(_Section):
-    name: str = Field(
-        min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="the run's name: the adapter's served name"
-    )
-    out: str = Field(description="run directory: checkpoints, adapter, report, evaluations")
-    policy: str = Field(
-        min_length=1, description="local model directory, Hub id or prepared:NAME (<state>/models/NAME)"
-    )
-    lora: dict[str, Any] = Field(default_factory=lambda: {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
-                                 description="peft's LoraConfig arguments")  # fmt: skip
-    data: Data = Field(default_factory=Data)
-    reward: Reward = Field(default_factory=Reward)
-    grpo: dict[str, Any] = Field(default_factory=dict, description="TRL's GRPOConfig arguments")
-    format_reward: bool = Field(
-        default=False,
-        description="cupid's format reward beside the judges' (inference): graded, so a small policy's groups vary; "
-        "weigh the two with grpo.reward_weights",
-    )
-    evaluate: Evaluation = Field(default_factory=Evaluation)
-    memory: MemoryPlan | None = Field(
-        default=None, description="the GPU memory plan (GPU recipes): checked before the policy loads"
-    )
-    source: str = Field(default="(inline)", exclude=True)
-
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.out)
 
 
 class GrpoEvaluation(BaseModel):
@@ -160,17 +63,6 @@ class GrpoReport(BaseModel):
     parameters_changed: int  # adapter tensors that differ from their initial values
     nothing_learnt: str | None  # why the run learnt nothing (`learnt`); null: it may have
     evaluation: GrpoEvaluation | None  # null until the evaluation ran, and with it off
-
-
-def load(path: str | Path, overrides: dict[str, Any] | None = None) -> GrpoRunConfig:
-    data = read_yaml(path)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of GRPO settings")
-    cfg = validate(GrpoRunConfig, {**data, **(overrides or {})}, str(path))
-    cfg.source = str(path)
-    if owned := sorted(SET_BY_THE_RUN & cfg.grpo.keys()):
-        raise ConfigError(f"{path}: grpo.{owned[0]}: set by the run itself ({', '.join(sorted(SET_BY_THE_RUN))} are)")
-    return cfg
 
 
 def grpo_config(cfg: GrpoRunConfig, run: TrainDir, track: str | None = None) -> Any:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from types import ModuleType
 from typing import Any
 
@@ -272,6 +273,38 @@ def check(cfg: TrainConfig, run: TrainDir) -> tuple[Any, Any, Any]:
     """What the fine-tune is given, checked by each owner before anything loads: TRL's `SFTConfig`, peft's
     `LoraConfig`, transformers' `BitsAndBytesConfig` (None: plain LoRA)."""
     return sft_config(cfg, run), lora_config(cfg), bnb_config(cfg)
+
+
+def _shown(value: Any) -> Any:
+    """An argument's value as a line shows it: a str enum by its value, a set sorted."""
+    return value.value if isinstance(value, Enum) else sorted(value) if isinstance(value, set) else value
+
+
+def plan(cfg: TrainConfig, run: TrainDir) -> list[str]:
+    """What the fine-tune would be given, as `cupid train run --dry-run` says it, once each owner accepted it
+    (`check`): TRL's, peft's and bitsandbytes' arguments as built, the micro-batch this GPU gets, Liger's kernels."""
+    args, lora, bnb = check(cfg, run)
+
+    def accepts(built: Any, keys: Iterable[str]) -> str:
+        return ", ".join(f"{k}={_shown(getattr(built, k))}" for k in keys)
+
+    quantized = f"BitsAndBytesConfig accepts {accepts(bnb, cfg.quantization.args)}" if bnb else "none (plain LoRA)"
+    gib = gpu_gib()
+    use_liger, why_liger = liger(cfg)
+    chosen = cfg.sft.gpu_batch(gib, use_liger)
+    batch = (
+        chosen.line(gib, args.max_length)
+        if chosen and gib
+        else f"micro-batch {args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation "
+        f"as written (GPU: {f'{gib:.1f} GiB' if gib else 'none'}; no by_gpu_memory entry for it)"
+    )
+    return [
+        f"sft: TRL's SFTConfig accepts {accepts(args, cfg.sft.args)}",
+        f"sft: {batch}",
+        f"sft: Liger's kernels (use_liger_kernel) {'on' if use_liger else 'off'}: {why_liger}",
+        f"lora: peft's LoraConfig accepts {accepts(lora, cfg.lora.args)}",
+        f"quantization: {quantized}",
+    ]
 
 
 def lora_config(cfg: TrainConfig):

@@ -7,8 +7,7 @@ the stages before them left in the run directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
-from enum import Enum
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -157,34 +156,11 @@ def run(
     if dry_run:
         from cupid.training import sft as sft_stage
 
-        args, lora, bnb = _guarded(lambda: sft_stage.check(cfg, TrainDir.of(cfg)))
-
-        def value(v: Any) -> Any:  # str enums, sets
-            return v.value if isinstance(v, Enum) else sorted(v) if isinstance(v, set) else v
-
-        def accepts(built: Any, keys: Iterable[str]) -> str:
-            return ", ".join(f"{k}={value(getattr(built, k))}" for k in keys)
-
+        lines = _guarded(lambda: sft_stage.plan(cfg, TrainDir.of(cfg)))
         console.print(
             f"{config_path}: valid; stages {', '.join(stages)} into {cfg.out}", highlight=False, soft_wrap=True
         )
-        quantized = f"BitsAndBytesConfig accepts {accepts(bnb, cfg.quantization.args)}" if bnb else "none (plain LoRA)"
-        gib = sft_stage.gpu_gib()
-        use_liger, why_liger = sft_stage.liger(cfg)
-        chosen = cfg.sft.gpu_batch(gib, use_liger)
-        batch = (
-            chosen.line(gib, args.max_length)
-            if chosen and gib
-            else f"micro-batch {args.per_device_train_batch_size} x {args.gradient_accumulation_steps} accumulation "
-            f"as written (GPU: {f'{gib:.1f} GiB' if gib else 'none'}; no by_gpu_memory entry for it)"
-        )
-        for line in (
-            f"sft: TRL's SFTConfig accepts {accepts(args, cfg.sft.args)}",
-            f"sft: {batch}",
-            f"sft: Liger's kernels (use_liger_kernel) {'on' if use_liger else 'off'}: {why_liger}",
-            f"lora: peft's LoraConfig accepts {accepts(lora, cfg.lora.args)}",
-            f"quantization: {quantized}",
-        ):
+        for line in lines:
             console.print(line, highlight=False, soft_wrap=True)
         return
     base = _running(running)
@@ -253,7 +229,7 @@ def grpo(
     from cupid.eval.results.track import require as require_tracker
     from cupid.training import grpo as grpo_run
 
-    cfg = _guarded(lambda: grpo_run.load(config_path, {"out": out} if out else None))
+    cfg = _guarded(lambda: config.load_grpo(config_path, {"out": out} if out else None))
     if track is not None:
         _guarded(lambda: require_tracker(track))  # type: ignore[arg-type]
     if dry_run:

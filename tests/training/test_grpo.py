@@ -236,8 +236,9 @@ def test_the_7b_recipe_plans_its_gpu_memory_part_by_part(tmp_path):
     # The evaluation's server starts with the share the plan prints (a served candidate would otherwise drop its
     # profile's share for vLLM's default, 0.92, beside the trainer's GPU).
     from cupid.training import grpo
+    from cupid.training.config import load_grpo
 
-    cfg = grpo.load(recipe)
+    cfg = load_grpo(recipe)
     (tmp_path / "adapter").mkdir()
     (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({"r": 64, "peft_type": "LORA"}))
     for label, weights in (("trained", tmp_path / "adapter"), ("base", None)):

@@ -964,6 +964,17 @@ def test_the_dry_run_says_whether_liger_runs(tmp_path):
     )
 
 
+def test_the_dry_run_plan_is_the_library_own(tmp_path):
+    """`cupid train run --dry-run` prints what `sft.plan` builds (the CLI only heads it with the file), so a caller of
+    the library gets the same lines without the command."""
+    path = _write_config(tmp_path / "tiny.yaml", out=str(tmp_path / "run"))
+    cfg = config.load(path)
+    lines = sft.plan(cfg, TrainDir.of(cfg))
+    assert [line.split(":")[0] for line in lines] == ["sft", "sft", "sft", "lora", "quantization"]
+    shown = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(path), "--dry-run"]).output.splitlines()
+    assert shown[1:] == lines and shown[0].startswith(f"{path}: valid; stages ")
+
+
 def test_liger_asked_for_on_cpu_is_refused_in_one_line(tmp_path):
     asked = _write_config(tmp_path / "liger.yaml", out=str(tmp_path / "run"), sft={"use_liger_kernel": True})
     refused = CliRunner().invoke(cupid_app, ["train", "run", "-c", str(asked), "--dry-run"])
