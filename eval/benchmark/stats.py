@@ -149,7 +149,7 @@ def _bounds(samples: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def by_persona(personas: Sequence[str], *columns: np.ndarray) -> tuple[int, list[np.ndarray]]:
+def by_persona(personas: Sequence[str] | np.ndarray, *columns: np.ndarray) -> tuple[int, list[np.ndarray]]:
     """Each array's rows summed per persona, personas in sorted order: (number of personas, the sums)."""
     names, index = np.unique(np.asarray(personas), return_inverse=True)
     sums = []

@@ -13,7 +13,7 @@ from cupid.common.config import ConfigError
 from cupid.eval.benchmark.evalues import statement
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
-from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.stats import GATE_ALPHA, Interval
 from cupid.eval.benchmark.summary import failure_counts
@@ -87,11 +87,12 @@ def _ran(night_dir: Path) -> bool:
         return False
 
 
-def _comparison(before: str | None, after: str | None, headline_setting: str, margin: float) -> Comparison | None:
-    """Two runs of a candidate compared, where both have records."""
-    if not (before and after and RunDir(before).has_records and RunDir(after).has_records):
+def _comparison(before: str | None, after: Run | None, headline_setting: str, margin: float) -> Comparison | None:
+    """An earlier night's run of a candidate (read from its directory) against tonight's (as the night read it),
+    where both have records."""
+    if not (before and after and after.records and RunDir(before).has_records):
         return None
-    return compare_runs(RunDir(before).load(), RunDir(after).load(), headline_setting, margin=margin)
+    return compare_runs(RunDir(before).load(), after, headline_setting, margin=margin)
 
 
 def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
@@ -107,6 +108,7 @@ def baseline_of(fixed: str | None, latest: Entry | None) -> str | None:
 
 def compare(
     entry: Entry,
+    tonight: Run | None,
     before: Entry | None,
     baseline: str | None,
     night: str,
@@ -117,10 +119,10 @@ def compare(
     first: bool | None = None,
 ) -> None:
     """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
-    since its baseline night's, paired on the units both scored; what changed besides the candidate, and why a
-    comparison has no verdict. `first`: the candidate never ran before (default: it is not in last night's
-    leaderboard). Regressions, and whether tonight becomes the baseline (`baseline_pending`), are decided for the
-    whole night (`flag_regressions`)."""
+    since its baseline night's, paired on the units both scored with tonight's run (`tonight`, read once); what
+    changed besides the candidate, and why a comparison has no verdict. `first`: the candidate never ran before
+    (default: it is not in last night's leaderboard). Regressions, and whether tonight becomes the baseline
+    (`baseline_pending`), are decided for the whole night (`flag_regressions`)."""
     entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
     entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
     entry.no_verdict, entry.baseline_no_verdict, entry.unanswered, entry.baseline_pending = [], [], [], None
@@ -130,7 +132,7 @@ def compare(
         entry.no_previous = f"{'not in' if before is None else 'did not run on'} {last_night}: no test since last night"
     if before is not None:
         entry.previous = before.metrics
-        if comparison := _comparison(before.run_dir, entry.run_dir, headline_setting, margin):
+        if comparison := _comparison(before.run_dir, tonight, headline_setting, margin):
             entry.change = _changes(entry, comparison)
             entry.setup_changed = comparison.differs
             entry.no_verdict = comparison.no_verdict
@@ -140,7 +142,7 @@ def compare(
         return
     if baseline == night or (baseline == last_night and before is not None):
         return  # the baseline is tonight, or last night: one comparison serves both
-    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), entry.run_dir, headline_setting, margin)
+    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), tonight, headline_setting, margin)
     if comparison is None:
         entry.baseline_no_verdict = [f"no run of {baseline}"]
         entry.baseline_pending = f"no run of {baseline}"

@@ -412,14 +412,15 @@ def _run_view(run: Run) -> dict[str, Any]:
     }
 
 
-def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
-    """Write `report.html` and the figure PNGs into `out`; return the HTML's path."""
+def build(run_dirs: Iterable[str | Path | Run], out: str | Path) -> Path:
+    """Write `report.html` and the figure PNGs into `out`; return the HTML's path. A run already read (the nightly's)
+    is taken as it is."""
     import jinja2
 
     from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES
 
-    run_dirs = [str(p) for p in run_dirs]
-    runs = [load_run(p) for p in run_dirs]
+    runs = [p if isinstance(p, Run) else load_run(p) for p in run_dirs]
+    dirs = [str(r.path) for r in runs]
     if not runs:
         raise ConfigError("give at least one run directory")
     _label_runs(runs)
@@ -435,7 +436,7 @@ def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
         n_resamples=N_RESAMPLES,
         min_personas=MIN_PERSONAS,
         view=(out / "view.html").exists(),
-        view_command=f"cupid view {' '.join(shlex.quote(str(d)) for d in run_dirs)} --out {shlex.quote(str(out))}",
+        view_command=f"cupid view {' '.join(shlex.quote(d) for d in dirs)} --out {shlex.quote(str(out))}",
     )
     # Everything computed before anything is written; then each file whole, the page last: an interrupted or failed
     # write takes back the files this build added, so a report directory holds a whole report or what it held before.

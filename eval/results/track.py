@@ -30,7 +30,7 @@ from cupid.common.files import read_json, write_atomic
 from cupid.common.install import DISTRIBUTION, pip_install
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
-from cupid.eval.benchmark.rundir import RunDir, RunIdentity
+from cupid.eval.benchmark.rundir import Run, RunDir, RunIdentity
 from cupid.eval.benchmark.summary import Summary, summary_metrics
 from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import report, view
@@ -158,9 +158,9 @@ def _params(summary: Summary | None, identity: RunIdentity) -> dict[str, str]:
     return params
 
 
-def pages(run_dir: Path) -> list[Path]:
+def pages(run_dir: Path, read: Run | None = None) -> list[Path]:
     """The run's summary, report and viewer pages, made beside each other in `<run>/report/` where missing or
-    older than the run's records (each is derived from them)."""
+    older than the run's records (each is derived from them); from `read` where the caller read the run already."""
     run = RunDir(run_dir)
     found = [run.tables_file] if run.tables_file.exists() else []
     if not run.has_records:
@@ -169,7 +169,7 @@ def pages(run_dir: Path) -> list[Path]:
     for name, build in (("report.html", report.build), ("view.html", view.build)):
         page = run_dir / "report" / name
         if not page.exists() or page.stat().st_mtime < newest:
-            build([run_dir], run_dir / "report")
+            build([read or run_dir], run_dir / "report")
         found.append(page)
     return found
 
@@ -182,12 +182,15 @@ def of_run(
     name: str | None = None,
     tags: dict[str, str] | None = None,
     params: dict[str, str] | None = None,
+    read: Run | None = None,
 ) -> TrackedRun:
     """What a run's tracker run holds: from its directory's files, or from what a run computed (`records`,
-    `summary`) when it has no directory. A directory with no summary (a run cut short) gives its params, counts
-    and table from what it recorded."""
+    `summary`) when it has no directory, or from the run as its caller read it (`read`: nothing read twice). A
+    directory with no summary (a run cut short) gives its params, counts and table from what it recorded."""
     identity = RunIdentity()
-    if run_dir is not None:
+    if read is not None:
+        identity, summary, records = read.identity, read.summary, read.records
+    elif run_dir is not None:
         identity = RunDir(run_dir).identity()
         if summary is None:
             summary = RunDir(run_dir).summary()
@@ -212,13 +215,14 @@ def of_run(
         metrics=metrics,
         tags={"cupid.status": "finished" if summary else ("stopped" if records else "not run"), **(tags or {})},
         units=unit_rows(records),
-        artifacts=pages(run_dir) if run_dir is not None and run_dir.exists() else [],
+        artifacts=pages(run_dir, read) if run_dir is not None and run_dir.exists() else [],
     )
 
 
-def of_night(board: Leaderboard) -> list[TrackedRun]:
+def of_night(board: Leaderboard, read: dict[str, Run] | None = None) -> list[TrackedRun]:
     """A night's candidates, each with the night's date and its leaderboard flag as tags; one that did not run
-    gets its tracker run too, with its reason, so a chart of nights shows the gap."""
+    gets its tracker run too, with its reason, so a chart of nights shows the gap. `read`: runs the night already
+    read (by candidate), taken as they are; the others are read from their directories."""
     runs = []
     for entry in board.models:
         run_dir = Path(entry.run_dir or run_dir_of(Path(board.dir), entry.model))
@@ -231,7 +235,8 @@ def of_night(board: Leaderboard) -> list[TrackedRun]:
         params = {"night.config": board.config, **({"served": entry.served} if entry.served else {})}
         name = f"{entry.model} {board.date}"
         try:
-            runs.append(of_run(run_dir, name=name, tags=tags, params=params))
+            known = (read or {}).get(entry.model)
+            runs.append(of_run(run_dir, name=name, tags=tags, params=params, read=known))
             runs[-1].metrics.update(comparison_metrics(entry.change))
             runs[-1].metrics.update(comparison_metrics(entry.baseline_change, "baseline"))
         except Exception as e:  # noqa: BLE001 (its files do not read, whatever the fault: its flag still counts)

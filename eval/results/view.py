@@ -104,11 +104,13 @@ def run_state(run: LoadedRun, now: float | None = None) -> RunState:
     return RunState(finished, done, total, scored, done - scored, note)
 
 
-def load_run(path: str | Path) -> LoadedRun:
-    path = Path(path)
-    if not path.is_dir():
-        raise ConfigError(f"{path}: no such run directory")
-    run = LoadedRun(**vars(RunDir(path).load()))
+def load_run(path: str | Path | Run) -> LoadedRun:
+    """A run for the page: read from its directory, or taken as a caller already read it."""
+    if not isinstance(path, Run):
+        if not Path(path).is_dir():
+            raise ConfigError(f"{path}: no such run directory")
+        path = RunDir(path).load()
+    run = LoadedRun(**vars(path))
     run.state = run_state(run)
     return run
 
@@ -280,10 +282,11 @@ def _html_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def build(run_dirs: Iterable[str | Path], out: str | Path) -> Path:
-    """Write `view.html` into `out`; return its path. It links to the report in `out` where there is one."""
-    run_dirs = [str(p) for p in run_dirs]
+def build(run_dirs: Iterable[str | Path | Run], out: str | Path) -> Path:
+    """Write `view.html` into `out`; return its path. It links to the report in `out` where there is one. A run
+    already read is taken as it is."""
     runs = [load_run(p) for p in run_dirs]
+    run_dirs = [str(r.path) for r in runs]
     if not runs:
         raise ConfigError("give at least one run directory")
     _labels(runs)

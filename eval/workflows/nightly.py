@@ -37,7 +37,7 @@ from rich.markup import escape
 from cupid.common.config import ConfigError, describe, load_model
 from cupid.common.errors import ServeError, failure_line
 from cupid.common.files import hold
-from cupid.eval.benchmark.rundir import RunDir
+from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.settings import SETTINGS
@@ -181,18 +181,19 @@ def plan_night(
     return plan_servers(first.serve, served, gpus, first_port=cfg.candidate_port, directory=first.profiles, say=say)
 
 
-def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Console) -> Entry:
-    """One candidate's run and its leaderboard entry; its server (if the night serves it) is stopped after. Its
-    comparisons come after the night (`compare`)."""
+def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Console) -> tuple[Entry, Run]:
+    """One candidate's run, read back once (what it computed, or what a run cut short left on disk), and its
+    leaderboard entry; its server (if the night serves it) is stopped after. Its comparisons come after the night
+    (`compare`), on the same `Run`."""
     console.rule(f"nightly: {name}")
     assert run_cfg.out is not None, "a night sets every run's directory"
     entry = Entry(model=name, run_dir=run_cfg.out, primary=primary_metric(run_cfg))
     server = run_servers.server_of(name)
     if server is not None:
         entry.served = server.line()
-    summary = None
+    result = None
     try:
-        summary = run_eval(run_cfg, console=console, run_servers=run_servers).summary
+        result = run_eval(run_cfg, console=console, run_servers=run_servers)
     except Exception as e:  # noqa: BLE001 (one model's broken setup must not cost the others their night)
         entry.error = f"{type(e).__name__}: {e}"
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry.error)}", highlight=False)
@@ -205,21 +206,22 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Con
         entry.error = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
         entry.server_error = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
-    run = RunDir(run_cfg.out)
-    records = list(run.records().values())
-    entry.identity = run.identity()
+    out = RunDir(run_cfg.out)
+    records = result.records if result is not None else list(out.records().values())
+    run = Run(out.path, out.identity(), result.summary if result is not None else out.summary(), records)
+    entry.identity = run.identity
     entry.metrics = metrics(records)
     entry.n_scored = sum(r.scored for r in records)
     entry.n_failed = sum(not r.scored for r in records)
     entry.failures = failures_by_setting(records)
-    if summary is not None:
-        entry.requests, entry.wall_s = summary.requests, summary.wall_s
+    if result is not None:
+        entry.requests, entry.wall_s = result.summary.requests, result.summary.wall_s
     entry.status = "error" if entry.error else "failed" if entry.n_failed else "ok"
     if entry.status == "error":  # DID NOT RUN: its reason stands for its units, none is counted as failed
         entry.n_failed, entry.failures = 0, {}
     if server is not None and not server.started:
         entry.served = None  # the night did not serve it (it did not start, or the cache answered everything)
-    return entry
+    return entry, run
 
 
 def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[Entry]:
@@ -293,16 +295,19 @@ def run_nightly(
             if track:
                 log_night(board, track, console)
             raise
-        board, code = _run_night(cfg, configs, refused, run_servers, night, night_dir, root, config_path, console)
+        board, tonight = _run_night(cfg, configs, refused, run_servers, night, night_dir, root, config_path, console)
         if track:
-            log_night(board, track, console)
-        return board, code
+            log_night(board, track, console, tonight)
+        return board, board.exit_code
 
 
-def log_night(board: Leaderboard, track: Tracker, console: Console) -> None:
-    """Each candidate of the night into the tracker, after the leaderboard: its failures are warnings."""
+def log_night(board: Leaderboard, track: Tracker, console: Console, runs: dict[str, Run] | None = None) -> None:
+    """Each candidate of the night into the tracker, after the leaderboard (`runs`: tonight's, as they were read):
+    its failures are warnings."""
     tracking.log_after(
-        lambda: tracking.of_night(board), track, lambda m: console.print(f"nightly: {m}", highlight=False, markup=False)
+        lambda: tracking.of_night(board, runs),
+        track,
+        lambda m: console.print(f"nightly: {m}", highlight=False, markup=False),
     )
 
 
@@ -328,14 +333,19 @@ def _run_night(
     root: Path,
     config_path: str | Path,
     console: Console,
-) -> tuple[Leaderboard, int]:
+) -> tuple[Leaderboard, dict[str, Run]]:
+    """The night once its servers are planned: its runs, their comparisons, the leaderboard and the report; returned
+    with each candidate's run as it was read (once)."""
     if question := margin_question(cfg.margin):
         console.print(f"nightly: did you mean a fraction? margin: {question}", highlight=False)
     prev_dir = previous_night(root, night)
     previous = {e.model: e for e in Leaderboard.read(prev_dir / "leaderboard.json").models} if prev_dir else {}
 
+    tonight: dict[str, Run] = {}  # each candidate's run as it computed it: read once, compared and reported
+
     def run(name: str, out: Console) -> Entry:
-        return run_one(name, configs[name], run_servers, out)
+        entry, tonight[name] = run_one(name, configs[name], run_servers, out)
+        return entry
 
     entries = []
     for name, reason in refused.items():
@@ -356,7 +366,7 @@ def _run_night(
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             entry.baseline = baseline
             continue
-        compare(entry, before, baseline, night, root, cfg.headline_setting,
+        compare(entry, tonight.get(entry.model), before, baseline, night, root, cfg.headline_setting,
                 last_night=prev_dir.name if prev_dir else None, margin=cfg.margin,
                 first=entry.model not in latest)  # fmt: skip
     level = flag_regressions(entries, night, cfg.horizon)
@@ -366,10 +376,10 @@ def _run_night(
     if cfg.report:
         from cupid.eval.results.report import build
 
-        ran = [c.out for c in configs.values() if c.out and RunDir(c.out).has_records]
+        ran = [tonight[name] for name in configs if name in tonight and tonight[name].records]
         if ran:
             board.report = str(build(ran, night_dir / "report"))
-    return board, board.exit_code
+    return board, tonight
 
 
 def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],

@@ -478,3 +478,43 @@ def test_twenty_candidates_flag_both_collapses_a_skipped_night_keeps_its_baselin
     flagged = [row for row in tested if row.regression]
     assert len(flagged) == 6 and all(row.e_value >= len(tested) / stats.GATE_ALPHA for row in flagged)
     assert all(row.e_value == pytest.approx(1.0) and row.p_holm == 1.0 for row in tested if row.difference == 0)
+
+
+def test_a_night_reads_each_run_once_with_its_report_and_tracker(tmp_path, instant_url, cupid_home, monkeypatch):
+    # Two candidates over two nights, with the report and the tracker on: tonight's runs are read once each (when the
+    # run claims its directory), then compared, reported and logged as read; last night's once each, for the test.
+    mlflow = pytest.importorskip("mlflow")
+    from cupid.eval.benchmark.rundir import RunDir
+
+    monkeypatch.chdir(tmp_path)  # MLflow puts its artifacts under the working directory
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    mlflow.set_tracking_uri(uri)
+    reads: dict[str, int] = {}
+    real = RunDir.records
+
+    def counted(self):
+        if self.records_file.exists():  # a directory about to be claimed holds nothing to read
+            key = f"{self.path.parent.name}/{self.path.name}"
+            reads[key] = reads.get(key, 0) + 1
+        return real(self)
+
+    monkeypatch.setattr(RunDir, "records", counted)
+    endpoints = write_endpoints(
+        tmp_path / "ep.yaml",
+        instant={"base_url": instant_url, "model": "instant"},
+        pm={"base_url": instant_url, "model": "local-prefmatcher"},
+        one={"base_url": instant_url, "model": "one"},
+        two={"base_url": instant_url, "model": "two"},
+    )
+    for night, last in (("2025-07-01", None), ("2025-07-02", "2025-07-01")):
+        config = suite(tmp_path, night, endpoints, ["one", "two"], track="mlflow")
+        config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "report": True}))
+        reads.clear()
+        board, code = run_nightly(config, night)
+        logged = mlflow.search_runs(search_all_experiments=True)
+        assert board.report and len(logged[logged["tags.cupid.night"] == night]) == 2
+        assert code == (0 if last is None else leaderboard.EXIT_NO_VERDICT)  # the sample's 4 personas: no verdict
+        expected = {f"{last}/{name}": 1 for name in ("one", "two")} if last else {}  # last night's, for the test
+        assert reads == expected, reads  # tonight's: none beyond the claim, which found no records yet
+    mlflow.set_tracking_uri(None)

@@ -241,7 +241,7 @@ def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_ur
     ]
     broken = runs[runs["tags.cupid.candidate"] == "untrained"]
     assert set(broken["tags.cupid.flag"]) == {"DID NOT RUN"} and set(broken["tags.cupid.status"]) == {"not run"}
-    assert all("no-adapter/adapter_config.json: not a LoRA adapter" in reason for reason in broken["tags.cupid.reason"])
+    assert all("no-adapter not found (no adapter_config.json)" in reason for reason in broken["tags.cupid.reason"])
 
     # a metric's history across the nights, read back from the tracker
     f1 = "inference/standard/micro_f1"
