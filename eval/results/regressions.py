@@ -14,7 +14,6 @@ from cupid.eval.benchmark.evalues import statement
 from cupid.eval.benchmark.grid import cells, figure_name
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir
-from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.stats import GATE_ALPHA, Interval
 from cupid.eval.benchmark.summary import failure_counts
 from cupid.eval.benchmark.tasks import TASKS
@@ -38,13 +37,6 @@ def metrics(records: list[UnitRecord]) -> dict[str, Interval]:
 def failures_by_setting(records: list[UnitRecord]) -> dict[str, int]:
     """Failed records by `task/setting stage: reason` (from the records, so a run cut short still counts)."""
     return dict(sorted((f"{f.task}/{f.setting} {f.stage}: {f.reason}", n) for f, n in failure_counts(records).items()))
-
-
-def primary_metric(cfg: RunConfig) -> str:
-    """The leaderboard's ranking column: the first declared task's primary metric (inference: micro F1, the
-    published aggregate) in its first setting."""
-    task = next(spec for name, spec in TASKS.items() if cfg.units_of(name))
-    return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.headline[0]}"
 
 
 def previous_night(root: Path, night: str) -> Path | None:

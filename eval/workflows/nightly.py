@@ -41,6 +41,7 @@ from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.runner import RunConfig, Tracker
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.settings import SETTINGS
+from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import track as tracking
 from cupid.eval.results.compare import HEADLINE_SETTING, margin_question
 from cupid.eval.results.leaderboard import Entry, Leaderboard, assemble, run_dir_of, write_leaderboard
@@ -53,7 +54,6 @@ from cupid.eval.results.regressions import (
     latest_entries,
     metrics,
     previous_night,
-    primary_metric,
 )
 from cupid.eval.results.track import require as require_tracker
 from cupid.serving.cache import open_cache
@@ -137,6 +137,13 @@ def run_configs(cfg: NightlyConfig, night_dir: Path, where: str) -> dict[str, Ru
 
 
 # ---------------------------------------------------------------- one night
+
+
+def primary_metric(cfg: RunConfig) -> str:
+    """The leaderboard's ranking column: the first declared task's primary metric (inference: micro F1, the
+    published aggregate) in its first setting."""
+    task = next(spec for name, spec in TASKS.items() if cfg.units_of(name))
+    return f"{task.name}/{cfg.units_of(task.name)[0]}/{task.headline[0]}"
 
 
 def check_candidates(cfg: NightlyConfig, configs: dict[str, RunConfig]) -> dict[str, str]:
