@@ -149,6 +149,10 @@ def test_each_runnable_block_runs_as_written(reader, capsys):
         # import it. On another CPU it never says it, and this holds nothing more than the lines below.
         if "kernels-community" in done.stdout + done.stderr:
             failed.append(f"{block.name}: bitsandbytes' warning about an optional kernel reached the reader")
+        # A count of no unit (`0/0`) printed by a Python example is a figure its own `limit` left out: an example
+        # that shows nothing but its shape.
+        if block.language == "python" and re.search(r"(?<![\d/])0/0(?![\d/])", done.stdout):
+            failed.append(f"{block.name}: prints 0/0, a group of no unit\n{done.stdout[-2000:]}")
         said = done.stdout.splitlines()
         recipes = re.findall(r"^cupid train grpo --config (\S+) --dry-run", block.code, re.MULTILINE)
         if recipes and not (said and said[0].startswith(f"{recipes[0]}: valid")):  # nothing before its verdict

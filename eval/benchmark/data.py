@@ -193,6 +193,14 @@ def local_path(source: str | Path | None) -> Path | None:
     return path if path.exists() else None
 
 
+def named(source: str | Path | None) -> str:
+    """The data as a run records it (`RunIdentity.data`, what `cupid compare` holds fixed between two runs): the
+    source as the user named it, and `sample` for the bundled sample however it was reached (its path differs from
+    one install to another), so that a CLI run and an imported inspect-ai run of the same data compare as such."""
+    path = local_path(source)
+    return "sample" if path is not None and path.resolve() == SAMPLE_PATH.resolve() else str(source)
+
+
 def load(source: str | Path | None = None, split: str = HUB_SPLIT) -> Dataset:
     """A local file or directory if the path exists, else a Hub dataset id; default: the bundled sample."""
     if (path := local_path(source)) is not None:

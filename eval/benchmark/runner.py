@@ -171,7 +171,7 @@ def _identity(cfg: RunConfig, endpoints: dict[str, Endpoint]) -> RunIdentity:
         roles["candidate"] += f" [answer format constrained: {', '.join(constrained)}]"
     if cfg.reference:
         roles["reference"] = endpoints[cfg.reference].identity
-    return RunIdentity(data=cfg.data, roles=roles, prompts=prompts.versions(*_prompt_names(cfg)))
+    return RunIdentity(data=cupid_data.named(cfg.data), roles=roles, prompts=prompts.versions(*_prompt_names(cfg)))
 
 
 def build_tasks(cfg: RunConfig, client: Any) -> dict[str, Task]:

@@ -17,6 +17,7 @@ from typing import Any
 from cupid.common.config import ConfigError
 from cupid.common.files import write_atomic
 from cupid.common.install import pip_install
+from cupid.eval.benchmark.data import named
 from cupid.eval.benchmark.records import StageError, UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.benchmark.summary import Summary, summarize
@@ -28,7 +29,7 @@ SCORER = "cupid_scorer"
 def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
     """The logs' records into the run directory `out` (new, or the same run's); returns the summary."""
     runs = _finished_cupid_logs(logs)
-    if len({meta["data"] for _, _, meta in runs}) > 1 or len({log.eval.model for _, log, _ in runs}) > 1:
+    if len({named(meta["data"]) for _, _, meta in runs}) > 1 or len({log.eval.model for _, log, _ in runs}) > 1:
         raise ConfigError(
             "these logs are not one run: " + "; ".join(f"{p}: {log.eval.model} on {m['data']}" for p, log, m in runs)
         )
@@ -45,7 +46,8 @@ def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
 
     run = RunDir(out)
     planned = UnitPlan(n_instances=meta["n_instances"], settings={t.name: s for t, s in plan.items()})
-    run.claim(RunIdentity(data=meta["data"], roles=models, prompts=prompts, plan=planned))
+    # a log written before the task recorded its data by name holds the rows' path (`source` now): named here
+    run.claim(RunIdentity(data=named(meta["data"]), roles=models, prompts=prompts, plan=planned))
     write_atomic(run.records_file, "".join(r.to_json() + "\n" for r in records))
     started = min(datetime.fromisoformat(log.stats.started_at) for _, log, _ in runs)
     finished = max(datetime.fromisoformat(log.stats.completed_at) for _, log, _ in runs)
@@ -54,7 +56,7 @@ def import_logs(logs: list[str | Path], out: str | Path) -> Summary:
         plan,
         meta["n_instances"],
         {
-            "data": meta["data"],
+            "data": meta.get("source", meta["data"]),
             "roles": roles,
             "matcher_prompt": next((m["matcher_prompt"] for _, _, m in runs if m.get("matcher_prompt")), None),
             "candidate_constrained": [t for _, _, m in runs for t in m["candidate_constrained"]],

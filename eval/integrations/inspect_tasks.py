@@ -185,7 +185,8 @@ def _task(
     meta = {
         "task": spec.name,
         "setting": setting,
-        "data": dataset.source,
+        "data": cupid_data.named(data),  # the run's identity, as a CLI run records it
+        "source": dataset.source,  # where its rows were read: the summary's `data`, as in a CLI run
         "roles": {role: f"{judges.names[role]} ({e.model})" for role, e in judges.endpoints.items()},
         "models": {role: e.model for role, e in judges.endpoints.items()},
         "matcher_prompt": matcher_dialect(judges.endpoints["matcher"]) if "matcher" in judges.endpoints else None,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cupid.common.config import ConfigError
-from cupid.eval.benchmark.data import load
+from cupid.eval.benchmark.data import SAMPLE_PATH, load
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, build_tasks
@@ -171,6 +171,11 @@ def test_the_imported_log_is_the_cli_runs_run_directory(both_ways):
     assert sorted(RunDir(both_ways / "imported").read(), key=lambda r: r.unit) == sorted(
         RunDir(both_ways / "run").read(), key=lambda r: r.unit
     )
+    # the same data (the bundled sample) to `cupid compare`, as two CLI runs of it would be
+    compared = cupid("compare", str(both_ways / "run"), str(both_ways / "imported"), "--json", cwd=both_ways)
+    assert compared.returncode == 0, compared.stderr
+    assert [d for d in json.loads(compared.stdout)["differs"] if d.startswith("data")] == []
+    assert RunDir(both_ways / "imported").identity().data == RunDir(both_ways / "run").identity().data == "sample"
     # what reads run directories reads it
     for command in ("report", "view"):
         page = cupid(command, str(both_ways / "imported"), cwd=both_ways)
@@ -285,6 +290,8 @@ def test_a_task_asks_the_runners_prompt_with_the_shipped_judges():
     for sample in built.dataset:  # the request the runner sends, message for message
         sent = runner.plain_request(instances[sample.id], "oracle").body()["messages"]
         assert [(m.role, m.text) for m in sample.input] == [(m["role"], m["content"]) for m in sent]
+    # the run's data as a CLI run records it: the bundled sample is `sample`, however the task was given it
+    assert meta["data"] == inspect_tasks.inference(data=str(SAMPLE_PATH)).metadata["cupid"]["data"] == "sample"
     # the summary setting takes the shipped run's summarizer
     assert (
         inspect_tasks.inference(setting="summary")
