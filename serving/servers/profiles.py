@@ -361,7 +361,7 @@ def made_by(path: str | Path) -> str:
         if isinstance(out, str) and target.is_relative_to(Path(out).expanduser().resolve()):
             command = "grpo" if "policy" in data else "run"  # a GRPO recipe trains a policy; the others PrefMatcher
             return f"train it first: cupid train {command} --config {TRAIN_CONFIGS / config.name}"
-    return f"train it first (cupid train run --config with a config whose out: holds {path}) or fix the path"
+    return "fix the path, or train it first if a training config's out: holds it (cupid train run --config CONFIG)"
 
 
 def _looks_local(path: str) -> bool:

@@ -711,7 +711,7 @@ def test_local_adapter_checks_use_the_adapters_own_config(tmp_path):
         lora_adapters={"gone": "runs/none/adapter"},
         vllm={"max_lora_rank": 64},
     )
-    gone = r"'gone' not found at .*runs/none/adapter .*train it first \(cupid train run --config"
+    gone = r"'gone' not found at .*runs/none/adapter .*; fix the path, or train it first .*cupid train run --config"
     with pytest.raises(ServeError, match=gone):
         profiles.load(str(missing)).check_local_files()
     ok = write(
