@@ -8,11 +8,12 @@ removing them is the fix (`make setup` does it)."""
 from __future__ import annotations
 
 import importlib.metadata
-import json
+import importlib.util
 import os
 import shutil
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")  # built against one torch build each
 DISTRIBUTION = "cupid-eval"
@@ -27,19 +28,14 @@ def version(distribution: str) -> str | None:
 
 @cache
 def editable() -> bool:
-    """Whether this is a checkout's install (`pip install -e .`, `make setup`: pip's `direct_url.json` says
-    `dir_info.editable`) or a checkout on sys.path with nothing installed, rather than a wheel installed by name. The
-    two need different words to add an extra. Every distribution of the name is read: a build leaves a
-    `cupid_eval.egg-info` in the checkout, which the working directory on sys.path puts first."""
-    found = list(importlib.metadata.distributions(name=DISTRIBUTION))
-    return not found or any(_editable(d.read_text("direct_url.json")) for d in found)
-
-
-def _editable(direct_url: str | None) -> bool:
-    try:
-        return bool(json.loads(direct_url or "{}").get("dir_info", {}).get("editable"))
-    except (ValueError, AttributeError):
-        return False
+    """Whether this is a checkout's install (`pip install -e .`, `make setup`) or a checkout on sys.path with nothing
+    installed, rather than a wheel installed by name. The two need different words to add an extra. Told by where the
+    imported package lives, not by the metadata: a build leaves a `cupid_eval.egg-info` in the checkout, and an
+    environment layered on another sees both's dist-info, so the first distribution of the name found may not be the
+    one that is imported."""
+    spec = importlib.util.find_spec("cupid")
+    origin = Path(spec.origin).resolve() if spec and spec.origin else None
+    return origin is None or not {"site-packages", "dist-packages"} & set(origin.parts)
 
 
 def pip_install(extra: str) -> str:
