@@ -17,13 +17,16 @@ from typing import Any, ParamSpec, Self, TypeVar
 from rich.console import Console
 
 from cupid.common.aio import blocking
-from cupid.common.config import ConfigError
+from cupid.common.config import (
+    ConfigError,
+    Tracker,  # noqa: F401 (the API)
+)
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset  # noqa: F401 (the API)
 from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect  # noqa: F401 (the API)
 from cupid.eval.benchmark.judges import open_judges  # noqa: F401 (the API)
 from cupid.eval.benchmark.records import Labels, Scoring, StageError  # noqa: F401 (the API)
-from cupid.eval.benchmark.runner import InstanceType, RunConfig, RunResult, Tracker  # noqa: F401 (the API)
+from cupid.eval.benchmark.runner import InstanceType, RunConfig, RunResult  # noqa: F401 (the API)
 from cupid.eval.benchmark.settings import Setting  # noqa: F401 (the API)
 from cupid.eval.benchmark.stages import StageFailed  # noqa: F401 (the API)
 from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)

@@ -394,3 +394,18 @@ def test_no_module_takes_another_modules_private_name(tmp_path):
         "probe.py:1 from cupid.eval.results.compare import _units",
         "probe.py:3 compare._units (cupid.eval.results.compare)",
     ]
+
+
+def test_the_results_import_nothing_of_the_runner_or_the_fleet() -> None:
+    """What reads finished runs (reports, comparisons, the leaderboard, the tracker) never imports the module that
+    runs one or the servers it starts, TYPE_CHECKING imports included: a reader stays light and cannot start work."""
+    graph = import_graph(type_checking=True)
+    results = [module for module in graph if module.startswith("cupid.eval.results.")]
+    assert "cupid.eval.results.regressions" in results  # the mapping was read
+    reaching = sorted(
+        f"{module} -> {imported}"
+        for module in results
+        for imported in graph[module]
+        if imported == "cupid.eval.benchmark.runner" or imported.startswith("cupid.serving.fleet")
+    )
+    assert reaching == [], "\n".join(reaching)

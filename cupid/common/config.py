@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+
+# `track:`: the tracker a run or a night is logged to once it ends. A config value every layer reads (the runner's
+# config, the night's, the tracker that logs them), so it sits here, below all of them.
+Tracker = Literal["mlflow", "wandb"]
 
 T = TypeVar("T", bound=BaseModel)
 

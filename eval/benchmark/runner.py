@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cupid.common.aio import blocking
-from cupid.common.config import ConfigError
+from cupid.common.config import ConfigError, Tracker
 from cupid.common.files import DiskFull, disk_full, hold
 from cupid.common.verbosity import quiet, verbose
 from cupid.eval.benchmark import data as cupid_data
@@ -46,11 +46,6 @@ from cupid.serving.registry import EndpointDown, down_message, lookup, missing_k
 from cupid.serving.servers.lifecycle import first_notice, live_endpoints
 from cupid.serving.servers.profiles import DEFAULT_DIR as PROFILES_DIR
 from cupid.serving.servers.profiles import start_hint
-
-Tracker = Literal[
-    "mlflow", "wandb"
-]  # `track:`: the run is logged there once it ends (eval.workflows.logged_run, on top of the runner)
-
 
 InstanceType = Literal["consistent", "contrastive", "changing"]
 

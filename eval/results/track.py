@@ -23,9 +23,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cupid.common.config import ConfigError
+from cupid.common.config import ConfigError, Tracker
 from cupid.common.files import read_json, write_atomic
 from cupid.common.install import DISTRIBUTION, pip_install
 from cupid.eval.benchmark.grid import cells, figure_name
@@ -36,9 +36,6 @@ from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results import report, view
 from cupid.eval.results.compare import Row
 from cupid.eval.results.leaderboard import Leaderboard, flag, flags_text, run_dir_of
-
-if TYPE_CHECKING:  # the literal sits with RunConfig; this module reads runs' files and never runs one
-    from cupid.eval.benchmark.runner import Tracker
 
 TRACKERS: tuple[Tracker, ...] = ("mlflow", "wandb")
 IDS_FILE = "tracker.json"

@@ -34,11 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 from rich.markup import escape
 
-from cupid.common.config import ConfigError, describe, load_model
+from cupid.common.config import ConfigError, Tracker, describe, load_model
 from cupid.common.errors import ServeError, failure_line
 from cupid.common.files import hold
 from cupid.eval.benchmark.rundir import Run, RunDir
-from cupid.eval.benchmark.runner import RunConfig, Tracker
+from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.runner import run as run_eval
 from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.tasks import TASKS
