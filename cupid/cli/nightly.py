@@ -11,7 +11,6 @@ import typer
 from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
 from cupid.eval.results.leaderboard import leaderboard_markdown
-from cupid.eval.results.track import require as require_tracker
 from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.fleet.gpu_memory import Gpu
 
@@ -40,9 +39,7 @@ def main(
         raise typer.Exit(EXIT_USAGE)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the night's servers as Ctrl-C does
     assumed = [Gpu(i, "assumed GPU", 81920, 0) for i in range(gpus)] if gpus is not None else None
-    try:
-        if track is not None:
-            require_tracker(track)
+    try:  # run_nightly checks the tracker (`--track`, else the file's), once, before anything runs
         board, code = run_nightly(config, date, dry_run=dry_run, gpus=assumed, track=track)  # type: ignore[arg-type]
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
