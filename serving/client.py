@@ -193,7 +193,9 @@ class Client:
         # A run answered from the cache asks nothing; `down_hint` says what to do then.
         self.roles, self.down_hint = roles, down_hint
         self._answering: dict[str, asyncio.Future[dict[str, Problem]]] = {}
-        self.transport = transport or self._http_post  # what carries a request (`Transport`): HTTP by default
+        # what carries a request (`Transport`); None: HTTP (`_http_post`: a bound method kept here would tie the
+        # client to itself, and a client dropped unclosed would then wait for the garbage collector)
+        self.transport = transport
 
     def limit(self, name: str) -> int:
         return self.concurrency or self.endpoints[name].max_concurrency
@@ -311,7 +313,7 @@ class Client:
         endpoint = self.endpoints[name]
         async with self._slot(name):
             started = time.perf_counter()
-            response = await self.transport(name, endpoint, request)
+            response = await (self.transport or self._http_post)(name, endpoint, request)
             latency = time.perf_counter() - started
         return answer_of(response, latency)
 

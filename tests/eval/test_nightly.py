@@ -451,7 +451,12 @@ def test_twenty_candidates_flag_both_collapses_a_skipped_night_keeps_its_baselin
     assert result.exit_code == leaderboard.EXIT_REGRESSION, result.output
     board = Leaderboard.read(tmp_path / "nightly" / "2025-06-03" / "leaderboard.json")
     entries = by_model(board)
-    heads = [f1, "generation/standard/mean_score"]  # the drifted candidate's answers score lower in both tasks
+    # The drifted candidate's answers score lower in both tasks. Micro F1 falls to 0 and is flagged; the judge's
+    # score falls by 0.75 of its 9 points, under the 1.2 the family of 78 states it finds at 80 personas (a test
+    # valid for any law of changes allows for a persona moving the whole 1-10 range), and is said so, not flagged.
+    heads = [f1]
+    score = entries["collapsing"].change["generation/standard/mean_score"]
+    assert -score.difference < score.detectable and not score.regression and score.e_value > 1
     assert (entries["collapsing"].regressions, entries["collapsing"].baseline_regressions) == (heads, heads)
     skipper = entries["skipper"]  # compared with the baseline it kept through the night it skipped
     assert (skipper.baseline, skipper.baseline_set, skipper.change) == ("2025-06-01", None, {})
@@ -476,7 +481,7 @@ def test_twenty_candidates_flag_both_collapses_a_skipped_night_keeps_its_baselin
     ]
     assert len(tested) == 18 * 2 * 2 + 2 * 2 + 2 >= 40
     flagged = [row for row in tested if row.regression]
-    assert len(flagged) == 6 and all(row.e_value >= len(tested) / stats.GATE_ALPHA for row in flagged)
+    assert len(flagged) == 3 and all(row.e_value >= len(tested) / stats.GATE_ALPHA for row in flagged)
     assert all(row.e_value == pytest.approx(1.0) and row.p_holm == 1.0 for row in tested if row.difference == 0)
 
 
@@ -489,6 +494,7 @@ def test_a_night_reads_each_run_once_with_its_report_and_tracker(tmp_path, insta
     monkeypatch.chdir(tmp_path)  # MLflow puts its artifacts under the working directory
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "cupid-night-reads")  # made in this store, whatever ran before
     mlflow.set_tracking_uri(uri)
     reads: dict[str, int] = {}
     real = RunDir.records
