@@ -81,6 +81,7 @@ def cuda_torchvision(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # ~28 s (a fresh environment installed): `make test` runs it, `make check` does not
 def test_doctor_names_the_command_that_fixes_a_cuda_torchvision_beside_cpu_torch(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

@@ -485,6 +485,7 @@ def test_twenty_candidates_flag_both_collapses_a_skipped_night_keeps_its_baselin
     assert all(row.e_value == pytest.approx(1.0) and row.p_holm == 1.0 for row in tested if row.difference == 0)
 
 
+@pytest.mark.slow  # ~25 s (two nights, each with its report and the tracker's pages): `make test` runs it
 def test_a_night_reads_each_run_once_with_its_report_and_tracker(tmp_path, instant_url, cupid_home, monkeypatch):
     # Two candidates over two nights, with the report and the tracker on: tonight's runs are read once each (when the
     # run claims its directory), then compared, reported and logged as read; last night's once each, for the test.
