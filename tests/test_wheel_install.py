@@ -20,6 +20,8 @@ import pytest
 from cupid.serving.servers import tiny_model
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.slow  # a wheel built and installed (~20 s before any test): `make test` runs it
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:

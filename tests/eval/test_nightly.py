@@ -309,7 +309,7 @@ def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
 
 
 def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, instant_url, cupid_home):
-    """Each night the candidate answers a preference that matches nothing for five more personas (of 80, whose F1s
+    """Each night the candidate answers a preference that matches nothing for eight more personas (of 80, whose F1s
     differ: the drop is spread unevenly): too little for one night's change to be flagged, and flagged against its
     first night once it adds up. A regressed night never becomes the baseline. (Leaving those personas unanswered
     instead would be flagged the first night: more than 1% more units unanswered.)"""
@@ -320,11 +320,11 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
     servers, boards = [], []
     try:
         for night in range(1, 10):
-            broken = []  # 5 more personas each night, of those with something to lose (F1 > 0 on night 1)
+            broken = []  # 8 more personas each night, of those with something to lose (F1 > 0 on night 1)
             if boards:
                 first = [json.loads(line) for line in (tmp_path / "nightly/2025-04-01/drifting/instances.jsonl").open()]
                 losing = sorted({r["persona_id"] for r in first if r["scores"]["f1"] > 0})
-                broken = losing[: 5 * (night - 1)]
+                broken = losing[: 8 * (night - 1)]
             url = instant_url
             if broken:
                 proc, url = start_instant("--nonsense-for", r"\(case (" + "|".join(broken) + r")\)")
