@@ -28,17 +28,15 @@ def test_the_exit_codes_are_stated_as_the_code_defines_them():
     from typer.testing import CliRunner
 
     from cupid.cli import app
-    from cupid.cli.errors import EXIT_USAGE
-    from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION
-    from cupid.eval.results.leaderboard import EXIT_FAILURES
+    from cupid.common.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_REGRESSION, EXIT_USAGE
 
-    stated = f"{EXIT_FAILURES} failures; {EXIT_REGRESSION} a regression; {EXIT_NO_VERDICT} no verdict ({EXIT_USAGE}:"
+    stated = f"{EXIT_FAILED} failures; {EXIT_REGRESSION} a regression; {EXIT_NO_VERDICT} no verdict ({EXIT_USAGE}:"
     assert stated in (REPO / "configs/eval/nightly.yaml").read_text()
     guide = (REPO / "docs" / "troubleshooting.md").read_text()
-    table = {EXIT_FAILURES: "the work failed", EXIT_USAGE: "a usage", EXIT_REGRESSION: "a regression"}
+    table = {EXIT_FAILED: "the work failed", EXIT_USAGE: "a usage", EXIT_REGRESSION: "a regression"}
     for code, meaning in {**table, EXIT_NO_VERDICT: "no verdict"}.items():
         assert f"\n| {code} | {meaning}" in guide, code
-    night = f"{EXIT_FAILURES} failures, {EXIT_REGRESSION} a regression, {EXIT_NO_VERDICT} no verdict"
+    night = f"{EXIT_FAILED} failures, {EXIT_REGRESSION} a regression, {EXIT_NO_VERDICT} no verdict"
     assert night in " ".join((REPO / "docs" / "nightly.md").read_text().split())
     said = " ".join(CliRunner().invoke(app, ["nightly", "--help"]).output.replace("│", " ").split())
     assert f"{night} ({EXIT_USAGE}:" in said

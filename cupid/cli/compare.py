@@ -5,11 +5,11 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_NO_VERDICT, EXIT_REGRESSION, EXIT_USAGE
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.benchmark.settings import SETTINGS
-from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, HEADLINE_SETTING, compare
+from cupid.eval.results.compare import HEADLINE_SETTING, compare
 from cupid.eval.results.verdict import print_comparison
 
 

@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from cupid.cli.errors import EXIT_FAILED
 from cupid.common import install
+from cupid.common.errors import EXIT_FAILED
 
 console = Console(soft_wrap=True)
 

@@ -9,10 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from cupid.common import install
-from cupid.common.errors import NotInstalled, ServeError, failure_line
-
-EXIT_FAILED = 1  # the work failed: failed units, a server that did not start
-EXIT_USAGE = 2  # typer's own code for a bad option; also a config or an input the user must fix
+from cupid.common.errors import EXIT_FAILED, EXIT_USAGE, NotInstalled, ServeError, failure_line
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.cli.errors import EXIT_FAILED
 from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.errors import EXIT_FAILED
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig

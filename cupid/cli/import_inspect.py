@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_USAGE
 from cupid.eval.benchmark.summary import markdown
 from cupid.eval.integrations.inspect_log import import_logs
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_USAGE
 from cupid.eval.results.meta import LABELS, agree, correlate, f1_table, labels_from, read_table
 
 app = typer.Typer(

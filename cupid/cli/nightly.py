@@ -8,8 +8,8 @@ from typing import Any
 
 import typer
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_USAGE
 from cupid.eval.results.leaderboard import leaderboard_markdown
 from cupid.eval.workflows.nightly import run_nightly
 from cupid.serving.fleet.gpu_memory import Gpu

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_USAGE
 from cupid.eval.results.pages import default_out
 from cupid.eval.results.report import build
 

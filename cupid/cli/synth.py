@@ -7,8 +7,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from cupid.cli.errors import EXIT_FAILED, EXIT_USAGE
 from cupid.common.config import ConfigError, read_yaml, validate
+from cupid.common.errors import EXIT_FAILED, EXIT_USAGE
 from cupid.training.synth.config import SynthConfig
 from cupid.training.synth.pipeline import run
 

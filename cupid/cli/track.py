@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from cupid.cli.errors import EXIT_FAILED, EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_FAILED, EXIT_USAGE
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.results.track import log, read, require
 

@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
-from cupid.common.errors import ServeError
+from cupid.common.errors import EXIT_USAGE, ServeError
 from cupid.eval.benchmark.data import DataError, local_path
 from cupid.serving.endpoint import Endpoint
 from cupid.training import agreement, config, pipeline

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from cupid.cli.errors import EXIT_USAGE
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_USAGE
 from cupid.eval.benchmark.records import RecordError
 from cupid.eval.results.pages import default_out
 from cupid.eval.results.view import build

@@ -43,6 +43,7 @@ from urllib.parse import quote
 import numpy as np
 from pydantic import BaseModel, Field, PrivateAttr
 
+from cupid.common.errors import EXIT_NO_VERDICT, EXIT_REGRESSION
 from cupid.eval.benchmark import evalues, stats
 from cupid.eval.benchmark.data import INSTANCE_TYPES
 from cupid.eval.benchmark.grid import cell_name, figure_name
@@ -54,10 +55,6 @@ from cupid.eval.benchmark.tasks import TASKS, TaskSpec
 from cupid.eval.results.pages import default_out
 
 HEADLINE_SETTING = "standard"
-# The verdicts' exit codes: bits no other outcome uses (1: the work failed; 2: usage or configuration), so that a CI
-# script can branch on them, and a nightly's code is the sum of its outcomes (README's table).
-EXIT_REGRESSION = 4
-EXIT_NO_VERDICT = 8
 MAX_LEFT_OUT = 0.02  # of a task's headline units, a judge may fail on this share before there is no verdict
 MAX_MORE_UNANSWERED = 1  # percent of a task's headline units that B may leave unanswered beyond A's
 SMALL_MARGIN = 0.1  # points: a margin under it was likely meant as a fraction

@@ -13,14 +13,13 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_REGRESSION
 from cupid.common.files import write_atomic
 from cupid.eval.benchmark.rundir import RunIdentity
 from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES, Interval
 from cupid.eval.benchmark.summary import Requests
 from cupid.eval.benchmark.tasks import TASKS
-from cupid.eval.results.compare import EXIT_NO_VERDICT, EXIT_REGRESSION, Row
-
-EXIT_FAILURES = 1  # with compare's EXIT_REGRESSION (4) and EXIT_NO_VERDICT (8): a night's code is their sum
+from cupid.eval.results.compare import Row
 
 FIRST_NIGHT = "the candidate's first night"  # why a night became a candidate's baseline: it never ran before
 Status = Literal["ok", "failed", "error"]  # scored throughout; with failed units; did not run
@@ -162,7 +161,7 @@ def assemble(night: str, night_dir: Path, prev_dir: Path | None, config_path: st
         regressions=regressions,
         with_failures=with_failures,
         no_verdict=no_verdict,
-        exit_code=(EXIT_FAILURES if with_failures or error else 0)
+        exit_code=(EXIT_FAILED if with_failures or error else 0)
         | (EXIT_REGRESSION if regressions else 0)
         | (EXIT_NO_VERDICT if no_verdict else 0),
     )

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.common.config import ConfigError
+from cupid.common.errors import EXIT_FAILED, EXIT_NO_VERDICT, EXIT_REGRESSION
 from cupid.eval.benchmark import stats
 from cupid.eval.benchmark.evalues import statement
 from cupid.eval.benchmark.stats import Interval
@@ -98,7 +99,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     second, code = run_nightly(
         suite(tmp_path, "n2", after, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-02"
     )
-    assert code == leaderboard.EXIT_REGRESSION  # a regression, no failures
+    assert code == EXIT_REGRESSION  # a regression, no failures
     assert second.previous == "2025-03-01"
     steady, drifting = by_model(second)["steady"], by_model(second)["drifting"]
     assert steady.requests == Requests(sent=0, cached=4 * units)  # everything came from the cache
@@ -142,7 +143,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
         ],
     )
     # Failures, and drifting's drop stands against its baseline (night 1): a regressed night is never the baseline.
-    assert result.exit_code == leaderboard.EXIT_FAILURES | leaderboard.EXIT_REGRESSION, result.output
+    assert result.exit_code == EXIT_FAILED | EXIT_REGRESSION, result.output
     third = json.loads((tmp_path / "nightly" / "2025-03-03" / "leaderboard.json").read_text())
     assert third["previous"] == "2025-03-02"
     assert third["regressions"] == [f"drifting: {f1} since the baseline (2025-03-01)"]
@@ -167,7 +168,7 @@ def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path,
     fourth, code = run_nightly(
         suite(tmp_path, "n4", changed, ["steady", "drifting"], data=many_personas(tmp_path)), "2025-03-04"
     )
-    assert code == leaderboard.EXIT_NO_VERDICT and fourth.regressions == []  # no verdict is not a clean night
+    assert code == EXIT_NO_VERDICT and fourth.regressions == []  # no verdict is not a clean night
     assert fourth.no_verdict == ["steady", "drifting"]
     for entry in fourth.models:
         assert entry.setup_changed == ["judge decomposer: instant -> instant-v2"] and entry.regressions == []
@@ -191,7 +192,7 @@ def test_rerunning_a_night_compares_with_the_night_before_and_writes_the_report(
     _board, code = run_nightly(config, "2025-03-02")
     again, code_again = run_nightly(config, "2025-03-02")  # resumes in place; still compared with 03-01
     # The sample's 4 personas give no verdict (fewer than GATE_PERSONAS), and a night says so in its code.
-    assert (code, code_again) == (leaderboard.EXIT_NO_VERDICT,) * 2 and again.previous == "2025-03-01"
+    assert (code, code_again) == (EXIT_NO_VERDICT,) * 2 and again.previous == "2025-03-01"
     assert by_model(again)["instant"].no_verdict == [
         "inference/standard: 4 personas compared, fewer than 80 for a verdict"
     ]
@@ -345,9 +346,7 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
             proc.terminate()
             proc.wait()
     flagged = boards[-1]
-    assert flagged.baseline_regressions == [f1] and code == leaderboard.EXIT_REGRESSION, [
-        b.baseline_regressions for b in boards
-    ]
+    assert flagged.baseline_regressions == [f1] and code == EXIT_REGRESSION, [b.baseline_regressions for b in boards]
     assert len(boards) >= 3  # not at once: the first nights' drops were too small
     for entry in boards:
         assert entry.regressions == []  # no night's change alone was flagged
@@ -386,7 +385,7 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     assert code == 0 and (late.baseline, late.baseline_set) == ("2025-05-02", "the candidate's first night")
     board, code = night("2025-05-03", early=instant_url, late=drifted_url)
     late = by_model(board)["late"]
-    assert late.regressions == [f1] and code == leaderboard.EXIT_REGRESSION, late  # compared with its own first night
+    assert late.regressions == [f1] and code == EXIT_REGRESSION, late  # compared with its own first night
     row = next(line for line in (tmp_path / "nightly/leaderboard.md").read_text().splitlines() if "| late |" in line)
     assert "**REGRESSION**" in row
 
@@ -395,12 +394,12 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     early = by_model(board)["early"]
     assert early.no_verdict and early.baseline_no_verdict == ["its setup changed since 2025-05-01"]
     assert early.baseline == "2025-05-04" and early.baseline_set.startswith("its setup changed since 2025-05-01")
-    assert code == leaderboard.EXIT_NO_VERDICT
+    assert code == EXIT_NO_VERDICT
     # The next night, under the new judge, a drop is flagged against the previous night and the new baseline (the
     # same night: one test), the config's baseline notwithstanding.
     board, code = night("2025-05-05", judge="instant-v2", early=drifted_url, late=instant_url)
     early = by_model(board)["early"]
-    assert early.regressions == [f1] and early.baseline == "2025-05-04" and code == leaderboard.EXIT_REGRESSION
+    assert early.regressions == [f1] and early.baseline == "2025-05-04" and code == EXIT_REGRESSION
 
     # The baseline run of `late` is deleted: no baseline verdict, said so; the previous-night test flags the drop,
     # and a flagged night does not become the baseline.
@@ -408,7 +407,7 @@ def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_
     shutil.rmtree(tmp_path / "nightly/2025-05-04/late")
     board, code = night("2025-05-07", judge="instant-v2", early=instant_url, late=drifted_url)
     late = by_model(board)["late"]
-    assert late.regressions == [f1] and code == leaderboard.EXIT_REGRESSION | leaderboard.EXIT_NO_VERDICT
+    assert late.regressions == [f1] and code == EXIT_REGRESSION | EXIT_NO_VERDICT
     assert late.baseline_no_verdict == [
         "no run of 2025-05-04",
         "tonight was flagged: it does not become the baseline",
@@ -448,7 +447,7 @@ def test_twenty_candidates_flag_both_collapses_a_skipped_night_keeps_its_baselin
     assert run_nightly(night("2025-06-02", [*steady, "collapsing"]), "2025-06-02")[1] == 0
     third = night("2025-06-03", [*steady, "collapsing", "skipper"], drifted=("collapsing", "skipper"))
     result = CliRunner().invoke(app, ["nightly", "--config", str(third), "--date", "2025-06-03"])
-    assert result.exit_code == leaderboard.EXIT_REGRESSION, result.output
+    assert result.exit_code == EXIT_REGRESSION, result.output
     board = Leaderboard.read(tmp_path / "nightly" / "2025-06-03" / "leaderboard.json")
     entries = by_model(board)
     # The drifted candidate's answers score lower in both tasks. Micro F1 falls to 0 and is flagged; the judge's
@@ -519,6 +518,6 @@ def test_a_night_reads_each_run_once_with_its_report_and_tracker(tmp_path, insta
         pages = [tmp_path / "nightly" / night / name / "report" / page for name in ("one", "two")
                  for page in ("report.html", "view.html")]  # fmt: skip
         assert board.report and all(page.exists() for page in pages)  # the tracker's pages, made from the runs read
-        assert code == (0 if last is None else leaderboard.EXIT_NO_VERDICT)  # the sample's 4 personas: no verdict
+        assert code == (0 if last is None else EXIT_NO_VERDICT)  # the sample's 4 personas: no verdict
         expected = {f"{last}/{name}": 1 for name in ("one", "two")} if last else {}  # last night's, for the test
         assert reads == expected, reads  # tonight's: none beyond the claim, which found no records yet
