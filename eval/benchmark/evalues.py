@@ -13,10 +13,10 @@ betting", JRSS-B 2023; Vovk & Wang, "E-values: calibration, combination and appl
 The bet is not tuned on the data under test: the e-value is the average of the wealths of `BETS` constant bets over
 every fraction the bound allows (a mixture of e-values is an e-value; Cover's universal portfolio), their prior's
 density growing as the bet squared: a drop the gate must see is small beside the bound, and its best bet then lies
-near the largest allowed. A
-constant bet's wealth is a product over personas, so the e-value does not depend on the order the personas are read
-in, and the same units give the same e-value. Its price against the best constant bet in hindsight is the prior's
-mass near that bet: about a factor 1.3-1.4 in the smallest drop found, against a test tuned to the law.
+near the largest allowed. A constant bet's wealth is a product over personas, so the e-value does not depend on the
+order the personas are read in, and the same units give the same e-value. Its price against the best constant bet in
+hindsight is the prior's mass near that bet: about a factor 1.3-1.4 in the smallest drop found, against a test tuned
+to the law.
 
 A family of tests (the tasks of a comparison, every headline of a night) is stepped down by Holm on p = 1/e, which
 holds its family-wise level under any dependence between the tests (Vovk & Wang's e-Holm is at least as strict).
@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import ndtri
 
-BETS = 32  # constant bets mixed, evenly spread over (0, the largest the bound allows)
+BETS = 32  # constant bets mixed over (0, the largest the bound allows), denser toward the largest
 
 
 def _fractions(margin: float) -> np.ndarray:

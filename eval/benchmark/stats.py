@@ -227,11 +227,6 @@ def paired(
     return out
 
 
-def only(statistic: Statistic, name: str) -> Statistic:
-    """`statistic` reduced to its figure `name` (a test of one figure reports no other)."""
-    return lambda sums: {name: statistic(sums)[name]}
-
-
 def _se(samples: np.ndarray, n_personas: int) -> float:
     """The bootstrap's standard error, its plug-in variance rescaled by n/(n-1) (the unbiased one's for a mean);
     0 below a rounding error of the figure, so that identical runs have no spread at all."""

@@ -80,7 +80,6 @@ class Row(Difference):
     persona_change: float | None = None
     e_value: float | None = None
     _changes: np.ndarray | None = PrivateAttr(default=None)  # each persona's change in [-1, 1], for `detectable`
-    _span: float = PrivateAttr(default=1.0)  # the figure's range: its units per unit of the [-1, 1] changes
 
     @property
     def regression(self) -> bool:
@@ -214,7 +213,7 @@ def gate(row: Row, spec: TaskSpec, personas: np.ndarray, a: np.ndarray, b: np.nd
     if row.gated:  # under `GATE_PERSONAS` the row describes, as the others do
         row.null, row.e_value = -margin / spec.scale, evalues.e_value(changes, bounded_margin)
         row.p_value = evalues.p_value(row.e_value)
-        row._changes, row._span = changes, high - low
+        row._changes = changes
 
 
 def holm_family(rows: list[Row], alpha: float = GATE_ALPHA) -> None:
@@ -225,8 +224,9 @@ def holm_family(rows: list[Row], alpha: float = GATE_ALPHA) -> None:
     for row, p in zip(tested, holm([row.p_value for row in tested if row.p_value is not None]), strict=True):
         row.p_holm, row.alpha = p, alpha
         if row.e_value is not None and row._changes is not None:
-            drop = evalues.detectable(row._changes, -row.null / row._span, alpha / len(tested), POWER)
-            row.detectable = None if drop is None else drop * row._span  # beyond the margin, as the t rows'
+            low, high = TASKS[row.task].bounds  # the figure's units per unit of the [-1, 1] changes: high - low
+            drop = evalues.detectable(row._changes, -row.null / (high - low), alpha / len(tested), POWER)
+            row.detectable = None if drop is None else drop * (high - low)  # beyond the margin, as the t rows'
         else:
             row.detectable = stats.detectable(row.se, row.personas, len(tested), CONFIDENCE)
 

@@ -31,8 +31,9 @@ from cupid.eval.results.view import link_report
 FIGURE_SETTING = "standard"
 
 
-def load_run(path: str | Path) -> Run:
-    return RunDir(path).load()
+def load_run(path: str | Path | Run) -> Run:
+    """A run read from its directory, or taken as a caller already read it (the nightly's)."""
+    return path if isinstance(path, Run) else RunDir(path).load()
 
 
 def _label_runs(runs: list[Run]) -> None:
@@ -419,7 +420,7 @@ def build(run_dirs: Iterable[str | Path | Run], out: str | Path) -> Path:
 
     from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES
 
-    runs = [p if isinstance(p, Run) else load_run(p) for p in run_dirs]
+    runs = [load_run(p) for p in run_dirs]
     dirs = [str(r.path) for r in runs]
     if not runs:
         raise ConfigError("give at least one run directory")
