@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from cupid.eval.benchmark import stats
 from cupid.eval.benchmark.data import INSTANCE_TYPES
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
+from cupid.eval.benchmark.generation import GENERATION
+from cupid.eval.benchmark.inference import INFERENCE, prf_columns
 from cupid.eval.results.compare import holm_family, task_rows
 
 PERSONAS = 252
@@ -32,8 +32,7 @@ def inference_units(rng: np.random.Generator, drop: float) -> tuple[np.ndarray, 
         q = 1 / (1 + np.exp(-(logit + shift)))
         n_pred, n_true = rng.integers(3, 7, n), rng.integers(3, 7, n)
         counts = np.stack([rng.binomial(2 * n_pred, q) / 2, n_pred, rng.binomial(2 * n_true, q) / 2, n_true], 1)
-        p, r = stats.ratio(counts[:, 0], counts[:, 1]), stats.ratio(counts[:, 2], counts[:, 3])
-        runs.append(np.column_stack([counts, p, r, stats.ratio(2 * p * r, p + r), np.ones(n)]))
+        runs.append(prf_columns(counts))
     runs[1][:, [0, 2]] *= 1 - drop
     return runs[0], runs[1]
 

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
+from cupid.eval.benchmark.generation import GENERATION
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.results.view import build
 from tests.run_records import generation, inference, write_run
 

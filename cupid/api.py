@@ -23,14 +23,17 @@ from cupid.common.config import (
 )
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset  # noqa: F401 (the API)
-from cupid.eval.benchmark.inference import InferenceScorer, matcher_dialect  # noqa: F401 (the API)
+from cupid.eval.benchmark.inference import (  # noqa: F401 (the API)
+    INFERENCE,  # noqa: F401 (the API)
+    InferenceScorer,
+    matcher_dialect,
+)
 from cupid.eval.benchmark.judges import open_judges  # noqa: F401 (the API)
 from cupid.eval.benchmark.records import Labels, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.benchmark.runner import InstanceType, RunConfig, RunResult  # noqa: F401 (the API)
 from cupid.eval.benchmark.settings import Setting  # noqa: F401 (the API)
 from cupid.eval.benchmark.stages import StageFailed  # noqa: F401 (the API)
 from cupid.eval.benchmark.summary import Summary  # noqa: F401 (the API)
-from cupid.eval.benchmark.tasks import INFERENCE  # noqa: F401 (the API)
 from cupid.eval.integrations.reward import format_reward, reward, reward_dataset  # noqa: F401 (the API)
 from cupid.eval.results.compare import Comparison, compare  # noqa: F401 (the API: cupid/__init__.py's __all__)
 from cupid.eval.workflows.logged_run import arun_and_log  # the run, then its tracker run when `track=` asks

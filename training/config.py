@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cupid.common.config import ConfigError, read_yaml, validate
-from cupid.eval.benchmark.tasks import INFERENCE, TaskName
+from cupid.eval.benchmark.inference import INFERENCE
+from cupid.eval.benchmark.tasks import TaskName
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import DEFAULT_FILE as ENDPOINTS_FILE

@@ -27,12 +27,11 @@ from rich.console import Console
 from cupid.common.config import ConfigError
 from cupid.common.tls import http_get
 from cupid.eval.benchmark import data as cupid_data
-from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.inference import INFERENCE, matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig
 from cupid.eval.benchmark.runner import run as run_eval
-from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.matcher import prompts
 from cupid.matcher.prompts import LABELS
 from cupid.serving.cache import cache_path

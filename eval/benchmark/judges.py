@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cupid.eval.benchmark.tasks import Scorer, TaskSpec
+from cupid.eval.benchmark.taskspec import Scorer, TaskSpec
 from cupid.serving.cache import CacheSetting, open_cache
 from cupid.serving.client import Client
 from cupid.serving.endpoint import Endpoint

@@ -11,7 +11,6 @@ unit it belongs to, the ground truth shown to the judges, the candidate's answer
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -113,11 +112,6 @@ class UnitRecord(Scoring, _Unit):
         if not reference:
             return self
         return self.reference or Scoring(status="failed", error=self.error)
-
-
-def scored(records: Iterable[UnitRecord], reference: bool = False) -> list[Scoring]:
-    """The scorings that reached a score, the run's own or its reference's: what every average is over."""
-    return [s for s in (r.scoring(reference) for r in records) if s.scored]
 
 
 class RecordError(ValueError):

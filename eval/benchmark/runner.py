@@ -26,13 +26,13 @@ from cupid.common.verbosity import quiet, verbose
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.figures import Table
 from cupid.eval.benchmark.history import History
-from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.inference import INFERENCE, matcher_dialect
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir, RunIdentity, UnitPlan
 from cupid.eval.benchmark.settings import Setting, built_from_answers, extra_prompts, extra_roles
 from cupid.eval.benchmark.stages import Roles
 from cupid.eval.benchmark.summary import Requests, Summary, summarize, tables
-from cupid.eval.benchmark.tasks import INFERENCE, TASKS, Task, TaskName, candidate_constrained
+from cupid.eval.benchmark.tasks import TASKS, Task, TaskName, candidate_constrained
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import cache_path, open_cache, renamed_no_cache

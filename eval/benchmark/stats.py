@@ -37,8 +37,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from pydantic import BaseModel
 
-from cupid.matcher.scores import MatchCounts
-
 N_RESAMPLES = 2000
 CONFIDENCE = 0.95
 SEED = 0
@@ -160,6 +158,15 @@ def by_persona(personas: Sequence[str] | np.ndarray, *columns: np.ndarray) -> tu
     return len(names), sums
 
 
+def point(personas: Sequence[str], values: np.ndarray, statistic: Statistic) -> dict[str, float]:
+    """Each figure of `statistic` on the units, as `intervals` estimates it (the same sums in the same order, so
+    the summary's figure and the interval's estimate are one number); {} for no units."""
+    if len(personas) == 0:
+        return {}
+    _, (sums,) = by_persona(personas, np.asarray(values, dtype=float))
+    return {name: float(value) for name, value in statistic(sums.sum(axis=0)).items()}
+
+
 def intervals(
     personas: Sequence[str],
     values: np.ndarray,
@@ -176,7 +183,7 @@ def intervals(
         return {}
     n_personas, (sums,) = by_persona(personas, np.asarray(values, dtype=float))
     samples = statistic(_weights(n_personas, n_resamples, seed) @ sums)
-    estimates = statistic(sums.sum(axis=0))
+    estimates = statistic(sums.sum(axis=0))  # `point`'s, to the bit: summed per persona, then over personas
     out = {}
     for name in estimates:
         low, high = _bounds(samples[name], confidence) if n_personas >= min_personas else (None, None)
@@ -260,60 +267,10 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return [float(x) for x in adjusted]
 
 
-# ---------------------------------------------------------------- the tasks' statistics
+# ---------------------------------------------------------------- what the tasks' statistics are made of
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """num/den, 0 where den is 0 (as matcher.scores does for an empty checklist)."""
     num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=den > 0)
-
-
-def _f1(p: np.ndarray, r: np.ndarray) -> np.ndarray:
-    return ratio(2 * p * r, p + r)
-
-
-PRF_COLUMNS = ("predicted_matched", "n_predicted", "true_matched", "n_true", "precision", "recall", "f1", "units")
-
-
-def prf_row(counts: MatchCounts) -> list[float]:
-    """One unit's `PRF_COLUMNS`."""
-    scores = counts.prf()
-    return [
-        counts.predicted_matched,
-        counts.n_predicted,
-        counts.true_matched,
-        counts.n_true,
-        scores.precision,
-        scores.recall,
-        scores.f1,
-        1.0,
-    ]
-
-
-def micro_f1(sums: np.ndarray) -> np.ndarray:
-    """Micro F1 from sums of `PRF_COLUMNS`: F1 of the ratios of summed counts (the published aggregate)."""
-    s = np.asarray(sums, dtype=float)
-    return _f1(ratio(s[..., 0], s[..., 1]), ratio(s[..., 2], s[..., 3]))
-
-
-def prf(sums: np.ndarray) -> dict[str, np.ndarray]:
-    """Micro (ratios of summed counts) and macro (summed per-unit scores over units) P/R/F1, from sums of
-    `PRF_COLUMNS`."""
-    s = np.asarray(sums, dtype=float)
-    p, r = ratio(s[..., 0], s[..., 1]), ratio(s[..., 2], s[..., 3])
-    units = s[..., 7]
-    return {
-        "micro_precision": p,
-        "micro_recall": r,
-        "micro_f1": micro_f1(s),
-        "macro_precision": ratio(s[..., 4], units),
-        "macro_recall": ratio(s[..., 5], units),
-        "macro_f1": ratio(s[..., 6], units),
-    }
-
-
-def mean_score(sums: np.ndarray) -> dict[str, np.ndarray]:
-    """The mean judge score, from sums of (score, 1)."""
-    s = np.asarray(sums, dtype=float)
-    return {"mean_score": ratio(s[..., 0], s[..., 1])}

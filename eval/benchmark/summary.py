@@ -18,7 +18,8 @@ from cupid.eval.benchmark.data import INSTANCE_TYPES
 from cupid.eval.benchmark.figures import Block, Figures, SettingBlock, Table, TaskBlock
 from cupid.eval.benchmark.grid import cell_name
 from cupid.eval.benchmark.records import UnitRecord
-from cupid.eval.benchmark.tasks import TASKS, TaskSpec
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.benchmark.taskspec import TaskSpec
 
 if TYPE_CHECKING:
     from cupid.serving.client import Stats
@@ -128,7 +129,7 @@ def task_block(
     """The task's block per setting, overall and by instance type, of the run's own scoring or its reference's."""
 
     def figures(chosen: list[UnitRecord]) -> Figures:
-        return task.figures.of([r.scoring(reference) for r in chosen])
+        return task.figures(chosen, reference)
 
     by_setting = {}
     for setting in settings:

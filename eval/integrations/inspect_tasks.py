@@ -30,14 +30,16 @@ from cupid.common.config import ConfigError, read_yaml
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import INSTANCE_TYPES, Instance
 from cupid.eval.benchmark.figures import GROUPS
+from cupid.eval.benchmark.generation import GENERATION
 from cupid.eval.benchmark.history import History, plain_log
-from cupid.eval.benchmark.inference import matcher_dialect
+from cupid.eval.benchmark.inference import INFERENCE, matcher_dialect
 from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring, StageError, UnitRecord
 from cupid.eval.benchmark.settings import SETTING_SPECS, extra_prompts, extra_roles
 from cupid.eval.benchmark.stages import StageFailed
 from cupid.eval.benchmark.summary import figures
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec, scored, unit_record
+from cupid.eval.benchmark.tasks import TASKS, answered, unit_record
+from cupid.eval.benchmark.taskspec import TaskSpec
 from cupid.matcher import prompts
 from cupid.serving.cache import DEFAULT as DEFAULT_CACHE
 from cupid.serving.cache import cache_path
@@ -330,7 +332,7 @@ def cupid_scorer(spec: TaskSpec, judges: TaskJudges, instances: dict[str, Instan
         if "error" in state.metadata:
             unit.error = StageError(**state.metadata["error"])
         else:
-            unit = await scored(unit, instance, state.output.completion, (await judges.opened())[1])
+            unit = await answered(unit, instance, state.output.completion, (await judges.opened())[1])
         return to_score(unit)
 
     return score
@@ -386,11 +388,7 @@ def cupid_figures() -> Metric:
         for name in {r.task for r in records}:
             for group in GROUPS:
                 chosen = [r for r in records if r.task == name and group in ("all", r.instance_type)]
-                block = (
-                    TASKS[name]
-                    .figures.of([r.scoring() for r in chosen])
-                    .model_dump(exclude={"n_failed", "failed_by_stage"})
-                )
+                block = TASKS[name].figures(chosen).model_dump(exclude={"n_failed", "failed_by_stage"})
                 bounds = {  # under the minimum of personas an interval has no bounds: none is published
                     f"{metric}_{end}": bound
                     for metric, iv in TASKS[name].intervals(chosen).items()

@@ -35,11 +35,12 @@ from cupid.common.aio import PerLoop, blocking
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.history import History, plain_log
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.benchmark.judges import Judging, open_judges
 from cupid.eval.benchmark.records import Scoring
 from cupid.eval.benchmark.settings import SETTING_SPECS
 from cupid.eval.benchmark.stages import StageFailed
-from cupid.eval.benchmark.tasks import INFERENCE, TASKS, TaskName
+from cupid.eval.benchmark.tasks import TASKS, TaskName
 from cupid.matcher import parse
 from cupid.matcher.parse import PREFERENCE_HEADER
 from cupid.serving.cache import open_cache

@@ -51,7 +51,8 @@ from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.settings import SETTINGS
 from cupid.eval.benchmark.stats import CONFIDENCE, GATE_ALPHA, GATE_PERSONAS, POWER, Difference, holm
-from cupid.eval.benchmark.tasks import TASKS, TaskSpec
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.benchmark.taskspec import TaskSpec
 from cupid.eval.results.pages import default_out
 
 HEADLINE_SETTING = "standard"

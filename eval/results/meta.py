@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cupid.common.config import ConfigError
-from cupid.eval.benchmark.figures import prf
-from cupid.eval.benchmark.records import DIRECTIONS, UnitRecord, scored
+from cupid.eval.benchmark.inference import INFERENCE
+from cupid.eval.benchmark.records import DIRECTIONS, UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
-from cupid.eval.benchmark.tasks import INFERENCE
 
 LABELS = ("Yes", "Partial", "No")
 LABEL_VALUE = {"Yes": 1.0, "Partial": 0.5, "No": 0.0}
@@ -183,9 +182,8 @@ def run_f1(
 ) -> tuple[float | None, int, int]:
     """(F1, n_scored, n_failed) of a run's inference records in one setting."""
     rows = [r for r in records if r.task == INFERENCE.name and r.setting == setting]
-    points = prf(r.scoring(reference) for r in rows)
-    n_scored = len(scored(rows, reference))
-    return (points[aggregate].f1 if points else None), n_scored, len(rows) - n_scored
+    n_scored = sum(r.scoring(reference).scored for r in rows)
+    return INFERENCE.point(rows, reference).get(f"{aggregate}_f1"), n_scored, len(rows) - n_scored
 
 
 @dataclass

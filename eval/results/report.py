@@ -21,11 +21,14 @@ from typing import Any
 
 from cupid.common.config import ConfigError
 from cupid.common.files import write_atomic
+from cupid.eval.benchmark.generation import GENERATION
 from cupid.eval.benchmark.grid import groups
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.benchmark.rundir import Run, RunDir
 from cupid.eval.benchmark.stats import Interval
 from cupid.eval.benchmark.summary import failure_counts
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE, TASKS, TaskSpec
+from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.benchmark.taskspec import TaskSpec
 from cupid.eval.results.view import link_report
 
 FIGURE_SETTING = "standard"
@@ -357,8 +360,8 @@ Failed instances are counted and never averaged in.</p>
 <table><tr><th class="l">setting</th><th class="l">instances</th>\
 {% for h in block.headers %}<th>{{ h }}</th>{% endfor %}<th>scored</th><th>failed</th></tr>
 {% for row in block.rows %}<tr><td class="l">{{ row.setting }}</td><td class="l">{{ row.group }}</td>
-{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ fmt(c.estimate, block.scale) }} <small>\
-{% if c.resolved %}[{{ fmt(c.low, block.scale) }}, {{ fmt(c.high, block.scale) }}]\
+{% for h in block.headers %}{% set c = row.cells[h] %}<td>{% if c %}{{ block.show(c.estimate) }} <small>\
+{% if c.resolved %}[{{ block.show(c.low) }}, {{ block.show(c.high) }}]\
 {% else %}({{ c.personas }} personas: no interval){% endif %}</small>{% else %}-{% endif %}</td>{% endfor %}
 <td>{{ row.n_scored }}</td><td{% if row.n_failed %} class="failed"{% endif %}>{{ row.n_failed }}</td></tr>
 {% endfor %}</table>
@@ -380,10 +383,6 @@ Failed instances are counted and never averaged in.</p>
 """
 
 
-def _fmt(value: float, scale: float) -> str:
-    return f"{scale * value:.1f}" if scale != 1 else f"{value:.2f}"
-
-
 def _run_view(run: Run) -> dict[str, Any]:
     blocks = []
     for task in TASKS.values():
@@ -396,7 +395,7 @@ def _run_view(run: Run) -> dict[str, Any]:
                     else f"{judge} {run.role(judge) or '?'}"
                 )
                 blocks.append(
-                    {"title": f"{task.title}, {who}", "headers": list(task.metrics), "rows": rows, "scale": task.scale}
+                    {"title": f"{task.title}, {who}", "headers": list(task.metrics), "rows": rows, "show": task.show}
                 )
     n_failed = sum(not r.scored for r in run.records)
     return {
@@ -433,7 +432,6 @@ def build(run_dirs: Iterable[str | Path | Run], out: str | Path) -> Path:
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         runs=[_run_view(r) for r in runs],
         figures=figures,
-        fmt=_fmt,
         n_resamples=N_RESAMPLES,
         min_personas=MIN_PERSONAS,
         view=(out / "view.html").exists(),

@@ -12,13 +12,6 @@ from cupid.eval.benchmark.tasks import TASKS
 from cupid.eval.results.compare import NO_ANSWER, Comparison, Row, margin_question
 
 
-def _fmt(value: float | None, scale: float, sign: bool = False) -> str:
-    if value is None:
-        return "-"
-    digits = 1 if scale == 100 else 2
-    return f"{scale * value:{'+' if sign else ''}.{digits}f}"
-
-
 def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}" if value >= 0.001 else "<0.001"
 
@@ -78,22 +71,15 @@ def _table(c: Comparison) -> Table:
     for header in ("figure", "A", "B", "B - A", "interval", "p", "p (Holm)", "detectable"):
         table.add_column(header, justify="left" if header == "figure" else "right", no_wrap=header == "figure")
     for row in c.rows:
-        scale = TASKS[row.task].scale
+        show = TASKS[row.task].show
         stats_cells = (
-            [
-                f"[{_fmt(row.low, scale, True)}, {_fmt(row.high, scale, True)}]",
-                _p(row.p_value),
-                _p(row.p_holm),
-                _fmt(row.detectable, scale),
-            ]
+            [f"[{show(row.low, True)}, {show(row.high, True)}]", _p(row.p_value), _p(row.p_holm), show(row.detectable)]
             if row.resolved
             else ["-"] * 4
         )
         style = "bold red" if row.regression else "bold" if row.headline else None
         name = row.name + (" *" if row.headline else "")
-        table.add_row(
-            name, _fmt(row.a, scale), _fmt(row.b, scale), _fmt(row.difference, scale, True), *stats_cells, style=style
-        )
+        table.add_row(name, show(row.a), show(row.b), show(row.difference, True), *stats_cells, style=style)
     return table
 
 
@@ -112,15 +98,13 @@ def verdict_text(c: Comparison) -> str:
     accepted = f"; accepted: {'; '.join(c.accepted)}" if c.accepted else ""
     level = _level(headlines)
     if c.regressed:
-        drops = [
-            f"{r.name} {_fmt(r.difference, TASKS[r.task].scale, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions
-        ]
+        drops = [f"{r.name} {TASKS[r.task].show(r.difference, True)} (p Holm {_p(r.p_holm)})" for r in c.regressions]
         return f"REGRESSION: {', '.join(drops + c.unanswered)}{accepted}{level}"
     margin = f"a drop beyond the margin {c.margin:g} {margin_unit_words(c)}" if c.margin else "a drop"
     allowed = "; ".join(f"{task} {n}" for task, n in c.unanswered_allowed.items())
     tested = (
         f"{', '.join(r.name for r in headlines)}: {margin} in the personas' mean, "
-        + ", ".join(f"{r.name} {_fmt(r.persona_change, TASKS[r.task].scale, True)}" for r in headlines)
+        + ", ".join(f"{r.name} {TASKS[r.task].show(r.persona_change, True)}" for r in headlines)
         + f", one-sided at family-wise level {GATE_ALPHA:.3f}, {c.personas} personas"
         + (f"; B may leave this many more headline units unanswered than A: {allowed}" if allowed else "")
     )
@@ -131,7 +115,7 @@ def verdict_text(c: Comparison) -> str:
             + (f" (tested: {tested}, no significant drop){level}" if headlines else "")
         )
     resolution = [
-        f"{r.name} {_fmt(r.detectable - r.null, TASKS[r.task].scale)}" for r in headlines if r.detectable is not None
+        f"{r.name} {TASKS[r.task].show(r.detectable - r.null)}" for r in headlines if r.detectable is not None
     ]  # a drop is flagged beyond the margin (`null` is -margin): what goes unseen is the margin and the resolution
     return (
         f"No significant drop in a headline figure (*) ({tested})"

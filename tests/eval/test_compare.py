@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.common.errors import EXIT_NO_VERDICT, EXIT_REGRESSION
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, run
-from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.matcher.scores import MatchCounts, macro, micro
 from tests.helpers import sample_copies, write_endpoints
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from cupid.common.config import ConfigError
-from cupid.eval.benchmark.figures import InferenceFigures
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, dry_run, run
 from cupid.eval.benchmark.summary import Requests
@@ -48,7 +48,7 @@ def test_full_sample_is_scored_and_summarized(endpoints, tmp_path, cupid_home):
     assert inference.overall.macro == macro(counts)
     assert inference.overall.micro.f1 != pytest.approx(inference.overall.macro.f1)
     assert inference.settings["standard"].by_type["changing"].n_scored == 4
-    oracle = InferenceFigures.of([UnitRecord.model_validate(r) for r in rows if r["setting"] == "oracle"])
+    oracle = INFERENCE.figures([UnitRecord.model_validate(r) for r in rows if r["setting"] == "oracle"])
     assert inference.settings["oracle"].overall == oracle
     assert summary.roles["matcher"] == "pm (local-prefmatcher)" and summary.matcher_prompt == "prefmatcher"
     md = (tmp_path / "run" / "summary.md").read_text()

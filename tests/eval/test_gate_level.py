@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cupid.eval.benchmark import stats
-from cupid.eval.benchmark.tasks import GENERATION
+from cupid.eval.benchmark.generation import GENERATION
 from cupid.eval.results.compare import holm_family, task_rows
 
 pytestmark = pytest.mark.slow  # ~20 s: the whole suite runs it, `make check` does not

@@ -20,11 +20,11 @@ import pytest
 
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.data import SAMPLE_PATH, load
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.rundir import RunDir
 from cupid.eval.benchmark.runner import RunConfig, build_tasks
 from cupid.eval.benchmark.stats import MIN_PERSONAS
-from cupid.eval.benchmark.tasks import INFERENCE
 from cupid.eval.integrations import inspect_tasks
 from cupid.serving.client import Client
 from cupid.serving.registry import load_endpoints

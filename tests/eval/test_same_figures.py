@@ -6,7 +6,8 @@ nightly's and meta-evaluation's figures (figures.json) that the code before the 
 stages, a reference scoring), and `tiny`, a run of configs/eval/tiny.yaml on the tiny model under vLLM, two settings.
 The figures are recomputed here from the same records by today's code and compared, number by number. The intervals'
 bounds are not: they resample personas now where they resampled instances then (issue 35); the estimates and counts
-stay.
+stay, to the last few bits (a figure is the task's statistic at column sums now, where a macro mean was a `fmean`).
+Figures added since (`NEW`) are not in the earlier files: they are checked to be there, and the rest compared.
 """
 
 from __future__ import annotations
@@ -24,6 +25,25 @@ from cupid.eval.workflows import nightly
 
 BEFORE = Path(__file__).resolve().parents[1] / "data" / "figures_before_one_computation"
 RUNS = ["sample", "tiny"]
+NEW = {"missed"}  # inference: the share of units with F1 = 0
+
+
+def _close(got, want) -> bool:
+    """Equal, numbers to 12 significant digits, in nested dicts and lists."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and got.keys() == want.keys() and all(_close(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_close, got, want))
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        return got == pytest.approx(want, rel=1e-12, abs=1e-15)
+    return got == want
+
+
+def _earlier(data):
+    """`data` without the figures added since the earlier files were written."""
+    if isinstance(data, dict):
+        return {k: _earlier(v) for k, v in data.items() if k not in NEW}
+    return [_earlier(v) for v in data] if isinstance(data, list) else data
 
 
 def _before(name: str) -> tuple[dict, dict]:
@@ -52,8 +72,9 @@ def test_the_summary_gives_the_same_figures_from_the_same_records(name):
         if k not in TASKS
         and k not in ("reference", "reference_failures", "n_instances", "n_runs", "n_scored", "n_failed", "failures")
     }
-    again = summarize(run.records, plan, written["n_instances"], identity, reference="reference" in written)
-    assert json.loads(again.to_json()) == written
+    again = json.loads(summarize(run.records, plan, written["n_instances"], identity, "reference" in written).to_json())
+    assert _close(_earlier(again), written)
+    assert all(name in again["inference"] for name in NEW)  # the check can fail: the new figures are there
 
 
 def _point(interval: dict | None) -> dict | None:
@@ -74,7 +95,7 @@ def _rows(rows: list[report.FigureRow]) -> list[dict]:
             "group": r.group,
             "n_scored": r.n_scored,
             "n_failed": r.n_failed,
-            "cells": {earlier(m): _point(iv and iv.as_dict()) for m, iv in r.cells.items()},
+            "cells": {earlier(m): _point(iv and iv.as_dict()) for m, iv in r.cells.items() if m not in NEW},
         }
         for r in rows
     ]
@@ -110,7 +131,7 @@ def test_the_meta_evaluation_gives_the_same_f1(name):
     records = RunDir(BEFORE / name).read()
     for key, value in before["meta"]["run_f1"].items():
         setting, aggregate, *reference = key.split()
-        assert list(meta.run_f1(records, setting, aggregate, bool(reference))) == value, key
+        assert _close(list(meta.run_f1(records, setting, aggregate, bool(reference))), value), key
     assert meta.f1_table([BEFORE / name]).values == before["meta"]["f1_table"]
 
 

@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.eval.benchmark.data import INSTANCE_TYPES
+from cupid.eval.benchmark.generation import GENERATION
+from cupid.eval.benchmark.inference import INFERENCE
 from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.stats import MIN_PERSONAS
-from cupid.eval.benchmark.tasks import GENERATION, INFERENCE
 from tests.helpers import REPO, sample_copies, write_endpoints
 
 CUPID = str(REPO / ".venv" / "bin" / "cupid")
