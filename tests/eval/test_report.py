@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from cupid.cli import app
 from cupid.common.files import write_atomic
+from cupid.eval.benchmark.records import UnitRecord
 from cupid.eval.benchmark.runner import RunConfig, run
 from cupid.eval.results.report import build
 from tests.helpers import sample_copies, write_endpoints
@@ -197,3 +198,38 @@ def test_a_report_cut_short_leaves_no_half_report_and_ctrl_c_is_one_line(tmp_pat
     written.clear()
     assert CliRunner().invoke(app, ["report", str(run_dir), "--out", str(out)]).exit_code == 130
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and whole.exists()
+
+
+def test_a_figure_a_task_declares_reaches_every_output(scored_run, tmp_path):
+    """`missed` (the share of inference units with F1 = 0), declared in the task's module alone (its column, its
+    statistic's name, its summary field), reaches summary.json, the report, `cupid compare`'s rows and the tracker's
+    names, as the share counted here by hand."""
+    from cupid.eval.benchmark.summary import Summary, summary_metrics
+    from cupid.eval.results.track import interval_metrics
+
+    run_dir, _ = scored_run
+    lines = (run_dir / "instances.jsonl").read_text().splitlines()
+    standard = [r for r in map(json.loads, lines) if r["task"] == "inference" and r["setting"] == "standard"]
+    by_hand = sum(r["scores"]["f1"] == 0 for r in standard) / len(standard)
+    assert 0 < by_hand < 1  # some preferences missed, not all: a wrong share cannot pass by being 0 or 1
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["inference"]["settings"]["standard"]["missed"] == pytest.approx(by_hand)
+
+    html = build([run_dir], tmp_path / "out").read_text()
+    header = re.search(r"<h3>Inference: preference match, matcher .*?</h3>\s*<table><tr>(.*?)</tr>", html, re.S)
+    headers = re.findall(r"<th(?: class=\"l\")?>([^<]+)</th>", header.group(1))
+    row = re.search(r'<td class="l">standard</td><td class="l">all</td>\s*(.*?)</tr>', html, re.DOTALL).group(1)
+    cells = re.findall(r"<td>([\d.]+) <small>", row)
+    assert cells[headers.index("missed") - 2] == f"{100 * by_hand:.1f}"  # after the setting and group columns
+
+    compared = json.loads(CliRunner().invoke(app, ["compare", str(run_dir), str(run_dir), "--json"]).output)
+    (missed,) = [
+        r for r in compared["rows"] if (r["setting"], r["instance_type"], r["metric"]) == ("standard", None, "missed")
+    ]
+    assert missed["task"] == "inference" and missed["a"] == pytest.approx(by_hand) and missed["difference"] == 0
+
+    tracked = summary_metrics(Summary.model_validate(summary))
+    assert tracked["inference/standard/missed"] == pytest.approx(by_hand)
+    bounds = interval_metrics([UnitRecord.model_validate_json(line) for line in lines])
+    assert bounds["inference/standard/missed_low"] <= by_hand <= bounds["inference/standard/missed_high"]

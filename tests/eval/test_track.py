@@ -63,6 +63,8 @@ def expected_metrics(summary: dict) -> dict[str, float]:
                     for name in ("precision", "recall", "f1"):
                         if b.get(aggregate):
                             expected[f"{prefix}/{aggregate}_{name}"] = b[aggregate][name]
+                if b.get("missed") is not None:  # inference: the share of units with F1 = 0
+                    expected[f"{prefix}/missed"] = b["missed"]
                 if b.get("mean_score") is not None:
                     expected[f"{prefix}/mean_score"] = b["mean_score"]
     return expected
