@@ -31,9 +31,14 @@ def open_client(
     `transformers-offline` (in-process transformers, CPU). Raises ConfigError when it cannot run here."""
     if executor == "http":
         return Client(
-            endpoints, cache, refresh=refresh, concurrency=concurrency, servers=servers, roles=roles,
+            endpoints,
+            cache,
+            refresh=refresh,
+            concurrency=concurrency,
+            servers=servers,
+            roles=roles,
             down_hint=profiles.start_hint(profiles_dir),
-        )  # fmt: skip
+        )
     if executor == "vllm-offline":
         loader = offline.vllm_loader(endpoints, Path(profiles_dir))
     elif executor == "transformers-offline":

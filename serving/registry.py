@@ -155,8 +155,12 @@ class EndpointDown(ConfigError):
     """An endpoint a run must send to does not answer: the run stops at once, before sending to it."""
 
 
-def down_message(down: Mapping[str, Problem], endpoints: Mapping[str, Endpoint],
-                 roles: Mapping[str, str] | None = None, hint: Hint | None = None) -> str:  # fmt: skip
+def down_message(
+    down: Mapping[str, Problem],
+    endpoints: Mapping[str, Endpoint],
+    roles: Mapping[str, str] | None = None,
+    hint: Hint | None = None,
+) -> str:
     """`matcher 'pm' at URL does not answer (why): how to start it; nothing was sent to it`, for each endpoint a run
     cannot send to (`unreachable`). `roles`: role -> endpoint name; `hint`: what to do about a server that does not
     answer (default: `how_to_start`)."""

@@ -456,8 +456,10 @@ class GrpoRunConfig(_Section):
     policy: str = Field(
         min_length=1, description="local model directory, Hub id or prepared:NAME (<state>/models/NAME)"
     )
-    lora: dict[str, Any] = Field(default_factory=lambda: {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
-                                 description="peft's LoraConfig arguments")  # fmt: skip
+    lora: dict[str, Any] = Field(
+        default_factory=lambda: {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+        description="peft's LoraConfig arguments",
+    )
     data: Data = Field(default_factory=Data)
     reward: Reward = Field(default_factory=Reward)
     grpo: dict[str, Any] = Field(default_factory=dict, description="TRL's GRPOConfig arguments")

@@ -222,8 +222,11 @@ def train(
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, peft_config=lora)
     initial = _trainable(trainer.model)
     names = " + ".join(map(reward_name, funcs))
-    console.print(f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
-                  f"reward {cfg.reward.task} {names}", highlight=False)  # fmt: skip
+    console.print(
+        f"grpo: {cfg.policy}, LoRA r={lora.r}; {len(dataset)} prompts x {args.num_generations} generations; "
+        f"reward {cfg.reward.task} {names}",
+        highlight=False,
+    )
     try:
         trainer.train()
     finally:
@@ -275,8 +278,14 @@ def evaluated_model(cfg: GrpoRunConfig, label: str, weights: Path | None) -> Ser
     on_gpu = profiles.load(ev.profile, ev.profiles).on_gpu
     share = grpo_memory.evaluation_share(ev.profile, ev.profiles) if on_gpu and not ev.runtime_lora else None
     serve = {"vllm": {"gpu_memory_utilization": share}} if share is not None else {}  # vLLM's CPU build has none
-    return ServedModel(name=f"{cfg.name}-{label}", model=cfg.policy, profile=ev.profile,
-                       adapter=str(weights) if weights else None, endpoint=ev.endpoint, serve=serve)  # fmt: skip
+    return ServedModel(
+        name=f"{cfg.name}-{label}",
+        model=cfg.policy,
+        profile=ev.profile,
+        adapter=str(weights) if weights else None,
+        endpoint=ev.endpoint,
+        serve=serve,
+    )
 
 
 def write_held_out(cfg: GrpoRunConfig, run: TrainDir) -> Path:

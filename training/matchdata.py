@@ -150,14 +150,16 @@ def label_balance(examples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _endpoints_file(syn: Labelling, path: Path) -> Iterator[Path]:
+def _endpoints_file(labelling: Labelling, path: Path) -> Iterator[Path]:
     """The endpoints the runs use, as one file in the run directory: the configured file, the inline
     ones, and the instant-answer server (started here, stopped on exit) when the config asks for it."""
-    found = load_endpoints(syn.endpoints) if syn.endpoints else {}
-    entries = {name: e.model_dump(mode="json", exclude_none=True) for name, e in {**found, **syn.add_endpoints}.items()}
+    found = load_endpoints(labelling.endpoints) if labelling.endpoints else {}
+    entries = {
+        name: e.model_dump(mode="json", exclude_none=True) for name, e in {**found, **labelling.add_endpoints}.items()
+    }
     proc = None
     try:
-        if syn.instant_server:
+        if labelling.instant_server:
             from cupid.serving.servers.instant import start
 
             proc, url = start()
@@ -179,15 +181,15 @@ def _reachable(name: str, url: str) -> str | None:
         return f"endpoint '{name}' ({url}) cannot be reached: {type(e).__name__}: {e}"
 
 
-def _input_file(syn: Labelling, path: Path) -> tuple[Path, int]:
+def _input_file(labelling: Labelling, path: Path) -> tuple[Path, int]:
     """The CUPID instances to run, validated and written locally (the runner then needs no split)."""
-    dataset = cupid_data.load(syn.data, split=syn.split)
+    dataset = cupid_data.load(labelling.data, split=labelling.split)
     if dataset.bad_rows:
         listed = "\n  ".join(str(b) for b in dataset.bad_rows[:20])
         raise cupid_data.DataError(
             f"{dataset.source}: {len(dataset.bad_rows)} invalid row(s), fix or remove them:\n  {listed}"
         )
-    instances = dataset.filter(None, syn.limit).instances
+    instances = dataset.filter(None, labelling.limit).instances
     if not instances:
         raise cupid_data.DataError(f"{dataset.source}: no instances")
     write_jsonl(path, [i.model_dump() for i in instances])
@@ -200,69 +202,71 @@ def label(cfg: TrainConfig, run: TrainDir, console: Console | None = None) -> La
     Resumable: the runner keeps scored instances and the cache answers every request already made.
     """
     console = console or Console(stderr=True)
-    syn = _labelling(cfg)
+    labelling = _labelling(cfg)
     run.labelling.mkdir(parents=True, exist_ok=True)
-    input_path, n_instances = _input_file(syn, run.label_input)
-    with _endpoints_file(syn, run.label_endpoints) as endpoints_path:
-        teacher, dialect, runs = _label_runs(syn, endpoints_path, input_path, run, console)
+    input_path, n_instances = _input_file(labelling, run.label_input)
+    with _endpoints_file(labelling, run.label_endpoints) as endpoints_path:
+        teacher, dialect, runs = _label_runs(labelling, endpoints_path, input_path, run, console)
     examples = []
-    for candidate in syn.candidates:
+    for candidate in labelling.candidates:
         records = RunDir(runs[candidate]["dir"]).records()
         for (_, task, _), record in sorted(records.items()):
             if task == INFERENCE.name and record.scored:
-                examples += examples_from_record(record, candidate, syn.teacher, dialect)
+                examples += examples_from_record(record, candidate, labelling.teacher, dialect)
     report = LabelReport(
-        data=syn.data,
+        data=labelling.data,
         n_instances=n_instances,
-        teacher=f"{syn.teacher} ({teacher.model})",
+        teacher=f"{labelling.teacher} ({teacher.model})",
         teacher_prompt=dialect,
         runs=runs,
         n_examples_raw=len(examples),
     )
-    return _write_match_data(run, syn, report, examples)
+    return _write_match_data(run, labelling, report, examples)
 
 
 def _labelling(cfg: TrainConfig) -> Labelling:
     """The config's `labelling` section, refused when there is none or when it would train on the benchmark."""
-    syn = cfg.labelling
-    if syn is None:
+    labelling = cfg.labelling
+    if labelling is None:
         raise ConfigError(f"{cfg.source}: no `labelling` section (this config uses match_data: {cfg.match_data})")
-    if is_test_split(syn.data) and not syn.allow_test_split:
+    if is_test_split(labelling.data) and not labelling.allow_test_split:
         raise ConfigError(
-            f"{cfg.source}: labelling.data is {syn.data}, the CUPID benchmark itself: training on it contaminates "
-            "every later evaluation. Use kixlab/CUPID-Unverified or your own data, or force it with "
+            f"{cfg.source}: labelling.data is {labelling.data}, the CUPID benchmark itself: training on it "
+            "contaminates every later evaluation. Use kixlab/CUPID-Unverified or your own data, or force it with "
             "`allow_test_split: true` / `--force`."
         )
-    return syn
+    return labelling
 
 
 def _label_runs(
-    syn: Labelling, endpoints_path: Path, input_path: Path, run: TrainDir, console: Console
+    labelling: Labelling, endpoints_path: Path, input_path: Path, run: TrainDir, console: Console
 ) -> tuple[Endpoint, str, dict[str, dict[str, Any]]]:
     """One evaluation run per candidate with the teacher as matcher (every endpoint reachable first): the teacher,
     its prompt dialect, and each candidate's run (its directory, scored and failed counts, failures)."""
     endpoints = load_endpoints(endpoints_path)
-    roles = {*syn.candidates, syn.decomposer, syn.teacher}
+    roles = {*labelling.candidates, labelling.decomposer, labelling.teacher}
     for name in sorted(roles):
         require(endpoints, name, endpoints_path)
     if unreachable := [p for name in sorted(roles) if (p := _reachable(name, endpoints[name].url))]:
         raise LabellingError("nothing was run:\n  " + "\n  ".join(unreachable))
-    teacher = endpoints[syn.teacher]
+    teacher = endpoints[labelling.teacher]
     dialect = matcher_dialect(teacher)
-    cache_file = cache_path(syn.cache)
+    cache_file = cache_path(labelling.cache)
     runs: dict[str, dict[str, Any]] = {}
-    for candidate in syn.candidates:
+    for candidate in labelling.candidates:
         out = run.label_run(candidate)
-        console.print(f"[bold]label[/bold]: candidate {candidate}, teacher {syn.teacher} ({dialect} prompt) -> {out}")
+        console.print(
+            f"[bold]label[/bold]: candidate {candidate}, teacher {labelling.teacher} ({dialect} prompt) -> {out}"
+        )
         summary = run_eval(
             RunConfig(
                 data=str(input_path),
                 endpoints=str(endpoints_path),
                 candidate=candidate,
-                decomposer=syn.decomposer,
-                matcher=syn.teacher,
-                settings=list(syn.settings),
-                concurrency=syn.concurrency,
+                decomposer=labelling.decomposer,
+                matcher=labelling.teacher,
+                settings=list(labelling.settings),
+                concurrency=labelling.concurrency,
                 out=str(out),
                 cache=str(cache_file) if cache_file else None,
             ),
@@ -278,7 +282,7 @@ def _label_runs(
 
 
 def _write_match_data(
-    run: TrainDir, syn: Labelling, report: LabelReport, examples: list[dict[str, Any]]
+    run: TrainDir, labelling: Labelling, report: LabelReport, examples: list[dict[str, Any]]
 ) -> LabelReport:
     """The examples deduplicated and split by persona into the match data, and the report beside them; with no
     example, the report says why and the labelling fails with the failures by stage."""
@@ -290,13 +294,13 @@ def _write_match_data(
         run.write_report("label", report)
         listed = "\n  ".join(f"{what}: {n}" for what, n in failures.most_common()) or "(none recorded)"
         raise LabellingError(
-            f"no match data: none of the {report.n_instances} instance(s) x {len(syn.candidates)} candidate(s) was "
-            f"scored, so the teacher labelled nothing. Failures by stage:\n  {listed}\n"
+            f"no match data: none of the {report.n_instances} instance(s) x {len(labelling.candidates)} candidate(s) "
+            f"was scored, so the teacher labelled nothing. Failures by stage:\n  {listed}\n"
             f"records with the raw answers: {run.labelling}/*/instances.jsonl"
         )
     examples.sort(key=lambda e: (e["persona_id"], e["instance_key"], e["setting"], e["candidate"], e["direction"]))
     kept, duplicates, conflicts = deduplicate(examples)
-    splits = split_by_persona(kept, syn.validation_fraction, syn.seed)
+    splits = split_by_persona(kept, labelling.validation_fraction, labelling.seed)
     for split in SPLITS:
         write_jsonl(run.split(split), splits[split])
     report.n_duplicates = duplicates

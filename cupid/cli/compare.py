@@ -49,8 +49,9 @@ def main(
     and the units that changed most. A verdict only on the same evaluation (same tasks, units, data, judges and
     prompts), unless accepted by name."""
     if headline_setting not in SETTINGS:
-        raise typer.BadParameter(f"{headline_setting!r} is no setting (one of: {', '.join(SETTINGS)})",
-                                 param_hint="'--headline-setting'")  # fmt: skip
+        raise typer.BadParameter(
+            f"{headline_setting!r} is no setting (one of: {', '.join(SETTINGS)})", param_hint="'--headline-setting'"
+        )
     try:
         comparison = compare(
             run_a,

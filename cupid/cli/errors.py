@@ -42,10 +42,18 @@ def user_error_line(e: BaseException) -> str:
 # The extra that brings each optional library (pyproject.toml): a command that needs one that is missing says which
 # extra to install, in one line (`CupidGroup`), instead of an import's traceback.
 EXTRA_OF = {
-    "trl": "train", "peft": "train", "bitsandbytes": "train", "accelerate": "train",
-    "vllm": "cpu", "torch": "cpu", "transformers": "cpu", "gguf": "cpu",  # or gpu on a CUDA box
-    "mlflow": "track", "wandb": "track", "inspect_ai": "inspect",
-}  # fmt: skip
+    "trl": "train",
+    "peft": "train",
+    "bitsandbytes": "train",
+    "accelerate": "train",
+    "vllm": "cpu",
+    "torch": "cpu",
+    "transformers": "cpu",
+    "gguf": "cpu",  # or gpu on a CUDA box
+    "mlflow": "track",
+    "wandb": "track",
+    "inspect_ai": "inspect",
+}
 
 
 def missing_extra_line(e: ModuleNotFoundError) -> str | None:

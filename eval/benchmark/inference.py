@@ -109,8 +109,16 @@ def _counted(scoring: Scoring, counts: MatchCounts) -> None:
 # ---------------------------------------------------------------- its figures
 
 PRF_COLUMNS = (
-    "predicted_matched", "n_predicted", "true_matched", "n_true", "precision", "recall", "f1", "units", "missed",
-)  # fmt: skip
+    "predicted_matched",
+    "n_predicted",
+    "true_matched",
+    "n_true",
+    "precision",
+    "recall",
+    "f1",
+    "units",
+    "missed",
+)
 
 
 def prf_columns(counts: np.ndarray | list[list[float]]) -> np.ndarray:

@@ -168,16 +168,18 @@ def summarize(
     scored_by_reference = (
         {"reference": blocks(True), "reference_failures": failures(records, reference=True)} if reference else {}
     )
-    return Summary.model_validate({
-        "tasks": blocks(False),
-        **scored_by_reference,
-        "n_instances": n_instances,
-        "n_runs": len(records),
-        "n_scored": len(records) - n_failed,
-        "n_failed": n_failed,
-        "failures": failures(records),
-        **meta,
-    })  # fmt: skip
+    return Summary.model_validate(
+        {
+            "tasks": blocks(False),
+            **scored_by_reference,
+            "n_instances": n_instances,
+            "n_runs": len(records),
+            "n_scored": len(records) - n_failed,
+            "n_failed": n_failed,
+            "failures": failures(records),
+            **meta,
+        }
+    )
 
 
 def tables(summary: Summary) -> list[Table]:

@@ -365,8 +365,10 @@ def to_score(record: UnitRecord) -> Score:
 
 def _matches(record: Scoring) -> str:
     lines = [f"Inferred preference: {record.inferred_preference}"]
-    for title, items in (("Inferred checklist against the ground-truth preference", record.infer_to_gt),
-                         ("Ground-truth checklist against the inferred preference", record.gt_to_infer)):  # fmt: skip
+    for title, items in (
+        ("Inferred checklist against the ground-truth preference", record.infer_to_gt),
+        ("Ground-truth checklist against the inferred preference", record.gt_to_infer),
+    ):
         lines += ["", f"{title}:"] + [f"{m.index}. {m.entry} [{m.label}]" for m in items or []]
     return "\n".join(lines)
 

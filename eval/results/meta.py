@@ -30,10 +30,18 @@ from cupid.eval.benchmark.rundir import RunDir
 LABELS = ("Yes", "Partial", "No")
 LABEL_VALUE = {"Yes": 1.0, "Partial": 0.5, "No": 0.0}
 _ALIASES = {
-    "yes": "Yes", "fully covered": "Yes", "1": "Yes", "1.0": "Yes",
-    "partial": "Partial", "partially covered": "Partial", "0.5": "Partial",
-    "no": "No", "not covered": "No", "0": "No", "0.0": "No",
-}  # fmt: skip
+    "yes": "Yes",
+    "fully covered": "Yes",
+    "1": "Yes",
+    "1.0": "Yes",
+    "partial": "Partial",
+    "partially covered": "Partial",
+    "0.5": "Partial",
+    "no": "No",
+    "not covered": "No",
+    "0": "No",
+    "0.0": "No",
+}
 Level = Literal["ordinal", "nominal", "interval"]
 
 PairKey = tuple[str, str, str, int]  # (instance key, setting, direction, item index)

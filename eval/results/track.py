@@ -223,8 +223,12 @@ def of_night(board: Leaderboard, read: dict[str, Run] | None = None) -> list[Tra
     runs = []
     for entry in board.models:
         run_dir = Path(entry.run_dir or run_dir_of(Path(board.dir), entry.model))
-        tags = {"cupid.night": board.date, "cupid.candidate": entry.model, "cupid.flag": flag(entry),
-                "cupid.leaderboard": flags_text(entry).replace("**", "")}  # fmt: skip
+        tags = {
+            "cupid.night": board.date,
+            "cupid.candidate": entry.model,
+            "cupid.flag": flag(entry),
+            "cupid.leaderboard": flags_text(entry).replace("**", ""),
+        }
         if entry.error:
             tags["cupid.reason"] = entry.error
         if entry.regressions:
@@ -282,8 +286,10 @@ def log(runs: list[TrackedRun], tracker: Tracker, say: Say) -> list[str | None]:
             ids.append(logger(run, say))
         except Exception as e:  # noqa: BLE001 (whatever the tracker's fault, it is not the run's)
             # an unreachable server, a bad URI, a full disk, ...
-            say(f"warning: {tracker} ({_where(tracker)}) did not log {run.name}: {type(e).__name__}: {e}. "
-                "The run's own files are complete; `cupid track RUN_DIR` logs it later")  # fmt: skip
+            say(
+                f"warning: {tracker} ({_where(tracker)}) did not log {run.name}: {type(e).__name__}: {e}. "
+                "The run's own files are complete; `cupid track RUN_DIR` logs it later"
+            )
             ids.append(None)
     return ids
 
@@ -356,9 +362,14 @@ def _wandb(run: TrackedRun, say: Say) -> str:
     project = os.environ.get("WANDB_PROJECT") or PROJECT
     where = f"{os.environ['WANDB_ENTITY']}/{project}" if os.environ.get("WANDB_ENTITY") else project
     active = wandb.init(
-        project=project, id=_known_id(run, "wandb", where), resume="allow", name=run.name, job_type="cupid-eval",
-        config=run.params, tags=[run.tags[k] for k in ("cupid.flag", "cupid.night") if k in run.tags] or None,
-    )  # fmt: skip
+        project=project,
+        id=_known_id(run, "wandb", where),
+        resume="allow",
+        name=run.name,
+        job_type="cupid-eval",
+        config=run.params,
+        tags=[run.tags[k] for k in ("cupid.flag", "cupid.night") if k in run.tags] or None,
+    )
     try:
         _keep_id(run, "wandb", where, active.id)
         active.config.update({"cupid_tags": run.tags}, allow_val_change=True)  # W&B's own tags are words, not pairs

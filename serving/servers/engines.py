@@ -126,12 +126,22 @@ class TransformersEngine(Engine):
 
     def command(self, profile: ServedProfile, workdir: Path) -> list[str]:
         return [
-            _bin("transformers"), "serve", profile.served,
-            "--host", profile.host, "--port", str(profile.port),
-            "--continuous-batching", "--log-level", "info",
+            _bin("transformers"),
+            "serve",
+            profile.served,
+            "--host",
+            profile.host,
+            "--port",
+            str(profile.port),
+            "--continuous-batching",
+            "--log-level",
+            "info",
             # Without a cap, continuous batching on CPU takes 60-90% of free RAM for its KV cache.
-            "--cb-num-blocks", str(CPU_KV_BLOCKS), "--cb-max-batch-tokens", str(CPU_MAX_BATCH_TOKENS),
-        ]  # fmt: skip
+            "--cb-num-blocks",
+            str(CPU_KV_BLOCKS),
+            "--cb-max-batch-tokens",
+            str(CPU_MAX_BATCH_TOKENS),
+        ]
 
     def env(self, profile: ServedProfile, workdir: Path) -> dict[str, str]:
         cache = workdir / "hf-cache"  # `/v1/models` scans a Hub cache and fails when there is none
@@ -220,12 +230,19 @@ class VllmEngine(Engine):
         else:
             start = ["vllm.entrypoints.openai.api_server", "--model", model]
         return [
-            sys.executable, "-m", *start,
-            "--served-model-name", profile.served,
-            "--host", profile.host, "--port", str(profile.port),
-            "--generation-config", "vllm",  # the model's generation config must not override request sampling
+            sys.executable,
+            "-m",
+            *start,
+            "--served-model-name",
+            profile.served,
+            "--host",
+            profile.host,
+            "--port",
+            str(profile.port),
+            "--generation-config",
+            "vllm",  # the model's generation config must not override request sampling
             *vllm_args(profile),
-        ]  # fmt: skip
+        ]
 
     def env(self, profile: ServedProfile, workdir: Path) -> dict[str, str]:
         # vLLM reads the key from VLLM_API_KEY as it would from --api-key; in the environment it stays

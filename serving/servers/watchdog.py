@@ -42,9 +42,12 @@ def start_watchdog(pgid: int, stdin: Any, starting_grace_s: float = STARTING_GRA
     """The watchdog of a server's process group, reading `stdin` (a pipe, a FIFO): it stops the group when that
     ends (see WATCHDOG). In a session of its own, so that a signal to its owner's group spares it."""
     return subprocess.Popen(
-        [sys.executable, "-c", WATCHDOG, str(pgid), str(starting_grace_s)], stdin=stdin,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-c", WATCHDOG, str(pgid), str(starting_grace_s)],
+        stdin=stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def tie(pid: int) -> None:
