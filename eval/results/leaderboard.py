@@ -56,7 +56,6 @@ class Entry(BaseModel):
     baseline_change: dict[str, Row] = Field(default_factory=dict)  # each metric's paired difference since the baseline
     baseline_regressions: list[str] = Field(default_factory=list)  # headline figures that dropped since the baseline
     baseline_no_verdict: list[str] = Field(default_factory=list)  # why the change since the baseline has no verdict
-    baseline_pending: str | None = Field(default=None, exclude=True)  # why tonight becomes the baseline, if unflagged
 
     def estimate(self, metric: str) -> float | None:
         return interval.estimate if (interval := self.metrics.get(metric)) is not None else None
@@ -134,19 +133,19 @@ def flags_text(entry: Entry) -> str:
 
 def assemble(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
              error: str | None = None, plan: list[str] | None = None, started: list[str] | None = None,
-             stopped_answering: dict[str, list[str]] | None = None) -> Leaderboard:  # fmt: skip
-    """A night's leaderboard from its entries, ranked by their headline figure, with the regressions, failures and
-    no-verdicts its exit code sums (1 failures, 4 a regression, 8 no verdict)."""
-    entries.sort(
-        key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
+             stopped_answering: dict[str, list[str]] | None = None, family_level: str = "") -> Leaderboard:  # fmt: skip
+    """A night's leaderboard from its entries (left in their order), ranked by their headline figure, with the
+    regressions, failures and no-verdicts its exit code sums (1 failures, 4 a regression, 8 no verdict)."""
+    ranked = sorted(
+        entries, key=lambda e: -(-1.0 if (estimate := e.estimate(e.primary)) is None else estimate)
     )  # 0.0 ranks above no figure
     regressions = (
-        [f"{e.model}: {m}" for e in entries for m in e.regressions]
-        + [f"{e.model}: {m} since the baseline ({e.baseline})" for e in entries for m in e.baseline_regressions]
-        + [f"{e.model}: {why}" for e in entries for why in e.unanswered]
+        [f"{e.model}: {m}" for e in ranked for m in e.regressions]
+        + [f"{e.model}: {m} since the baseline ({e.baseline})" for e in ranked for m in e.baseline_regressions]
+        + [f"{e.model}: {why}" for e in ranked for why in e.unanswered]
     )
-    no_verdict = [e.model for e in entries if e.no_verdict or e.baseline_no_verdict]
-    with_failures = [e.model for e in entries if e.status != "ok"]
+    no_verdict = [e.model for e in ranked if e.no_verdict or e.baseline_no_verdict]
+    with_failures = [e.model for e in ranked if e.status != "ok"]
     return Leaderboard(
         date=night,
         dir=str(night_dir),
@@ -156,11 +155,12 @@ def assemble(night: str, night_dir: Path, prev_dir: Path | None, config_path: st
         plan=plan or [],
         servers_started=started or [],
         servers_stopped_answering=stopped_answering or {},
-        requests=sum((e.requests for e in entries if e.requests), Requests()),
-        models=entries,
+        requests=sum((e.requests for e in ranked if e.requests), Requests()),
+        models=ranked,
         regressions=regressions,
         with_failures=with_failures,
         no_verdict=no_verdict,
+        family_level=family_level,
         exit_code=(EXIT_FAILED if with_failures or error else 0)
         | (EXIT_REGRESSION if regressions else 0)
         | (EXIT_NO_VERDICT if no_verdict else 0),

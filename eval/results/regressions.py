@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from cupid.common.config import ConfigError
 from cupid.eval.benchmark.evalues import statement
@@ -87,8 +90,47 @@ def _comparison(before: str | None, after: Run | None, headline_setting: str, ma
     return compare_runs(RunDir(before).load(), after, headline_setting, margin=margin)
 
 
-def _changes(entry: Entry, comparison: Comparison) -> dict[str, Row]:
-    return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in entry.metrics}
+def _changes(figures: Collection[str], comparison: Comparison) -> dict[str, Row]:
+    return {row.name: row for row in comparison.rows if row.instance_type is None and row.name in figures}
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What tonight's comparisons of a candidate say, before the night's family decides on them (`flag_regressions`):
+    the entry fields they settle alone (`entry_fields`), and what the decision needs besides (its baseline so far,
+    and why tonight would become the baseline)."""
+
+    previous: dict[str, Interval] | None = None  # last night's metrics
+    no_previous: str | None = None  # why there is no test since last night (the candidate skipped it)
+    change: dict[str, Row] = field(default_factory=dict)
+    setup_changed: list[str] = field(default_factory=list)
+    no_verdict: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)
+    baseline: str | None = None  # the night compared with besides the last one
+    baseline_change: dict[str, Row] = field(default_factory=dict)
+    baseline_no_verdict: list[str] = field(default_factory=list)
+    pending: str | None = None  # why tonight becomes the baseline, if the night's decision lets it
+
+    def entry_fields(self) -> dict[str, Any]:
+        """The entry's fields these settle; its baseline's are the night's decision (`Decision.entry_fields`)."""
+        decided = {"baseline", "baseline_no_verdict", "pending"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in decided}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The night's decision on one candidate: the headline figures flagged on each side, and its baseline (tonight,
+    with why, or the one it had, with why not where tonight asked to be it)."""
+
+    regressions: list[str] = field(default_factory=list)  # since last night
+    baseline_regressions: list[str] = field(default_factory=list)
+    baseline: str | None = None
+    baseline_set: str | None = None  # why tonight became the baseline; None: it did not
+    baseline_no_verdict: list[str] = field(default_factory=list)  # the comparison's reasons, and the decision's own
+
+    def entry_fields(self) -> dict[str, Any]:
+        """The entry's fields this settles."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def baseline_of(fixed: str | None, latest: Entry | None) -> str | None:
@@ -99,7 +141,8 @@ def baseline_of(fixed: str | None, latest: Entry | None) -> str | None:
 
 
 def compare(
-    entry: Entry,
+    model: str,
+    figures: Collection[str],
     tonight: Run | None,
     before: Entry | None,
     baseline: str | None,
@@ -109,75 +152,88 @@ def compare(
     last_night: str | None = None,
     margin: float = 0.0,
     first: bool | None = None,
-) -> None:
-    """Fill an entry's changes since last night's run of the candidate (`before`, of the night `last_night`) and
-    since its baseline night's, paired on the units both scored with tonight's run (`tonight`, read once); what
-    changed besides the candidate, and why a comparison has no verdict. `first`: the candidate never ran before
-    (default: it is not in last night's leaderboard). Regressions, and whether tonight becomes the baseline
-    (`baseline_pending`), are decided for the whole night (`flag_regressions`)."""
-    entry.previous, entry.change, entry.regressions, entry.setup_changed = None, {}, [], []
-    entry.baseline, entry.baseline_set, entry.baseline_change, entry.baseline_regressions = baseline, None, {}, []
-    entry.no_verdict, entry.baseline_no_verdict, entry.unanswered, entry.baseline_pending = [], [], [], None
+) -> Changes:
+    """A candidate's changes since last night's run of it (`before`, of the night `last_night`) and since its
+    baseline night's, paired on the units both scored with tonight's run (`tonight`, read once; `figures`: the
+    metrics tonight's entry has); what changed besides the candidate, and why a comparison has no verdict. `first`:
+    the candidate never ran before (default: it is not in last night's leaderboard). Regressions, and whether tonight
+    becomes the baseline (`pending`), are decided for the whole night (`flag_regressions`)."""
     first = before is None if first is None else first
-    entry.no_previous = None
+    no_previous = None
     if not first and (before is None or before.status == "error"):
-        entry.no_previous = f"{'not in' if before is None else 'did not run on'} {last_night}: no test since last night"
-    if before is not None:
-        entry.previous = before.metrics
-        if comparison := _comparison(before.run_dir, tonight, headline_setting, margin):
-            entry.change = _changes(entry, comparison)
-            entry.setup_changed = comparison.differs
-            entry.no_verdict = comparison.no_verdict
-            entry.unanswered += [f"since {last_night}: {why}" for why in comparison.unanswered]
+        no_previous = f"{'not in' if before is None else 'did not run on'} {last_night}: no test since last night"
+    since_last = Changes(
+        previous=None if before is None else before.metrics, no_previous=no_previous, baseline=baseline
+    )
+    if before is not None and (comparison := _comparison(before.run_dir, tonight, headline_setting, margin)):
+        since_last = replace(
+            since_last,
+            change=_changes(figures, comparison),
+            setup_changed=comparison.differs,
+            no_verdict=comparison.no_verdict,
+            unanswered=[f"since {last_night}: {why}" for why in comparison.unanswered],
+        )
     if baseline is None or first:
-        entry.baseline, entry.baseline_pending = baseline, FIRST_NIGHT
-        return
+        return replace(since_last, pending=FIRST_NIGHT)
     if baseline == night or (baseline == last_night and before is not None):
-        return  # the baseline is tonight, or last night: one comparison serves both
-    comparison = _comparison(str(run_dir_of(root / baseline, entry.model)), tonight, headline_setting, margin)
+        return since_last  # the baseline is tonight, or last night: one comparison serves both
+    comparison = _comparison(str(run_dir_of(root / baseline, model)), tonight, headline_setting, margin)
     if comparison is None:
-        entry.baseline_no_verdict = [f"no run of {baseline}"]
-        entry.baseline_pending = f"no run of {baseline}"
-    elif comparison.differs:
-        entry.baseline_no_verdict = [f"its setup changed since {baseline}"]
-        entry.baseline_pending = f"its setup changed since {baseline}: " + "; ".join(comparison.differs)
-    else:
-        entry.baseline_change = _changes(entry, comparison)
-        entry.baseline_no_verdict = comparison.no_verdict
-        entry.unanswered += [f"since the baseline ({baseline}): {why}" for why in comparison.unanswered]
+        return replace(since_last, baseline_no_verdict=[f"no run of {baseline}"], pending=f"no run of {baseline}")
+    if comparison.differs:
+        return replace(
+            since_last,
+            baseline_no_verdict=[f"its setup changed since {baseline}"],
+            pending=f"its setup changed since {baseline}: " + "; ".join(comparison.differs),
+        )
+    return replace(
+        since_last,
+        baseline_change=_changes(figures, comparison),
+        baseline_no_verdict=comparison.no_verdict,
+        unanswered=[*since_last.unanswered, *(f"since the baseline ({baseline}): {w}" for w in comparison.unanswered)],
+    )
 
 
-def flag_regressions(entries: list[Entry], night: str, horizon: int = 1) -> str:
-    """The night's REGRESSION decisions: every headline test of every candidate, against its previous night and
-    its baseline where that comparison has a verdict, one Holm family at `GATE_ALPHA` / `horizon` (so that `horizon`
-    nights together stay within `GATE_ALPHA`); returned: the sentence its level is read by (`evalues.statement`,
-    which the leaderboard prints). Then tonight becomes the
-    baseline of each candidate that asked for one (`baseline_pending`), was not flagged and has a verdict since last
-    night (unless its setup changed since, which is why it asked)."""
+def flag_regressions(changes: Sequence[Changes], night: str, horizon: int = 1) -> tuple[list[Decision], str]:
+    """The night's REGRESSION decisions, one per candidate in `changes`' order: every headline test of every candidate,
+    against its previous night and its baseline where that comparison has a verdict, one Holm family at `GATE_ALPHA` /
+    `horizon` (so that `horizon` nights together stay within `GATE_ALPHA`; the rows' Holm fields are set in place, as
+    `holm_family` sets them); with them, the sentence the family's level is read by (`evalues.statement`, which the
+    leaderboard prints). Tonight becomes the baseline of each candidate that asked for one (`pending`), was
+    not flagged and has a verdict since last night (unless its setup changed since, which is why it asked)."""
     tests = [
-        (entry, side, row)
-        for entry in entries
-        for side, changes, no_verdict in (
-            ("previous", entry.change, entry.no_verdict),
-            ("baseline", entry.baseline_change, entry.baseline_no_verdict),
+        (i, side, row)
+        for i, c in enumerate(changes)
+        for side, rows, no_verdict in (
+            ("previous", c.change, c.no_verdict),
+            ("baseline", c.baseline_change, c.baseline_no_verdict),
         )
         if not no_verdict
-        for row in changes.values()
+        for row in rows.values()
         if row.headline and row.gated
     ]
     holm_family([row for _, _, row in tests], GATE_ALPHA / horizon)
     level = statement(len(tests), min(row.personas for _, _, row in tests), GATE_ALPHA, horizon) if tests else ""
-    for entry, side, row in tests:
-        if row.regression:
-            (entry.regressions if side == "previous" else entry.baseline_regressions).append(row.name)
-    for entry in entries:
-        if entry.baseline_pending is None:
-            continue
-        if entry.regressions or entry.baseline_regressions or entry.unanswered:
-            entry.baseline_no_verdict.append("tonight was flagged: it does not become the baseline")
-        elif entry.no_verdict and not entry.setup_changed:  # fail closed: a night no test could clear
-            entry.baseline_no_verdict.append("no verdict since last night: tonight does not become the baseline")
-        else:
-            entry.baseline, entry.baseline_set = night, entry.baseline_pending
-        entry.baseline_pending = None
-    return level
+
+    def flagged(i: int, side: str) -> list[str]:
+        return [row.name for j, s, row in tests if (j, s) == (i, side) and row.regression]
+
+    return [_decide(c, flagged(i, "previous"), flagged(i, "baseline"), night) for i, c in enumerate(changes)], level
+
+
+def _decide(changes: Changes, regressions: list[str], baseline_regressions: list[str], night: str) -> Decision:
+    kept = Decision(
+        regressions=regressions,
+        baseline_regressions=baseline_regressions,
+        baseline=changes.baseline,
+        baseline_no_verdict=list(changes.baseline_no_verdict),
+    )
+    if changes.pending is None:
+        return kept
+    if regressions or baseline_regressions or changes.unanswered:
+        why = "tonight was flagged: it does not become the baseline"
+    elif changes.no_verdict and not changes.setup_changed:  # fail closed: a night no test could clear
+        why = "no verdict since last night: tonight does not become the baseline"
+    else:
+        return replace(kept, baseline=night, baseline_set=changes.pending)
+    return replace(kept, baseline_no_verdict=[*kept.baseline_no_verdict, why])

@@ -47,6 +47,7 @@ from cupid.eval.results.compare import HEADLINE_SETTING, margin_question
 from cupid.eval.results.leaderboard import Entry, Leaderboard, assemble, run_dir_of, write_leaderboard
 from cupid.eval.results.regressions import (
     NIGHT_DATE,
+    Changes,
     baseline_of,
     compare,
     failures_by_setting,
@@ -190,44 +191,50 @@ def plan_night(
 
 def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Console) -> tuple[Entry, Run]:
     """One candidate's run, read back once (what it computed, or what a run cut short left on disk), and its
-    leaderboard entry; its server (if the night serves it) is stopped after. Its comparisons come after the night
-    (`compare`), on the same `Run`."""
+    leaderboard entry as the run alone fills it; its server (if the night serves it) is stopped after. Its
+    comparisons come after the night (`compare`, `flag_regressions`), on the same `Run`."""
     console.rule(f"nightly: {name}")
     assert run_cfg.out is not None, "a night sets every run's directory"
-    entry = Entry(model=name, run_dir=run_cfg.out, primary=primary_metric(run_cfg))
+    primary = primary_metric(run_cfg)
     server = run_servers.server_of(name)
-    if server is not None:
-        entry.served = server.line()
-    result = None
+    served = server.line() if server is not None else None
+    result, error, server_error = None, None, None
     try:
         result = run_eval(run_cfg, console=console, run_servers=run_servers)
     except Exception as e:  # noqa: BLE001 (one model's broken setup must not cost the others their night)
-        entry.error = f"{type(e).__name__}: {e}"
-        console.print(f"[red]{escape(name)} did not run:[/red] {escape(entry.error)}", highlight=False)
+        error = f"{type(e).__name__}: {e}"
+        console.print(f"[red]{escape(name)} did not run:[/red] {escape(error)}", highlight=False)
         if not isinstance(e, ConfigError):
             console.print(traceback.format_exc(), markup=False, highlight=False)
     finally:
         if server is not None:
             server.stop()
     if server is not None and server.error is not None:  # every unit failed for this reason: say it once
-        entry.error = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
-        entry.server_error = str(server.error)  # with the log's last lines
+        error = ("server did not start: " if server.failed_to_start else "") + failure_line(server.error)
+        server_error = str(server.error)  # with the log's last lines
         console.print(f"{name}: {server.error}", style="red", highlight=False, markup=False)
     out = RunDir(run_cfg.out)
     records = result.records if result is not None else list(out.records().values())
     run = Run(out.path, out.identity(), result.summary if result is not None else out.summary(), records)
-    entry.identity = run.identity
-    entry.metrics = metrics(records)
-    entry.n_scored = sum(r.scored for r in records)
-    entry.n_failed = sum(not r.scored for r in records)
-    entry.failures = failures_by_setting(records)
-    if result is not None:
-        entry.requests, entry.wall_s = result.summary.requests, result.summary.wall_s
-    entry.status = "error" if entry.error else "failed" if entry.n_failed else "ok"
-    if entry.status == "error":  # DID NOT RUN: its reason stands for its units, none is counted as failed
-        entry.n_failed, entry.failures = 0, {}
-    if server is not None and not server.started:
-        entry.served = None  # the night did not serve it (it did not start, or the cache answered everything)
+    n_failed = sum(not r.scored for r in records)
+    entry = Entry(
+        model=name,
+        run_dir=run_cfg.out,
+        primary=primary,
+        error=error,
+        status="error" if error else "failed" if n_failed else "ok",
+        # the night did not serve it if it did not start (or the cache answered everything)
+        served=served if server is not None and server.started else None,
+        server_error=server_error,
+        identity=run.identity,
+        metrics=metrics(records),
+        n_scored=sum(r.scored for r in records),
+        # DID NOT RUN: its reason stands for its units, none is counted as failed
+        n_failed=0 if error else n_failed,
+        failures={} if error else failures_by_setting(records),
+        requests=result.summary.requests if result is not None else None,
+        wall_s=result.summary.wall_s if result is not None else None,
+    )
     return entry, run
 
 
@@ -354,31 +361,36 @@ def _run_night(
         entry, tonight[name] = run_one(name, configs[name], run_servers, out)
         return entry
 
-    entries = []
+    outcomes = []  # each candidate's entry as its run (or its refusal) alone fills it
     for name, reason in refused.items():
         console.print(f"[red]{escape(name)} did not run:[/red] {escape(reason)}", highlight=False)
-        entries.append(not_run(name, reason, configs[name]))
+        outcomes.append(not_run(name, reason, configs[name]))
     try:  # endpoints and riders first (they need only the judges), then the served candidates slot by slot
-        entries += [
+        outcomes += [
             run(name, console) for name in configs if name not in run_servers.candidate_servers and name not in refused
         ]
-        entries += _run_slots(run_servers.slot_names, run, night_dir, console)
+        outcomes += _run_slots(run_servers.slot_names, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         run_servers.stop_all()  # each says what it stopped
 
-    latest = latest_entries(root, night, [e.model for e in entries])
-    for entry in entries:
-        before = previous.get(entry.model)
+    latest = latest_entries(root, night, [e.model for e in outcomes])
+    last_night = prev_dir.name if prev_dir else None
+
+    def changes_of(entry: Entry) -> Changes:
         baseline = baseline_of(cfg.baseline, latest.get(entry.model))
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
-            entry.baseline = baseline
-            continue
-        compare(entry, tonight.get(entry.model), before, baseline, night, root, cfg.headline_setting,
-                last_night=prev_dir.name if prev_dir else None, margin=cfg.margin,
-                first=entry.model not in latest)  # fmt: skip
-    level = flag_regressions(entries, night, cfg.horizon)
-    board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers)
-    board.family_level = level
+            return Changes(baseline=baseline)
+        return compare(entry.model, entry.metrics, tonight.get(entry.model), previous.get(entry.model), baseline,
+                       night, root, cfg.headline_setting, last_night=last_night, margin=cfg.margin,
+                       first=entry.model not in latest)  # fmt: skip
+
+    changes = [changes_of(entry) for entry in outcomes]
+    decisions, level = flag_regressions(changes, night, cfg.horizon)
+    entries = [
+        entry.model_copy(update=c.entry_fields() | d.entry_fields())
+        for entry, c, d in zip(outcomes, changes, decisions, strict=True)
+    ]
+    board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers, family_level=level)
     write_leaderboard(board, night_dir, root)
     if cfg.report:
         from cupid.eval.results.report import build
@@ -390,12 +402,13 @@ def _run_night(
 
 
 def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
-           run_servers: RunServers | None = None, error: str | None = None) -> Leaderboard:  # fmt: skip
+           run_servers: RunServers | None = None, error: str | None = None,
+           family_level: str = "") -> Leaderboard:  # fmt: skip
     """The night's leaderboard, with what its servers did."""
     servers = run_servers.servers if run_servers else []
     return assemble(
         night, night_dir, prev_dir, config_path, entries, error=error,
         plan=run_servers.lines() if run_servers else [],
         started=sorted({s.name for s in servers if s.started}),
-        stopped_answering={s.name: s.deaths for s in servers if s.deaths},
+        stopped_answering={s.name: s.deaths for s in servers if s.deaths}, family_level=family_level,
     )  # fmt: skip

@@ -305,8 +305,10 @@ def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
     """An F1 of 0.0 is a figure: it ranks above a candidate that did not run, whichever came first."""
     primary = "inference/standard/micro_f1"
     zero = leaderboard.Entry(model="zero", primary=primary, metrics={primary: Interval(0.0, 0.0, 0.0, 12)})
-    board = nightly._board("2025-03-01", tmp_path, None, "n.yaml", [nightly.not_run("down", "no server"), zero])
+    entries = [nightly.not_run("down", "no server"), zero]
+    board = nightly._board("2025-03-01", tmp_path, None, "n.yaml", entries)
     assert [e.model for e in board.models] == ["zero", "down"]
+    assert [e.model for e in entries] == ["down", "zero"]  # ranked into the board, the caller's list left as it was
 
 
 def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, instant_url, cupid_home):

@@ -1,11 +1,14 @@
-"""The night's rule on its own, without a night: which night a candidate is compared with (`baseline_of`), and what
-the night's one family of headline tests decides (`flag_regressions`): its flags at the family's level, the horizon's
-share of it, and whether tonight becomes a baseline."""
+"""The night's rule on its own, without a night, on plain values: which night a candidate is compared with
+(`baseline_of`), what its comparisons say (`compare`, where there is no run to compare with), and what the night's one
+family of headline tests decides (`flag_regressions`): its flags at the family's level, the horizon's share of it, and
+whether tonight becomes a baseline."""
+
+from dataclasses import fields
 
 from cupid.eval.benchmark.stats import GATE_ALPHA
 from cupid.eval.results.compare import Row
 from cupid.eval.results.leaderboard import FIRST_NIGHT, Entry
-from cupid.eval.results.regressions import baseline_of, flag_regressions
+from cupid.eval.results.regressions import Changes, Decision, baseline_of, compare, flag_regressions
 
 F1 = "inference/standard/micro_f1"
 NIGHT = "2025-08-02"
@@ -18,9 +21,10 @@ def headline(e_value: float, personas: int = 80) -> Row:
                n=3 * personas, personas=personas, headline=True, e_value=e_value)  # fmt: skip
 
 
-def entry(name: str, e_value: float | None = None, **fields) -> Entry:
+def changes(e_value: float | None = None, **settled) -> Changes:
+    """A candidate's comparisons with one headline test since last night (none without `e_value`)."""
     change = {F1: headline(e_value)} if e_value is not None else {}
-    return Entry(model=name, primary=F1, change=change, baseline="2025-08-01", **fields)
+    return Changes(change=change, baseline="2025-08-01", **settled)
 
 
 def test_the_baseline_is_the_recorded_night_unless_the_file_names_a_later_one():
@@ -30,49 +34,119 @@ def test_the_baseline_is_the_recorded_night_unless_the_file_names_a_later_one():
     assert baseline_of("2025-08-05", recorded) == "2025-08-05"  # a later night named wins
     assert baseline_of("2025-07-01", recorded) == "2025-08-01"  # an earlier one does not undo a newer baseline
     assert baseline_of("2025-07-01", None) == "2025-07-01"
+    unset = Entry(model="m", primary=F1)  # an entry that records no baseline: as if it never ran
+    assert baseline_of(None, unset) is None and baseline_of("2025-07-01", unset) == "2025-07-01"
 
 
 def test_a_test_is_flagged_at_the_familys_level_and_no_other():
-    collapsed, steady = entry("collapsed", 1e6), entry("steady", 1.0)
-    level = flag_regressions([collapsed, steady], NIGHT)
+    (collapsed, steady), level = flag_regressions([changes(1e6), changes(1.0)], NIGHT)
     assert collapsed.regressions == [F1] and steady.regressions == []
     assert level.startswith("2 headline test(s) on 80 personas") and "at most 2.5%" in level
 
 
 def test_the_family_and_the_horizon_each_raise_the_bar():
     # e = 50 (p = 0.02): under 0.025 alone; not in a family of two (Holm's 0.0125), nor alone over a horizon of 2.
-    alone = entry("alone", 50.0)
-    flag_regressions([alone], NIGHT)
+    (alone,), _ = flag_regressions([changes(50.0)], NIGHT)
     assert alone.regressions == [F1]
-    paired = [entry("first", 50.0), entry("second", 50.0)]
-    flag_regressions(paired, NIGHT)
-    assert [e.regressions for e in paired] == [[], []]
-    stretched = entry("stretched", 50.0)
-    level = flag_regressions([stretched], NIGHT, horizon=2)
-    assert stretched.regressions == [] and stretched.change[F1].alpha == GATE_ALPHA / 2
+    paired, _ = flag_regressions([changes(50.0), changes(50.0)], NIGHT)
+    assert [d.regressions for d in paired] == [[], []]
+    stretched = changes(50.0)
+    (decision,), level = flag_regressions([stretched], NIGHT, horizon=2)
+    assert decision.regressions == [] and stretched.change[F1].alpha == GATE_ALPHA / 2
     assert "any over 2 nights at most 2.5%" in level
 
 
 def test_a_test_without_enough_personas_or_with_no_verdict_is_not_in_the_family():
-    few = entry("few")
-    few.change = {F1: headline(1e6, personas=79)}
-    silent = entry("silent", 1e6, no_verdict=["not the same evaluation: differs: data"])
-    assert flag_regressions([few, silent], NIGHT) == ""  # no test: no level to state
-    assert few.regressions == [] and silent.regressions == []
+    few = Changes(change={F1: headline(1e6, personas=79)}, baseline="2025-08-01")
+    silent = changes(1e6, no_verdict=["not the same evaluation: differs: data"])
+    decisions, level = flag_regressions([few, silent], NIGHT)
+    assert level == ""  # no test: no level to state
+    assert [d.regressions for d in decisions] == [[], []]
+
+
+def test_the_baseline_side_is_in_the_family_where_it_has_a_verdict():
+    drifted = Changes(baseline="2025-08-01", baseline_change={F1: headline(1e6)})
+    unjudged = Changes(baseline="2025-08-01", baseline_change={F1: headline(1e6)}, baseline_no_verdict=["too few"])
+    (drifted_decision, unjudged_decision), level = flag_regressions([drifted, unjudged], NIGHT)
+    assert (drifted_decision.regressions, drifted_decision.baseline_regressions) == ([], [F1])
+    assert (unjudged_decision.baseline_regressions, unjudged_decision.baseline_no_verdict) == ([], ["too few"])
+    assert level.startswith("1 headline test(s)")
 
 
 def test_tonight_becomes_the_baseline_only_unflagged_and_with_a_verdict():
-    new = entry("new", 1.0, baseline_pending=FIRST_NIGHT)
-    flagged = entry("flagged", 1e6, baseline_pending="its setup changed since 2025-08-01")
-    stuck = entry("stuck", None, baseline_pending="no run of 2025-08-01", no_verdict=["a judge failed on 5%"])
-    moved = entry("moved", None, baseline_pending="its setup changed", no_verdict=["x"], setup_changed=["judge"])
-    flag_regressions([new, flagged, stuck, moved], NIGHT)
-    assert (new.baseline, new.baseline_set) == (NIGHT, FIRST_NIGHT)
-    assert flagged.baseline == "2025-08-01" and flagged.baseline_no_verdict == [
+    new = changes(1.0, pending=FIRST_NIGHT)
+    flagged = changes(1e6, pending="its setup changed since 2025-08-01")
+    stuck = changes(None, pending="no run of 2025-08-01", no_verdict=["a judge failed on 5%"])
+    moved = changes(None, pending="its setup changed", no_verdict=["x"], setup_changed=["judge"])
+    (new_, flagged_, stuck_, moved_), _ = flag_regressions([new, flagged, stuck, moved], NIGHT)
+    assert (new_.baseline, new_.baseline_set) == (NIGHT, FIRST_NIGHT)
+    assert flagged_.baseline == "2025-08-01" and flagged_.baseline_no_verdict == [
         "tonight was flagged: it does not become the baseline"
     ]
-    assert stuck.baseline == "2025-08-01" and stuck.baseline_no_verdict == [
+    assert stuck_.baseline == "2025-08-01" and stuck_.baseline_no_verdict == [
         "no verdict since last night: tonight does not become the baseline"
     ]
-    assert (moved.baseline, moved.baseline_set) == (NIGHT, "its setup changed")  # why it asked: it moves on
-    assert all(e.baseline_pending is None for e in (new, flagged, stuck, moved))
+    assert (moved_.baseline, moved_.baseline_set) == (NIGHT, "its setup changed")  # why it asked: it moves on
+    # what tonight asked is the decision's input only: no entry or decision carries it past the night
+    assert "baseline_pending" not in Entry.model_fields and "pending" not in {f.name for f in fields(Decision)}
+
+
+def test_a_flagged_night_never_becomes_the_baseline_whichever_side_or_way_it_was_flagged():
+    since_baseline = Changes(baseline="2025-08-01", baseline_change={F1: headline(1e6)}, pending="setup changed")
+    unanswered = changes(1.0, pending=FIRST_NIGHT, unanswered=["since 2025-08-01: 3% more units unanswered"])
+    first = Changes(change={F1: headline(1e6)}, pending=FIRST_NIGHT)  # no baseline yet: it keeps none
+    decisions, _ = flag_regressions([since_baseline, unanswered, first], NIGHT)
+    assert [(d.baseline, d.baseline_set) for d in decisions] == [
+        ("2025-08-01", None),
+        ("2025-08-01", None),
+        (None, None),
+    ]
+    assert all(d.baseline_no_verdict[-1] == "tonight was flagged: it does not become the baseline" for d in decisions)
+
+
+def test_a_night_without_a_verdict_since_last_night_does_not_become_the_baseline():
+    # its comparison's reason kept first, the decision's added after it; the value it was decided from left as it was
+    stuck = Changes(
+        baseline="2025-08-01", no_verdict=["too few personas"], baseline_no_verdict=["no run of 2025-08-01"],
+        pending="no run of 2025-08-01",
+    )  # fmt: skip
+    (decision,), _ = flag_regressions([stuck], NIGHT)
+    assert (decision.baseline, decision.baseline_set, decision.regressions) == ("2025-08-01", None, [])
+    assert decision.baseline_no_verdict == [
+        "no run of 2025-08-01",
+        "no verdict since last night: tonight does not become the baseline",
+    ]
+    assert stuck.baseline_no_verdict == ["no run of 2025-08-01"]
+
+
+def test_a_candidate_that_did_not_ask_keeps_its_baseline_and_its_reasons():
+    kept = changes(1e6, baseline_no_verdict=["its setup changed since 2025-08-01"])
+    (decision,), _ = flag_regressions([kept], NIGHT)
+    assert decision == Decision(
+        regressions=[F1], baseline="2025-08-01", baseline_no_verdict=["its setup changed since 2025-08-01"]
+    )
+
+
+def test_changes_and_decision_settle_every_entry_field_the_run_does_not_once():
+    run = {"model", "run_dir", "primary", "error", "status", "served", "server_error", "identity", "metrics",
+           "n_scored", "n_failed", "failures", "requests", "wall_s"}  # fmt: skip
+    settled, decided = set(Changes().entry_fields()), set(Decision().entry_fields())
+    assert not (run & settled or run & decided or settled & decided)
+    assert run | settled | decided == set(Entry.model_fields)
+
+
+def test_compare_without_runs_says_why_there_is_no_test(tmp_path):
+    first = compare("m", {F1}, None, None, None, NIGHT, tmp_path)
+    assert first == Changes(pending=FIRST_NIGHT)  # never ran: tonight asks to be its baseline
+    skipped = compare("m", {F1}, None, None, "2025-07-01", NIGHT, tmp_path, last_night="2025-08-01", first=False)
+    assert skipped == Changes(
+        no_previous="not in 2025-08-01: no test since last night",
+        baseline="2025-07-01",
+        baseline_no_verdict=["no run of 2025-07-01"],
+        pending="no run of 2025-07-01",
+    )
+    down = Entry(model="m", primary=F1, status="error", error="no server")
+    after_down = compare("m", {F1}, None, down, "2025-08-01", NIGHT, tmp_path, last_night="2025-08-01", first=False)
+    assert after_down == Changes(
+        previous={}, no_previous="did not run on 2025-08-01: no test since last night", baseline="2025-08-01"
+    )  # its baseline is last night: one comparison serves both
