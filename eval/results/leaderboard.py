@@ -19,6 +19,7 @@ from cupid.eval.benchmark.rundir import RunIdentity
 from cupid.eval.benchmark.stats import MIN_PERSONAS, N_RESAMPLES, Interval
 from cupid.eval.benchmark.summary import Requests
 from cupid.eval.benchmark.tasks import TASKS
+from cupid.eval.benchmark.taskspec import TaskSpec
 from cupid.eval.results.compare import Row
 
 FIRST_NIGHT = "the candidate's first night"  # why a night became a candidate's baseline: it never ran before
@@ -131,9 +132,18 @@ def flags_text(entry: Entry) -> str:
     return "; ".join(flags) or "ok"
 
 
-def assemble(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
-             error: str | None = None, plan: list[str] | None = None, started: list[str] | None = None,
-             stopped_answering: dict[str, list[str]] | None = None, family_level: str = "") -> Leaderboard:  # fmt: skip
+def assemble(
+    night: str,
+    night_dir: Path,
+    prev_dir: Path | None,
+    config_path: str | Path,
+    entries: list[Entry],
+    error: str | None = None,
+    plan: list[str] | None = None,
+    started: list[str] | None = None,
+    stopped_answering: dict[str, list[str]] | None = None,
+    family_level: str = "",
+) -> Leaderboard:
     """A night's leaderboard from its entries (left in their order), ranked by their headline figure, with the
     regressions, failures and no-verdicts its exit code sums (1 failures, 4 a regression, 8 no verdict)."""
     ranked = sorted(
@@ -181,14 +191,13 @@ def write_leaderboard(board: Leaderboard, night_dir: Path, root: Path) -> None:
 # ---------------------------------------------------------------- leaderboard text
 
 
-def _scale(metric: str) -> float:
-    """How the metric's task shows it (`<task>/<setting>/<figure>`: F1 in %, the judge's score as it is)."""
-    task = TASKS.get(metric.split("/", 1)[0])
-    return task.scale if task else 1
+def _task(metric: str) -> TaskSpec:
+    """The task whose figure `metric` is (`<task>/<setting>/<figure>`): it says how the figure is shown."""
+    return TASKS[metric.split("/", 1)[0]]
 
 
 def _cell(value: Interval | None, metric: str) -> str:
-    return value.text(_scale(metric), 1 if _scale(metric) == 100 else 2) if value else "-"
+    return "-" if value is None else _task(metric).show_interval(value)  # a night that did not run ranks by "-"
 
 
 def _change(entry: Entry, metric: str, since: str = "previous") -> str:
@@ -198,14 +207,10 @@ def _change(entry: Entry, metric: str, since: str = "previous") -> str:
     changes = entry.change if since == "previous" else entry.baseline_change
     if (row := changes.get(metric)) is None:
         return "new" if since == "previous" and not entry.no_previous else "-"
-    digits = 1 if _scale(metric) == 100 else 2
-
-    def fmt(value: float) -> str:
-        return f"{_scale(metric) * value:+.{digits}f}"
-
+    show = _task(metric).show
     if not row.resolved or row.low is None or row.high is None:
-        return fmt(row.difference) + f" ({row.personas} personas: no interval)"
-    return fmt(row.difference) + f" [{fmt(row.low)}, {fmt(row.high)}]"
+        return show(row.difference, True) + f" ({row.personas} personas: no interval)"
+    return show(row.difference, True) + f" [{show(row.low, True)}, {show(row.high, True)}]"
 
 
 def _since_baseline(entry: Entry) -> str:

@@ -263,9 +263,13 @@ def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Conso
 
 
 def run_nightly(
-    config_path: str | Path, night: str | None = None, console: Console | None = None, dry_run: bool = False,
-    gpus: list[Gpu] | None = None, track: Tracker | None = None,
-) -> tuple[Leaderboard, int]:  # fmt: skip
+    config_path: str | Path,
+    night: str | None = None,
+    console: Console | None = None,
+    dry_run: bool = False,
+    gpus: list[Gpu] | None = None,
+    track: Tracker | None = None,
+) -> tuple[Leaderboard, int]:
     """Run every model of the suite for one night; return the leaderboard and the exit status. `dry_run`:
     print and check the plan only (on `gpus`, when given, instead of the visible ones): a leaderboard of no model
     with the plan, and exit status 0; a candidate refused is one that did not run. `track` (or the file's
@@ -380,9 +384,19 @@ def _run_night(
         baseline = baseline_of(cfg.baseline, latest.get(entry.model))
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             return Changes(baseline=baseline)
-        return compare(entry.model, entry.metrics, tonight.get(entry.model), previous.get(entry.model), baseline,
-                       night, root, cfg.headline_setting, last_night=last_night, margin=cfg.margin,
-                       first=entry.model not in latest)  # fmt: skip
+        return compare(
+            entry.model,
+            entry.metrics,
+            tonight.get(entry.model),
+            previous.get(entry.model),
+            baseline,
+            night,
+            root,
+            cfg.headline_setting,
+            last_night=last_night,
+            margin=cfg.margin,
+            first=entry.model not in latest,
+        )
 
     changes = [changes_of(entry) for entry in outcomes]
     decisions, level = flag_regressions(changes, night, cfg.horizon)
@@ -401,14 +415,27 @@ def _run_night(
     return board, tonight
 
 
-def _board(night: str, night_dir: Path, prev_dir: Path | None, config_path: str | Path, entries: list[Entry],
-           run_servers: RunServers | None = None, error: str | None = None,
-           family_level: str = "") -> Leaderboard:  # fmt: skip
+def _board(
+    night: str,
+    night_dir: Path,
+    prev_dir: Path | None,
+    config_path: str | Path,
+    entries: list[Entry],
+    run_servers: RunServers | None = None,
+    error: str | None = None,
+    family_level: str = "",
+) -> Leaderboard:
     """The night's leaderboard, with what its servers did."""
     servers = run_servers.servers if run_servers else []
     return assemble(
-        night, night_dir, prev_dir, config_path, entries, error=error,
+        night,
+        night_dir,
+        prev_dir,
+        config_path,
+        entries,
+        error=error,
         plan=run_servers.lines() if run_servers else [],
         started=sorted({s.name for s in servers if s.started}),
-        stopped_answering={s.name: s.deaths for s in servers if s.deaths}, family_level=family_level,
-    )  # fmt: skip
+        stopped_answering={s.name: s.deaths for s in servers if s.deaths},
+        family_level=family_level,
+    )
