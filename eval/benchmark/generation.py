@@ -1,4 +1,4 @@
-"""Task 2, generation, in one room: the candidate's prompt, the scorer (the judge rates the candidate's response 1-10
+"""Task 2, generation, all of it: the candidate's prompt, the scorer (the judge rates the candidate's response 1-10
 against the ground-truth preference and its checklist, spec §3, "preference alignment"), a unit's columns and the
 statistic its figure comes from, the summary's figures and table, and the task's declaration (`GENERATION`).
 """

@@ -1,4 +1,4 @@
-"""Task 1, preference inference, in one room: the candidate's prompt, the scorer (parse the candidate's answer ->
+"""Task 1, preference inference, all of it: the candidate's prompt, the scorer (parse the candidate's answer ->
 decompose -> match both directions, concurrently -> precision/recall/F1 for the instance, spec §3), a unit's columns
 and the statistic every figure comes from, the summary's figures and tables, and the task's declaration (`INFERENCE`).
 A new figure is a column here, a name in `prf`, and a field in `InferenceFigures`: the summary, the report, the

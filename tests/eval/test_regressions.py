@@ -91,7 +91,7 @@ def test_tonight_becomes_the_baseline_only_unflagged_and_with_a_verdict():
     assert "baseline_pending" not in Entry.model_fields and "pending" not in {f.name for f in fields(Decision)}
 
 
-def test_a_flagged_night_never_becomes_the_baseline_whichever_side_or_way_it_was_flagged():
+def test_a_flagged_night_never_becomes_the_baseline_by_either_side():
     since_baseline = Changes(baseline="2025-08-01", baseline_change={F1: headline(1e6)}, pending="setup changed")
     unanswered = changes(1.0, pending=FIRST_NIGHT, unanswered=["since 2025-08-01: 3% more units unanswered"])
     first = Changes(change={F1: headline(1e6)}, pending=FIRST_NIGHT)  # no baseline yet: it keeps none
