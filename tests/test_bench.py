@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import yaml
 
 from bench.run import DEMO_CONFIG, LEVELS, OURS_IN_FLIGHT, QUICK, REFERENCE_WORKERS
@@ -101,11 +102,10 @@ def test_the_quick_bench_runs_every_section(tmp_path, random_model_dir):
     assert [part.split(":")[0] for part in by_level.split(": ", 1)[1].split(", ")] == [str(n) for n in LEVELS]
 
 
+@pytest.mark.slow  # ~8 s (`python -m bench.view`: each page opened in Chromium): `make test` runs it
 def test_the_viewer_bench_runs_in_a_real_browser(tmp_path):
     """`python -m bench.view` (by hand, as docs/evaluating.md shows it): its synthetic runs load as runs, and each
     page's figures come back from Chromium."""
-    import pytest
-
     if not os.path.exists("/usr/bin/chromium"):
         pytest.skip("/usr/bin/chromium not installed (apt-get install -y chromium; `make test` does it as root)")
     result = subprocess.run(

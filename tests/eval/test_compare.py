@@ -133,6 +133,8 @@ def test_a_run_directory_that_does_not_exist_is_a_usage_error(runs):
 
 
 # ---------------------------------------------------------------- the gate, on real runs of both tasks
+# Building these runs (`gate_runs`: 11 runs of 108 personas on instant servers, ~25 s) makes each test that reads
+# them slow: `make test` runs them, `make check` does not.
 
 COPIES = 27  # the sample's 4 personas 27 times: 108 personas, 324 units per task in the standard setting; its first
 # 20 copies' 240 instances hold GATE_PERSONAS (80)
@@ -227,6 +229,7 @@ def headline_of(comparison, task="inference"):
     return next(r for r in comparison["rows"] if r["headline"] and r["task"] == task)
 
 
+@pytest.mark.slow  # gate_runs
 def test_a_candidate_that_stops_answering_fails_the_gate(gate_runs):
     result, comparison = gate(gate_runs["a"], gate_runs["all"])
     assert result.exit_code == EXIT_REGRESSION, result.output
@@ -243,6 +246,7 @@ def test_a_candidate_that_stops_answering_fails_the_gate(gate_runs):
     assert all(u["b"] == 0 and u["change"] < 0 for u in comparison["units"] if u["task"] == "inference")
 
 
+@pytest.mark.slow  # gate_runs
 def test_a_candidate_that_fails_a_fifth_of_its_personas_fails_the_gate(gate_runs):
     b = records(gate_runs["fifth"])
     failed = {u for u, r in b.items() if not r.scored}
@@ -264,6 +268,7 @@ def test_a_candidate_that_fails_a_fifth_of_its_personas_fails_the_gate(gate_runs
     assert headline["persona_change"] < 0 and headline["e_value"] > 1 and 0 < headline["detectable"]
 
 
+@pytest.mark.slow  # gate_runs
 def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_runs):
     # B equals A except that it states no preference exactly on the units where A's answer matched nothing.
     assert gate_runs["unmatched"] > 0
@@ -283,6 +288,7 @@ def test_no_answer_where_the_answer_was_worst_reads_as_a_loss_never_a_gain(gate_
     )
 
 
+@pytest.mark.slow  # gate_runs
 def test_no_change_passes_the_gate(gate_runs):
     result, comparison = gate(gate_runs["a"], gate_runs["again"])
     assert result.exit_code == 0, result.output
@@ -292,6 +298,7 @@ def test_no_change_passes_the_gate(gate_runs):
     assert "inference/standard/micro_f1, generation/standard/mean_score" in " ".join(result.output.split())
 
 
+@pytest.mark.slow  # gate_runs
 def test_a_headline_setting_missing_from_a_run_is_no_verdict(gate_runs):
     """No verdict, exit 3, and why; never another setting instead."""
     result, comparison = gate(gate_runs["oracle"], gate_runs["a"])
@@ -302,6 +309,7 @@ def test_a_headline_setting_missing_from_a_run_is_no_verdict(gate_runs):
     assert result.exit_code == 0, result.output  # named, it is tested
 
 
+@pytest.mark.slow  # gate_runs
 def test_units_a_judge_failed_on_block_the_verdict_only_beyond_two_percent(gate_runs, tmp_path):
     """A judge that failed on 7 of 324 units: left out and counted; beyond 2% the comparison is incomplete."""
     incomplete = tmp_path / "incomplete"
@@ -324,6 +332,7 @@ def test_units_a_judge_failed_on_block_the_verdict_only_beyond_two_percent(gate_
     assert result.exit_code == 0 and comparison["left_out"] == {"inference/standard": 1}, result.output
 
 
+@pytest.mark.slow  # gate_runs
 @pytest.mark.parametrize(
     "b, reason, option",
     [
@@ -363,6 +372,7 @@ def test_different_evaluations_have_no_verdict_unless_accepted_by_name(gate_runs
     assert cupid.compare(gate_runs["a"], gate_runs[b], **{keyword: True}).exit_code == 0
 
 
+@pytest.mark.slow  # gate_runs
 def test_a_margin_passes_a_drop_smaller_than_itself_that_fails_without_it(gate_runs):
     result, comparison = gate(gate_runs["a"], gate_runs["worse"])
     headline = headline_of(comparison)
@@ -399,6 +409,7 @@ def test_the_unanswered_allowance_is_one_percent_rounded_down():
         assert _more_unanswered("inference", [(True, False)] * (allowed + 1) + [(True, True)] * (units - allowed - 1))
 
 
+@pytest.mark.slow  # gate_runs
 def test_a_margin_under_a_tenth_of_a_point_asks_whether_a_fraction_was_meant(gate_runs):
     """On the line before the verdict."""
     from cupid.eval.results.compare import margin_question

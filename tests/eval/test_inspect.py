@@ -307,6 +307,7 @@ def test_a_task_refuses_a_setting_or_instance_type_it_has_not():
         inspect_tasks.inference(types="sometimes")
 
 
+@pytest.mark.slow  # ~11 s (a whole inspect eval of both tasks, in process): `make test` runs it
 def test_inspect_closes_each_tasks_judges_once_on_the_runs_loop(tmp_path, instant_url, monkeypatch):
     """In process, as a notebook runs it: both tasks' judges (one client each, with the cache) are closed once, by
     the run-end hook, on the loop the samples ran on; none is left open for the next run."""

@@ -68,6 +68,7 @@ def by_model(board):
     )
 
 
+@pytest.mark.slow  # ~12 s (three nights on 80 personas): `make test` runs it
 def test_three_nights_flag_the_drop_count_failures_and_reuse_the_cache(tmp_path, instant_url, drifted_url, cupid_home):
     common = {
         "instant": {"base_url": instant_url, "model": "instant"},
@@ -311,6 +312,7 @@ def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
     assert [e.model for e in entries] == ["down", "zero"]  # ranked into the board, the caller's list left as it was
 
 
+@pytest.mark.slow  # ~17 s (up to nine nights on 80 personas): `make test` runs it
 def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, instant_url, cupid_home):
     """Each night the candidate answers a preference that matches nothing for eight more personas (of 80, whose F1s
     differ: the drop is spread unevenly): too little for one night's change to be flagged, and flagged against its
@@ -361,6 +363,7 @@ def test_a_slow_drift_no_night_shows_is_flagged_against_the_baseline(tmp_path, i
     assert "**REGRESSION** since the baseline (2025-04-01)" in row and "since 2025-04-01" in row
 
 
+@pytest.mark.slow  # ~13 s (seven nights on 80 personas): `make test` runs it
 def test_every_candidate_stays_watched_under_a_fixed_baseline(tmp_path, instant_url, drifted_url, cupid_home):
     """`baseline:` fixed at the first night. A candidate that joins later is compared with its own first night; a
     judge change moves a candidate's baseline to its first night with the new judge, and the previous-night test still

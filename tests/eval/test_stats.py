@@ -196,6 +196,7 @@ def test_the_headline_is_prfs_micro_f1():
     assert np.array_equal(headline(sums)["micro_f1"], prf(sums)["micro_f1"])
 
 
+@pytest.mark.slow  # ~17 s (3,000 bootstrapped comparisons of simulated runs): `make test` runs it
 def test_simulated_comparisons_have_the_stated_error_rates():
     rng = np.random.default_rng(20251125)
     # The truth: micro F1 of A and of B on a population of personas far larger than the benchmark's.
@@ -290,6 +291,7 @@ def every_setting(rng, drop=0.0, lower=0.0):
     return rows
 
 
+@pytest.mark.slow  # ~45 s (430 simulated comparisons of two whole runs): `make test` runs it
 def test_holm_over_a_whole_comparison_has_power_at_the_family_wise_level():
     rng = np.random.default_rng(4646)
     _, big_a, _ = simulate(rng, 100_000)

@@ -166,6 +166,7 @@ def _run_args(endpoints: Path, out: Path, cache: Path) -> list[str]:
             "--matcher", "pm", "--out", str(out), "--cache", str(cache)]  # fmt: skip
 
 
+@pytest.mark.slow  # ~12 s (two CLI processes, each importing MLflow): `make test` runs it
 def test_a_tracker_that_fails_is_a_warning_and_the_run_stands(tmp_path, instant_url, cupid_home):
     endpoints = write_endpoints(
         tmp_path / "ep.yaml",
@@ -204,6 +205,7 @@ def test_without_the_tracker_package_track_is_refused_before_any_request(tmp_pat
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache.sqlite").exists()
 
 
+@pytest.mark.slow  # ~15 s (two nights, each candidate logged to MLflow): `make test` runs it
 def test_every_candidate_of_every_night_has_its_tracker_run(tmp_path, instant_url, mlflow_store, cupid_home):
     from cupid.eval.workflows.nightly import run_nightly
 

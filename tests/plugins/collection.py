@@ -1,4 +1,7 @@
-"""The collected tests' order (the longest files first) and tier (a test that starts vLLM or trains is `slow`)."""
+"""The collected tests' order (the longest files first) and tier. A test that starts vLLM or trains is `slow` by the
+fixtures it uses (`SLOW_FIXTURES`); one that takes long on its own (a simulation, several nights, a process importing
+a heavy stack) is marked where it is defined, `@pytest.mark.slow` with its time and why. `make check` leaves the slow
+tier out (under 2 minutes on 2 cores); `make test` runs every test."""
 
 import pytest
 

@@ -313,6 +313,7 @@ def test_a_profile_on_a_vllm_build_it_cannot_run_on_is_refused_with_the_fix(monk
         engine.preflight(profile.model_copy(update={"device": "cpu", "name": "x"}))
 
 
+@pytest.mark.slow  # ~14 s (a fresh process imports torch and transformers): `make test` runs it
 def test_cpu_environment_imports_transformers_cleanly_beside_vllms_cpu_build():
     """The CPU stack as `make setup` leaves it: vLLM's CPU build on the CPU torch, the pinned transformers, and none
     of the CUDA-built torchvision/torchaudio/torchcodec that break `import transformers` there, nor triton (xgrammar's
