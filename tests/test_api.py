@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 
+import aiohttp
 import httpx
 import pytest
 
@@ -278,6 +279,7 @@ def test_evaluate_equals_the_cli_run_and_writes_nothing_without_out(instant_url,
 
 SCRIPT = """
 import asyncio, sys
+import aiohttp
 import cupid
 from cupid.serving.client import Client
 
@@ -305,13 +307,15 @@ async def main():
         await apm.alabels_batch([pair, pair])
         await apm.alabels(*pair)
     await cupid.aevaluate(tiny, **run)
-    sending, post = asyncio.Event(), Client._post  # stopped with its first request in flight: it closes all the same
+    # Stopped with its first request in flight (the client's HTTP transport sends it by aiohttp's `post`): it closes
+    # all the same.
+    sending, post = asyncio.Event(), aiohttp.ClientSession.post
 
-    async def first_sent(self, *args):
+    def first_sent(self, *args, **kwargs):
         sending.set()
-        return await post(self, *args)
+        return post(self, *args, **kwargs)
 
-    Client._post = first_sent
+    aiohttp.ClientSession.post = first_sent
     stopped = asyncio.create_task(cupid.aevaluate(tiny, cache=cache, **{**run, "refresh": True}))
     await sending.wait()
     await asyncio.sleep(0.05)
@@ -320,7 +324,7 @@ async def main():
         await stopped
     except asyncio.CancelledError:
         print("stopped")
-    Client._post = post
+    aiohttp.ClientSession.post = post
 
 
 asyncio.run(main())
@@ -376,6 +380,12 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
 
     opened: list = []
     closes: dict[int, int] = {}
+    sessions: list[aiohttp.ClientSession] = []  # the HTTP sessions the clients opened (one per endpoint asked)
+    session = aiohttp.ClientSession
+
+    def counted_session(*args, **kwargs) -> aiohttp.ClientSession:
+        sessions.append(opened_session := session(*args, **kwargs))
+        return opened_session
 
     class Counted(judges.Client):
         def __init__(self, *args, **kwargs):
@@ -393,11 +403,13 @@ def test_prefmatcher_closes_each_client_and_cache_once(instant_url, tmp_path, mo
 
     monkeypatch.setattr(judges, "Client", Counted)  # where PrefMatcher's client and cache are opened
     monkeypatch.setattr(cache, "Cache", CountedCache)
+    monkeypatch.setattr(aiohttp, "ClientSession", counted_session)
 
     def each_closed_once(n: int) -> None:
         assert len(opened) == n
         for client in opened:
-            assert closes.get(id(client)) == 1 and closes.get(id(client.cache)) == 1 and not client._http
+            assert closes.get(id(client)) == 1 and closes.get(id(client.cache)) == 1
+        assert sessions and all(s.closed for s in sessions)  # and no session left open
 
     pair = ("Prefers short answers", ["Is the answer short?"])
     with cupid.PrefMatcher(instant_url, model="local-prefmatcher", cache=tmp_path / "c.sqlite") as pm:

