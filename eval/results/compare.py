@@ -346,7 +346,7 @@ def _tasks_compared(
                 )
         untestable += _untestable(spec, headline_setting, ran, rows, common, left_out)
         headline_units = [s for x, _, s in in_task if x.setting == headline_setting]
-        unanswered += _more_unanswered(spec.name, headline_units)
+        unanswered += more_unanswered(spec.name, headline_units)
         units_allowed[spec.name] = unanswered_allowed(len(headline_units))
     return rows, partial, untestable, unanswered, units_allowed
 
@@ -408,7 +408,7 @@ def unanswered_allowed(units: int) -> int:
     return units * MAX_MORE_UNANSWERED // 100
 
 
-def _more_unanswered(task: str, scored: list[tuple[bool, bool]]) -> list[str]:
+def more_unanswered(task: str, scored: list[tuple[bool, bool]]) -> list[str]:
     """B left more than `unanswered_allowed` more of the task's compared headline units unanswered than A."""
     a, b = sum(not x for x, _ in scored), sum(not y for _, y in scored)
     if b - a > (allowed := unanswered_allowed(len(scored))):

@@ -238,7 +238,7 @@ def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Con
     return entry, run
 
 
-def _run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[Entry]:
+def run_slots(slots: list[list[str]], run: Any, night_dir: Path, console: Console) -> list[Entry]:
     """Slots side by side, each in its own thread with its console in `<night>/<slot>.log`; a slot's
     candidates one after another. Daemon threads, joined in short waits: Ctrl-C still reaches this thread."""
     if len(slots) <= 1:
@@ -373,7 +373,7 @@ def _run_night(
         outcomes += [
             run(name, console) for name in configs if name not in run_servers.candidate_servers and name not in refused
         ]
-        outcomes += _run_slots(run_servers.slot_names, run, night_dir, console)
+        outcomes += run_slots(run_servers.slot_names, run, night_dir, console)
     finally:  # also on Ctrl-C and errors: nothing the night started outlives it
         run_servers.stop_all()  # each says what it stopped
 

@@ -400,13 +400,13 @@ def test_a_margin_passes_a_drop_smaller_than_itself_that_fails_without_it(gate_r
 
 
 def test_the_unanswered_allowance_is_one_percent_rounded_down():
-    from cupid.eval.results.compare import _more_unanswered, unanswered_allowed
+    from cupid.eval.results.compare import more_unanswered, unanswered_allowed
 
     # A full run's 756 headline units: 7 more unanswered pass, the 8th fails (1%, rounded down); 252: 2 pass, not 3.
     for units, allowed in ((756, 7), (252, 2), (99, 0)):
         assert unanswered_allowed(units) == allowed
-        assert _more_unanswered("inference", [(True, False)] * allowed + [(True, True)] * (units - allowed)) == []
-        assert _more_unanswered("inference", [(True, False)] * (allowed + 1) + [(True, True)] * (units - allowed - 1))
+        assert more_unanswered("inference", [(True, False)] * allowed + [(True, True)] * (units - allowed)) == []
+        assert more_unanswered("inference", [(True, False)] * (allowed + 1) + [(True, True)] * (units - allowed - 1))
 
 
 @pytest.mark.slow  # gate_runs

@@ -307,7 +307,7 @@ def test_a_zero_estimate_ranks_above_a_candidate_without_figures(tmp_path):
     primary = "inference/standard/micro_f1"
     zero = leaderboard.Entry(model="zero", primary=primary, metrics={primary: Interval(0.0, 0.0, 0.0, 12)})
     entries = [nightly.not_run("down", "no server"), zero]
-    board = nightly._board("2025-03-01", tmp_path, None, "n.yaml", entries)
+    board = leaderboard.assemble("2025-03-01", tmp_path, None, "n.yaml", entries)
     assert [e.model for e in board.models] == ["zero", "down"]
     assert [e.model for e in entries] == ["down", "zero"]  # ranked into the board, the caller's list left as it was
 

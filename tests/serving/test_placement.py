@@ -236,7 +236,7 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
 
     from rich.console import Console
 
-    from cupid.eval.workflows.nightly import _run_slots
+    from cupid.eval.workflows.nightly import run_slots
 
     running, overlap, order = set(), [], []
     lock = threading.Lock()
@@ -253,7 +253,7 @@ def test_slots_run_side_by_side_each_in_turn_with_its_own_log(tmp_path):
         return {"model": name}
 
     with open(os.devnull, "w") as devnull:
-        entries = _run_slots([["a1", "a2"], ["b1"]], run, tmp_path, Console(file=devnull))
+        entries = run_slots([["a1", "a2"], ["b1"]], run, tmp_path, Console(file=devnull))
     assert sorted(e["model"] for e in entries) == ["a1", "a2", "b1"]
     assert max(overlap) == 2  # two slots at once
     assert order.index("a1") < order.index("a2")  # a slot's candidates in turn

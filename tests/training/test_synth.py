@@ -321,7 +321,7 @@ def test_factor_shape_admits_the_prompt_examples_and_nothing_around_them():
 
 def test_content_rules_stay_checks_inside_the_shape():
     """Answers the factor shape admits that no later step could use are refused, with a reason for the retry."""
-    from cupid.training.synth.factors import Slot, _read_factor
+    from cupid.training.synth.factors import Slot, read_factor
 
     cfg = SynthConfig(generator="t", user_simulator="t", assistant_simulator="t")
     slot = Slot(factor_type="Location/Place", preference_type="Clarity", task_types=["Planning", "Learning"])
@@ -335,7 +335,7 @@ def test_content_rules_stay_checks_inside_the_shape():
         )
     ]
     example = tables.examples()["factors"][0]
-    read = _read_factor(Asker(None, cfg, "p"), "factor[1]", 1, slot, earlier, {"example": example})
+    read = read_factor(Asker(None, cfg, "p"), "factor[1]", 1, slot, earlier, {"example": example})
     line = "\nBackground: The user walks the harbor each morning.\nPreference: "
     refusals = {
         "Location/Place": "names a type",

@@ -139,7 +139,7 @@ def example_lists() -> tuple[list[dict], list[list[dict]]]:
 _LABELLED_START = re.compile(r"^\W*(factor|background|preference)\b", re.IGNORECASE)
 
 
-def _read_factor(
+def read_factor(
     asker: Asker, step: str, index: int, slot: Slot, factors: list[Factor], shown: dict, related: str | None = None
 ):
     def read(answer: str) -> Factor:
@@ -182,7 +182,7 @@ async def generate_factors(asker: Asker, persona: str, slots: list[Slot]) -> lis
             )
 
         step = f"factor[{index}]"
-        read = _read_factor(asker, step, index, slot, factors, shown)
+        read = read_factor(asker, step, index, slot, factors, shown)
         factors.append(await asker.ask(step, "generator", build, read, asker.cfg.max_tokens.factor, factor_shape))
     first = factors[PAIR[0]]
     shown = {}
@@ -204,7 +204,7 @@ async def generate_factors(asker: Asker, persona: str, slots: list[Slot]) -> lis
         )
 
     step = f"factor[{PAIR[1]}]"
-    read = _read_factor(asker, step, PAIR[1], slots[PAIR[1]], factors, shown, related=first.factor)
+    read = read_factor(asker, step, PAIR[1], slots[PAIR[1]], factors, shown, related=first.factor)
     second = await asker.ask(step, "generator", build_pair, read, asker.cfg.max_tokens.factor, factor_shape)
     first.related_factor = second.factor
     return factors + [second]
