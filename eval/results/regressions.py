@@ -140,7 +140,7 @@ def baseline_of(fixed: str | None, latest: Entry | None) -> str | None:
     return fixed if fixed and (recorded is None or recorded < fixed) else recorded
 
 
-def compare(
+def changes_of(
     model: str,
     figures: Collection[str],
     tonight: Run | None,

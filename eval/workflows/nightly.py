@@ -49,7 +49,7 @@ from cupid.eval.results.regressions import (
     NIGHT_DATE,
     Changes,
     baseline_of,
-    compare,
+    changes_of,
     failures_by_setting,
     flag_regressions,
     latest_entries,
@@ -192,7 +192,7 @@ def plan_night(
 def run_one(name: str, run_cfg: RunConfig, run_servers: RunServers, console: Console) -> tuple[Entry, Run]:
     """One candidate's run, read back once (what it computed, or what a run cut short left on disk), and its
     leaderboard entry as the run alone fills it; its server (if the night serves it) is stopped after. Its
-    comparisons come after the night (`compare`, `flag_regressions`), on the same `Run`."""
+    comparisons come after the night (`changes_of`, `flag_regressions`), on the same `Run`."""
     console.rule(f"nightly: {name}")
     assert run_cfg.out is not None, "a night sets every run's directory"
     primary = primary_metric(run_cfg)
@@ -380,11 +380,11 @@ def _run_night(
     latest = latest_entries(root, night, [e.model for e in outcomes])
     last_night = prev_dir.name if prev_dir else None
 
-    def changes_of(entry: Entry) -> Changes:
+    def changes(entry: Entry) -> Changes:
         baseline = baseline_of(cfg.baseline, latest.get(entry.model))
         if entry.status == "error":  # did not run: nothing to compare, its baseline kept
             return Changes(baseline=baseline)
-        return compare(
+        return changes_of(
             entry.model,
             entry.metrics,
             tonight.get(entry.model),
@@ -398,11 +398,11 @@ def _run_night(
             first=entry.model not in latest,
         )
 
-    changes = [changes_of(entry) for entry in outcomes]
-    decisions, level = flag_regressions(changes, night, cfg.horizon)
+    changed = [changes(entry) for entry in outcomes]
+    decisions, level = flag_regressions(changed, night, cfg.horizon)
     entries = [
         entry.model_copy(update=c.entry_fields() | d.entry_fields())
-        for entry, c, d in zip(outcomes, changes, decisions, strict=True)
+        for entry, c, d in zip(outcomes, changed, decisions, strict=True)
     ]
     board = _board(night, night_dir, prev_dir, config_path, entries, run_servers=run_servers, family_level=level)
     write_leaderboard(board, night_dir, root)

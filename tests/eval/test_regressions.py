@@ -1,14 +1,14 @@
 """The night's rule on its own, without a night, on plain values: which night a candidate is compared with
-(`baseline_of`), what its comparisons say (`compare`, where there is no run to compare with), and what the night's one
-family of headline tests decides (`flag_regressions`): its flags at the family's level, the horizon's share of it, and
-whether tonight becomes a baseline."""
+(`baseline_of`), what its comparisons say (`changes_of`, where there is no run to compare with), and what the night's
+one family of headline tests decides (`flag_regressions`): its flags at the family's level, the horizon's share of
+it, and whether tonight becomes a baseline."""
 
 from dataclasses import fields
 
 from cupid.eval.benchmark.stats import GATE_ALPHA
 from cupid.eval.results.compare import Row
 from cupid.eval.results.leaderboard import FIRST_NIGHT, Entry
-from cupid.eval.results.regressions import Changes, Decision, baseline_of, compare, flag_regressions
+from cupid.eval.results.regressions import Changes, Decision, baseline_of, changes_of, flag_regressions
 
 F1 = "inference/standard/micro_f1"
 NIGHT = "2025-08-02"
@@ -136,9 +136,9 @@ def test_changes_and_decision_settle_every_entry_field_the_run_does_not_once():
 
 
 def test_compare_without_runs_says_why_there_is_no_test(tmp_path):
-    first = compare("m", {F1}, None, None, None, NIGHT, tmp_path)
+    first = changes_of("m", {F1}, None, None, None, NIGHT, tmp_path)
     assert first == Changes(pending=FIRST_NIGHT)  # never ran: tonight asks to be its baseline
-    skipped = compare("m", {F1}, None, None, "2025-07-01", NIGHT, tmp_path, last_night="2025-08-01", first=False)
+    skipped = changes_of("m", {F1}, None, None, "2025-07-01", NIGHT, tmp_path, last_night="2025-08-01", first=False)
     assert skipped == Changes(
         no_previous="not in 2025-08-01: no test since last night",
         baseline="2025-07-01",
@@ -146,7 +146,7 @@ def test_compare_without_runs_says_why_there_is_no_test(tmp_path):
         pending="no run of 2025-07-01",
     )
     down = Entry(model="m", primary=F1, status="error", error="no server")
-    after_down = compare("m", {F1}, None, down, "2025-08-01", NIGHT, tmp_path, last_night="2025-08-01", first=False)
+    after_down = changes_of("m", {F1}, None, down, "2025-08-01", NIGHT, tmp_path, last_night="2025-08-01", first=False)
     assert after_down == Changes(
         previous={}, no_previous="did not run on 2025-08-01: no test since last night", baseline="2025-08-01"
     )  # its baseline is last night: one comparison serves both
