@@ -84,9 +84,9 @@ test: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=8
 
-# The fast tier, while you work: the house rules, then every test that neither starts vLLM nor trains (`-m "not slow"`:
-# tests/plugins/collection.py marks a test slow by the fixtures it uses), mypy included (tests/test_types.py). `make
-# test` is the whole suite, what CI runs.
+# The fast tier, while you work: the house rules, then every test that neither starts vLLM nor trains nor runs long
+# (`-m "not slow"`: tests/plugins/collection.py marks a test slow by the fixtures it uses; a long one is marked where
+# it is defined), mypy included (tests/test_types.py). `make test` is the whole suite, what CI runs.
 check: setup-dev
 	$(VENV)/bin/ruff check --quiet . && $(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=5
