@@ -176,7 +176,9 @@ def inference_tables(title: str, block: TaskBlock[InferenceFigures]) -> list[Tab
 
 
 def _table(title: str, block: TaskBlock[InferenceFigures], average: str) -> Table:
-    headers = ["instances"] + [f"{s} {m}" for s in block.settings for m in ("P", "R", "F1", "n")]
+    """P/R/F1 in one average; the macro table, of per-unit scores, also the share of units missed (F1 = 0)."""
+    shares = ("F1=0",) if average == "macro" else ()
+    headers = ["instances"] + [f"{s} {m}" for s in block.settings for m in ("P", "R", "F1", *shares, "n")]
     rows = []
     for group in GROUPS:
         cells = [group]
@@ -184,7 +186,7 @@ def _table(title: str, block: TaskBlock[InferenceFigures], average: str) -> Tabl
             figures = setting.group(group)
             got: PRF | None = getattr(figures, average)
             cells += [INFERENCE.show(None if got is None else getattr(got, k)) for k in ("precision", "recall", "f1")]
-            cells.append(figures.n)
+            cells += [INFERENCE.show(figures.missed) for _ in shares] + [figures.n]
         rows.append(cells)
     return Table(f"{title}: preference match, {average} (%)", headers, rows)
 

@@ -215,6 +215,12 @@ def test_a_figure_a_task_declares_reaches_every_output(scored_run, tmp_path):
 
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["inference"]["settings"]["standard"]["missed"] == pytest.approx(by_hand)
+    macro = (run_dir / "summary.md").read_text().split("macro (%)")[1]  # summary.md's macro table, of per-unit scores
+    headers, all_row = (
+        next(line for line in macro.splitlines() if line.startswith(start)) for start in ("| inst", "| all")
+    )
+    cells = dict(zip(headers.strip("|").split(" | "), all_row.strip("|").split(" | "), strict=True))
+    assert cells["standard F1=0"].strip() == f"{100 * by_hand:.1f}"
 
     html = build([run_dir], tmp_path / "out").read_text()
     header = re.search(r"<h3>Inference: preference match, matcher .*?</h3>\s*<table><tr>(.*?)</tr>", html, re.S)
