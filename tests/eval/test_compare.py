@@ -78,7 +78,9 @@ def test_every_difference_is_b_minus_a_on_the_matched_units(runs):
     def figures(side, setting, group):
         counts = [counts_of(side[u]) for u in matched if u[2] == setting and group in (None, side[u].instance_type)]
         points = {"micro": micro(counts), "macro": macro(counts)}
-        return {f"{agg}_{name}": getattr(points[agg], name) for agg in points for name in ("precision", "recall", "f1")}
+        missed = sum(c.prf().f1 == 0 for c in counts) / len(counts)  # the share of units with F1 = 0
+        prf = {f"{agg}_{name}": getattr(points[agg], name) for agg in points for name in ("precision", "recall", "f1")}
+        return {**prf, "missed": missed}
 
     rows = comparison["rows"]
     assert {(r["setting"], r["instance_type"]) for r in rows} >= {("standard", None), ("oracle", "changing")}
