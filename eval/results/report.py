@@ -231,9 +231,10 @@ def model_points(
         )
         for matcher, reference in scorings:
             intervals = INFERENCE.intervals(run.of(INFERENCE.name, setting), reference)
-            if "micro_f1" in intervals:
-                f1.setdefault(run.candidate, {}).setdefault(matcher, intervals["micro_f1"])
-        if (interval := GENERATION.intervals(run.of(GENERATION.name, setting)).get("mean_score")) is not None:
+            if (f1_interval := intervals.get(INFERENCE.headline[0])) is not None:
+                f1.setdefault(run.candidate, {}).setdefault(matcher, f1_interval)
+        generation = GENERATION.intervals(run.of(GENERATION.name, setting))
+        if (interval := generation.get(GENERATION.headline[0])) is not None:
             gen.setdefault(run.candidate, interval)
     return f1, gen
 
