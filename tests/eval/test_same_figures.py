@@ -146,3 +146,23 @@ def test_the_runs_compared_cover_what_could_differ():
     sample, _ = _before("sample")
     assert "reference" in sample and sample["n_failed"] > 0
     assert {stage for task in TASKS for stage in sample[task]["failed_by_stage"]} == {"decomposer", "matcher", "judge"}
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_summary_figure_is_its_intervals_estimate_to_the_bit(name):
+    """One computation: summary.json's figure and the interval's estimate are the same float (the judge's mean score
+    rounded to 4 places in summary.json, as it always was)."""
+    from cupid.eval.benchmark.summary import figures
+
+    records = RunDir(BEFORE / name).read()
+    compared = 0
+    for task in TASKS.values():
+        for setting in sorted({r.setting for r in records if r.task == task.name}):
+            chosen = [r for r in records if r.task == task.name and r.setting == setting]
+            estimates = {m: iv.estimate for m, iv in task.intervals(chosen).items()}
+            assert task.point(chosen) == estimates
+            shown = figures(None, task.figures(chosen).model_dump())
+            for metric, estimate in estimates.items():
+                assert shown[metric] == (round(estimate, 4) if metric == "mean_score" else estimate), metric
+                compared += 1
+    assert compared >= len(next(iter(TASKS.values())).metrics)  # the check looked at figures
