@@ -121,18 +121,30 @@ PRF_COLUMNS = (
 )
 
 
+def prf_row(counts: MatchCounts) -> list[float]:
+    """One unit's `PRF_COLUMNS`, its P/R/F1 the matcher's own (`MatchCounts.prf`, as its record holds them)."""
+    scores = counts.prf()
+    return [
+        counts.predicted_matched,
+        counts.n_predicted,
+        counts.true_matched,
+        counts.n_true,
+        scores.precision,
+        scores.recall,
+        scores.f1,
+        1.0,
+        float(scores.f1 == 0),
+    ]
+
+
 def prf_columns(counts: np.ndarray | list[list[float]]) -> np.ndarray:
-    """Units' `PRF_COLUMNS` from their (predicted_matched, n_predicted, true_matched, n_true) rows."""
+    """`prf_row` of many units at once, from their (predicted_matched, n_predicted, true_matched, n_true) rows: the
+    simulations' columns (tests/eval/test_stats.py checks the two agree to the bit). A unit's own stays `prf_row`,
+    on every comparison's path, where numpy's overhead on one row would cost more than the arithmetic."""
     c = np.atleast_2d(np.asarray(counts, dtype=float))
     p, r = ratio(c[:, 0], c[:, 1]), ratio(c[:, 2], c[:, 3])
     f1 = ratio(2 * p * r, p + r)
     return np.column_stack([c[:, :4], p, r, f1, np.ones(len(c)), f1 == 0])
-
-
-def prf_row(counts: MatchCounts) -> list[float]:
-    """One unit's `PRF_COLUMNS`."""
-    row = [counts.predicted_matched, counts.n_predicted, counts.true_matched, counts.n_true]
-    return [float(x) for x in prf_columns([row])[0]]
 
 
 def micro_f1(sums: np.ndarray) -> np.ndarray:

@@ -190,6 +190,13 @@ def headline(sums):
     return {"micro_f1": inference.micro_f1(sums)}
 
 
+def test_the_simulations_columns_are_each_units_own_to_the_bit():
+    counts = np.random.default_rng(3).integers(0, 7, size=(500, 4)) / [2, 1, 2, 1]
+    counts[:3] = [[0, 0, 0, 3], [1, 2, 0, 0], [0, 4, 0, 5]]  # nothing predicted; no truth; a preference missed
+    rows = np.array([prf_row(MatchCounts(*row)) for row in counts])
+    assert np.array_equal(prf_columns(counts), rows) and rows[:, -1].any() and not rows[:, -1].all()
+
+
 def test_the_headline_is_prfs_micro_f1():
     sums = np.random.default_rng(7).uniform(0, 30, size=(50, len(PRF_COLUMNS)))
     sums[3, 1] = sums[4, 3] = 0.0  # nothing predicted; no truth: the ratios' zero cases
