@@ -23,11 +23,7 @@ from cupid.common.config import (
 )
 from cupid.eval.benchmark import data as cupid_data
 from cupid.eval.benchmark.data import Dataset  # noqa: F401 (the API)
-from cupid.eval.benchmark.inference import (  # noqa: F401 (the API)
-    INFERENCE,  # noqa: F401 (the API)
-    InferenceScorer,
-    matcher_dialect,
-)
+from cupid.eval.benchmark.inference import INFERENCE, InferenceScorer, matcher_dialect  # noqa: F401 (the API)
 from cupid.eval.benchmark.judges import open_judges  # noqa: F401 (the API)
 from cupid.eval.benchmark.records import Labels, Scoring, StageError  # noqa: F401 (the API)
 from cupid.eval.benchmark.runner import InstanceType, RunConfig, RunResult  # noqa: F401 (the API)
